@@ -1,0 +1,310 @@
+"""Canonical per-site manifests: label policy, patient-disjoint splits, atomic writing.
+
+Output of one ingest (DESIGN §2)::
+
+    OUT/<site>/manifest.parquet   one row per image, canonical columns
+    OUT/<site>/site.json          class mask, counts, aux availability, provenance, hash
+    OUT/ingest_report.json        rows read / kept / set aside (file, row, reason) per site
+
+Files are written to a temporary name and renamed, so a crash never leaves a half manifest,
+and re-running an ingest into the same OUT replaces the sites it writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import numpy as np
+import pandas as pd
+
+from fedcxr.site_adapters.base import IngestError, SetAside
+from fedcxr.vocab import (
+    AUX_TASKS,
+    AUX_VOCAB,
+    CLASSES,
+    MANIFEST_VERSION,
+    aux_column,
+    label_column,
+    raw_column,
+)
+
+SPLITS = ("train", "val", "test")
+UNCERTAIN_POLICIES = ("zeros", "ones", "ignore")
+
+
+# --------------------------------------------------------------------------- labels
+
+
+def apply_uncertain_policy(frame: pd.DataFrame, classes: Iterable[str], policy: str) -> pd.DataFrame:
+    """Fill ``label__<c>`` from ``raw__<c>``: -1 → 0 (zeros), 1 (ones) or NaN (ignore).
+
+    Every canonical class gets a ``label__`` column; classes the source never labels are NaN.
+    """
+    if policy not in UNCERTAIN_POLICIES:
+        raise IngestError(f"--uncertain must be one of {', '.join(UNCERTAIN_POLICIES)}, got {policy!r}")
+    out = frame.copy()
+    replacement = {"zeros": 0.0, "ones": 1.0, "ignore": np.nan}[policy]
+    new_cols = {}
+    for cls in CLASSES:
+        if cls in classes:
+            raw = out[raw_column(cls)].to_numpy(dtype=float)
+            new_cols[label_column(cls)] = np.where(raw == -1.0, replacement, raw)
+        else:
+            new_cols[label_column(cls)] = np.full(len(out), np.nan)
+    return pd.concat([out, pd.DataFrame(new_cols, index=out.index)], axis=1)
+
+
+# --------------------------------------------------------------------------- splits
+
+
+def patient_bucket(patient_ids: pd.Series, salt: str = "fedcxr-split") -> np.ndarray:
+    """Deterministic uniform value in [0, 1) per patient (stable across runs and machines)."""
+    uniq = pd.unique(patient_ids.astype(str))
+    values = {}
+    for pid in uniq:
+        digest = hashlib.sha256(f"{salt}:{pid}".encode()).digest()
+        values[pid] = int.from_bytes(digest[:8], "big") / 2**64
+    return patient_ids.astype(str).map(values).to_numpy(dtype=float)
+
+
+def assign_splits(
+    frame: pd.DataFrame,
+    *,
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.2,
+) -> tuple[pd.DataFrame, list[SetAside]]:
+    """Give every row a patient-disjoint ``split``; set aside patients in two official splits.
+
+    * official ``train``/``val``/``test`` are kept;
+    * official ``train_val`` (NIH) is cut into train/val by patient hash;
+    * rows without an official split get train/val/test by patient hash.
+
+    A patient whose rows carry two different official splits is set aside whole (every row,
+    with a reason naming both splits) because keeping any part of it would leak across splits.
+    """
+    out = frame.copy()
+    official = out["official_split"].where(out["official_split"].notna(), None)
+    has_official = official.notna()
+    set_aside: list[SetAside] = []
+    if has_official.any():
+        # One official split per patient, comparing train_val as its own value.
+        per_patient = out.loc[has_official].groupby("patient_id")["official_split"].nunique()
+        conflicted = set(per_patient.index[per_patient > 1])
+        # A patient with official rows and unofficial rows is also a conflict (cannot place both).
+        mixed = set(out.loc[has_official, "patient_id"]) & set(out.loc[~has_official, "patient_id"])
+        conflicted |= mixed
+        if conflicted:
+            bad = out["patient_id"].isin(conflicted)
+            splits_of = out.loc[bad].groupby("patient_id")["official_split"].agg(
+                lambda s: ", ".join(sorted({str(v) if v is not None else "none" for v in s}))
+            )
+            for _, row in out.loc[bad].iterrows():
+                set_aside.append(
+                    SetAside(
+                        file=row["source_file"],
+                        row=int(row["source_row"]),
+                        image_path=row["image_path"],
+                        reason=f"patient in two official splits ({splits_of[row['patient_id']]})",
+                    )
+                )
+            out = out.loc[~bad].copy()
+            official = official.loc[out.index]
+            has_official = official.notna()
+    bucket = patient_bucket(out["patient_id"])
+    hashed = np.where(
+        bucket < test_fraction, "test", np.where(bucket < test_fraction + val_fraction, "val", "train")
+    )
+    # train_val is split into train/val with the val share renormalised to the non-test part.
+    tv_val = bucket < val_fraction / max(1e-9, 1.0 - test_fraction)
+    split = np.where(has_official, official.astype(object), hashed)
+    split = np.where(split == "train_val", np.where(tv_val, "val", "train"), split)
+    split = np.where(split == "validate", "val", split)
+    out["split"] = split.astype(str)
+    bad_split = ~out["split"].isin(SPLITS)
+    if bad_split.any():
+        values = sorted(set(out.loc[bad_split, "split"]))
+        raise IngestError(f"adapter produced unknown split value(s) {values}")
+    verify_patient_disjoint(out)
+    return out, set_aside
+
+
+def verify_patient_disjoint(frame: pd.DataFrame) -> None:
+    """Raise if any patient appears in more than one split (a leak the user must never get)."""
+    counts = frame.groupby("patient_id")["split"].nunique()
+    leaked = int((counts > 1).sum())
+    if leaked:
+        raise IngestError(f"split is not patient-disjoint: {leaked} patient(s) in more than one split")
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, payload: Any) -> None:
+    """JSON with sorted keys and NaN written as null (strict JSON readers accept it)."""
+    text = json.dumps(_json_safe(payload), indent=2, sort_keys=True, allow_nan=False)
+    atomic_write_bytes(path, (text + "\n").encode())
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating, float)):
+        return None if not np.isfinite(value) else float(value)
+    if isinstance(value, Path):
+        return str(value)
+    if value is pd.NA:
+        return None
+    return value
+
+
+MANIFEST_COLUMNS_HEAD = ["image_path", "patient_id", "study_id", "site", "split", "age"]
+
+
+def manifest_columns(frame: pd.DataFrame) -> list[str]:
+    """Canonical column order: ids, labels, raw labels, aux codes, provenance."""
+    labels = [label_column(c) for c in CLASSES]
+    raws = [raw_column(c) for c in CLASSES if raw_column(c) in frame]
+    aux = [aux_column(t) for t in AUX_TASKS]
+    tail = [c for c in ("source_file", "source_row") if c in frame]
+    groups = sorted(c for c in frame.columns if c.startswith("group__"))
+    return MANIFEST_COLUMNS_HEAD + labels + raws + aux + groups + tail
+
+
+def content_hash(frame: pd.DataFrame) -> str:
+    """Order-sensitive hash of the manifest's content (independent of Parquet encoder bytes)."""
+    hashed = pd.util.hash_pandas_object(frame, index=False).to_numpy()
+    header = "\x1f".join(frame.columns).encode()
+    return hashlib.sha256(header + hashed.tobytes()).hexdigest()
+
+
+def site_summary(frame: pd.DataFrame, classes: Iterable[str]) -> dict:
+    """Class mask, per-class counts, aux availability and split sizes of one site's rows."""
+    counts = {}
+    class_set = []
+    for cls in CLASSES:
+        col = frame[label_column(cls)]
+        pos, neg = int((col == 1).sum()), int((col == 0).sum())
+        entry = {"positive": pos, "negative": neg, "missing": int(col.isna().sum())}
+        raw = raw_column(cls)
+        if raw in frame:
+            entry["uncertain"] = int((frame[raw] == -1).sum())
+        if cls in classes and pos + neg > 0:
+            class_set.append(cls)
+        if cls in classes:
+            counts[cls] = entry
+    aux = {}
+    for task in AUX_TASKS:
+        col = frame[aux_column(task)]
+        known = col.notna()
+        values = col[known].astype(int).value_counts().sort_index()
+        aux[task] = {
+            "available": int(known.sum()),
+            "missing": int((~known).sum()),
+            "counts": {AUX_VOCAB[task][int(k)]: int(v) for k, v in values.items()},
+        }
+    splits = {s: int((frame["split"] == s).sum()) for s in SPLITS}
+    patients = {s: int(frame.loc[frame["split"] == s, "patient_id"].nunique()) for s in SPLITS}
+    return {
+        "class_set": class_set,
+        "class_counts": counts,
+        "aux": aux,
+        "rows": int(len(frame)),
+        "rows_per_split": splits,
+        "patients_per_split": patients,
+    }
+
+
+def write_site(
+    out_dir: Path,
+    site: str,
+    frame: pd.DataFrame,
+    *,
+    classes: Iterable[str],
+    source: str,
+    adapter_version: str,
+    export_root: Path,
+    set_aside: list[SetAside],
+    options: dict,
+) -> dict:
+    """Write ``OUT/<site>/manifest.parquet`` and ``site.json``; return the site.json payload."""
+    ordered = frame[manifest_columns(frame)].reset_index(drop=True)
+    ordered["site"] = site
+    site_dir = out_dir / site
+    site_dir.mkdir(parents=True, exist_ok=True)
+    buffer = _parquet_bytes(ordered)
+    atomic_write_bytes(site_dir / "manifest.parquet", buffer)
+    summary = site_summary(ordered, list(classes))
+    payload = {
+        "manifest_version": MANIFEST_VERSION,
+        "site": site,
+        "source": source,
+        "adapter": source,
+        "adapter_version": adapter_version,
+        "export_root": str(Path(export_root).resolve()),
+        "aux_vocab": AUX_VOCAB,
+        "classes_all": CLASSES,
+        **summary,
+        "set_aside": {
+            "count": len(set_aside),
+            "rows": [s.as_dict() for s in set_aside],
+        },
+        "options": options,
+        "content_hash": content_hash(ordered),
+    }
+    atomic_write_json(site_dir / "site.json", payload)
+    return payload
+
+
+def _parquet_bytes(frame: pd.DataFrame) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    frame.to_parquet(buf, index=False, engine="pyarrow")
+    return buf.getvalue()
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_manifest(site_dir: Path | str, split: Optional[str] = None) -> pd.DataFrame:
+    """Load a site's manifest (optionally one split) as written by :func:`write_site`."""
+    site_dir = Path(site_dir)
+    path = site_dir / "manifest.parquet"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no manifest (run `fedcxr ingest` first)")
+    frame = pd.read_parquet(path)
+    if split is not None:
+        frame = frame.loc[frame["split"] == split].reset_index(drop=True)
+    return frame
+
+
+def read_site_json(site_dir: Path | str) -> dict:
+    """Load a site's ``site.json``."""
+    path = Path(site_dir) / "site.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no site.json (run `fedcxr ingest` first)")
+    return json.loads(path.read_text())
