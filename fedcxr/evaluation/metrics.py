@@ -1,0 +1,401 @@
+"""Per-class AUROC, patient-level bootstrap and DeLong confidence intervals, paired tests.
+
+Conventions shared by every function here (DESIGN §6):
+
+* ``y`` holds 1 (positive), 0 (negative) or NaN (not labeled). Unlabeled rows are dropped
+  before anything is computed; they are neither positives nor negatives.
+* AUROC is **undefined** (NaN, never 0.5) when the labeled rows hold a single label value;
+  :func:`auroc_reason` says why in words that go into reports.
+* AUROC is the Mann-Whitney statistic with ties counted 1/2, i.e. exactly scikit-learn's
+  ``roc_auc_score``. The bootstrap computes it on integer row weights (a resample is a
+  multiplicity per patient), which equals ``roc_auc_score`` on the replicated rows.
+
+MONAI's ``ROCAUCMetric`` is not used: it returns NaN for every class as soon as one class
+column is single-valued and it cannot mask unlabeled entries (DESIGN §9).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, NamedTuple, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+from sklearn.metrics import roc_auc_score
+
+#: Bootstrap resamples are drawn in chunks so that a chunk's weight matrix stays this small.
+_CHUNK_CELLS = 4_000_000
+
+
+# --------------------------------------------------------------------------- point estimates
+
+
+def _labeled(y, p) -> tuple[np.ndarray, np.ndarray]:
+    y = np.asarray(y, dtype=float)
+    p = np.asarray(p, dtype=float)
+    if y.shape != p.shape:
+        raise ValueError(f"labels {y.shape} and probabilities {p.shape} differ in shape")
+    keep = ~np.isnan(y)
+    if np.isnan(p[keep]).any():
+        raise ValueError("probabilities contain NaN on labeled rows")
+    return y[keep], p[keep]
+
+
+def auroc_reason(y, split: str = "test") -> Optional[str]:
+    """Why AUROC is undefined for labels ``y`` (``None`` when it is defined)."""
+    y = np.asarray(y, dtype=float)
+    y = y[~np.isnan(y)]
+    if y.size == 0:
+        return f"no labeled rows in {split} split"
+    if not (y == 1).any():
+        return f"no positive rows in {split} split"
+    if not (y == 0).any():
+        return f"no negative rows in {split} split"
+    return None
+
+
+def auroc(y, p) -> float:
+    """AUROC on the labeled rows of ``y`` (scikit-learn); NaN when one label value is absent."""
+    y, p = _labeled(y, p)
+    if auroc_reason(y) is not None:
+        return float("nan")
+    return float(roc_auc_score(y, p))
+
+
+def accuracy(y, p, threshold: float = 0.5) -> float:
+    """Fraction of labeled rows with ``(p >= threshold) == y``; NaN when nothing is labeled.
+
+    Meant for binary tasks (one class, e.g. covid19), as the FDA paper reports ACC beside AUC.
+    """
+    y, p = _labeled(y, p)
+    if y.size == 0:
+        return float("nan")
+    return float(np.mean((p >= threshold) == (y == 1)))
+
+
+def mean_auroc(aurocs) -> float:
+    """Mean over the defined (finite) class AUROCs; NaN when none is defined."""
+    values = np.asarray(list(aurocs.values()) if isinstance(aurocs, Mapping) else aurocs, dtype=float)
+    values = values[np.isfinite(values)]
+    return float(values.mean()) if values.size else float("nan")
+
+
+# --------------------------------------------------------------------------- weighted AUROC
+
+
+class _SortedClass:
+    """One class's labeled rows sorted by probability, with tie blocks, ready for weighting."""
+
+    def __init__(self, y: np.ndarray, p: np.ndarray, rows: np.ndarray):
+        order = np.argsort(p, kind="mergesort")
+        self.rows = rows[order]  # indices into the caller's row axis
+        self.pos = y[order] == 1
+        sorted_p = p[order]
+        starts = np.flatnonzero(np.r_[True, sorted_p[1:] != sorted_p[:-1]]) if p.size else np.array([], int)
+        self.tie_starts = starts if starts.size < p.size else None  # None: no ties
+
+    def auc(self, weights: np.ndarray) -> np.ndarray:
+        """AUROC per weight row. ``weights``: (B, n_rows of caller) → (B,), NaN if one class empty."""
+        w = weights[:, self.rows].astype(float)
+        wp = w * self.pos
+        wn = w - wp
+        if self.tie_starts is not None:
+            wp = np.add.reduceat(wp, self.tie_starts, axis=1)
+            wn = np.add.reduceat(wn, self.tie_starts, axis=1)
+        neg_below = np.cumsum(wn, axis=1) - wn
+        num = (wp * (neg_below + 0.5 * wn)).sum(axis=1)
+        denom = wp.sum(axis=1) * wn.sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(denom > 0, num / np.where(denom > 0, denom, 1.0), np.nan)
+
+
+def weighted_auroc(y, p, weights) -> np.ndarray:
+    """AUROC of ``(y, p)`` under each row of non-negative ``weights`` (B, n) → (B,).
+
+    Integer weights give the AUROC of the rows replicated that many times (a bootstrap
+    resample). NaN where a weight row leaves only one label value. Unlabeled rows are ignored.
+    """
+    y = np.asarray(y, dtype=float)
+    p = np.asarray(p, dtype=float)
+    weights = np.atleast_2d(np.asarray(weights, dtype=float))
+    rows = np.flatnonzero(~np.isnan(y))
+    return _SortedClass(y[rows], p[rows], rows).auc(weights)
+
+
+# --------------------------------------------------------------------------- bootstrap
+
+
+class BootstrapCI(NamedTuple):
+    """Percentile interval; ``n_skipped`` resamples had one label value and were left out."""
+
+    low: float
+    high: float
+    n_used: int
+    n_skipped: int
+
+
+def _group_codes(groups, n: int) -> np.ndarray:
+    if groups is None:
+        return np.arange(n)
+    codes, _ = pd.factorize(pd.Series(np.asarray(groups, dtype=object)), use_na_sentinel=False)
+    if codes.shape[0] != n:
+        raise ValueError(f"groups has {codes.shape[0]} entries for {n} rows")
+    return codes
+
+
+def resample_weights(groups, n_boot: int, seed: int = 0):
+    """Yield row-weight chunks (b, n) of a patient-level bootstrap.
+
+    Each resample draws as many patients as there are, with replacement, and takes all rows
+    of every drawn patient: a row's weight is how often its patient was drawn. Deterministic
+    for a given ``seed``, group order and ``n_boot``.
+    """
+    codes = _group_codes(groups, len(groups))
+    n_groups = int(codes.max()) + 1 if codes.size else 0
+    rng = np.random.default_rng(seed)
+    chunk = max(1, _CHUNK_CELLS // max(n_groups, codes.size, 1))
+    done = 0
+    while done < n_boot:
+        b = min(chunk, n_boot - done)
+        counts = rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), size=b)
+        yield counts[:, codes]
+        done += b
+
+
+def bootstrap_aurocs(y, p, groups, n_boot: int = 1000, seed: int = 0) -> np.ndarray:
+    """Per-class AUROC of every patient-level bootstrap resample.
+
+    ``y``, ``p``: (n,) or (n, C); ``groups``: (n,) patient ids. Returns (n_boot, C) with NaN
+    where a resample leaves a class with one label value. All classes share the same
+    resamples, so a row of the result is one resampled test set (for the mean-AUROC CI).
+    """
+    y = np.asarray(y, dtype=float)
+    p = np.asarray(p, dtype=float)
+    if y.ndim == 1:
+        y, p = y[:, None], p[:, None]
+    n, n_classes = y.shape
+    if n == 0:
+        return np.full((n_boot, n_classes), np.nan)
+    sorted_classes = []
+    for c in range(n_classes):
+        rows = np.flatnonzero(~np.isnan(y[:, c]))
+        sorted_classes.append(_SortedClass(y[rows, c], p[rows, c], rows))
+    out = []
+    for weights in resample_weights(groups if groups is not None else np.arange(n), n_boot, seed):
+        out.append(np.stack([sc.auc(weights) for sc in sorted_classes], axis=1))
+    return np.concatenate(out, axis=0) if out else np.empty((0, n_classes))
+
+
+def percentile_ci(samples, alpha: float = 0.05) -> BootstrapCI:
+    """Percentile interval over the finite entries of ``samples``."""
+    samples = np.asarray(samples, dtype=float)
+    finite = samples[np.isfinite(samples)]
+    skipped = int(samples.size - finite.size)
+    if finite.size == 0:
+        return BootstrapCI(float("nan"), float("nan"), 0, skipped)
+    low, high = np.quantile(finite, [alpha / 2, 1 - alpha / 2])
+    return BootstrapCI(float(low), float(high), int(finite.size), skipped)
+
+
+def bootstrap_ci(y, p, groups, n_boot: int = 1000, seed: int = 0, alpha: float = 0.05) -> BootstrapCI:
+    """Patient-level bootstrap percentile CI of the AUROC of one class.
+
+    Resamples patients with replacement (all rows of a drawn patient come along, so images of
+    one patient never count as independent evidence); resamples with a single label value are
+    skipped and counted in ``n_skipped``.
+    """
+    return percentile_ci(bootstrap_aurocs(y, p, groups, n_boot, seed)[:, 0], alpha)
+
+
+def bootstrap_mean_ci(boot: np.ndarray, alpha: float = 0.05) -> BootstrapCI:
+    """CI of the mean AUROC over the classes (columns) of a :func:`bootstrap_aurocs` matrix.
+
+    Pass only the columns of classes that are defined on the full test set: a resample in which
+    any of them becomes undefined is skipped (and counted), so every bootstrap mean is over the
+    same classes as the point estimate.
+    """
+    boot = np.asarray(boot, dtype=float)
+    if boot.ndim != 2 or boot.shape[1] == 0:
+        return BootstrapCI(float("nan"), float("nan"), 0, int(boot.shape[0]) if boot.ndim else 0)
+    means = np.where(np.isfinite(boot).all(axis=1), boot.mean(axis=1), np.nan)
+    return percentile_ci(means, alpha)
+
+
+def bootstrap_accuracy_ci(y, p, groups, n_boot: int = 1000, seed: int = 0, alpha: float = 0.05,
+                          threshold: float = 0.5) -> BootstrapCI:
+    """Patient-level bootstrap percentile CI of :func:`accuracy` (same resampling as AUROC)."""
+    y = np.asarray(y, dtype=float)
+    p = np.asarray(p, dtype=float)
+    labeled = ~np.isnan(y)
+    correct = ((p >= threshold) == (y == 1)) & labeled
+    values = []
+    for weights in resample_weights(groups, n_boot, seed):
+        total = weights @ labeled.astype(float)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            values.append(np.where(total > 0, (weights @ correct.astype(float)) / total, np.nan))
+    return percentile_ci(np.concatenate(values) if values else np.array([]), alpha)
+
+
+# --------------------------------------------------------------------------- DeLong
+
+
+def _delong_components(y: np.ndarray, preds: np.ndarray):
+    """Fast DeLong (Sun & Xu 2014): AUCs and their covariance for k predictors.
+
+    ``preds``: (k, n) scores on labeled rows. Midranks come from ``scipy.stats.rankdata``
+    (average ranks). Returns (aucs (k,), cov (k, k)); cov is NaN with fewer than 2 positives
+    or negatives, where the structural components' variance is undefined.
+    """
+    pos = preds[:, y == 1]
+    neg = preds[:, y == 0]
+    m, n = pos.shape[1], neg.shape[1]
+    tx = stats.rankdata(pos, axis=1)
+    ty = stats.rankdata(neg, axis=1)
+    tz = stats.rankdata(np.concatenate([pos, neg], axis=1), axis=1)
+    aucs = (tz[:, :m].sum(axis=1) / m - (m + 1) / 2.0) / n
+    k = preds.shape[0]
+    if m < 2 or n < 2:
+        return aucs, np.full((k, k), np.nan)
+    v01 = (tz[:, :m] - tx) / n  # per positive: fraction of negatives ranked below it
+    v10 = 1.0 - (tz[:, m:] - ty) / m  # per negative: fraction of positives ranked above it
+    sx = np.atleast_2d(np.cov(v01))
+    sy = np.atleast_2d(np.cov(v10))
+    return aucs, sx / m + sy / n
+
+
+def delong(y, p) -> tuple[float, float]:
+    """DeLong AUROC and its variance on labeled rows; (NaN, NaN) when AUROC is undefined."""
+    y, p = _labeled(y, p)
+    if auroc_reason(y) is not None:
+        return float("nan"), float("nan")
+    aucs, cov = _delong_components(y, p[None, :])
+    return float(aucs[0]), float(cov[0, 0])
+
+
+def delong_ci(y, p, alpha: float = 0.05) -> tuple[float, float]:
+    """Normal-approximation CI from the DeLong variance, clipped to [0, 1]."""
+    auc, var = delong(y, p)
+    if not (np.isfinite(auc) and np.isfinite(var)):
+        return float("nan"), float("nan")
+    half = stats.norm.ppf(1 - alpha / 2) * np.sqrt(max(var, 0.0))
+    return float(max(0.0, auc - half)), float(min(1.0, auc + half))
+
+
+def delong_paired_test(y, p1, p2) -> tuple[float, float, float, float]:
+    """Two-sided DeLong test of AUROC(p1) = AUROC(p2) on the same labeled rows.
+
+    Returns ``(auc1, auc2, z, p_value)``. Identical predictions (zero variance of the
+    difference) give z = 0, p = 1. NaN everywhere when AUROC is undefined or there are fewer
+    than two positives or negatives.
+    """
+    y = np.asarray(y, dtype=float)
+    keep = ~np.isnan(y)
+    y, p1, p2 = y[keep], np.asarray(p1, float)[keep], np.asarray(p2, float)[keep]
+    if auroc_reason(y) is not None:
+        return (float("nan"),) * 4
+    aucs, cov = _delong_components(y, np.stack([p1, p2]))
+    auc1, auc2 = float(aucs[0]), float(aucs[1])
+    var = cov[0, 0] + cov[1, 1] - 2 * cov[0, 1]
+    if not np.isfinite(var):
+        return auc1, auc2, float("nan"), float("nan")
+    if var <= 1e-15:
+        return auc1, auc2, 0.0, 1.0
+    z = (auc1 - auc2) / np.sqrt(var)
+    return auc1, auc2, float(z), float(2 * stats.norm.sf(abs(z)))
+
+
+# --------------------------------------------------------------------------- across classes
+
+
+def paired_ttest(aurocs_a, aurocs_b) -> tuple[float, float]:
+    """Paired t-test over class AUROCs (as the surgical-aggregation paper compares methods).
+
+    Inputs: equal-length sequences in the same class order, or mappings class → AUROC (then
+    paired by class name). Only pairs defined in both are used. Returns ``(t, p)``; NaN with
+    fewer than two pairs; ``(0.0, 1.0)`` when every difference is exactly zero.
+    """
+    if isinstance(aurocs_a, Mapping) and isinstance(aurocs_b, Mapping):
+        keys = [k for k in aurocs_a if k in aurocs_b]
+        a = np.array([aurocs_a[k] for k in keys], dtype=float)
+        b = np.array([aurocs_b[k] for k in keys], dtype=float)
+    else:
+        a = np.asarray(aurocs_a, dtype=float)
+        b = np.asarray(aurocs_b, dtype=float)
+        if a.shape != b.shape:
+            raise ValueError(f"paired AUROCs differ in length: {a.shape} vs {b.shape}")
+    keep = np.isfinite(a) & np.isfinite(b)
+    a, b = a[keep], b[keep]
+    if a.size < 2:
+        return float("nan"), float("nan")
+    if np.all(a - b == 0):
+        return 0.0, 1.0
+    res = stats.ttest_rel(a, b)
+    return float(res.statistic), float(res.pvalue)
+
+
+# --------------------------------------------------------------------------- per-class table
+
+PER_CLASS_COLUMNS = ["class", "auroc", "ci_low", "ci_high", "n", "n_pos", "prevalence", "reason"]
+
+
+def per_class_auroc(
+    frame: pd.DataFrame,
+    classes: Sequence[str],
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    alpha: float = 0.05,
+    split: str = "test",
+    return_bootstrap: bool = False,
+):
+    """Per-class AUROC table of a prediction frame (``label__<c>``, ``prob__<c>``, ``patient_id``).
+
+    CIs: patient-level bootstrap (``n_boot`` > 0, needs ``patient_id``) or DeLong (``n_boot`` = 0).
+    Columns: :data:`PER_CLASS_COLUMNS` plus ``ci_skipped`` (bootstrap resamples left out).
+    ``reason`` explains a NaN AUROC or CI. With ``return_bootstrap`` also returns the
+    (n_boot, C) bootstrap matrix (for the mean-AUROC CI), ``None`` under DeLong.
+    """
+    n = len(frame)
+    y = np.full((n, len(classes)), np.nan)
+    p = np.full((n, len(classes)), np.nan)
+    missing: dict[int, str] = {}
+    for j, cls in enumerate(classes):
+        if f"label__{cls}" not in frame:
+            missing[j] = f"no label column label__{cls}"
+        elif f"prob__{cls}" not in frame:
+            missing[j] = f"model has no output prob__{cls}"
+        else:
+            y[:, j] = pd.to_numeric(frame[f"label__{cls}"], errors="raise").to_numpy(dtype=float, na_value=np.nan)
+            p[:, j] = pd.to_numeric(frame[f"prob__{cls}"], errors="raise").to_numpy(dtype=float, na_value=np.nan)
+    boot = None
+    if n_boot > 0:
+        if "patient_id" not in frame:
+            raise ValueError("a patient-level bootstrap needs a patient_id column")
+        boot = bootstrap_aurocs(y, p, frame["patient_id"].to_numpy(dtype=object), n_boot, seed)
+    rows = [_class_row(cls, y[:, j], p[:, j], missing.get(j), boot, j, alpha, split)
+            for j, cls in enumerate(classes)]
+    table = pd.DataFrame(rows, columns=PER_CLASS_COLUMNS + ["ci_skipped"])
+    return (table, boot) if return_bootstrap else table
+
+
+def _class_row(cls, y, p, missing, boot, j, alpha, split) -> dict:
+    labeled = ~np.isnan(y)
+    n = int(labeled.sum())
+    n_pos = int((y[labeled] == 1).sum())
+    row = {"class": cls, "auroc": np.nan, "ci_low": np.nan, "ci_high": np.nan, "n": n,
+           "n_pos": n_pos, "prevalence": n_pos / n if n else np.nan, "reason": None, "ci_skipped": 0}
+    reason = missing or auroc_reason(y, split)
+    if reason:
+        row["reason"] = reason
+        return row
+    row["auroc"] = auroc(y, p)
+    if boot is not None:
+        ci = percentile_ci(boot[:, j], alpha)
+        row.update(ci_low=ci.low, ci_high=ci.high, ci_skipped=ci.n_skipped)
+        if ci.n_used == 0:
+            row["reason"] = "CI undefined: every bootstrap resample had a single label value"
+    else:
+        row["ci_low"], row["ci_high"] = delong_ci(y, p, alpha)
+        if not np.isfinite(row["ci_low"]):
+            row["reason"] = "DeLong CI undefined: fewer than 2 positive or 2 negative rows"
+    return row
