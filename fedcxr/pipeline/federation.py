@@ -1,0 +1,308 @@
+"""In-process federation: every site simulated in this process, checkpoints, resume (DESIGN §7).
+
+Run directory::
+
+    RUN_DIR/config.yaml           the resolved config
+    RUN_DIR/run.json              method, seed, target, classes, sites, status, missed rounds
+    RUN_DIR/metrics.jsonl         one line per round: per-site training losses, val AUROC
+    RUN_DIR/checkpoints/round_NNNN.pt   atomic; the last two are kept
+    RUN_DIR/final_model.pt        global model (+ per-site models/state where the method has them)
+
+Every random draw is derived from (seed, round, site, task), and Adam restarts every round as
+in the papers, so a run killed after round r and resumed with ``--resume`` ends with exactly
+the weights of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+from tqdm import tqdm
+
+from fedcxr.errors import UserError
+from fedcxr.pipeline.config import ExperimentConfig, dump_config, load_config
+from fedcxr.pipeline.site_runner import SiteRunner, derive_seed
+from fedcxr.pipeline.strategies import CENTRAL_SITE, Context, Protocol, get_protocol
+from fedcxr.pipeline.transport import InProcessTransport, StateDict, Transport
+from fedcxr.vocab import CLASSES
+
+log = logging.getLogger(__name__)
+KEEP_CHECKPOINTS = 2
+
+
+def default_cache_dir() -> Path:
+    """Decoded-image cache shared by runs (keyed by manifest content hash and image size)."""
+    env = os.environ.get("FEDCXR_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "fedcxr"
+
+
+def resolve_device(name: Optional[str]) -> torch.device:
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device is available on this machine")
+    return torch.device(name)
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def build_runners(cfg: ExperimentConfig, protocol: Protocol, device: torch.device,
+                  progress: bool) -> dict[str, SiteRunner]:
+    """One SiteRunner per site (plus the pooled one for Central)."""
+    cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+    model_cfg = cfg.model.model_dump(mode="json")
+    common = dict(model_cfg=model_cfg, image_size=cfg.image_size, cache_dir=cache, device=device,
+                  augment=cfg.augment, num_workers=cfg.num_workers, progress=progress)
+    runners = {cfg.site_name(s): SiteRunner(cfg.site_name(s), cfg.site_dir(s), **common) for s in cfg.all_sites()}
+    if protocol.name == "Central":
+        runners[CENTRAL_SITE] = SiteRunner(CENTRAL_SITE, [cfg.site_dir(s) for s in cfg.all_sites()], **common)
+    return runners
+
+
+def head_classes(cfg: ExperimentConfig, meta: dict) -> list[str]:
+    """The global head's classes: explicit, the target's, or the union of the sites'."""
+    if cfg.model.classes:
+        return [c for c in CLASSES if c in cfg.model.classes]
+    target = cfg.site_name(cfg.target) if cfg.target else None
+    if cfg.class_source == "target" and target:
+        wanted = set(meta[target].class_set)
+    elif cfg.class_source == "sources":
+        wanted = {c for s in cfg.source_sites() for c in meta[cfg.site_name(s)].class_set}
+    else:
+        wanted = {c for s in cfg.all_sites() for c in meta[cfg.site_name(s)].class_set}
+    classes = [c for c in CLASSES if c in wanted]
+    if not classes:
+        raise UserError("no class to train: the chosen sites label no class in common with `class_source`")
+    return classes
+
+
+def build_context(cfg: ExperimentConfig, protocol: Protocol, transport: Transport) -> Context:
+    sites = [cfg.site_name(s) for s in cfg.all_sites()]
+    meta = transport.run("metadata", sites, None, {})
+    missing = [s for s in sites if s not in meta]
+    if missing:
+        raise UserError(f"sites did not answer the metadata query: {missing}")
+    protocol.validate(cfg, meta)
+    aux_on = protocol.aux_info if cfg.aux_info is None else cfg.aux_info
+    if protocol.name == "Central":
+        meta[CENTRAL_SITE] = transport.run("metadata", [CENTRAL_SITE], None, {})[CENTRAL_SITE]
+    return Context(
+        cfg=cfg, transport=transport, meta=meta, classes=head_classes(cfg, meta),
+        aux_tasks=list(cfg.aux_tasks) if aux_on else [],
+        sources=[cfg.site_name(s) for s in cfg.source_sites()],
+        target=cfg.site_name(cfg.target) if cfg.target else None,
+    )
+
+
+def initial_model(cfg: ExperimentConfig, ctx: Context) -> StateDict:
+    """θ0 of round 0, seeded; records BN and head keys on the context."""
+    from fedcxr.models.network import CXRNet, bn_keys, head_keys
+    from fedcxr.vocab import AUX_VOCAB
+
+    torch.manual_seed(derive_seed(cfg.seed, "init"))
+    model = CXRNet(
+        ctx.classes, backbone=cfg.model.backbone, hidden=cfg.model.hidden,
+        aux_tasks={t: len(AUX_VOCAB[t]) for t in ctx.aux_tasks}, weights=cfg.model.weights,
+    )
+    ctx.bn_keys = list(bn_keys(model))
+    ctx.head_keys = list(head_keys(model))
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def config_fingerprint(cfg: ExperimentConfig) -> str:
+    """Hash of everything that changes the result (device and worker count do not)."""
+    data = cfg.model_dump(mode="json")
+    for key in ("device", "num_workers", "cache_dir"):
+        data.pop(key, None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def atomic_torch_save(obj, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_checkpoint(run_dir: Path, r: int, payload: dict) -> None:
+    folder = run_dir / "checkpoints"
+    atomic_torch_save(payload, folder / f"round_{r:04d}.pt")
+    for old in sorted(folder.glob("round_*.pt"))[:-KEEP_CHECKPOINTS]:
+        old.unlink(missing_ok=True)
+
+
+def latest_checkpoint(run_dir: Path) -> Optional[Path]:
+    found = sorted((run_dir / "checkpoints").glob("round_*.pt"))
+    return found[-1] if found else None
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def run_experiment(cfg: ExperimentConfig, run_dir: Path | str, *, resume: bool = False,
+                   device: Optional[str] = None, progress: bool = True,
+                   transport: Optional[Transport] = None) -> dict:
+    """Run (or resume) one experiment in-process; returns the run.json payload."""
+    run_dir = Path(run_dir)
+    protocol = get_protocol(cfg.strategy)
+    dev = resolve_device(device or cfg.device)
+    if transport is None:
+        transport = InProcessTransport(build_runners(cfg, protocol, dev, progress))
+    ctx = build_context(cfg, protocol, transport)
+    theta = initial_model(cfg, ctx)
+    state, start, history = protocol.init_state(ctx, theta), 0, []
+    fingerprint = config_fingerprint(cfg)
+    if (run_dir / "final_model.pt").exists() and not resume:
+        raise UserError(f"{run_dir} already holds a finished run; choose another --out or pass --resume")
+    if resume:
+        state, start, history = _resume(run_dir, fingerprint, transport, ctx, state)
+    elif latest_checkpoint(run_dir):
+        raise UserError(f"{run_dir} holds checkpoints of an earlier run; pass --resume to continue it")
+    else:
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    _write_run_files(run_dir, cfg, ctx, protocol, status="running")
+    bar = tqdm(range(start, cfg.rounds), desc=f"{protocol.name} rounds", unit="round",
+               disable=not progress, initial=start, total=cfg.rounds)
+    for r in bar:
+        t0 = time.perf_counter()
+        state, metrics = protocol.run_round(ctx, r, state)
+        metrics = {"round": r, **metrics, "val": _validate(ctx, protocol, state, r)}
+        metrics["seconds"] = round(time.perf_counter() - t0, 3)
+        history.append(metrics)
+        _append_metrics(run_dir, metrics)
+        save_checkpoint(run_dir, r, {
+            "round": r, "fingerprint": fingerprint, "state": state, "missed": ctx.missed,
+            "local_states": getattr(transport, "local_states", lambda: {})(),
+        })
+        bar.set_postfix(_postfix(metrics))
+    final = protocol.final_models(ctx, state)
+    local_states = getattr(transport, "local_states", lambda: {})()
+    atomic_torch_save({
+        "global": final["global"], "per_site": final["per_site"], "local_states": local_states,
+        "eval_local_keys": protocol.eval_local_keys(ctx), "classes": ctx.classes, "aux_tasks": ctx.aux_tasks,
+        "model": cfg.model.model_dump(mode="json"), "image_size": cfg.image_size,
+    }, run_dir / "final_model.pt")
+    return _write_run_files(run_dir, cfg, ctx, protocol, status="finished")
+
+
+def _resume(run_dir: Path, fingerprint: str, transport: Transport, ctx: Context, state: dict):
+    path = latest_checkpoint(run_dir)
+    if path is None:
+        log.info("no checkpoint in %s: starting from round 0", run_dir)
+        return state, 0, []
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    if ckpt["fingerprint"] != fingerprint:
+        raise UserError(f"{run_dir}: the config differs from the one this run was started with; "
+                        "resume needs the same config (use a new --out for a new run)")
+    if hasattr(transport, "load_local_states"):
+        transport.load_local_states(ckpt.get("local_states", {}))
+    ctx.missed[:] = ckpt.get("missed", [])
+    history = _read_metrics(run_dir, upto=ckpt["round"])
+    log.info("resuming %s after round %d", run_dir, ckpt["round"])
+    return ckpt["state"], ckpt["round"] + 1, history
+
+
+def _validate(ctx: Context, protocol: Protocol, state: dict, r: int) -> dict:
+    cfg = ctx.cfg
+    if not cfg.eval_every or (r + 1) % cfg.eval_every and r != cfg.rounds - 1:
+        return {}
+    models = protocol.final_models(ctx, state)
+    out = {}
+    for site in eval_sites(ctx):
+        params = models["per_site"].get(site, models["global"])
+        config = {"head_classes": ctx.classes, "param_classes": ctx.classes, "aux_tasks": ctx.aux_tasks,
+                  "split": "val", "local_keys": protocol.eval_local_keys(ctx)}
+        replies = ctx.transport.run("evaluate", [site], params, config)
+        if site in replies:
+            m = replies[site].metrics
+            out[site] = {"mean_auroc": m.get("mean_auroc"), "auroc": m.get("auroc", {}), "n": m.get("n")}
+    return out
+
+
+def eval_sites(ctx: Context) -> list[str]:
+    if ctx.cfg.eval_sites:
+        return [ctx.cfg.site_name(s) for s in ctx.cfg.eval_sites]
+    return [ctx.target] if ctx.target else list(ctx.sources)
+
+
+def _postfix(metrics: dict) -> dict:
+    val = [v.get("mean_auroc") for v in metrics.get("val", {}).values() if v.get("mean_auroc") is not None]
+    return {"val_auroc": f"{val[0]:.3f}"} if val else {}
+
+
+def _append_metrics(run_dir: Path, metrics: dict) -> None:
+    with open(run_dir / "metrics.jsonl", "a") as handle:
+        handle.write(json.dumps(metrics, default=_json_default) + "\n")
+
+
+def _read_metrics(run_dir: Path, upto: int) -> list[dict]:
+    """Metrics of rounds ≤ ``upto``; a line written after the last checkpoint is dropped."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [row for row in rows if row.get("round", -1) <= upto]
+    path.write_text("".join(json.dumps(row, default=_json_default) + "\n" for row in rows))
+    return rows
+
+
+def _json_default(value):
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, float) and value != value:
+        return None
+    return str(value)
+
+
+def _write_run_files(run_dir: Path, cfg: ExperimentConfig, ctx: Context, protocol: Protocol, *,
+                     status: str) -> dict:
+    from fedcxr.site_adapters.manifest import atomic_write_json
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    payload = {
+        "method": protocol.name, "seed": cfg.seed, "target": ctx.target, "classes": ctx.classes,
+        "aux_tasks": ctx.aux_tasks, "sites": [cfg.site_name(s) for s in cfg.all_sites()],
+        "site_dirs": {cfg.site_name(s): str(cfg.site_dir(s).resolve()) for s in cfg.all_sites()},
+        "sources": ctx.sources, "eval_sites": eval_sites(ctx), "rounds": cfg.rounds, "status": status,
+        "missed": ctx.missed, "class_sets": {s: ctx.meta[s].class_set for s in ctx.meta},
+        "n_train": {s: ctx.meta[s].metrics.get("n_train") for s in ctx.meta},
+        "config": cfg.model_dump(mode="json"), "fingerprint": config_fingerprint(cfg),
+    }
+    atomic_write_json(run_dir / "run.json", payload)
+    return payload
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def cli_train(args) -> int:
+    """``fedcxr train CONFIG.yaml [--out RUN_DIR] [--resume] [--device ...] [--set k=v ...]``."""
+    cfg = load_config(args.config, overrides=args.overrides)
+    run_dir = Path(args.out) if args.out else Path("runs") / f"{cfg.name}-{cfg.strategy}-seed{cfg.seed}"
+    payload = run_experiment(cfg, run_dir, resume=args.resume, device=args.device, progress=not args.quiet)
+    print(f"{payload['method']}: finished {cfg.rounds} rounds; run directory {run_dir}")
+    if payload["missed"]:
+        print(f"  {len(payload['missed'])} site replies missing or rejected (see run.json 'missed')")
+    print(f"  next: fedcxr evaluate {run_dir}")
+    return 0

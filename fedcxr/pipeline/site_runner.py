@@ -1,0 +1,306 @@
+"""One site's side of every task (the FLARE client script and the in-process transport call it).
+
+A :class:`SiteRunner` owns the site's data (its own manifest), its cache of decoded images and
+its persistent local state (BN statistics under FedBN, local heads under PFL). It answers
+tasks with a :class:`~fedcxr.pipeline.transport.Reply` carrying only parameters, counts,
+class names and metrics.
+
+Task configs (plain JSON-able dicts, built by the round protocols):
+
+``metadata``  → class set, train/val/test and labeled counts, lr and batch size.
+``train``     → local training from the received model. Keys: ``round``, ``seed``, ``role``
+              (``source``/``target``), ``param_classes`` (head row order of the received
+              params), ``head_classes`` (the head this site trains; surgical: its own
+              classes), ``aux_tasks``, ``alpha``, ``use_aux``, ``trainable``
+              (all/head/backbone), ``missing_as_negative``, ``local_keys`` (kept on site),
+              ``record_batch_updates``, ``labeled`` (target: labeled rows used), and the
+              training hyper-parameters ``lr``, ``batch_size``, ``epochs``, ``steps``.
+``evaluate``  → per-class validation AUROC of the received model on ``split``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Subset
+
+from fedcxr.pipeline.transport import Reply, StateDict
+from fedcxr.vocab import AUX_VOCAB, label_column
+
+log = logging.getLogger(__name__)
+
+
+def derive_seed(base: int, *parts: object) -> int:
+    """A stable 31-bit seed from a base seed and labels (round, site, task)."""
+    text = ":".join([str(base), *map(str, parts)])
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
+class _AllClassesMask(Dataset):
+    """Vanilla FL / Central: classes a site does not label count as negatives (mask = 1)."""
+
+    def __init__(self, base: Dataset):
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i):
+        item = dict(self.base[i])
+        item["label_mask"] = torch.ones_like(torch.as_tensor(item["label_mask"]))
+        return item
+
+
+class SiteRunner:
+    """The client-side logic of one site, independent of the transport that calls it."""
+
+    def __init__(
+        self,
+        name: str,
+        site_dirs: list[Path] | Path,
+        *,
+        model_cfg: dict,
+        image_size: int,
+        cache_dir: Path,
+        device: torch.device,
+        augment: bool = True,
+        num_workers: int = 0,
+        progress: bool = False,
+    ):
+        from fedcxr.pipeline.data import load_site
+
+        self.name = name
+        dirs = [site_dirs] if isinstance(site_dirs, (str, Path)) else list(site_dirs)
+        self.sites = [load_site(d) for d in dirs]  # several dirs = pooled (Central baseline)
+        self.model_cfg = dict(model_cfg)
+        self.image_size = image_size
+        self.cache_dir = Path(cache_dir)
+        self.device = device
+        self.augment = augment
+        self.num_workers = num_workers
+        self.progress = progress
+        self.local_state: StateDict = {}
+        self._models: dict[tuple, torch.nn.Module] = {}
+        self._datasets: dict[tuple, Dataset] = {}
+
+    # ------------------------------------------------------------------ facts about the site
+    @property
+    def class_set(self) -> list[str]:
+        seen: list[str] = []
+        for site in self.sites:
+            seen += [c for c in site.class_set if c not in seen]
+        from fedcxr.vocab import CLASSES
+
+        return [c for c in CLASSES if c in seen]
+
+    def _rows(self, split: str) -> int:
+        return sum(int((s.manifest["split"] == split).sum()) for s in self.sites)
+
+    # ------------------------------------------------------------------ local state (FedBN, PFL)
+    def get_local_state(self) -> StateDict:
+        return {k: v.clone() for k, v in self.local_state.items()}
+
+    def set_local_state(self, state: StateDict) -> None:
+        self.local_state = {k: v.clone() for k, v in state.items()}
+
+    # ------------------------------------------------------------------ tasks
+    def handle(self, task: str, params: Optional[StateDict], config: dict) -> Reply:
+        handler = {"metadata": self._metadata, "train": self._train, "evaluate": self._evaluate}.get(task)
+        if handler is None:
+            from fedcxr.pipeline import fact
+
+            handler = fact.site_handlers(self).get(task)
+        if handler is None:
+            raise ValueError(f"site {self.name}: unknown task {task!r}")
+        return handler(params, config)
+
+    def _metadata(self, params, config) -> Reply:
+        labeled = 0
+        for site in self.sites:
+            train = site.manifest.loc[site.manifest["split"] == "train"]
+            cols = [label_column(c) for c in site.class_set]
+            labeled += int(train[cols].notna().any(axis=1).sum()) if cols else 0
+        return Reply(
+            site=self.name,
+            n_samples=self._rows("train"),
+            class_set=self.class_set,
+            metrics={
+                "n_train": self._rows("train"), "n_val": self._rows("val"), "n_test": self._rows("test"),
+                "n_labeled_train": labeled,
+            },
+        )
+
+    # ------------------------------------------------------------------ model + data plumbing
+    def model(self, head_classes: list[str], aux_tasks: list[str]) -> torch.nn.Module:
+        """The site's network for this head/aux layout (built once, re-loaded every task)."""
+        from fedcxr.models.network import CXRNet
+
+        key = (tuple(head_classes), tuple(aux_tasks))
+        if key not in self._models:
+            cfg = self.model_cfg
+            self._models[key] = CXRNet(
+                head_classes, backbone=cfg.get("backbone", "resnet18"), hidden=cfg.get("hidden", 128),
+                aux_tasks={t: len(AUX_VOCAB[t]) for t in aux_tasks}, weights=cfg.get("weights"),
+            ).to(self.device)
+        return self._models[key]
+
+    def load_params(self, model: torch.nn.Module, params: StateDict, param_classes: list[str],
+                    local_keys: list[str]) -> None:
+        """Load received params; head rows picked by class name; local keys from this site."""
+        state = dict(params)
+        head_classes = list(model.classes)
+        if list(param_classes) != head_classes and "head.weight" in state:
+            index = [param_classes.index(c) if c in param_classes else None for c in head_classes]
+            own = model.state_dict()
+            weight = own["head.weight"].detach().clone().cpu()
+            bias = own["head.bias"].detach().clone().cpu()
+            for row, src in enumerate(index):
+                if src is not None:
+                    weight[row] = state["head.weight"][src]
+                    bias[row] = state["head.bias"][src]
+            state["head.weight"], state["head.bias"] = weight, bias
+        for key in local_keys:
+            if key in self.local_state:
+                state[key] = self.local_state[key]
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [k for k in missing if k not in local_keys]
+        if missing or unexpected:
+            raise ValueError(f"site {self.name}: model mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+    def dataset(self, split: str, classes: list[str], aux_tasks: list[str], *, augment: bool,
+                loss_classes: Optional[list[str]] = None) -> Dataset:
+        from torch.utils.data import ConcatDataset
+
+        from fedcxr.pipeline.data import make_dataset
+
+        key = (split, tuple(classes), tuple(aux_tasks), augment, tuple(loss_classes or ()))
+        if key not in self._datasets:
+            parts = [
+                make_dataset(
+                    site, split, classes=classes, aux_tasks=aux_tasks, image_size=self.image_size,
+                    cache_dir=self.cache_dir, augment=augment, loss_classes=loss_classes,
+                )
+                for site in self.sites
+            ]
+            self._datasets[key] = parts[0] if len(parts) == 1 else ConcatDataset(parts)
+        return self._datasets[key]
+
+    def labeled_rows(self, dataset: Dataset, split: str, classes: list[str], labeled) -> list[int]:
+        """Indices of rows with a label among ``classes``; ``labeled`` caps them (count or fraction).
+
+        The cap keeps whole patients in a stable hash order, so the same rows are chosen in
+        every round and every run.
+        """
+        frames = [s.manifest.loc[s.manifest["split"] == split].reset_index(drop=True) for s in self.sites]
+        import pandas as pd
+
+        frame = pd.concat(frames, ignore_index=True)
+        cols = [label_column(c) for c in classes if label_column(c) in frame]
+        has_label = frame[cols].notna().any(axis=1).to_numpy() if cols else np.zeros(len(frame), bool)
+        rows = np.flatnonzero(has_label)
+        if labeled is None or len(rows) == 0:
+            return rows.tolist()
+        limit = int(round(labeled * len(frame))) if isinstance(labeled, float) and labeled <= 1 else int(labeled)
+        from fedcxr.site_adapters.manifest import patient_bucket
+
+        order = np.argsort(patient_bucket(frame["patient_id"].iloc[rows], salt="fedcxr-labeled"), kind="stable")
+        return sorted(rows[order][: max(1, limit)].tolist())
+
+    # ------------------------------------------------------------------ train
+    def _train(self, params: Optional[StateDict], config: dict) -> Reply:
+        from fedcxr.pipeline.data import make_loader
+        from fedcxr.pipeline.local import LocalConfig, train_local
+
+        head_classes = list(config["head_classes"])
+        aux_tasks = list(config.get("aux_tasks") or [])
+        model = self.model(head_classes, aux_tasks)
+        local_keys = list(config.get("local_keys") or [])
+        if params is not None:
+            self.load_params(model, params, list(config.get("param_classes") or head_classes), local_keys)
+        loss_classes = [c for c in head_classes if c in self.class_set]
+        base = self.dataset("train", head_classes, aux_tasks, augment=self.augment, loss_classes=loss_classes)
+        if config.get("missing_as_negative"):
+            base = _AllClassesMask(base)
+        rows = self.labeled_rows(base, "train", loss_classes if not config.get("missing_as_negative") else
+                                 head_classes, config.get("labeled"))
+        if config.get("max_rows"):
+            rows = rows[: int(config["max_rows"])]
+        data = Subset(base, rows)
+        seed = derive_seed(int(config.get("seed", 0)), "train", self.name, config.get("round", 0),
+                           config.get("role", "source"))
+        cfg = LocalConfig(
+            lr=float(config["lr"]), batch_size=int(config["batch_size"]), epochs=int(config.get("epochs", 1)),
+            steps=config.get("steps"), alpha=float(config.get("alpha", 1.0)),
+            use_aux=bool(config.get("use_aux", False)) and bool(aux_tasks),
+            weight_decay=float(config.get("weight_decay", 0.0)),
+        )
+        if len(data) == 0:
+            log.warning("site %s: no labeled training rows for %s; returning the model unchanged",
+                        self.name, head_classes)
+            return Reply(site=self.name, params=_cpu_state(model), n_samples=0, n_batches=0,
+                         class_set=head_classes, metrics={"loss": float("nan")})
+        loader = make_loader(
+            data, batch_size=cfg.batch_size, shuffle=True, seed=seed, augment=self.augment,
+            num_workers=self.num_workers, pin_memory=self.device.type == "cuda",
+        )
+        result = train_local(
+            model, loader, cfg, device=self.device, seed=seed, trainable=config.get("trainable", "all"),
+            record_batch_updates=bool(config.get("record_batch_updates", False)),
+        )
+        state = _cpu_state(model)
+        for key in local_keys:
+            self.local_state[key] = state[key].clone()
+        extra = {}
+        if result.batch_updates is not None:
+            extra["batch_updates"] = result.batch_updates.detach().cpu()
+        return Reply(
+            site=self.name, params=state, n_samples=result.n_samples, n_batches=result.n_batches,
+            class_set=head_classes,
+            metrics={"loss": result.loss, "main_loss": result.main_loss, "aux_loss": result.aux_loss},
+            extra=extra,
+        )
+
+    # ------------------------------------------------------------------ evaluate
+    def _evaluate(self, params: Optional[StateDict], config: dict) -> Reply:
+        from fedcxr.pipeline.data import make_loader
+        from fedcxr.pipeline.local import predict, quick_auroc
+
+        head_classes = list(config["head_classes"])
+        aux_tasks = list(config.get("aux_tasks") or [])
+        model = self.model(head_classes, aux_tasks)
+        local_keys = list(config.get("local_keys") or [])
+        if params is not None:
+            self.load_params(model, params, list(config.get("param_classes") or head_classes), local_keys)
+        split = config.get("split", "val")
+        data = self.dataset(split, head_classes, aux_tasks, augment=False)
+        if len(data) == 0:
+            return Reply(site=self.name, class_set=head_classes, metrics={"split": split, "n": 0})
+        loader = make_loader(data, batch_size=int(config.get("batch_size", 64)), shuffle=False, seed=0,
+                             augment=False, num_workers=self.num_workers)
+        out = predict(model, loader, device=self.device)
+        labels, masks = _labels_of(data, out["index"])
+        aurocs = quick_auroc(labels, masks, out["probs"], head_classes)
+        defined = [v for v in aurocs.values() if np.isfinite(v)]
+        return Reply(
+            site=self.name, n_samples=len(data), class_set=head_classes,
+            metrics={"split": split, "n": len(data), "auroc": aurocs,
+                     "mean_auroc": float(np.mean(defined)) if defined else float("nan")},
+        )
+
+
+def _labels_of(data: Dataset, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    labels, masks = [], []
+    for i in index:
+        item = data[int(i)]
+        labels.append(np.asarray(item["label"], dtype=float))
+        masks.append(np.asarray(item["label_mask"], dtype=float))
+    return np.stack(labels), np.stack(masks)
+
+
+def _cpu_state(model: torch.nn.Module) -> StateDict:
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
