@@ -1,0 +1,331 @@
+"""Evaluation report of one run: per site, per class AUROC with 95% CI, mean AUROC, subgroups.
+
+:func:`build_report` turns a prediction table into a plain dict (the content of
+``report.json``); :func:`write_report` writes it as ``report.json``, ``per_class.csv``,
+``report.md`` and one ROC figure per evaluated site. Layout of the dict::
+
+    schema_version, kind, method, seed, target, split, classes, binary_task, ci{...},
+    sites: {site: {n_rows, n_patients, per_class: [rows], mean_auroc, mean_auroc_ci_low/high,
+                   mean_auroc_classes, mean_auroc_reason, [accuracy, accuracy_ci_low/high],
+                   subgroups: {task: {groups: {value: {...same fields...}}, skipped: [...]}}}},
+    sites_without_predictions: [{site, reason}]
+
+Undefined numbers are NaN in the dict and ``null`` in JSON, always next to a ``reason``.
+``patient_id`` and ``image_path`` never appear in any output.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+import fedcxr
+from fedcxr.evaluation import metrics
+from fedcxr.site_adapters.manifest import atomic_write_bytes
+from fedcxr.vocab import AUX_VOCAB
+
+SCHEMA_VERSION = 1
+SUBGROUP_TASKS = ("sex", "age_bin", "race")
+#: A subgroup with fewer rows is listed as skipped rather than given a noisy AUROC.
+MIN_SUBGROUP_ROWS = 20
+ACCURACY_THRESHOLD = 0.5
+ALPHA = 0.05
+SUBGROUP_TITLES = {"sex": "Sex", "age_bin": "Age bin (years)", "race": "Race/ethnicity"}
+
+
+def is_binary_task(classes: Sequence[str]) -> bool:
+    """A run with one output (e.g. the covid19-only task): accuracy is reported beside AUROC."""
+    return len(classes) == 1
+
+
+# --------------------------------------------------------------------------- build
+
+
+def evaluate_rows(
+    frame: pd.DataFrame,
+    classes: Sequence[str],
+    *,
+    n_boot: int,
+    seed: int,
+    split: str,
+    binary: bool,
+    alpha: float = ALPHA,
+) -> dict[str, Any]:
+    """Per-class rows, mean AUROC (+ patient-bootstrap CI) and, for binary tasks, accuracy."""
+    table, boot = metrics.per_class_auroc(frame, classes, n_boot=n_boot, seed=seed, alpha=alpha,
+                                          split=split, return_bootstrap=True)
+    defined = np.isfinite(table["auroc"].to_numpy(dtype=float))
+    out: dict[str, Any] = {
+        "n_rows": int(len(frame)),
+        "n_patients": int(frame["patient_id"].nunique()),
+        "per_class": _records(table),
+        "mean_auroc": metrics.mean_auroc(table["auroc"]),
+        "mean_auroc_ci_low": float("nan"),
+        "mean_auroc_ci_high": float("nan"),
+        "mean_auroc_classes": [c for c, d in zip(classes, defined) if d],
+        "mean_auroc_reason": None,
+    }
+    if not defined.any():
+        out["mean_auroc_reason"] = "no class has a defined AUROC"
+    elif boot is None:
+        out["mean_auroc_reason"] = "CI of the mean needs the patient bootstrap (n_boot > 0)"
+    else:
+        ci = metrics.bootstrap_mean_ci(boot[:, defined], alpha)
+        out.update(mean_auroc_ci_low=ci.low, mean_auroc_ci_high=ci.high, mean_auroc_ci_skipped=ci.n_skipped)
+        if ci.n_used == 0:
+            out["mean_auroc_reason"] = "CI undefined: every bootstrap resample lost a class"
+    if binary:
+        out.update(_accuracy(frame, classes[0], n_boot=n_boot, seed=seed, alpha=alpha))
+    return out
+
+
+def _accuracy(frame, cls, *, n_boot, seed, alpha) -> dict[str, Any]:
+    y = frame[f"label__{cls}"].to_numpy(dtype=float, na_value=np.nan)
+    p = frame[f"prob__{cls}"].to_numpy(dtype=float)
+    out = {"accuracy": metrics.accuracy(y, p, ACCURACY_THRESHOLD), "accuracy_threshold": ACCURACY_THRESHOLD,
+           "accuracy_ci_low": float("nan"), "accuracy_ci_high": float("nan")}
+    if n_boot > 0 and np.isfinite(out["accuracy"]):
+        ci = metrics.bootstrap_accuracy_ci(y, p, frame["patient_id"].to_numpy(dtype=object), n_boot, seed,
+                                           alpha, ACCURACY_THRESHOLD)
+        out.update(accuracy_ci_low=ci.low, accuracy_ci_high=ci.high)
+    return out
+
+
+def _records(table: pd.DataFrame) -> list[dict[str, Any]]:
+    rows = []
+    for rec in table.to_dict(orient="records"):
+        rows.append({k: (None if k == "reason" and not isinstance(v, str) else v) for k, v in rec.items()})
+    return rows
+
+
+def subgroup_analysis(
+    frame: pd.DataFrame,
+    classes: Sequence[str],
+    *,
+    n_boot: int,
+    seed: int,
+    split: str,
+    binary: bool,
+    min_rows: int = MIN_SUBGROUP_ROWS,
+) -> dict[str, Any]:
+    """Per task in :data:`SUBGROUP_TASKS`: the :func:`evaluate_rows` result of every value with
+    at least ``min_rows`` rows, decoded to vocabulary names; the rest listed under ``skipped``."""
+    result: dict[str, Any] = {}
+    for task in SUBGROUP_TASKS:
+        column = f"aux__{task}"
+        entry: dict[str, Any] = {"groups": {}, "skipped": []}
+        result[task] = entry
+        if column not in frame:
+            entry["skipped"].append({"value": None, "n_rows": int(len(frame)),
+                                     "reason": f"no {column} column in predictions"})
+            continue
+        codes = pd.to_numeric(frame[column], errors="coerce").astype("Float64")
+        unknown = int(codes.isna().sum())
+        if unknown:
+            entry["skipped"].append({"value": "unknown", "n_rows": unknown, "reason": "value not recorded (null)"})
+        for code in sorted(int(c) for c in codes.dropna().unique()):
+            name = _decode(task, code)
+            rows = frame[(codes == code).fillna(False).to_numpy(dtype=bool)]
+            if len(rows) < min_rows:
+                entry["skipped"].append({"value": name, "n_rows": int(len(rows)),
+                                         "reason": f"fewer than {min_rows} rows"})
+                continue
+            entry["groups"][name] = evaluate_rows(rows, classes, n_boot=n_boot, seed=seed, split=split,
+                                                  binary=binary)
+    return result
+
+
+def _decode(task: str, code: int) -> str:
+    vocab = AUX_VOCAB.get(task, [])
+    return vocab[code] if 0 <= code < len(vocab) else f"code {code}"
+
+
+def build_report(predictions: pd.DataFrame, run_info: dict, *, split: str, n_boot: int, seed: int) -> dict:
+    """The content of ``report.json`` for one run's predictions on ``split``.
+
+    ``n_boot`` > 0: 95% CIs by patient-level bootstrap (and a CI of the mean AUROC);
+    ``n_boot`` = 0: per-class CIs by DeLong, none for the mean.
+    """
+    classes = list(run_info["classes"])
+    binary = is_binary_task(classes)
+    present = list(dict.fromkeys(predictions["site"].astype(str)))
+    wanted = [str(s) for s in run_info.get("eval_sites") or []]
+    order = [s for s in wanted if s in present] + [s for s in present if s not in wanted]
+    report: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "fedcxr.evaluation.report",
+        "fedcxr_version": fedcxr.__version__,
+        "method": run_info["method"],
+        "seed": run_info["seed"],
+        "target": run_info.get("target"),
+        "split": split,
+        "classes": classes,
+        "binary_task": binary,
+        "train_sites": list(run_info.get("sites") or []),
+        "ci": {"level": 1 - ALPHA,
+               "method": "patient-level bootstrap (percentile)" if n_boot > 0 else "DeLong (normal approximation)",
+               "n_boot": int(n_boot), "seed": int(seed)},
+        "min_subgroup_rows": MIN_SUBGROUP_ROWS,
+        "sites": {},
+        "sites_without_predictions": [{"site": s, "reason": f"no rows in predictions/{split}.parquet"}
+                                      for s in wanted if s not in present],
+    }
+    site_col = predictions["site"].astype(str).to_numpy()
+    for site in order:
+        rows = predictions[site_col == site]
+        entry = evaluate_rows(rows, classes, n_boot=n_boot, seed=seed, split=split, binary=binary)
+        entry["subgroups"] = subgroup_analysis(rows, classes, n_boot=n_boot, seed=seed, split=split, binary=binary)
+        report["sites"][site] = entry
+    return report
+
+
+# --------------------------------------------------------------------------- write
+
+
+def json_safe(value: Any) -> Any:
+    """NaN/inf → None, numpy scalars → Python; keeps key order."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if np.isfinite(value) else None
+    if value is None or value is pd.NA:
+        return None
+    if isinstance(value, (str, Path)):
+        return str(value)
+    raise TypeError(f"cannot write {type(value).__name__} to JSON")
+
+
+def write_json(path: Path, payload: Any) -> None:
+    text = json.dumps(json_safe(payload), indent=2, allow_nan=False)
+    atomic_write_bytes(path, (text + "\n").encode())
+
+
+def write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def safe_name(name: str) -> str:
+    """A site name as a file-name fragment."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", str(name)).strip("_") or "site"
+
+
+def per_class_frame(report: dict) -> pd.DataFrame:
+    """``per_class.csv``: one row per (site, class)."""
+    rows = [{"site": site, **{k: r[k] for k in metrics.PER_CLASS_COLUMNS}}
+            for site, entry in report["sites"].items() for r in entry["per_class"]]
+    return pd.DataFrame(rows, columns=["site"] + metrics.PER_CLASS_COLUMNS)
+
+
+def write_report(run_dir: Path | str, report: dict, predictions: pd.DataFrame) -> list[Path]:
+    """Write ``report.json``, ``per_class.csv``, ``report.md`` and ``roc_<site>.png`` into ``run_dir``."""
+    from fedcxr.evaluation.plots import plot_roc  # matplotlib only when writing
+
+    run_dir = Path(run_dir)
+    paths = [run_dir / "report.json", run_dir / "per_class.csv", run_dir / "report.md"]
+    write_json(paths[0], report)
+    write_text(paths[1], per_class_frame(report).to_csv(index=False, float_format="%.6g"))
+    figures = {}
+    site_col = predictions["site"].astype(str).to_numpy()
+    for site, entry in report["sites"].items():
+        figure = run_dir / f"roc_{safe_name(site)}.png"
+        plot_roc(predictions[site_col == site], report["classes"], figure,
+                 title=f"{report['method']}: ROC on {site} ({report['split']}, {entry['n_rows']} images)",
+                 aurocs={r["class"]: r["auroc"] for r in entry["per_class"]})
+        figures[site] = figure.name
+        paths.append(figure)
+    write_text(paths[2], render_markdown(report, figures))
+    return paths
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def fmt(value: Optional[float], digits: int = 3) -> str:
+    return "n/a" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
+
+
+def fmt_ci(value, low, high, digits: int = 3) -> str:
+    if value is None or not np.isfinite(value):
+        return "n/a"
+    if low is None or high is None or not (np.isfinite(low) and np.isfinite(high)):
+        return fmt(value, digits)
+    return f"{value:.{digits}f} ({low:.{digits}f}–{high:.{digits}f})"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines
+
+
+def render_markdown(report: dict, figures: Optional[dict[str, str]] = None) -> str:
+    """A report a researcher can paste: run facts, per-site per-class table, subgroup tables."""
+    ci = report["ci"]
+    level = int(round(ci["level"] * 100))
+    ci_text = (f"{level}% CI by patient-level bootstrap ({ci['n_boot']} resamples, seed {ci['seed']})"
+               if ci["n_boot"] > 0 else f"{level}% CI by DeLong (normal approximation)")
+    lines = [f"# Evaluation report: {report['method']}", "",
+             f"- Method: **{report['method']}**, seed {report['seed']}, target: {report['target'] or 'none'}",
+             f"- Split: {report['split']}; evaluated sites: {', '.join(report['sites']) or 'none'}",
+             f"- Training sites: {', '.join(report['train_sites']) or 'not recorded'}",
+             f"- Classes ({len(report['classes'])}): {', '.join(report['classes'])}",
+             f"- AUROC with {ci_text}. Mean AUROC is over the classes with a defined AUROC; "
+             "an undefined AUROC (one label value in the test rows) is n/a, never 0.5.", ""]
+    for item in report.get("sites_without_predictions", []):
+        lines += [f"- Site {item['site']}: not evaluated ({item['reason']})", ""]
+    for site, entry in report["sites"].items():
+        lines += _site_section(report, site, entry, (figures or {}).get(site))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _site_section(report, site, entry, figure) -> list[str]:
+    lines = [f"## Site {site}", "",
+             f"{entry['n_rows']} images of {entry['n_patients']} patients.", "",
+             f"**Mean AUROC** ({len(entry['mean_auroc_classes'])} of {len(report['classes'])} classes): "
+             f"{fmt_ci(entry['mean_auroc'], entry['mean_auroc_ci_low'], entry['mean_auroc_ci_high'])}"
+             + (f" ({entry['mean_auroc_reason']})" if entry.get("mean_auroc_reason") else ""), ""]
+    if "accuracy" in entry:
+        lines += [f"**Accuracy** (threshold {entry['accuracy_threshold']}): "
+                  f"{fmt_ci(entry['accuracy'], entry['accuracy_ci_low'], entry['accuracy_ci_high'])}", ""]
+    rows = [[r["class"], fmt_ci(r["auroc"], r["ci_low"], r["ci_high"]), str(r["n"]), str(r["n_pos"]),
+             fmt(r["prevalence"]), r["reason"] or ""] for r in entry["per_class"]]
+    lines += _table(["Class", "AUROC (95% CI)", "n", "Positives", "Prevalence", "Note"], rows) + [""]
+    if figure:
+        lines += [f"![ROC curves, site {site}]({figure})", ""]
+    for task, sub in entry["subgroups"].items():
+        lines += _subgroup_section(report, task, sub)
+    return lines
+
+
+def _subgroup_section(report, task, sub) -> list[str]:
+    lines = [f"### {SUBGROUP_TITLES.get(task, task)}", ""]
+    groups = sub["groups"]
+    if groups:
+        names = list(groups)
+        rows = [["n images"] + [str(groups[g]["n_rows"]) for g in names],
+                ["**Mean AUROC**"] + [fmt_ci(groups[g]["mean_auroc"], groups[g]["mean_auroc_ci_low"],
+                                             groups[g]["mean_auroc_ci_high"]) for g in names]]
+        if "accuracy" in groups[names[0]]:
+            rows.append(["Accuracy"] + [fmt(groups[g]["accuracy"]) for g in names])
+        for j, cls in enumerate(report["classes"]):
+            rows.append([cls] + [fmt(groups[g]["per_class"][j]["auroc"]) for g in names])
+        lines += _table(["AUROC"] + names, rows) + [""]
+    else:
+        lines += ["No subgroup large enough to report.", ""]
+    for item in sub["skipped"]:
+        value = item["value"] if item["value"] is not None else "all"
+        lines.append(f"- not reported: {value} ({item['n_rows']} images): {item['reason']}")
+    if sub["skipped"]:
+        lines.append("")
+    return lines

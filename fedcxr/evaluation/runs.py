@@ -1,0 +1,148 @@
+"""Reading what training leaves in a run directory: ``run.json`` and prediction tables.
+
+Contract (written by the training side)::
+
+    RUN_DIR/run.json                      method, seed, target, classes, sites, eval_sites, config
+    RUN_DIR/predictions/<split>.parquet   one row per image per evaluated site:
+        site, image_path, patient_id, label__<c> (1/0/NaN), prob__<c> (sigmoid), aux__<task>
+
+Everything here turns a malformed run directory into a :class:`~fedcxr.errors.UserError` that
+names the file and the key or column at fault, so ``fedcxr evaluate``/``report`` exit with 2.
+``patient_id`` is read only to resample patients; nothing here logs or returns it elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import pandas as pd
+
+from fedcxr.errors import UserError
+
+REQUIRED_RUN_KEYS = ("method", "seed", "classes")
+ID_COLUMNS = ("site", "image_path", "patient_id")
+
+
+def check_run_dir(run_dir: Path | str) -> Path:
+    """Return ``run_dir`` as a Path, or raise if it is not a folder."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise UserError(f"{run_dir}: no such run directory")
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: not a directory (expected a run directory)")
+    return run_dir
+
+
+def load_run_info(run_dir: Path | str) -> dict[str, Any]:
+    """Read and check ``RUN_DIR/run.json``; fills ``target`` (None), ``sites``/``eval_sites`` ([])."""
+    run_dir = check_run_dir(run_dir)
+    path = run_dir / "run.json"
+    if not path.is_file():
+        raise UserError(f"{run_dir}: no run.json, so this is not a fedcxr run directory "
+                        "(`fedcxr train` writes one)")
+    try:
+        info = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(info, dict):
+        raise UserError(f"{path}: expected a JSON object, got {type(info).__name__}")
+    for key in REQUIRED_RUN_KEYS:
+        if key not in info:
+            raise UserError(f"{path}: missing key {key!r}")
+    if not isinstance(info["method"], str) or not info["method"]:
+        raise UserError(f"{path}: 'method' must be a non-empty string")
+    if isinstance(info["seed"], bool) or not isinstance(info["seed"], int):
+        raise UserError(f"{path}: 'seed' must be an integer, got {info['seed']!r}")
+    classes = info["classes"]
+    if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
+        raise UserError(f"{path}: 'classes' must be a non-empty list of class names")
+    if len(set(classes)) != len(classes):
+        raise UserError(f"{path}: 'classes' lists a class twice")
+    info = dict(info)
+    info.setdefault("target", None)
+    for key in ("sites", "eval_sites"):
+        value = info.get(key) or []
+        if not isinstance(value, list):
+            raise UserError(f"{path}: {key!r} must be a list of site names")
+        info[key] = [str(v) for v in value]
+    return info
+
+
+def predictions_path(run_dir: Path | str, split: str) -> Path:
+    return Path(run_dir) / "predictions" / f"{split}.parquet"
+
+
+def load_predictions(
+    run_dir: Path | str,
+    split: str,
+    classes: list[str],
+    *,
+    create: bool = False,
+    device: Optional[str] = None,
+) -> pd.DataFrame:
+    """Read and check ``predictions/<split>.parquet``.
+
+    With ``create`` a missing table is written first by the training side's
+    ``fedcxr.pipeline.predict.write_predictions`` (imported lazily: evaluation of existing
+    predictions never imports torch).
+    """
+    run_dir = check_run_dir(run_dir)
+    path = predictions_path(run_dir, split)
+    if not path.is_file() and create:
+        _write_predictions(run_dir, split, device)
+    if not path.is_file():
+        raise UserError(f"{run_dir}: predictions for split {split!r} are missing ({path.relative_to(run_dir)}); "
+                        f"run `fedcxr evaluate {run_dir} --split {split}` to write them")
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        raise UserError(f"{path}: cannot read predictions ({exc})") from None
+    return check_predictions(frame, classes, path)
+
+
+def _write_predictions(run_dir: Path, split: str, device: Optional[str]) -> None:
+    try:
+        from fedcxr.pipeline.predict import write_predictions
+    except ImportError:
+        raise UserError(f"{run_dir}: predictions/{split}.parquet is missing and this version of fedcxr "
+                        "cannot write predictions (fedcxr.pipeline.predict is not available)") from None
+    write_predictions(run_dir, split, device=device)
+
+
+def check_predictions(frame: pd.DataFrame, classes: list[str], source: Path | str) -> pd.DataFrame:
+    """Check columns and values of a prediction table; ``source`` names it in messages."""
+    required = list(ID_COLUMNS) + [f"label__{c}" for c in classes] + [f"prob__{c}" for c in classes]
+    missing = [c for c in required if c not in frame.columns]
+    if missing:
+        raise UserError(f"{source}: missing column(s) {', '.join(missing)}")
+    if frame.empty:
+        raise UserError(f"{source}: no prediction rows")
+    for cls in classes:
+        labels = _numeric(frame, f"label__{cls}", source)
+        bad = ~(np.isnan(labels) | (labels == 0) | (labels == 1))
+        if bad.any():
+            raise UserError(f"{source}: column label__{cls} row {int(np.flatnonzero(bad)[0])}: "
+                            f"label must be 1, 0 or empty, got {labels[bad][0]!r}")
+        probs = _numeric(frame, f"prob__{cls}", source)
+        bad = np.isnan(probs) | (probs < 0) | (probs > 1)
+        if bad.any():
+            raise UserError(f"{source}: column prob__{cls} row {int(np.flatnonzero(bad)[0])}: "
+                            f"probability must be in [0, 1], got {probs[bad][0]!r} "
+                            f"({int(bad.sum())} such row(s))")
+    if frame["site"].isna().any():
+        raise UserError(f"{source}: column site is empty on {int(frame['site'].isna().sum())} row(s)")
+    if frame["patient_id"].isna().any():
+        raise UserError(f"{source}: column patient_id is empty on {int(frame['patient_id'].isna().sum())} "
+                        "row(s); the patient-level bootstrap needs it")
+    frame = frame.reset_index(drop=True)
+    return frame.assign(site=frame["site"].astype(str))
+
+
+def _numeric(frame: pd.DataFrame, column: str, source) -> np.ndarray:
+    try:
+        return pd.to_numeric(frame[column], errors="raise").to_numpy(dtype=float, na_value=np.nan)
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"{source}: column {column} is not numeric ({exc})") from None
