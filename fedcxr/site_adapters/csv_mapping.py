@@ -1,0 +1,681 @@
+"""SOURCE ``csv``: any export that is one CSV plus image files, described by a YAML mapping.
+
+``fedcxr ingest csv --input DIR --mapping FILE.yaml --out OUT`` reads ``DIR/<csv>`` and turns
+each row into one canonical record (:mod:`fedcxr.site_adapters.base`). The mapping says which
+column holds what; it is validated with pydantic before any row is read, and every error names
+the key at fault (a missing key, an unknown key, a bad value → :class:`IngestError`, exit 2).
+Examples: ``examples/covid_chestxray_by_site_group.yaml``, ``examples/hannover.yaml``.
+
+Schema (``version: 1``; keys not listed here are errors)::
+
+    version: 1                    # optional
+    description: free text        # optional, ignored
+    csv: metadata.csv             # the CSV, relative to --input
+    delimiter: ","                # optional (one character); encoding: utf-8 (optional)
+    image:                        # or just the column name: `image: image_path`
+      column: image_id
+      prefix: images/             # optional folder put in front of the value
+      extension: .png             # optional suffix appended to the value
+    patient: patient_id           # column; `study: COLUMN` is optional (without it, or where
+                                  # it is blank, every image is its own study)
+    classes: [covid19]            # canonical classes this export labels (the class mask)
+    labels:                       # EITHER one column per class ...
+      covid19:                    # canonical class (synonyms such as "Effusion" accepted)
+        column: covid19           # or just `covid19: covid19` with the default value map
+        values: {"1": 1, "0": 0, "": null}   # default: 1/1.0 → 1, 0/0.0 → 0, -1/-1.0 → -1,
+                                  # blank → null (not labeled)
+        default: set_aside        # an unmapped value: set_aside (default), null, 1, 0 or -1
+    finding:                      # ... OR one column holding a finding string
+      column: finding
+      values:                     # whole cell (stripped) → labels of the listed classes
+        "COVID-19": {covid19: 1}
+        "COVID-19, ARDS": {covid19: 1}
+        "No Finding": {covid19: 0}
+      unlabeled: [todo]           # values meaning "not labeled": every class null
+      unmentioned: null           # classes a value does not name: null (default) or 0
+      default: set_aside          # unmapped value: set_aside (default), null, or {class: value}
+    constant: {covid19: 1}        # classes with one value for every row (a COVID-only hospital)
+    demographics:                 # each optional; `sex: COLUMN` shorthand accepted
+      sex:  {column: sex, values: {w: F}}     # values → F / M / null; unmapped values go to
+                                              # fedcxr.vocab.sex_code (m/f/M/F/male/female...)
+      age:  {column: age}                     # years (54, 54.0) or DICOM AS (054Y, 013M)
+      view: {column: projection}              # → PA / AP / LATERAL (ap, PA, AP Supine ...)
+      race: {column: race, ethnicity_column: ethnicity}   # → white/black/asian/hispanic/other
+      # a value neither the map nor the parser knows is unknown (null) with a note in the
+      # ingest report (on_unknown: null, the default) or sets the row aside (set_aside);
+      # blank and the usual spellings of "unknown" are always null
+    groups: {site_group: site_group}   # name → column, exposed as group__<name> for
+                                       # --site-by NAME; a list [a, b] keeps the column names
+    split:                        # optional official split column
+      column: split
+      values: {train: train, validate: val, test: test}   # → train/val/test/train_val/null
+    keep_rows:                    # optional filters; rows they exclude are set aside with a
+      - {column: modality, in: [X-ray]}         # reason, never dropped silently
+      - {column: view, not_in: [L]}
+
+Label values are 1 (positive), 0 (negative), -1 (uncertain, resolved later by ``--uncertain``)
+or null (not labeled). Map keys are compared with the cell's text after stripping spaces, case
+sensitive; quote them in YAML (``"1"``, ``"yes"``) so YAML does not turn them into numbers or
+booleans. Every class in ``classes`` needs exactly one source (``labels``, ``finding`` or
+``constant``), and every class a source names must be in ``classes``.
+
+Rows set aside (each with file, 1-based data row and reason): excluded by ``keep_rows``; no
+image path or one outside the export; no patient id; an unmapped label, split or demographic
+value (with ``set_aside``). Duplicates (two rows, one image) and missing images are set aside
+later by the shared ingest steps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal, Optional
+
+import numpy as np
+import pandas as pd
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, require_columns
+from fedcxr.site_adapters.tables import failed_note, map_distinct, to_codes
+from fedcxr.vocab import (
+    AUX_VOCAB,
+    CLASSES,
+    age_bin_code,
+    aux_column,
+    canonical_class,
+    is_unknown,
+    parse_age,
+    race_code,
+    raw_column,
+    sex_code,
+    view_code,
+)
+
+ADAPTER_VERSION = "1"
+SOURCE = "csv"
+
+#: Used when a ``labels`` entry gives no ``values``: the CheXpert/MIMIC numeric encoding.
+DEFAULT_LABEL_VALUES: dict[str, Optional[float]] = {
+    "1": 1.0, "1.0": 1.0, "0": 0.0, "0.0": 0.0, "-1": -1.0, "-1.0": -1.0, "": None,
+}
+#: Used when ``split`` gives no ``values``.
+DEFAULT_SPLIT_VALUES: dict[str, Optional[str]] = {
+    "train": "train", "val": "val", "validate": "val", "valid": "val", "validation": "val",
+    "test": "test", "train_val": "train_val", "": None,
+}
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def _label_value(value: Optional[float]) -> Optional[float]:
+    if value is None:
+        return None
+    if value not in (1.0, 0.0, -1.0):
+        raise ValueError(f"label value must be 1, 0, -1 or null, got {value!r}")
+    return float(value)
+
+
+def _class_name(name: str) -> str:
+    cls = canonical_class(name)
+    if cls is None:
+        raise ValueError(f"unknown class {name!r}; canonical classes: {', '.join(CLASSES)}")
+    return cls
+
+
+def _as_float(value: Any) -> Optional[float]:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"expected set_aside, null, 1, 0 or -1, got {value!r}") from None
+
+
+LabelValue = Annotated[Optional[float], AfterValidator(_label_value)]
+ClassName = Annotated[str, AfterValidator(_class_name)]
+
+
+def _str_keys(value: Any) -> Any:
+    """YAML turns keys like ``1`` or ``~`` into int/None; the CSV holds text."""
+    if isinstance(value, dict):
+        return {("" if k is None else str(k)): v for k, v in value.items()}
+    return value
+
+
+def _column_shorthand(value: Any) -> Any:
+    return {"column": value} if isinstance(value, str) else value
+
+
+def _relative(path: str, key: str) -> str:
+    posix = PurePosixPath(path.replace("\\", "/"))
+    if posix.is_absolute() or ".." in posix.parts:
+        raise ValueError(f"{key} must be a path inside --input, got {path!r}")
+    return path
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ImageSpec(_Strict):
+    column: str
+    prefix: str = ""
+    extension: str = ""
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix_inside(cls, value: str) -> str:
+        return _relative(value, "image.prefix") if value else value
+
+
+class ClassColumn(_Strict):
+    column: str
+    values: Optional[dict[str, LabelValue]] = None
+    default: Any = "set_aside"
+
+    @field_validator("values", mode="before")
+    @classmethod
+    def _text_keys(cls, value: Any) -> Any:
+        return _str_keys(value)
+
+
+    @field_validator("default")
+    @classmethod
+    def _default(cls, value: Any) -> Any:
+        if value == "set_aside" or value is None:
+            return value
+        return _label_value(_as_float(value))
+
+
+class FindingSpec(_Strict):
+    column: str
+    values: dict[str, dict[ClassName, LabelValue]]
+    unlabeled: list[str] = Field(default_factory=list)
+    unmentioned: Optional[Literal[0]] = None
+    default: Any = "set_aside"
+
+    @field_validator("default")
+    @classmethod
+    def _default(cls, value: Any) -> Any:
+        if value == "set_aside" or value is None:
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"expected set_aside, null or a map {{class: value}}, got {value!r}")
+        return {_class_name(str(k)): _label_value(_as_float(v)) for k, v in value.items()}
+
+    @field_validator("values", mode="before")
+    @classmethod
+    def _text_keys(cls, value: Any) -> Any:
+        return _str_keys(value)
+
+    @field_validator("unlabeled", mode="before")
+    @classmethod
+    def _unlabeled_text(cls, value: Any) -> Any:
+        return ["" if v is None else str(v) for v in value] if isinstance(value, list) else value
+
+
+class Demographic(_Strict):
+    column: str
+    values: dict[str, Optional[str]] = Field(default_factory=dict)
+    on_unknown: Literal["set_aside", "null"] = "null"
+
+    @field_validator("values", mode="before")
+    @classmethod
+    def _text_keys(cls, value: Any) -> Any:
+        return _str_keys(value)
+
+
+class AgeSpec(_Strict):
+    column: str
+    on_unknown: Literal["set_aside", "null"] = "null"
+
+
+class RaceSpec(Demographic):
+    ethnicity_column: Optional[str] = None
+
+
+class Demographics(_Strict):
+    sex: Optional[Demographic] = None
+    age: Optional[AgeSpec] = None
+    view: Optional[Demographic] = None
+    race: Optional[RaceSpec] = None
+
+    @field_validator("sex", "age", "view", "race", mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return _column_shorthand(value)
+
+    @model_validator(mode="after")
+    def _vocab_values(self) -> "Demographics":
+        for task in ("sex", "view", "race"):
+            spec = getattr(self, task)
+            if spec is None:
+                continue
+            for key, target in spec.values.items():
+                if target is not None and target not in AUX_VOCAB[task]:
+                    raise ValueError(
+                        f"{task}.values[{key!r}]: {target!r} is not one of {AUX_VOCAB[task]} or null"
+                    )
+        return self
+
+
+class SplitSpec(_Strict):
+    column: str
+    values: Optional[dict[str, Optional[Literal["train", "val", "test", "train_val"]]]] = None
+
+    @field_validator("values", mode="before")
+    @classmethod
+    def _text_keys(cls, value: Any) -> Any:
+        return _str_keys(value)
+
+
+class RowFilter(_Strict):
+    column: str
+    in_: Optional[list[str]] = Field(default=None, alias="in")
+    not_in: Optional[list[str]] = None
+
+    @field_validator("in_", "not_in", mode="before")
+    @classmethod
+    def _as_text(cls, value: Any) -> Any:
+        return ["" if v is None else str(v) for v in value] if isinstance(value, list) else value
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> "RowFilter":
+        if (self.in_ is None) == (self.not_in is None):
+            raise ValueError("give exactly one of 'in' or 'not_in'")
+        return self
+
+
+class CsvMapping(_Strict):
+    """The validated YAML mapping (see the module doc for every key)."""
+
+    version: Literal[1] = 1
+    description: str = ""
+    csv: str
+    delimiter: str = ","
+    encoding: str = "utf-8"
+    image: ImageSpec
+    patient: str
+    study: Optional[str] = None
+    classes: list[ClassName]
+    labels: dict[ClassName, ClassColumn] = Field(default_factory=dict)
+    finding: Optional[FindingSpec] = None
+    constant: dict[ClassName, Annotated[float, AfterValidator(_label_value)]] = Field(default_factory=dict)
+    demographics: Demographics = Field(default_factory=Demographics)
+    groups: dict[str, str] = Field(default_factory=dict)
+    split: Optional[SplitSpec] = None
+    keep_rows: list[RowFilter] = Field(default_factory=list)
+
+    @field_validator("image", "split", mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return _column_shorthand(value)
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _label_shorthand(cls, value: Any) -> Any:
+        return {k: _column_shorthand(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+    @field_validator("csv")
+    @classmethod
+    def _csv_inside(cls, value: str) -> str:
+        return _relative(value, "csv")
+
+    @field_validator("delimiter")
+    @classmethod
+    def _one_char(cls, value: str) -> str:
+        if len(value) != 1:
+            raise ValueError(f"delimiter must be one character, got {value!r}")
+        return value
+
+    @field_validator("groups", mode="before")
+    @classmethod
+    def _group_list(cls, value: Any) -> Any:
+        return {str(c): str(c) for c in value} if isinstance(value, list) else value
+
+    @field_validator("groups")
+    @classmethod
+    def _group_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not name.replace("_", "").replace("-", "").isalnum():
+                raise ValueError(f"group name {name!r}: use letters, digits, '_' or '-' only")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source_per_class(self) -> "CsvMapping":
+        if not self.classes:
+            raise ValueError("classes: list at least one canonical class")
+        if len(set(self.classes)) != len(self.classes):
+            raise ValueError(f"classes: listed twice: {sorted({c for c in self.classes if self.classes.count(c) > 1})}")
+        if self.labels and self.finding is not None:
+            raise ValueError("give either 'labels' (one column per class) or 'finding' (one finding column), not both")
+        named: dict[str, str] = {}
+        for key, classes in self._sources().items():
+            for cls in classes:
+                if cls not in self.classes:
+                    raise ValueError(f"{key}: class {cls!r} is not listed in 'classes'")
+                if key.split(".")[0] != named.setdefault(cls, key).split(".")[0]:
+                    raise ValueError(f"class {cls!r} has two label sources ({named[cls]} and {key})")
+        without = [c for c in self.classes if c not in named and self.finding is None]
+        if without:
+            raise ValueError(f"classes: {without} have no label source (labels, finding or constant)")
+        return self
+
+    def _sources(self) -> dict[str, list[str]]:
+        """Key in the mapping → classes it labels (for the consistency checks)."""
+        out: dict[str, list[str]] = {f"labels.{c}": [c] for c in self.labels}
+        out.update({f"constant.{c}": [c] for c in self.constant})
+        if self.finding is not None:
+            for value, labels in self.finding.values.items():
+                out[f"finding.values[{value!r}]"] = list(labels)
+            if isinstance(self.finding.default, dict):
+                out["finding.default"] = list(self.finding.default)
+        return out
+
+    def finding_classes(self) -> list[str]:
+        """Classes the finding column labels: every listed class without a constant."""
+        return [c for c in self.classes if c not in self.constant] if self.finding else []
+
+
+def load_mapping(path: Path | str) -> CsvMapping:
+    """Read and validate a mapping file; :class:`IngestError` naming the key on any problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise IngestError(f"--mapping {path}: no such file")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise IngestError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise IngestError(f"{path}: expected a mapping of keys (csv, image, patient, classes, ...)")
+    try:
+        return CsvMapping.model_validate(raw)
+    except ValidationError as exc:
+        raise IngestError(f"{path}: invalid mapping:\n" + _describe(exc)) from None
+
+
+def _describe(exc: ValidationError) -> str:
+    """One line per problem: the key path, then what is wrong in plain words."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "literal[", "union[", "dict[")))
+        kind = err["type"]
+        if kind == "missing":
+            msg = "missing required key"
+        elif kind == "extra_forbidden":
+            msg = "unknown key"
+        else:
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            if "input" in err and kind not in ("value_error",):
+                msg += f" (got {err['input']!r})"
+        lines.append(f"  {loc or '(top level)'}: {msg}")
+    return "\n".join(dict.fromkeys(lines))
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class _Rows:
+    """Row-aligned reasons for setting rows aside (several per row are joined)."""
+
+    def __init__(self, n: int) -> None:
+        self.reasons: list[list[str]] = [[] for _ in range(n)]
+
+    def add(self, mask: np.ndarray, reasons: list[str] | str) -> None:
+        idx = np.flatnonzero(mask)
+        texts = [reasons] * len(idx) if isinstance(reasons, str) else reasons
+        for i, text in zip(idx, texts):
+            self.reasons[i].append(text)
+
+    def bad(self) -> np.ndarray:
+        return np.array([bool(r) for r in self.reasons], dtype=bool)
+
+
+def read_csv_mapping(input_dir: Path, options: AdapterOptions) -> SourceTable:
+    """Read ``input_dir/<mapping.csv>`` into canonical rows as the YAML mapping says."""
+    if options.mapping is None:
+        raise IngestError("SOURCE csv needs --mapping FILE.yaml (see examples/)")
+    mapping = load_mapping(options.mapping)
+    input_dir = Path(input_dir)
+    if not input_dir.is_dir():
+        raise IngestError(f"--input {input_dir}: not a directory (csv source reads DIR/{mapping.csv})")
+    csv_path = input_dir / mapping.csv
+    table = _read_table(csv_path, mapping)
+    require_columns(table, _columns_needed(mapping), csv_path)
+    rows = _Rows(len(table))
+    kept = _apply_filters(table, mapping, rows)
+    frame = pd.DataFrame(index=table.index)
+    frame["source_file"] = mapping.csv
+    frame["source_row"] = np.arange(1, len(table) + 1)
+    _ids(table, mapping, frame, rows, kept)
+    classes = [c for c in CLASSES if c in mapping.classes]
+    _labels(table, mapping, frame, rows, kept)
+    notes = _demographics(table, mapping, frame, rows, kept)
+    _split(table, mapping, frame, rows, kept)
+    for name, column in mapping.groups.items():
+        values = table[column]
+        frame[f"group__{name}"] = values.where(values != "", None).astype(object)
+    bad = rows.bad()
+    set_aside = [
+        SetAside(file=mapping.csv, row=int(r), reason="; ".join(reasons), image_path=p or None)
+        for r, reasons, p, is_bad in zip(frame["source_row"], rows.reasons, frame["image_path"], bad)
+        if is_bad
+    ]
+    return SourceTable(
+        source=SOURCE,
+        adapter_version=ADAPTER_VERSION,
+        root=input_dir,
+        frame=frame.loc[~bad].reset_index(drop=True),
+        classes=classes,
+        set_aside=set_aside,
+        rows_read=len(table),
+        notes=notes,
+    )
+
+
+def _read_table(path: Path, mapping: CsvMapping) -> pd.DataFrame:
+    if not path.is_file():
+        raise IngestError(f"{path}: no such file (mapping key 'csv')")
+    try:
+        table = pd.read_csv(path, sep=mapping.delimiter, dtype=str, keep_default_na=False,
+                            encoding=mapping.encoding)
+    except (UnicodeDecodeError, pd.errors.ParserError, LookupError) as exc:
+        raise IngestError(f"{path}: cannot read as CSV ({exc})") from None
+    table = table.reset_index(drop=True)
+    for column in table.columns:
+        table[column] = table[column].astype(str).str.strip()
+    return table
+
+
+def _columns_needed(mapping: CsvMapping) -> list[str]:
+    cols = [mapping.image.column, mapping.patient]
+    cols += [mapping.study] if mapping.study else []
+    cols += [spec.column for spec in mapping.labels.values()]
+    cols += [mapping.finding.column] if mapping.finding else []
+    for spec in (mapping.demographics.sex, mapping.demographics.age, mapping.demographics.view,
+                 mapping.demographics.race):
+        cols += [spec.column] if spec else []
+    race = mapping.demographics.race
+    cols += [race.ethnicity_column] if race and race.ethnicity_column else []
+    cols += list(mapping.groups.values())
+    cols += [mapping.split.column] if mapping.split else []
+    cols += [f.column for f in mapping.keep_rows]
+    return list(dict.fromkeys(cols))
+
+
+def _apply_filters(table: pd.DataFrame, mapping: CsvMapping, rows: _Rows) -> np.ndarray:
+    """Rows ``keep_rows`` keeps; the others get one reason naming the rule and value."""
+    kept = np.ones(len(table), dtype=bool)
+    for rule in mapping.keep_rows:
+        values = table[rule.column]
+        if rule.in_ is not None:
+            fail = ~values.isin(rule.in_).to_numpy() & kept
+            text = f"not in {rule.in_}"
+        else:
+            fail = values.isin(rule.not_in).to_numpy() & kept
+            text = "excluded value"
+        rows.add(fail, [f"excluded by keep_rows: column {rule.column!r} value {v!r} {text}"
+                        for v in values[fail]])
+        kept &= ~fail
+    return kept
+
+
+def _ids(table: pd.DataFrame, mapping: CsvMapping, frame: pd.DataFrame, rows: _Rows, kept: np.ndarray) -> None:
+    spec = mapping.image
+    image = table[spec.column].str.replace("\\", "/", regex=False)
+    blank = (image == "").to_numpy()
+    prefix = spec.prefix.replace("\\", "/").rstrip("/")
+    paths = [(f"{prefix}/{v}" if prefix else v) + spec.extension if v else "" for v in image]
+    frame["image_path"] = paths
+    outside = np.array([bool(p) and _escapes(p) for p in paths], dtype=bool)
+    rows.add(blank & kept, f"no image path in column {spec.column!r}")
+    rows.add(outside & kept, "image path outside the export folder")
+    patient = table[mapping.patient]
+    rows.add((patient == "").to_numpy() & kept, f"no patient id in column {mapping.patient!r}")
+    frame["patient_id"] = patient.to_numpy()
+    own_study = patient + "/" + frame["source_row"].astype(str)
+    if mapping.study:
+        study = table[mapping.study]
+        frame["study_id"] = study.where(study != "", own_study).to_numpy()
+    else:
+        frame["study_id"] = own_study.to_numpy()
+
+
+def _escapes(path: str) -> bool:
+    posix = PurePosixPath(path)
+    return posix.is_absolute() or ".." in posix.parts or (len(path) > 1 and path[1] == ":")
+
+
+def _map_labels(
+    values: pd.Series, table_map: dict[str, Optional[float]], default: Any, column: str,
+    rows: _Rows, kept: np.ndarray,
+) -> np.ndarray:
+    """Cell text → float label via ``table_map``; unmapped cells follow ``default``."""
+    known = values.isin(list(table_map)).to_numpy()
+    out = values.map(lambda v: table_map.get(v)).astype(float).to_numpy()
+    out = np.where(known, out, np.nan)
+    unmapped = ~known
+    if default == "set_aside":
+        rows.add(unmapped & kept, [f"unmapped label value: column {column!r} value {v!r}"
+                                   for v in values[unmapped & kept]])
+    elif default is not None:
+        out = np.where(unmapped, float(default), out)
+    return out
+
+
+def _labels(table: pd.DataFrame, mapping: CsvMapping, frame: pd.DataFrame, rows: _Rows, kept: np.ndarray) -> None:
+    for cls, spec in mapping.labels.items():
+        values = spec.values if spec.values is not None else DEFAULT_LABEL_VALUES
+        frame[raw_column(cls)] = _map_labels(table[spec.column], values, spec.default, spec.column, rows, kept)
+    for cls, value in mapping.constant.items():
+        frame[raw_column(cls)] = float(value)
+    if mapping.finding is not None:
+        _finding(table, mapping, frame, rows, kept)
+
+
+def _finding(table: pd.DataFrame, mapping: CsvMapping, frame: pd.DataFrame, rows: _Rows, kept: np.ndarray) -> None:
+    """A single finding string per row → labels of every non-constant class."""
+    spec = mapping.finding
+    assert spec is not None
+    classes = mapping.finding_classes()
+    fill = np.nan if spec.unmentioned is None else 0.0
+    lookup: dict[str, dict[str, float]] = {}
+    for value, labels in spec.values.items():
+        lookup[value] = {c: (np.nan if labels.get(c, fill) is None else labels.get(c, fill)) for c in classes}
+    for value in spec.unlabeled:
+        lookup[value] = {c: np.nan for c in classes}
+    if isinstance(spec.default, dict):
+        default_row = {c: (np.nan if spec.default.get(c, fill) is None else spec.default.get(c, fill))
+                       for c in classes}
+    else:
+        default_row = {c: np.nan for c in classes}
+    cells = table[spec.column]
+    known = cells.isin(list(lookup)).to_numpy()
+    for cls in classes:
+        frame[raw_column(cls)] = [lookup[v][cls] if k else default_row[cls] for v, k in zip(cells, known)]
+    if spec.default == "set_aside":
+        bad = ~known & kept
+        rows.add(bad, [f"unmapped finding value: column {spec.column!r} value {v!r}" for v in cells[bad]])
+
+
+def _demographics(
+    table: pd.DataFrame, mapping: CsvMapping, frame: pd.DataFrame, rows: _Rows, kept: np.ndarray
+) -> list[str]:
+    """Fill aux__sex/aux__view/aux__race/aux__age_bin and age; return notes on nulled values."""
+    demo, notes = mapping.demographics, []
+    n = len(table)
+    parsers = {"sex": sex_code, "view": _view_or_raise, "race": race_code}
+    for task, parse in parsers.items():
+        spec = getattr(demo, task)
+        codes = np.full(n, np.nan)
+        if spec is not None:
+            cells = table[spec.column]
+            if task == "race" and demo.race is not None and demo.race.ethnicity_column:
+                cells = cells + _SEP + table[demo.race.ethnicity_column]
+            codes = _codes(cells, spec, task, parse, rows, kept, notes)
+        frame[aux_column(task)] = to_codes(codes, frame.index)
+    ages = np.full(n, np.nan)
+    if demo.age is not None:
+        ages = _codes(table[demo.age.column], demo.age, "age", parse_age, rows, kept, notes)
+    frame["age"] = ages
+    frame[aux_column("age_bin")] = to_codes(np.array([age_bin_code(a) if a == a else np.nan for a in ages],
+                                                     dtype=float), frame.index)
+    return notes
+
+
+_SEP = "\x1f"  # joins race and ethnicity cells so both reach race_code together
+
+
+def _view_or_raise(value: object) -> Optional[int]:
+    """Like :func:`fedcxr.vocab.view_code`, but a value it does not know raises (obliques too)."""
+    code = view_code(value)
+    if code is None and not is_unknown(value):
+        raise ValueError(f"unknown view value {value!r}")
+    return code
+
+
+def _codes(
+    cells: pd.Series, spec: Any, task: str, parse: Any, rows: _Rows, kept: np.ndarray, notes: list[str]
+) -> np.ndarray:
+    """Per distinct cell: the mapping's ``values`` first, else the vocab parser.
+
+    Returns float codes (age: years) with NaN for unknown. A value neither knows is unknown
+    with a note (``on_unknown: null``, the default, as the other adapters do) or sets the row
+    aside (``on_unknown: set_aside``).
+    """
+    table_map: dict[str, Optional[str]] = getattr(spec, "values", {}) or {}
+
+    def convert(cell: object) -> Optional[float]:
+        text = "" if cell is None else str(cell)
+        value, _, ethnicity = text.partition(_SEP)
+        if value in table_map:
+            target = table_map[value]
+            return None if target is None else AUX_VOCAB[task].index(target)
+        return parse(value, ethnicity) if _SEP in text else parse(value)
+
+    mapped, failed = map_distinct(cells, convert)
+    failed &= kept
+    shown = cells.str.partition(_SEP)[0]
+    if spec.on_unknown == "set_aside":
+        rows.add(failed, [f"unrecognised {task} value: column {spec.column!r} value {v!r}" for v in shown[failed]])
+    else:
+        note = failed_note(f"{task} in column {spec.column!r}", shown, failed, f"{task} unknown, rows kept")
+        notes += [note] if note else []
+    return mapped
+
+
+def _split(table: pd.DataFrame, mapping: CsvMapping, frame: pd.DataFrame, rows: _Rows, kept: np.ndarray) -> None:
+    if mapping.split is None:
+        frame["official_split"] = pd.Series([None] * len(table), dtype=object, index=frame.index)
+        return
+    spec = mapping.split
+    table_map = spec.values if spec.values is not None else DEFAULT_SPLIT_VALUES
+    cells = table[spec.column]
+    known = cells.isin(list(table_map)).to_numpy()
+    frame["official_split"] = pd.Series([table_map.get(v) for v in cells], dtype=object, index=frame.index)
+    bad = ~known & kept
+    rows.add(bad, [f"unmapped split value: column {spec.column!r} value {v!r}" for v in cells[bad]])
+
+
+__all__ = ["CsvMapping", "load_mapping", "read_csv_mapping", "DEFAULT_LABEL_VALUES"]
