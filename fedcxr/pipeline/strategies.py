@@ -116,6 +116,7 @@ class Protocol:
     name = "base"
     needs_target = False
     needs_target_labels = False
+    needs_sources = True
     aux_info = False
 
     def __init__(self, name: str):
@@ -130,7 +131,7 @@ class Protocol:
                     f"strategy {self.name} fine-tunes on target labels, but target {cfg.target!r} has no "
                     "labeled training rows; use FACT/FACT_NF or Source_Only for an unlabeled target"
                 )
-        if not self.needs_target and not cfg.source_sites():
+        if self.needs_sources and not cfg.source_sites():
             raise UserError(f"strategy {self.name} needs at least one source site in `sites:`")
 
     def init_state(self, ctx: Context, theta: StateDict) -> dict:
@@ -306,15 +307,16 @@ class TargetOnlyProtocol(Protocol):
 
     needs_target = True
     needs_target_labels = True
+    needs_sources = False
 
     def __init__(self, name: str, *, oracle: bool):
         super().__init__(name)
         self.oracle = oracle
 
     def validate(self, cfg, meta):
-        super().validate(cfg, meta) if cfg.target else None
         if not cfg.target:
             raise UserError(f"strategy {self.name} needs a `target:` site")
+        super().validate(cfg, meta)
 
     def run_round(self, ctx, r, state):
         cfg = task_config(ctx, r, "target", labeled=None if self.oracle else ctx.cfg.target_train.labeled)
