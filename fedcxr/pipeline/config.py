@@ -21,6 +21,8 @@ stops with exit code 2 and a message naming the key.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -197,3 +199,11 @@ def check_sites_exist(cfg: ExperimentConfig) -> None:
 def dump_config(cfg: ExperimentConfig) -> str:
     """The resolved config as YAML (written into every run directory)."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def config_fingerprint(cfg: ExperimentConfig) -> str:
+    """Hash of everything that changes a run's result (device, workers and cache do not)."""
+    data = cfg.model_dump(mode="json")
+    for key in ("device", "num_workers", "cache_dir"):
+        data.pop(key, None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

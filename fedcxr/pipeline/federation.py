@@ -15,7 +15,6 @@ the weights of an uninterrupted run.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -28,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from fedcxr.errors import UserError
-from fedcxr.pipeline.config import ExperimentConfig, dump_config, load_config
+from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint, dump_config, load_config
 from fedcxr.pipeline.site_runner import SiteRunner, derive_seed
 from fedcxr.pipeline.strategies import CENTRAL_SITE, Context, Protocol, get_protocol
 from fedcxr.pipeline.transport import InProcessTransport, StateDict, Transport
@@ -122,14 +121,6 @@ def initial_model(cfg: ExperimentConfig, ctx: Context) -> StateDict:
 
 
 # --------------------------------------------------------------------------- checkpoints
-
-
-def config_fingerprint(cfg: ExperimentConfig) -> str:
-    """Hash of everything that changes the result (device and worker count do not)."""
-    data = cfg.model_dump(mode="json")
-    for key in ("device", "num_workers", "cache_dir"):
-        data.pop(key, None)
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def atomic_torch_save(obj, path: Path) -> None:

@@ -1,0 +1,67 @@
+"""Experiment config: validation errors name the key; sites must be ingested folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from fedcxr.errors import UserError
+from fedcxr.pipeline.config import apply_overrides, config_fingerprint, load_config
+
+
+def _fake_site(root: Path, name: str) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True)
+    pd.DataFrame({"image_path": ["a.png"]}).to_parquet(folder / "manifest.parquet")
+    return folder
+
+
+def _write(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_valid_config_resolves_manifests_relative_to_yaml(tmp_path):
+    _fake_site(tmp_path / "m", "a")
+    _fake_site(tmp_path / "m", "b")
+    cfg = load_config(_write(tmp_path, {"manifests": "m", "sites": ["a"], "target": "b", "strategy": "FedAvg_Finetune"}))
+    assert cfg.site_dir("a") == (tmp_path / "m" / "a").resolve()
+    assert cfg.all_sites() == ["a", "b"]
+    assert cfg.source_sites() == ["a"]
+
+
+def test_missing_site_names_the_site(tmp_path):
+    _fake_site(tmp_path / "m", "a")
+    with pytest.raises(UserError, match="site 'nowhere'"):
+        load_config(_write(tmp_path, {"manifests": "m", "sites": ["a", "nowhere"]}))
+
+
+def test_unknown_key_and_unknown_class_are_named(tmp_path):
+    _fake_site(tmp_path / "m", "a")
+    with pytest.raises(UserError, match="roundz"):
+        load_config(_write(tmp_path, {"manifests": "m", "sites": ["a"], "roundz": 3}))
+    with pytest.raises(UserError, match="unknown class"):
+        load_config(_write(tmp_path, {"manifests": "m", "sites": ["a"], "model": {"classes": ["cardio"]}}))
+    with pytest.raises(UserError, match="aux"):
+        load_config(_write(tmp_path, {"manifests": "m", "sites": ["a"], "aux_tasks": ["height"]}))
+
+
+def test_overrides_are_yaml_typed_and_dotted(tmp_path):
+    _fake_site(tmp_path / "m", "a")
+    cfg = load_config(_write(tmp_path, {"manifests": "m", "sites": ["a"]}),
+                      overrides=["rounds=7", "source.lr=0.01", "model.backbone=resnet_tiny"])
+    assert cfg.rounds == 7 and cfg.source.lr == 0.01 and cfg.model.backbone == "resnet_tiny"
+    with pytest.raises(UserError, match="KEY=VALUE"):
+        apply_overrides({}, ["rounds"])
+
+
+def test_fingerprint_ignores_device_but_not_lr(tmp_path):
+    _fake_site(tmp_path / "m", "a")
+    path = _write(tmp_path, {"manifests": "m", "sites": ["a"]})
+    base = load_config(path)
+    assert config_fingerprint(load_config(path, overrides=["device=cpu"])) == config_fingerprint(base)
+    assert config_fingerprint(load_config(path, overrides=["source.lr=0.5"])) != config_fingerprint(base)
