@@ -81,6 +81,7 @@ def run_ingest(
         mapping=Path(mapping) if mapping else None,
         labels_csv=Path(labels_csv) if labels_csv else None,
         workers=max(1, int(workers)),
+        extra={"out_dir": out_dir},  # adapters that must write files (medmnist PNGs) write under OUT
     )
     table: SourceTable = adapter(input_dir, options)
     frame = ensure_columns(table.frame, table.classes)
