@@ -1,0 +1,532 @@
+"""The one image decode path: DICOM, PNG and JPEG → a 2-D float32 array in [0, 1].
+
+Ingest checks (:func:`check_image`, :func:`check_images_batch`), the DICOM adapters
+(:func:`read_headers`) and training (:func:`read_image_resized`, from ``pipeline/data.py``)
+all go through this module, so an image that passes ingest decodes the same way in training.
+
+Decoding rules (DESIGN §3):
+
+* **Orientation** is pydicom's / PIL's: ``array[row, col]``, shape ``(Rows, Columns)``. MONAI's
+  loaders return the transpose; never mix the two without ``.T``.
+* **DICOM**: ``pydicom.dcmread(force=True)``; a file with no preamble and no file meta gets
+  the transfer syntax its encoding implies (implicit VR little endian for the classic
+  ``CR-MONO1`` sample). Compressed syntaxes are decoded by pydicom's plugins (pylibjpeg +
+  openjpeg + libjpeg: JPEG baseline/extended, JPEG lossless, JPEG-LS, JPEG 2000, RLE).
+  Only the **first frame** of a multi-frame object is decoded. The **Modality LUT** (LUT
+  sequence or rescale slope/intercept, ``pydicom.pixels.apply_modality_lut``) is applied to
+  monochrome images; no VOI LUT / windowing. ``PALETTE COLOR`` goes through its colour LUT.
+* **Scaling**: by the image's own min/max to [0, 1] for every format — bits stored vary
+  (8, 10, 15, 16 in real exports), so fixed divisors (4095, 65535) would leave most images
+  dark. A constant image comes out all zeros.
+* **MONOCHROME1** (bright = low value) is inverted after scaling (``1 - x``) so that bone is
+  bright everywhere. MONAI's DICOM reader does not do this.
+* **Colour** (RGB/RGBA/palette PNG or JPEG, RGB/YBR DICOM) → grey with ITU-R 601 luma
+  (``0.299 R + 0.587 G + 0.114 B``, Pillow's ``L``); alpha is dropped.
+
+Header checks are cheap and never decode: PNG by parsing the IHDR chunk and looking for the
+IEND chunk at the end of the file (a cut-off download has none), JPEG by Pillow's lazy open
+plus the end-of-image marker, DICOM by ``stop_before_pixels`` plus a walk over the pixel data
+element's length (or its encapsulated fragments) against the file size, and a check that a
+decoder for the transfer syntax is installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import warnings
+import zlib
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+KIND_DICOM, KIND_PNG, KIND_JPEG = "dicom", "png", "jpeg"
+
+#: DICOM tags a DICOM adapter needs, copied into :func:`read_header`'s dict (str or None).
+DICOM_TAGS: tuple[str, ...] = (
+    "PatientID", "PatientSex", "PatientAge", "ViewPosition", "SOPInstanceUID",
+    "StudyInstanceUID", "SeriesInstanceUID", "PhotometricInterpretation", "StudyDescription",
+    "SeriesDescription", "BodyPartExamined", "Modality",
+)
+
+_PNG_SIG = b"\x89PNG\r\n\x1a\n"
+_PNG_IEND = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+_PNG_DEPTHS = {0: (1, 2, 4, 8, 16), 2: (8, 16), 3: (1, 2, 4, 8), 4: (8, 16), 6: (8, 16)}
+_JPEG_SOI, _JPEG_EOI = b"\xff\xd8\xff", b"\xff\xd9"
+_TAIL_SEARCH = 65536  # bytes searched for an end marker when trailing data follows it
+_IMPLICIT_LE = "1.2.840.10008.1.2"
+_EXPLICIT_LE = "1.2.840.10008.1.2.1"
+_EXPLICIT_BE = "1.2.840.10008.1.2.2"
+_DEFLATED = "1.2.840.10008.1.2.1.99"
+_NATIVE = {_IMPLICIT_LE, _EXPLICIT_LE, _EXPLICIT_BE, _DEFLATED}
+_LONG_VRS = {b"OB", b"OW", b"OF", b"OD", b"OL", b"OV", b"UN", b"UT", b"SQ", b"UC", b"UR", b"SV", b"UV"}
+_MAX_FRAGMENTS = 1_000_000
+_MAX_REASON = 240
+
+
+class ImageError(ValueError):
+    """A file that cannot be used as an image; ``str(exc)`` is the short reason users see."""
+
+
+# --------------------------------------------------------------------------- headers
+
+
+def read_header(path: str | Path) -> dict[str, Any]:
+    """Cheap header of one image, without decoding pixels.
+
+    Returns at least ``kind`` (``'dicom'|'png'|'jpeg'``), ``rows`` and ``cols`` (ints). DICOM
+    adds ``frames``, ``samples_per_pixel``, ``bits_stored``, ``TransferSyntaxUID`` and every
+    tag in :data:`DICOM_TAGS` (stripped ``str`` or ``None``). Raises :class:`ImageError`
+    with the reason when the file is missing, not an image, truncated, or needs a decoder
+    that is not installed.
+    """
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise ImageError("missing file") from None
+    except IsADirectoryError:
+        raise ImageError("not a file (a directory)") from None
+    except OSError as exc:
+        raise ImageError(f"unreadable file: {exc.strerror or type(exc).__name__}") from None
+    try:
+        size = os.fstat(fd).st_size
+        head = os.read(fd, 132)
+        if head[:8] == _PNG_SIG:
+            return _png_header(fd, head, size)
+    except IsADirectoryError:
+        raise ImageError("not a file (a directory)") from None
+    finally:
+        os.close(fd)
+    if size == 0:
+        raise ImageError("empty file (0 bytes)")
+    if head[:3] == _JPEG_SOI:
+        return _jpeg_header(path, size)
+    return _dicom_header(path, size, has_preamble=head[128:132] == b"DICM")
+
+
+def _png_header(fd: int, head: bytes, size: int) -> dict[str, Any]:
+    """IHDR fields (checked against its CRC) and an IEND chunk at the end of the file."""
+    if len(head) < 33 or head[12:16] != b"IHDR" or head[8:12] != b"\x00\x00\x00\x0d":
+        raise ImageError("corrupt PNG header: no valid IHDR chunk")
+    if zlib.crc32(head[12:29]) != int.from_bytes(head[29:33], "big"):
+        raise ImageError("corrupt PNG header: IHDR checksum mismatch")
+    width, height, depth, colour = struct.unpack(">IIBB", head[16:26])
+    if width == 0 or height == 0 or depth not in _PNG_DEPTHS.get(colour, ()):
+        raise ImageError(f"corrupt PNG header: {width}x{height}, bit depth {depth}, colour type {colour}")
+    if os.pread(fd, 12, max(0, size - 12)) != _PNG_IEND:
+        tail = os.pread(fd, min(size, _TAIL_SEARCH), max(0, size - _TAIL_SEARCH))
+        if b"IEND" not in tail:
+            raise ImageError(f"truncated PNG: no IEND chunk at the end of the file ({size} bytes)")
+    return {"kind": KIND_PNG, "rows": height, "cols": width, "bit_depth": depth, "colour_type": colour}
+
+
+def _jpeg_header(path: str, size: int) -> dict[str, Any]:
+    """Pillow's lazy open (markers up to the frame header) plus the end-of-image marker."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            width, height, mode = im.size[0], im.size[1], im.mode
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise ImageError(f"corrupt JPEG header: {_short(exc)}") from None
+    with open(path, "rb") as fp:
+        fp.seek(max(0, size - 2))
+        if fp.read(2) != _JPEG_EOI:
+            fp.seek(max(0, size - _TAIL_SEARCH))
+            if _JPEG_EOI not in fp.read():
+                raise ImageError(f"truncated JPEG: no end-of-image marker ({size} bytes)")
+    if width == 0 or height == 0:
+        raise ImageError(f"corrupt JPEG header: size {width}x{height}")
+    return {"kind": KIND_JPEG, "rows": height, "cols": width, "mode": mode}
+
+
+def _dicom_header(path: str, size: int, *, has_preamble: bool) -> dict[str, Any]:
+    """Tags up to the pixel data, the pixel data's length against the file, decoder check."""
+    with quiet_pydicom():
+        return _dicom_header_inner(path, size, has_preamble)
+
+
+def _dicom_header_inner(path: str, size: int, has_preamble: bool) -> dict[str, Any]:
+    import pydicom
+
+    not_image = "not a DICOM/PNG/JPEG file"
+    with open(path, "rb") as fp:
+        try:
+            ds = pydicom.dcmread(fp, force=True, stop_before_pixels=True, defer_size=1024)
+        except Exception as exc:  # pydicom raises many types on garbage
+            if has_preamble:
+                raise ImageError(f"unreadable DICOM header: {_short(exc)}") from None
+            raise ImageError(not_image) from None
+        pixel_pos = fp.tell()
+    if not has_preamble and not ("Rows" in ds and "Columns" in ds):
+        raise ImageError(not_image)
+    ts = transfer_syntax(ds)
+    rows, cols = _int_tag(ds, "Rows"), _int_tag(ds, "Columns")
+    if not rows or not cols:
+        raise ImageError("DICOM has no image: Rows/Columns missing (a non-image object or a cut-off header)")
+    header: dict[str, Any] = {
+        "kind": KIND_DICOM, "rows": rows, "cols": cols,
+        "frames": _int_tag(ds, "NumberOfFrames") or 1,
+        "samples_per_pixel": _int_tag(ds, "SamplesPerPixel") or 1,
+        "bits_allocated": _int_tag(ds, "BitsAllocated") or 0,
+        "bits_stored": _int_tag(ds, "BitsStored") or 0,
+        "TransferSyntaxUID": ts,
+    }
+    header.update({kw: _str_tag(ds, kw) for kw in DICOM_TAGS})
+    _check_decoder(ts)
+    if ts != _DEFLATED:  # offsets of a deflated file are in the inflated stream
+        _check_pixel_data_length(path, size, pixel_pos, ds, header)
+    return header
+
+
+@contextlib.contextmanager
+def quiet_pydicom():
+    """Silence pydicom's value-validation warnings and log lines while reading.
+
+    Real exports are full of non-conformant values (``62`` as an age, over-long UIDs); they
+    are handled by the adapters, and a warning per file would drown the ingest's output.
+    """
+    from pydicom import config
+
+    previous = config.settings.reading_validation_mode
+    config.settings.reading_validation_mode = config.IGNORE
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        config.settings.reading_validation_mode = previous
+
+
+def transfer_syntax(ds) -> str:
+    """The dataset's transfer syntax UID; for a file with no file meta, the one its encoding implies."""
+    meta = getattr(ds, "file_meta", None)
+    ts = meta.get("TransferSyntaxUID") if meta is not None else None
+    if ts:
+        return str(ts).strip().rstrip("\x00")
+    implicit, little = getattr(ds, "original_encoding", (True, True))
+    if implicit is False:
+        return _EXPLICIT_LE if little is not False else _EXPLICIT_BE
+    return _IMPLICIT_LE
+
+
+def _check_decoder(ts: str) -> None:
+    from pydicom.pixels import get_decoder
+    from pydicom.uid import UID
+
+    name = UID(ts).name
+    label = ts if name == ts else f"{ts} ({name})"
+    try:
+        decoder = get_decoder(ts)
+    except NotImplementedError:
+        raise ImageError(f"unsupported transfer syntax {label}: no decoder installed") from None
+    if not decoder.is_available:
+        raise ImageError(f"unsupported transfer syntax {label}: no decoder installed")
+
+
+def _check_pixel_data_length(path: str, size: int, pos: int, ds, header: dict) -> None:
+    """Compare the PixelData element (at file offset ``pos``) with the file size.
+
+    Native data: declared length vs bytes left in the file, and vs Rows × Columns × samples ×
+    frames × bits allocated. Encapsulated data: walk the fragment items to the sequence
+    delimiter (two or three 8-byte reads for a single-frame radiograph).
+    """
+    implicit, little = getattr(ds, "original_encoding", (True, True))
+    if implicit is None:
+        implicit, little = header["TransferSyntaxUID"] == _IMPLICIT_LE, True
+    endian = "<" if little is not False else ">"
+    with open(path, "rb") as fp:
+        fp.seek(pos)
+        head = fp.read(12)
+        if len(head) < 8:
+            raise ImageError("truncated DICOM: file ends before the pixel data")
+        group, elem = struct.unpack(endian + "HH", head[:4])
+        if (group, elem) != (0x7FE0, 0x0010):
+            raise ImageError(f"DICOM has no pixel data (next element is ({group:04X},{elem:04X}))")
+        if implicit:
+            (length,), start = struct.unpack(endian + "I", head[4:8]), pos + 8
+        elif head[4:6] in _LONG_VRS:
+            (length,), start = struct.unpack(endian + "I", head[8:12]), pos + 12
+        else:
+            (length,), start = struct.unpack(endian + "H", head[6:8]), pos + 8
+        if length == 0xFFFFFFFF:
+            _walk_fragments(fp, start, size)
+            return
+    if start + length > size:
+        raise ImageError(f"truncated DICOM: pixel data has {max(0, size - start)} of {length} declared bytes")
+    if header["TransferSyntaxUID"] in _NATIVE:
+        bits = header["bits_allocated"] or 8
+        n = header["rows"] * header["cols"] * header["samples_per_pixel"] * header["frames"]
+        expected = (n * bits + 7) // 8
+        if length < expected:
+            raise ImageError(
+                f"truncated DICOM: pixel data is {length} bytes, {expected} needed for "
+                f"{header['rows']}x{header['cols']}x{header['samples_per_pixel']} samples x "
+                f"{header['frames']} frame(s) at {bits} bits"
+            )
+
+
+def _walk_fragments(fp, pos: int, size: int) -> None:
+    """Follow encapsulated items (FFFE,E000) to the delimiter (FFFE,E0DD); raise if cut short."""
+    fragments = 0
+    for _ in range(_MAX_FRAGMENTS):
+        fp.seek(pos)
+        item = fp.read(8)
+        if len(item) < 8:
+            raise ImageError(
+                f"truncated DICOM: encapsulated pixel data ends after {max(0, fragments - 1)} "
+                "fragment(s) without a sequence delimiter"
+            )
+        group, elem, length = struct.unpack("<HHI", item)
+        if (group, elem) == (0xFFFE, 0xE0DD):
+            if fragments < 2:
+                raise ImageError("DICOM has empty pixel data (no compressed fragment)")
+            return
+        if (group, elem) != (0xFFFE, 0xE000) or length == 0xFFFFFFFF:
+            raise ImageError(f"corrupt DICOM: unexpected tag ({group:04X},{elem:04X}) in encapsulated pixel data")
+        if pos + 8 + length > size:
+            raise ImageError(
+                f"truncated DICOM: pixel data fragment {fragments} has {max(0, size - pos - 8)} "
+                f"of {length} bytes"
+            )
+        pos += 8 + length
+        fragments += 1
+    raise ImageError("corrupt DICOM: too many pixel data fragments")
+
+
+def _int_tag(ds, keyword: str) -> Optional[int]:
+    try:
+        value = ds.get(keyword)
+        return int(value) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _str_tag(ds, keyword: str) -> Optional[str]:
+    """A tag as stripped text (multi-valued: backslash-joined), ``None`` when absent/blank."""
+    try:
+        value = ds.get(keyword)
+    except Exception:  # an unparseable value is treated as absent
+        return None
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "MultiValue":
+        value = "\\".join(str(v) for v in value)
+    text = str(value).strip().strip("\x00").strip()
+    return text or None
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def read_image(path: str | Path) -> np.ndarray:
+    """Decode one image: float32 ``(rows, cols)`` in [0, 1], grey, pydicom/PIL orientation.
+
+    See the module doc for the rules (first frame, Modality LUT, min/max scaling, MONOCHROME1
+    inversion, colour → luma). Raises :class:`ImageError` for files that are not images, and
+    the decoder's own exception when the pixel data is corrupt.
+    """
+    return _read_unit(os.fspath(path), draft=None)
+
+
+def read_image_resized(path: str | Path, size: int) -> np.ndarray:
+    """:func:`read_image` resized to ``(size, size)`` and quantised to uint8 (0–255).
+
+    The aspect ratio is not kept (the whole image is squeezed into the square, as MONAI's
+    ``Resize`` does); antialiased bilinear resampling (Pillow). JPEGs are decoded at the
+    smallest DCT scale that is still ≥ ``size`` (Pillow ``draft``), which is much faster for
+    large JPEGs and indistinguishable after the resize. Training caches these arrays.
+    """
+    from PIL import Image
+
+    unit = _read_unit(os.fspath(path), draft=int(size))
+    image = Image.fromarray(unit, mode="F") if unit.shape != (size, size) else None
+    if image is not None:
+        unit = np.asarray(image.resize((size, size), Image.Resampling.BILINEAR, reducing_gap=3.0))
+    return to_uint8(unit)
+
+
+def to_uint8(unit: np.ndarray) -> np.ndarray:
+    """[0, 1] floats → uint8 0–255 (rounded, clipped)."""
+    return np.clip(np.rint(unit * 255.0), 0, 255).astype(np.uint8)
+
+
+def _read_unit(path: str, *, draft: Optional[int]) -> np.ndarray:
+    kind = sniff_kind(path)
+    if kind == KIND_DICOM:
+        values, invert = _decode_dicom(path)
+    else:
+        values, invert = _decode_pil(path, draft), False
+    return scale_unit(values, invert=invert)
+
+
+def sniff_kind(path: str | Path) -> str:
+    """``'png'``/``'jpeg'`` by signature, otherwise ``'dicom'`` (DICM preamble or raw dataset)."""
+    try:
+        with open(path, "rb") as fp:
+            head = fp.read(8)
+    except FileNotFoundError:
+        raise ImageError("missing file") from None
+    if head[:8] == _PNG_SIG:
+        return KIND_PNG
+    if head[:3] == _JPEG_SOI:
+        return KIND_JPEG
+    if not head:
+        raise ImageError("empty file (0 bytes)")
+    return KIND_DICOM
+
+
+def scale_unit(values: np.ndarray, *, invert: bool = False) -> np.ndarray:
+    """Min/max scale to float32 [0, 1]; ``invert`` gives ``1 - x`` (MONOCHROME1)."""
+    out = np.asarray(values, dtype=np.float32)
+    if not np.isfinite(out).all():
+        out = np.nan_to_num(out, nan=0.0, posinf=0.0, neginf=0.0)
+    lo, hi = float(out.min()), float(out.max())
+    if hi <= lo:
+        return np.zeros(out.shape, dtype=np.float32)
+    out = (out - lo) * np.float32(1.0 / (hi - lo))
+    np.clip(out, 0.0, 1.0, out=out)
+    return 1.0 - out if invert else out
+
+
+def _decode_dicom(path: str) -> tuple[np.ndarray, bool]:
+    """First frame after the Modality LUT (or colour → luma); ``invert`` for MONOCHROME1."""
+    with quiet_pydicom():
+        return _decode_dicom_inner(path)
+
+
+def _decode_dicom_inner(path: str) -> tuple[np.ndarray, bool]:
+    import pydicom
+    from pydicom.dataset import FileMetaDataset
+    from pydicom.pixels import apply_color_lut, apply_modality_lut
+
+    try:
+        ds = pydicom.dcmread(path, force=True)
+    except Exception as exc:
+        raise ImageError(f"unreadable DICOM: {_short(exc)}") from None
+    if "PixelData" not in ds:
+        raise ImageError("DICOM has no pixel data")
+    if getattr(ds, "file_meta", None) is None:
+        ds.file_meta = FileMetaDataset()
+    if not ds.file_meta.get("TransferSyntaxUID"):
+        ds.file_meta.TransferSyntaxUID = transfer_syntax(ds)
+    ds.pixel_array_options(index=0)
+    arr = ds.pixel_array
+    photometric = (_str_tag(ds, "PhotometricInterpretation") or "MONOCHROME2").upper()
+    if photometric == "PALETTE COLOR":
+        arr = apply_color_lut(arr, ds)
+    if arr.ndim == 3:
+        return _luma(arr), False
+    return apply_modality_lut(arr, ds), photometric == "MONOCHROME1"
+
+
+def _luma(rgb: np.ndarray) -> np.ndarray:
+    """(rows, cols, ≥3) → (rows, cols) float32 ITU-R 601 luma; extra channels (alpha) ignored."""
+    rgb = rgb.astype(np.float32, copy=False)
+    return rgb[..., 0] * 0.299 + rgb[..., 1] * 0.587 + rgb[..., 2] * 0.114
+
+
+def _decode_pil(path: str, draft: Optional[int]) -> np.ndarray:
+    """PNG/JPEG through Pillow; 16-bit and float modes keep their range, colour → ``L``."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        im = Image.open(path)
+    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
+        raise ImageError(f"not a readable PNG/JPEG image: {_short(exc)}") from None
+    with im:
+        if draft and im.format == "JPEG":
+            im.draft("L", (draft, draft))
+        if im.mode in ("L", "I", "F") or im.mode.startswith("I;16"):
+            return np.asarray(im)
+        return np.asarray(im.convert("L"))
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_image(path: str | Path, decode: bool = False) -> Optional[str]:
+    """``None`` when the image is usable, else a short reason (never raises for bad files).
+
+    ``decode=False`` checks the header only (see :func:`read_header`); ``decode=True`` also
+    decodes the pixels and compares the decoded shape with the header's rows × cols.
+    """
+    return header_or_reason(path, decode=decode)[1]
+
+
+def header_or_reason(path: str | Path, decode: bool = False) -> tuple[Optional[dict], Optional[str]]:
+    """``(header, None)`` for a usable image, ``(header or None, reason)`` otherwise."""
+    try:
+        header = read_header(path)
+    except ImageError as exc:
+        return None, str(exc)
+    except Exception as exc:  # a bug or an exotic file: report it, never crash the ingest
+        return None, f"unreadable file: {_short(exc)}"
+    if decode:
+        try:
+            unit = read_image(path)
+        except ImageError as exc:
+            return header, str(exc)
+        except Exception as exc:
+            return header, f"pixel decode failed: {_short(exc)}"
+        if unit.shape != (header["rows"], header["cols"]):
+            return header, (
+                f"pixel decode failed: decoded {unit.shape[0]}x{unit.shape[1]}, "
+                f"header says {header['rows']}x{header['cols']}"
+            )
+    return header, None
+
+
+def check_images_batch(paths: list[str], decode: bool = False) -> list[Optional[str]]:
+    """:func:`check_image` over a chunk of paths (module-level, so process pools can pickle it)."""
+    return [check_image(p, decode) for p in paths]
+
+
+def headers_batch(paths: list[str], decode: bool = False) -> list[tuple[Optional[dict], Optional[str]]]:
+    """:func:`header_or_reason` over a chunk of paths (picklable for process pools)."""
+    return [header_or_reason(p, decode) for p in paths]
+
+
+def read_headers(
+    paths: Sequence[str], *, workers: int = 1, decode: bool = False, progress: bool = False,
+    chunk: int = 256,
+) -> list[tuple[Optional[dict], Optional[str]]]:
+    """:func:`header_or_reason` for every path, in ``workers`` processes; results in input order."""
+    from tqdm import tqdm
+
+    paths = [os.fspath(p) for p in paths]
+    chunks = [paths[i:i + chunk] for i in range(0, len(paths), chunk)]
+    bar = tqdm(total=len(paths), desc="reading headers", unit="file", leave=False,
+               disable=not progress or len(paths) < 2000)
+    out: list[tuple[Optional[dict], Optional[str]]] = []
+    try:
+        if workers > 1 and len(chunks) > 1:
+            with ProcessPoolExecutor(max_workers=min(workers, len(chunks))) as pool:
+                for part in pool.map(headers_batch, chunks, [decode] * len(chunks)):
+                    out.extend(part)
+                    bar.update(len(part))
+        else:
+            for c in chunks:
+                out.extend(headers_batch(c, decode))
+                bar.update(len(c))
+    finally:
+        bar.close()
+    return out
+
+
+def _short(exc: BaseException) -> str:
+    """``Type: first line of the message``, bounded, for reasons shown to users."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 3] + "..."
+
+
+__all__ = [
+    "DICOM_TAGS", "ImageError", "KIND_DICOM", "KIND_JPEG", "KIND_PNG", "check_image",
+    "check_images_batch", "header_or_reason", "headers_batch", "read_header", "read_headers",
+    "read_image", "read_image_resized", "scale_unit", "sniff_kind", "to_uint8", "transfer_syntax",
+]

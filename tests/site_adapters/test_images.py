@@ -1,0 +1,382 @@
+"""The one decode path: real DICOM/PNG files from ../shared/data plus synthetic edge cases."""
+
+from __future__ import annotations
+
+import functools
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pydicom
+import pytest
+from PIL import Image
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.encaps import encapsulate
+from pydicom.uid import (
+    ExplicitVRLittleEndian,
+    JPEG2000Lossless,
+    RLELossless,
+    SecondaryCaptureImageStorage,
+    generate_uid,
+)
+
+from fedcxr.site_adapters.images import (
+    ImageError,
+    check_image,
+    check_images_batch,
+    read_header,
+    read_headers,
+    read_image,
+    read_image_resized,
+    scale_unit,
+)
+
+RSNA_MONO2 = "rsna_pneumonia_cr_chest_pa_jpegbaseline_mono2.dcm"
+RSNA_FAKE_MONO1 = "rsna_pneumonia_cr_chest_pa_jpegbaseline_FAKE_mono1_tag.dcm"
+RG1_J2K = "wg04_RG1_cr_chest_pa_j2k_lossy_mono1.dcm"
+RG1_JLS = "wg04_RG1_cr_chest_pa_jpegls_nearlossless_mono1.dcm"
+NO_META = "cr_mono1_10bit_chest_pa_no_file_meta.dcm"
+NIH_GCP = "nih_cxr14_gcp_dx_chest_implicit_le_mono2.dcm"
+DENTAL = "nonchest/cr_dental_jpeg_lossless_mono1_modality_lut_seq.dcm"
+
+
+@functools.lru_cache(maxsize=None)
+def decoded(path: str) -> np.ndarray:
+    """Decode each real file once per test session (the big ones take ~0.5 s)."""
+    return read_image(path)
+
+
+def raw_pixels(path: Path) -> np.ndarray:
+    ds = pydicom.dcmread(path, force=True)
+    if "TransferSyntaxUID" not in ds.file_meta:
+        ds.file_meta.TransferSyntaxUID = pydicom.uid.ImplicitVRLittleEndian
+    return ds.pixel_array.astype(np.float64)
+
+
+def corr(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.corrcoef(a.ravel(), b.ravel())[0, 1])
+
+
+def write_dicom(path: Path, pixels: np.ndarray, *, photometric: str = "MONOCHROME2", bits: int = 12,
+                compress: str | None = None, **tags) -> Path:
+    """A minimal valid DICOM: (rows, cols), (frames, rows, cols) or (rows, cols, 3) uint."""
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.file_meta.MediaStorageSOPClassUID = SecondaryCaptureImageStorage
+    ds.SOPClassUID = SecondaryCaptureImageStorage
+    ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+    ds.StudyInstanceUID, ds.SeriesInstanceUID = generate_uid(), generate_uid()
+    ds.Modality = "CR"
+    colour = photometric == "RGB"
+    if colour:
+        ds.Rows, ds.Columns, ds.SamplesPerPixel, ds.PlanarConfiguration = *pixels.shape[:2], 3, 0
+    else:
+        ds.Rows, ds.Columns = pixels.shape[-2:]
+        ds.SamplesPerPixel = 1
+        if pixels.ndim == 3:
+            ds.NumberOfFrames = pixels.shape[0]
+    ds.PhotometricInterpretation = photometric
+    allocated = 8 if bits <= 8 else 16
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = allocated, bits, bits - 1, 0
+    ds.PixelData = pixels.astype(np.uint8 if allocated == 8 else "<u2").tobytes()
+    for key, value in tags.items():
+        setattr(ds, key, value)
+    if compress:
+        ds.compress(compress)
+    ds.save_as(path, enforce_file_format=True)
+    return path
+
+
+def gradient(rows: int = 40, cols: int = 24, top: int = 1000) -> np.ndarray:
+    """Top-left bright, bottom-right dark, falling 3× faster down than across: a transpose or
+    flip of it (even after squeezing to a square) is a different image."""
+    r, c = np.mgrid[0:rows, 0:cols]
+    return (top * (1.0 - 0.75 * r / rows - 0.25 * c / cols)).astype(np.uint16)
+
+
+# --------------------------------------------------------------------------- real files
+
+
+def test_every_real_dicom_decodes_to_unit_grey(shared_data):
+    files = sorted((shared_data / "dicom").rglob("*.dcm"))
+    assert len(files) == 8, files
+    for path in files:
+        header = read_header(path)
+        image = decoded(str(path))
+        assert header["kind"] == "dicom"
+        assert image.shape == (header["rows"], header["cols"]), path.name
+        assert image.dtype == np.float32
+        assert image.min() == 0.0 and image.max() == 1.0, path.name  # min/max, not /65535
+        assert check_image(path, decode=False) is None, path.name
+
+
+def test_fake_monochrome1_tag_comes_out_inverted(shared_data):
+    fake = decoded(str(shared_data / "dicom" / RSNA_FAKE_MONO1))
+    true = decoded(str(shared_data / "dicom" / RSNA_MONO2))
+    np.testing.assert_allclose(fake, 1.0 - true, atol=1e-6)
+
+
+def test_rg1_j2k_and_jpegls_twins_agree_and_are_inverted(shared_data):
+    j2k_path, jls_path = shared_data / "dicom" / RG1_J2K, shared_data / "dicom" / RG1_JLS
+    j2k, jls = decoded(str(j2k_path)), decoded(str(jls_path))
+    assert j2k.shape == jls.shape == (1955, 1841)
+    assert np.abs(j2k - jls).mean() < 0.01
+    assert corr(j2k, jls) > 0.999
+    # MONOCHROME1: our output runs opposite to the stored values (MONAI would not invert).
+    assert corr(j2k, raw_pixels(j2k_path)) < -0.99
+
+
+def test_file_without_meta_or_preamble_decodes_inverted(shared_data):
+    path = shared_data / "dicom" / NO_META
+    header = read_header(path)
+    assert header["TransferSyntaxUID"] == "1.2.840.10008.1.2"
+    assert header["PhotometricInterpretation"] == "MONOCHROME1"
+    image = decoded(str(path))
+    assert image.shape == (440, 440)
+    assert corr(image, raw_pixels(path)) < -0.99
+
+
+def test_dental_modality_lut_sequence_is_applied(shared_data):
+    path = shared_data / "dicom" / DENTAL
+    ds = pydicom.dcmread(path)
+    item = ds.ModalityLUTSequence[0]
+    entries, first, _ = item.LUTDescriptor
+    lut = np.frombuffer(item.LUTData, "<u2").astype(np.float64)
+    raw = ds.pixel_array.astype(np.int64)
+    looked_up = lut[np.clip(raw - first, 0, entries - 1)]
+    expected = 1.0 - (looked_up - looked_up.min()) / (looked_up.max() - looked_up.min())
+    image = decoded(str(path))
+    np.testing.assert_allclose(image, expected, atol=1e-5)
+    without_lut = 1.0 - (raw - raw.min()) / (raw.max() - raw.min())
+    assert np.abs(image - without_lut).max() > 0.05  # the LUT is not the identity
+
+
+def test_real_dicom_header_tags(shared_data):
+    rsna = read_header(shared_data / "dicom" / RSNA_MONO2)
+    assert (rsna["PatientAge"], rsna["PatientSex"], rsna["ViewPosition"]) == ("62", "M", "PA")
+    assert rsna["TransferSyntaxUID"] == "1.2.840.10008.1.2.4.50"
+    nih = read_header(shared_data / "dicom" / NIH_GCP)
+    assert nih["StudyDescription"] == "No Finding" and nih["ViewPosition"] is None
+    assert nih["Modality"] == "DX" and nih["PatientAge"] == "81"
+
+
+def test_rgba_png_becomes_grey(shared_data):
+    path = shared_data / "nih-chestxray14" / "images" / "00000004_000.png"
+    rgba = np.asarray(Image.open(path))
+    assert rgba.shape == (1024, 1024, 4)
+    image = read_image(path)
+    assert image.shape == (1024, 1024)
+    np.testing.assert_allclose(image, scale_unit(rgba[..., 0]), atol=1 / 255)
+
+
+def test_nih_png_decodes_like_pil(shared_data):
+    path = shared_data / "nih-chestxray14" / "images" / "00000001_000.png"
+    header = read_header(path)
+    assert header == {"kind": "png", "rows": 1024, "cols": 1024, "bit_depth": 8, "colour_type": 0}
+    pil = np.asarray(Image.open(path)).astype(np.float64)
+    np.testing.assert_allclose(read_image(path), (pil - pil.min()) / (pil.max() - pil.min()), atol=1e-6)
+    assert check_image(path, decode=True) is None
+
+
+def test_every_real_png_passes_the_header_check(shared_data):
+    paths = [str(p) for p in sorted(shared_data.glob("*/images/*.png"))]
+    assert len(paths) > 500
+    assert check_images_batch(paths, False) == [None] * len(paths)
+
+
+# --------------------------------------------------------------------------- synthetic DICOM
+
+
+def test_multiframe_gives_the_first_frame(tmp_path):
+    frames = np.stack([gradient(), gradient()[::-1], np.full((40, 24), 7, np.uint16)])
+    path = write_dicom(tmp_path / "multi.dcm", frames)
+    assert read_header(path)["frames"] == 3
+    np.testing.assert_allclose(read_image(path), scale_unit(frames[0]), atol=1e-6)
+
+
+def test_rgb_dicom_becomes_luma(tmp_path):
+    rgb = np.zeros((8, 6, 3), np.uint8)
+    rgb[..., 0], rgb[2:, :, 1], rgb[5:, 3:, 2] = 200, 100, 255
+    path = write_dicom(tmp_path / "rgb.dcm", rgb, photometric="RGB", bits=8)
+    luma = 0.299 * rgb[..., 0] + 0.587 * rgb[..., 1] + 0.114 * rgb[..., 2]
+    np.testing.assert_allclose(read_image(path), scale_unit(luma), atol=1e-6)
+
+
+@pytest.mark.parametrize("syntax", [RLELossless, JPEG2000Lossless])
+def test_compressed_monochrome1_round_trip(tmp_path, syntax):
+    pixels = gradient(64, 48)  # J2K's default 6 resolution levels need ≥ 32 px
+    path = write_dicom(tmp_path / "c.dcm", pixels, photometric="MONOCHROME1", compress=syntax)
+    assert read_header(path)["TransferSyntaxUID"] == syntax
+    np.testing.assert_allclose(read_image(path), 1.0 - scale_unit(pixels), atol=1e-6)
+    assert check_image(path, decode=True) is None
+
+
+def test_ten_bit_image_fills_the_unit_range(tmp_path):
+    pixels = gradient(top=1023)
+    path = write_dicom(tmp_path / "ten.dcm", pixels, bits=10)
+    image = read_image(path)
+    assert image.max() == 1.0 and image.min() == 0.0
+
+
+@pytest.mark.parametrize("compress", [None, RLELossless])
+def test_truncated_dicom_is_caught_by_the_header_check(tmp_path, compress):
+    path = write_dicom(tmp_path / "full.dcm", gradient(64, 64), compress=compress)
+    data = path.read_bytes()
+    cut = tmp_path / "cut.dcm"
+    cut.write_bytes(data[:-300])
+    reason = check_image(cut, decode=False)
+    assert reason is not None and reason.startswith("truncated DICOM:"), reason
+    assert "of" in reason  # says how much is there of what was declared
+    assert check_image(path, decode=False) is None
+
+
+def test_real_dicom_cut_short_is_truncated(shared_data, tmp_path):
+    data = (shared_data / "dicom" / RSNA_MONO2).read_bytes()
+    cut = tmp_path / "rsna_cut.dcm"
+    cut.write_bytes(data[: len(data) // 2])
+    assert check_image(cut).startswith("truncated DICOM: pixel data fragment")
+    header_only = tmp_path / "rsna_header_only.dcm"
+    header_only.write_bytes(data[:1000])
+    assert check_image(header_only) is not None
+
+
+def test_random_bytes_named_dcm_is_not_an_image(tmp_path):
+    path = tmp_path / "garbage.dcm"
+    path.write_bytes(np.random.default_rng(0).bytes(5000))
+    assert check_image(path, decode=True) == "not a DICOM/PNG/JPEG file"
+    with pytest.raises(ImageError, match="not a DICOM/PNG/JPEG file"):
+        read_header(path)
+
+
+@pytest.mark.parametrize("uid", ["1.2.840.10008.1.2.4.100", "1.2.826.0.1.3680043.9.7777.1"])
+def test_unsupported_transfer_syntax(tmp_path, uid):
+    path = write_dicom(tmp_path / "ts.dcm", gradient())
+    ds = pydicom.dcmread(path)
+    ds.file_meta.TransferSyntaxUID = uid  # an MPEG2 / private-syntax stream pydicom cannot decode
+    ds.PixelData = encapsulate([b"\x00\x00\x01\xb3" + bytes(96)])
+    ds.save_as(path)
+    reason = check_image(path, decode=False)
+    assert reason is not None and reason.startswith(f"unsupported transfer syntax {uid}")
+    assert reason.endswith("no decoder installed")
+
+
+def test_native_pixel_data_shorter_than_rows_times_columns(tmp_path):
+    path = write_dicom(tmp_path / "short.dcm", gradient())
+    ds = pydicom.dcmread(path)
+    ds.Rows = 80  # header claims twice the rows the pixel data holds
+    ds.save_as(path)
+    reason = check_image(path)
+    assert reason.startswith("truncated DICOM: pixel data is 1920 bytes, 3840 needed"), reason
+
+
+def test_dicom_without_pixel_data(tmp_path):
+    path = write_dicom(tmp_path / "nopix.dcm", gradient())
+    ds = pydicom.dcmread(path)
+    del ds.PixelData
+    ds.save_as(path)
+    assert check_image(path).startswith("truncated DICOM: file ends before the pixel data")
+
+
+def test_corrupt_compressed_stream_fails_only_on_decode(tmp_path):
+    path = write_dicom(tmp_path / "j2k.dcm", gradient(64, 64), compress=JPEG2000Lossless)
+    data = bytearray(path.read_bytes())
+    start = data.rfind(b"\xff\x4f\xff\x51")  # J2K codestream SOC+SIZ marker
+    data[start: start + 40] = b"\x00" * 40
+    path.write_bytes(bytes(data))
+    assert check_image(path, decode=False) is None  # lengths are intact
+    assert check_image(path, decode=True).startswith("pixel decode failed:")
+
+
+# --------------------------------------------------------------------------- PNG / JPEG / misc
+
+
+def test_png_and_jpeg_damage_is_reported(tmp_path):
+    pixels = np.random.default_rng(2).integers(0, 255, (96, 80), dtype=np.uint8)  # mostly entropy data
+    png, jpg = tmp_path / "a.png", tmp_path / "a.jpg"
+    Image.fromarray(pixels).save(png)
+    Image.fromarray(pixels).save(jpg, quality=95)
+    assert check_image(png, decode=True) is None and check_image(jpg, decode=True) is None
+    assert read_header(jpg) == {"kind": "jpeg", "rows": 96, "cols": 80, "mode": "L"}
+    data = png.read_bytes()
+    (tmp_path / "cut.png").write_bytes(data[:-20])
+    assert check_image(tmp_path / "cut.png").startswith("truncated PNG")
+    bad_ihdr = bytearray(data)
+    bad_ihdr[18] ^= 0xFF  # width byte: CRC no longer matches
+    (tmp_path / "ihdr.png").write_bytes(bytes(bad_ihdr))
+    assert check_image(tmp_path / "ihdr.png") == "corrupt PNG header: IHDR checksum mismatch"
+    jdata = jpg.read_bytes()
+    (tmp_path / "cut.jpg").write_bytes(jdata[: len(jdata) // 2])
+    assert check_image(tmp_path / "cut.jpg").startswith("truncated JPEG")
+    (tmp_path / "hdr.jpg").write_bytes(jdata[:3] + b"\x00" * 50)
+    assert check_image(tmp_path / "hdr.jpg").startswith("corrupt JPEG header")
+
+
+def test_png_with_corrupt_pixels_fails_on_decode(tmp_path):
+    png = tmp_path / "p.png"
+    Image.fromarray(np.random.default_rng(1).integers(0, 255, (64, 64), dtype=np.uint8)).save(png)
+    data = bytearray(png.read_bytes())
+    idat = data.find(b"IDAT")
+    data[idat + 20: idat + 60] = b"\x13" * 40
+    png.write_bytes(bytes(data))
+    assert check_image(png, decode=False) is None
+    assert check_image(png, decode=True).startswith("pixel decode failed:")
+
+
+def test_missing_and_empty_files(tmp_path):
+    assert check_image(tmp_path / "nope.png") == "missing file"
+    (tmp_path / "empty.dcm").write_bytes(b"")
+    assert check_image(tmp_path / "empty.dcm") == "empty file (0 bytes)"
+    assert check_image(tmp_path) == "not a file (a directory)"
+
+
+def test_sixteen_bit_png_keeps_its_range(tmp_path):
+    pixels = gradient(top=40000)
+    path = tmp_path / "sixteen.png"
+    Image.fromarray(pixels).save(path)
+    np.testing.assert_allclose(read_image(path), scale_unit(pixels), atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["dcm", "png", "jpg"])
+def test_resized_keeps_orientation(tmp_path, kind):
+    pixels = gradient(120, 72, top=250)
+    if kind == "dcm":
+        path = write_dicom(tmp_path / "o.dcm", pixels, bits=8)
+    else:
+        path = tmp_path / f"o.{kind}"
+        Image.fromarray(pixels.astype(np.uint8)).save(path)
+    small = read_image_resized(path, 16)
+    assert small.shape == (16, 16) and small.dtype == np.uint8
+    assert small[0, 0] > 240 and small[-1, -1] < 15
+    assert small[-1, 0] < small[0, -1]  # falls faster down the rows than across: not transposed
+    expected = np.asarray(Image.fromarray(scale_unit(pixels), "F").resize((16, 16), Image.Resampling.BILINEAR))
+    assert np.abs(small.astype(float) - expected * 255).max() <= 6
+
+
+def test_batch_check_in_a_process_pool_keeps_order(tmp_path):
+    good = write_dicom(tmp_path / "good.dcm", gradient())
+    (tmp_path / "bad.dcm").write_bytes(b"\x01" * 400)
+    paths = [str(good), str(tmp_path / "bad.dcm"), str(tmp_path / "missing.dcm")]
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        parts = list(pool.map(check_images_batch, [paths[:2], paths[2:]], [False, False]))
+    assert parts == [[None, "not a DICOM/PNG/JPEG file"], ["missing file"]]
+    results = read_headers(paths * 3, workers=2, chunk=2)
+    assert [r for _, r in results] == [None, "not a DICOM/PNG/JPEG file", "missing file"] * 3
+    assert results[0][0]["rows"] == 40
+
+
+def test_no_decode_errors_leak_as_exceptions(tmp_path):
+    """Every odd file yields a reason string; nothing raises out of check_image."""
+    oddities = {
+        "preamble_only.dcm": b"\x00" * 128 + b"DICM",
+        "dicm_garbage.dcm": b"\x00" * 128 + b"DICM" + os.urandom(300),
+        "png_sig_only.png": b"\x89PNG\r\n\x1a\n",
+        "jpeg_soi_only.jpg": b"\xff\xd8\xff",
+        "text.dcm": b"hello, not an image\n" * 10,
+    }
+    for name, data in oddities.items():
+        (tmp_path / name).write_bytes(data)
+        reason = check_image(tmp_path / name, decode=True)
+        assert isinstance(reason, str) and reason, name
+
