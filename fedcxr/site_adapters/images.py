@@ -388,8 +388,7 @@ def scale_unit(values: np.ndarray, *, invert: bool = False) -> np.ndarray:
     lo, hi = float(out.min()), float(out.max())
     if hi <= lo:
         return np.zeros(out.shape, dtype=np.float32)
-    out = (out - lo) * np.float32(1.0 / (hi - lo))
-    np.clip(out, 0.0, 1.0, out=out)
+    out = (out - np.float32(lo)) / np.float32(hi - lo)  # divide (not × 1/range): max → exactly 1
     return 1.0 - out if invert else out
 
 
