@@ -1,0 +1,129 @@
+"""One run's report: content of report.json, per_class.csv, report.md and the ROC figures."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+from fedcxr.evaluation import metrics
+from fedcxr.evaluation.report import build_report, write_report
+
+INFO = {"method": "FedAvg", "seed": 3, "target": None, "classes": ["atelectasis", "cardiomegaly", "edema",
+                                                                      "pleural_effusion", "hernia"],
+        "sites": ["site-a", "site-b"], "eval_sites": ["site-a", "site-b"]}
+
+
+def _strict_json(path):
+    def reject(token):
+        raise AssertionError(f"{path.name} holds {token}, not valid JSON")
+    return json.loads(path.read_text(), parse_constant=reject)
+
+
+@pytest.fixture
+def predictions(make_predictions):
+    return make_predictions(patients_per_site=60)
+
+
+@pytest.fixture
+def report(predictions):
+    return build_report(predictions, INFO, split="test", n_boot=200, seed=0)
+
+
+def test_report_per_site_per_class_and_mean(report, predictions):
+    assert report["schema_version"] == 1
+    assert (report["method"], report["seed"], report["split"]) == ("FedAvg", 3, "test")
+    assert list(report["sites"]) == ["site-a", "site-b"]
+    site = report["sites"]["site-a"]
+    rows = predictions[predictions["site"] == "site-a"]
+    assert site["n_rows"] == len(rows) and site["n_patients"] == rows["patient_id"].nunique()
+    by_class = {r["class"]: r for r in site["per_class"]}
+    assert by_class["edema"]["auroc"] == pytest.approx(metrics.auroc(rows["label__edema"], rows["prob__edema"]))
+    assert by_class["edema"]["ci_low"] < by_class["edema"]["auroc"] < by_class["edema"]["ci_high"]
+    # hernia: every test row negative → undefined, with the reason, and left out of the mean
+    assert np.isnan(by_class["hernia"]["auroc"])
+    assert by_class["hernia"]["reason"] == "no positive rows in test split"
+    defined = [r["auroc"] for r in site["per_class"] if np.isfinite(r["auroc"])]
+    assert site["mean_auroc"] == pytest.approx(np.mean(defined))
+    assert site["mean_auroc_classes"] == ["atelectasis", "cardiomegaly", "edema", "pleural_effusion"]
+    assert site["mean_auroc_ci_low"] < site["mean_auroc"] < site["mean_auroc_ci_high"]
+    assert "accuracy" not in site  # multi-label run
+
+
+def test_subgroups_decoded_and_small_ones_skipped_with_reason(report):
+    sub = report["sites"]["site-a"]["subgroups"]
+    assert set(sub) == {"sex", "age_bin", "race"}
+    assert set(sub["sex"]["groups"]) == {"F", "M"}
+    assert sum(g["n_rows"] for g in sub["sex"]["groups"].values()) == 120 - 3
+    assert {"value": "unknown", "n_rows": 3, "reason": "value not recorded (null)"} in sub["sex"]["skipped"]
+    assert set(sub["age_bin"]["groups"]) <= {"20-39", "40-59", "60-79"}
+    small = {s["value"]: s for s in sub["age_bin"]["skipped"]}
+    assert small["80+"]["reason"] == "fewer than 20 rows" and 0 < small["80+"]["n_rows"] < 20
+    male = sub["sex"]["groups"]["M"]
+    assert np.isfinite(male["mean_auroc"]) and len(male["per_class"]) == 5
+
+
+def test_binary_task_reports_accuracy(make_predictions):
+    frame = make_predictions(classes=["covid19"], all_negative=(), sites=("midrc",))
+    info = {"method": "FedAvg_Finetune_GP", "seed": 0, "target": "midrc", "classes": ["covid19"]}
+    report = build_report(frame, info, split="test", n_boot=100, seed=0)
+    site = report["sites"]["midrc"]
+    assert report["binary_task"] is True
+    assert site["accuracy"] == pytest.approx(metrics.accuracy(frame["label__covid19"], frame["prob__covid19"]))
+    assert site["accuracy_ci_low"] <= site["accuracy"] <= site["accuracy_ci_high"]
+
+
+def test_missing_eval_site_is_listed(predictions):
+    info = dict(INFO, eval_sites=["site-a", "site-b", "site-c"])
+    report = build_report(predictions, info, split="test", n_boot=0, seed=0)
+    assert report["sites_without_predictions"] == [{"site": "site-c", "reason": "no rows in predictions/test.parquet"}]
+    # DeLong CIs without the bootstrap; the mean then has no CI, and says why
+    site = report["sites"]["site-a"]
+    assert site["per_class"][0]["ci_low"] < site["per_class"][0]["auroc"]
+    assert site["mean_auroc_reason"].startswith("CI of the mean needs the patient bootstrap")
+
+
+def test_written_files(tmp_path, report, predictions):
+    paths = write_report(tmp_path, report, predictions)
+    names = sorted(p.name for p in paths)
+    assert names == ["per_class.csv", "report.json", "report.md", "roc_site-a.png", "roc_site-b.png"]
+
+    saved = _strict_json(tmp_path / "report.json")
+    hernia = saved["sites"]["site-b"]["per_class"][4]
+    assert hernia["class"] == "hernia" and hernia["auroc"] is None
+    assert hernia["reason"] == "no positive rows in test split"
+
+    csv = pd.read_csv(tmp_path / "per_class.csv")
+    assert list(csv.columns) == ["site", "class", "auroc", "ci_low", "ci_high", "n", "n_pos", "prevalence", "reason"]
+    assert len(csv) == 2 * 5
+    row = csv[(csv["site"] == "site-a") & (csv["class"] == "hernia")].iloc[0]
+    assert np.isnan(row["auroc"]) and row["reason"] == "no positive rows in test split"
+
+    md = (tmp_path / "report.md").read_text()
+    assert "| Class | AUROC (95% CI) | n | Positives | Prevalence | Note |" in md
+    edema = report["sites"]["site-a"]["per_class"][2]
+    assert f"| edema | {edema['auroc']:.3f} ({edema['ci_low']:.3f}–{edema['ci_high']:.3f}) |" in md
+    assert "| hernia | n/a |" in md and "no positive rows in test split" in md
+    assert "### Sex" in md and "| AUROC | F | M |" in md
+
+    for name in ("roc_site-a.png", "roc_site-b.png"):
+        with Image.open(tmp_path / name) as image:
+            image.verify()
+        with Image.open(tmp_path / name) as image:
+            assert image.format == "PNG" and image.size[0] >= 600 and image.size[1] >= 500
+
+
+def test_no_patient_identifier_in_any_output(tmp_path, report, predictions):
+    write_report(tmp_path, report, predictions)
+    identifiers = set(predictions["patient_id"]) | set(predictions["image_path"])
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(files) == 5
+    for path in files:
+        data = path.read_bytes()
+        leaked = [i for i in identifiers if i.encode() in data]
+        assert not leaked, f"{path.name} contains identifiers, e.g. {leaked[0]}"
+    # the probe is sensitive: patient ids do show up if written
+    assert "PX000000QZ".encode() in predictions.to_csv().encode()
