@@ -1,0 +1,808 @@
+"""Aggregation rules: pure functions on state dicts (DESIGN §5, interfaces §10).
+
+Every rule here takes ``StateDict`` s (``dict[str, Tensor]``) plus metadata (sample counts,
+class sets, learning rates) and returns a new ``StateDict``. Nothing is trained, sent or logged
+here: the in-process federation and NVIDIA FLARE call these same functions, so a rule tested
+once serves both transports (STYLE: Flower's ``strategy/aggregate.py``).
+
+Conventions shared by all rules:
+
+* **Inputs are never mutated.** Arithmetic rules return fresh tensors; the dict helpers
+  (:func:`split_state`, :func:`merge_states`) are shallow and say so.
+* **Per state-dict entry.** Weights, biases and each BatchNorm tensor (``weight``, ``bias``,
+  ``running_mean``, ``running_var``) are separate entries; cosines are taken per entry. Every
+  entry is processed with whole-tensor ops (no Python loop over elements); loops run over
+  entries and sources only.
+* **Dtypes.** Arithmetic runs in float32 (float64 when the input is float64) and the result
+  is cast back to the entry's original dtype.
+* **Special entries.** 0-dim entries (``num_batches_tracked``) never take part in cosines and
+  keep θ0 in :func:`gp`, :func:`fedgp` and :func:`fedda`; so do integer entries of any shape
+  (none exist in our models; an integer counter has no meaningful "update"). FedAvg averages
+  every entry: integer ones as a weighted mean rounded back to their dtype.
+
+Papers (``../shared/papers``): GP = weakly-supervised-fda-auxinfo-gp (Eq. 4-9, App. A.2);
+FedDA/FedGP and auto-weighting = fedgp-auto-weighting-iclr (Def. 4.1, 4.3; Eq. 1-3; App. A.5,
+C.4, C.9); surgical aggregation (Eq. 1-3, Alg. 1); FACT (Eq. 1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Optional, Sequence, Union
+
+import torch
+
+StateDict = dict[str, torch.Tensor]
+
+#: Norms are clamped at this value in cosines, so a zero update has cosine 0 (never NaN).
+COS_EPS = 1e-8
+
+__all__ = [
+    "StateDict",
+    "StreamingAverage",
+    "FlatSpec",
+    "fedavg",
+    "fedavg_streaming",
+    "fedbn",
+    "surgical_heads",
+    "gp",
+    "fedgp",
+    "fedda",
+    "auto_betas",
+    "idd",
+    "flatten_state",
+    "unflatten",
+    "update_keys",
+    "source_step_update",
+    "split_state",
+    "merge_states",
+    "keep_keys",
+    "delta",
+    "apply_delta",
+    "check_update",
+]
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for float16/bfloat16/float32, float64 for float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _is_updatable(t: torch.Tensor) -> bool:
+    """Entries that GP/FedGP/FedDA combine: floating point and at least 1-dim."""
+    return t.dim() > 0 and t.is_floating_point()
+
+
+def _shape(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def check_update(state: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> Optional[str]:
+    """Why ``state`` must not be aggregated against ``reference``, or ``None`` when it is fine.
+
+    Checks, in order: missing entries, unexpected entries, non-tensors, shapes, integer/float
+    mismatch, then NaN and ±Inf in floating entries. Both transports call this on every reply
+    before aggregating, so one broken site is rejected (with this reason logged) instead of
+    poisoning the global model.
+    """
+    problem = _structure_problem(state, reference)
+    if problem:
+        return problem
+    for key, value in state.items():
+        if not value.is_floating_point() and not value.is_complex():
+            continue
+        finite = torch.isfinite(value)
+        if bool(finite.all()):
+            continue
+        n_nan = int(torch.isnan(value).sum())
+        n_inf = int((~finite).sum()) - n_nan
+        parts = [f"{n} {what}" for n, what in ((n_nan, "NaN"), (n_inf, "infinite")) if n]
+        return f"entry {key!r} has {' and '.join(parts)} value(s)"
+    return None
+
+
+def _structure_problem(state: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> Optional[str]:
+    """Keys, types and shapes only (cheap: no pass over the values)."""
+    missing = [k for k in reference if k not in state]
+    if missing:
+        return f"missing entries: {', '.join(map(repr, missing[:5]))}" + (" ..." if len(missing) > 5 else "")
+    extra = [k for k in state if k not in reference]
+    if extra:
+        return f"unexpected entries: {', '.join(map(repr, extra[:5]))}" + (" ..." if len(extra) > 5 else "")
+    for key, ref in reference.items():
+        value = state[key]
+        if not isinstance(value, torch.Tensor):
+            return f"entry {key!r} is a {type(value).__name__}, not a tensor"
+        if _shape(value) != _shape(ref):
+            return f"entry {key!r} has shape {_shape(value)} but the model's is {_shape(ref)}"
+        if value.is_floating_point() != ref.is_floating_point():
+            return f"entry {key!r} has dtype {value.dtype} but the model's is {ref.dtype}"
+    return None
+
+
+def _require_same_structure(state: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor], who: str) -> None:
+    problem = _structure_problem(state, reference)
+    if problem:
+        raise ValueError(f"{who}: {problem}")
+
+
+def split_state(state: Mapping[str, torch.Tensor], keys: Iterable[str]) -> tuple[StateDict, StateDict]:
+    """``(entries named in keys, all other entries)``, both in ``state`` order.
+
+    Shallow: the tensors are shared with ``state`` (no copy). Raises ``ValueError`` naming
+    keys that ``state`` lacks (a typo would otherwise silently aggregate BN layers).
+    """
+    wanted = set(keys)
+    unknown = sorted(wanted.difference(state))
+    if unknown:
+        raise ValueError(f"split_state: unknown entries {unknown}")
+    chosen = {k: v for k, v in state.items() if k in wanted}
+    rest = {k: v for k, v in state.items() if k not in wanted}
+    return chosen, rest
+
+
+def merge_states(base: Mapping[str, torch.Tensor], *parts: Mapping[str, torch.Tensor]) -> StateDict:
+    """``base`` with the entries of each part laid over it (later parts win).
+
+    Key order: ``base`` order, then keys new to it in the order the parts bring them.
+    Shallow (tensors shared, nothing copied). Typical use (FedBN): the aggregated shared
+    entries merged with a site's own BN entries.
+    """
+    out = dict(base)
+    for part in parts:
+        out.update(part)
+    return out
+
+
+def keep_keys(state: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor], keys: Iterable[str]) -> StateDict:
+    """``state`` with the entries named in ``keys`` taken (copied) from ``reference``.
+
+    FedBN+ (DESIGN §5): the global model keeps the initial (pretrained) BN statistics, so
+    after aggregation the caller restores them: ``keep_keys(global, initial, bn_keys)``.
+    Keys ``state`` lacks (FedBN leaves BN out) are added. Output order follows ``reference``,
+    then any keys only ``state`` has. Entries from ``state`` are shared, not copied.
+    """
+    kept = set(keys)
+    unknown = sorted(kept.difference(reference))
+    if unknown:
+        raise ValueError(f"keep_keys: entries {unknown} are not in the reference state")
+    for key in kept.intersection(state):
+        if _shape(state[key]) != _shape(reference[key]):
+            raise ValueError(
+                f"keep_keys: entry {key!r} has shape {_shape(state[key])} but the reference has "
+                f"{_shape(reference[key])}"
+            )
+    out: StateDict = {}
+    for key, ref in reference.items():
+        if key in kept:
+            out[key] = ref.detach().clone()
+        elif key in state:
+            out[key] = state[key]
+    for key, value in state.items():
+        if key not in out:
+            out[key] = value
+    return out
+
+
+def delta(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> StateDict:
+    """``a − b`` per entry (e.g. ``delta(source, theta0)`` = Δ_i), in ``a``'s dtypes.
+
+    Integer entries subtract exactly (``num_batches_tracked`` gives the number of steps).
+    """
+    _require_same_structure(a, b, "delta")
+    out: StateDict = {}
+    for key, x in a.items():
+        y = b[key]
+        if x.is_floating_point():
+            cd = _compute_dtype(x.dtype)
+            out[key] = torch.sub(x.to(cd), y.to(cd)).to(x.dtype)
+        else:
+            out[key] = torch.sub(x, y.to(x.dtype))
+    return out
+
+
+def apply_delta(theta0: Mapping[str, torch.Tensor], update: Mapping[str, torch.Tensor], scale: float = 1.0) -> StateDict:
+    """``θ0 + scale·Δ`` per entry, in ``θ0``'s dtypes.
+
+    Integer entries: ``round(θ0 + scale·Δ)`` computed in float64 (exact for counters).
+    """
+    _require_same_structure(update, theta0, "apply_delta")
+    scale = float(scale)
+    out: StateDict = {}
+    for key, t0 in theta0.items():
+        d = update[key]
+        if t0.is_floating_point():
+            cd = _compute_dtype(t0.dtype)
+            out[key] = torch.add(t0.to(cd), d.to(cd), alpha=scale).to(t0.dtype)
+        else:
+            value = torch.add(t0.to(torch.float64), d.to(torch.float64), alpha=scale)
+            out[key] = value.round().to(t0.dtype)
+    return out
+
+
+# --------------------------------------------------------------------------- flattening
+
+
+def update_keys(state: Mapping[str, torch.Tensor]) -> list[str]:
+    """Entries flattened into update vectors: every non-0-dim entry, in state-dict order.
+
+    DESIGN §5 (auto-weighting): "flattened over non-0-dim entries in state_dict order";
+    ``num_batches_tracked`` (0-dim) is left out. Same selection as
+    :func:`fedcxr.models.network.flat_keys`, so vectors built by either line up.
+    """
+    return [k for k, v in state.items() if v.dim() > 0]
+
+
+@dataclass(frozen=True)
+class FlatSpec:
+    """How a flat vector maps back onto entries: keys, shapes and dtypes, in order."""
+
+    keys: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[torch.dtype, ...]
+
+    @property
+    def numel(self) -> int:
+        """M, the length of the flat vector."""
+        return sum(math.prod(s) for s in self.shapes)
+
+
+def flatten_state(state: Mapping[str, torch.Tensor], keys: Optional[Sequence[str]] = None) -> tuple[torch.Tensor, FlatSpec]:
+    """Concatenate the entries ``keys`` (default :func:`update_keys`) into one 1-D vector.
+
+    Returns ``(flat, spec)``: ``flat`` has shape ``(M,)``, dtype float32 (float64 if every
+    entry is float64); ``spec`` lets :func:`unflatten` rebuild the entries. Pass the same
+    ``keys`` for every state whose vectors are compared (auto-weighting).
+    """
+    keys = update_keys(state) if keys is None else list(keys)
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise ValueError(f"flatten_state: unknown entries {missing}")
+    tensors = [state[k].detach() for k in keys]
+    spec = FlatSpec(tuple(keys), tuple(_shape(t) for t in tensors), tuple(t.dtype for t in tensors))
+    if not tensors:
+        return torch.zeros(0), spec
+    cd = torch.float64 if all(t.dtype == torch.float64 for t in tensors) else torch.float32
+    return torch.cat([t.reshape(-1).to(cd) for t in tensors]), spec
+
+
+def unflatten(flat: torch.Tensor, spec: FlatSpec) -> StateDict:
+    """Inverse of :func:`flatten_state`: fresh tensors with the spec's shapes and dtypes."""
+    if flat.dim() != 1 or flat.numel() != spec.numel:
+        raise ValueError(f"unflatten: expected a vector of {spec.numel} values, got shape {_shape(flat)}")
+    out: StateDict = {}
+    offset = 0
+    for key, shape, dtype in zip(spec.keys, spec.shapes, spec.dtypes):
+        n = math.prod(shape)
+        piece = flat[offset : offset + n].reshape(shape)
+        if not dtype.is_floating_point:
+            piece = piece.round()
+        out[key] = piece.to(dtype, copy=True)
+        offset += n
+    return out
+
+
+def source_step_update(update: Union[torch.Tensor, Mapping[str, torch.Tensor]], n_batches: int) -> Union[torch.Tensor, StateDict]:
+    """A source's mean per-step update ``s = Δ_i / #batches`` (auto-weighting, App. C.4).
+
+    Accepts a flat vector (from :func:`flatten_state`) or a state dict (floating entries are
+    divided; integer ones are returned unchanged, as copies). The target's per-batch updates
+    and ``s`` must be in the same units before :func:`auto_betas`.
+    """
+    if int(n_batches) != n_batches or n_batches < 1:
+        raise ValueError(f"source_step_update: n_batches must be a positive integer, got {n_batches!r}")
+    if isinstance(update, torch.Tensor):
+        return update / n_batches
+    return {
+        k: (v / n_batches if v.is_floating_point() else v.clone()) for k, v in update.items()
+    }
+
+
+# --------------------------------------------------------------------------- FedAvg / FedBN
+
+
+class StreamingAverage:
+    """Sample-weighted mean of state dicts, fed one reply at a time (FedAvg, FedBN).
+
+    Holds one running weighted sum (float32; float64 for float64 and integer entries), so
+    peak memory is one model plus the reply being added, whatever the number of sites: the
+    federation adds each reply as it arrives and drops it.
+
+    ``exclude``: entries left out of the average and of the result (FedBN keeps BN local);
+    each must exist in the first state added.
+    """
+
+    def __init__(self, exclude: Iterable[str] = ()):
+        self._exclude = frozenset(exclude)
+        self._sum: Optional[StateDict] = None
+        self._dtypes: dict[str, torch.dtype] = {}
+        self._reference: StateDict = {}
+        self.total_weight = 0.0
+        self.count = 0
+
+    def add(self, state: Mapping[str, torch.Tensor], weight: float) -> None:
+        """Add ``weight · state`` (weight: the site's sample count, or 1 for unweighted)."""
+        weight = float(weight)
+        if not math.isfinite(weight) or weight < 0:
+            raise ValueError(f"StreamingAverage.add: weight must be finite and >= 0, got {weight}")
+        if self._sum is None:
+            self._start(state, weight)
+        else:
+            body = {k: v for k, v in state.items() if k not in self._exclude}
+            problem = _structure_problem(body, self._reference)
+            if problem:
+                raise ValueError(f"StreamingAverage.add: state #{self.count + 1}: {problem}")
+            for key, acc in self._sum.items():
+                acc.add_(body[key].detach().to(acc.dtype), alpha=weight)
+        self.total_weight += weight
+        self.count += 1
+
+    def _start(self, state: Mapping[str, torch.Tensor], weight: float) -> None:
+        unknown = sorted(self._exclude.difference(state))
+        if unknown:
+            raise ValueError(f"StreamingAverage: excluded entries {unknown} are not in the state")
+        self._sum = {}
+        for key, value in state.items():
+            if key in self._exclude:
+                continue
+            value = value.detach()
+            acc_dtype = _compute_dtype(value.dtype) if value.is_floating_point() else torch.float64
+            self._sum[key] = value.to(acc_dtype) * weight
+            self._dtypes[key] = value.dtype
+            # Shape/dtype reference for later replies: a storage-less "meta" tensor, so the
+            # first reply is not kept alive (memory stays one model).
+            self._reference[key] = torch.empty(value.shape, dtype=value.dtype, device="meta")
+
+    def result(self) -> StateDict:
+        """The weighted mean, in each entry's original dtype; integers rounded to nearest."""
+        if self._sum is None:
+            raise ValueError("StreamingAverage.result: no state was added")
+        if self.total_weight <= 0:
+            raise ValueError("StreamingAverage.result: all weights are zero")
+        out: StateDict = {}
+        for key, acc in self._sum.items():
+            mean = acc / self.total_weight
+            dtype = self._dtypes[key]
+            out[key] = mean.to(dtype) if dtype.is_floating_point else mean.round().to(dtype)
+        return out
+
+
+def fedavg_streaming(replies: Iterable[tuple[Mapping[str, torch.Tensor], float]], local_keys: Iterable[str] = ()) -> StateDict:
+    """FedAvg (or FedBN with ``local_keys``) over an iterator of ``(state, weight)`` pairs.
+
+    Consumes the iterator one pair at a time, so a generator that loads or receives each
+    reply keeps memory flat in the number of sites (see :class:`StreamingAverage`).
+    """
+    avg = StreamingAverage(exclude=local_keys)
+    for state, weight in replies:
+        avg.add(state, weight)
+    return avg.result()
+
+
+def fedavg(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]) -> StateDict:
+    """FedAvg: ``Σ_i w_i·θ_i / Σ_i w_i`` per entry, every entry including BN statistics.
+
+    ``weights`` are sample counts (normalised here; pass equal weights for the unweighted
+    1/K mean, e.g. the surgical-aggregation backbone, its Eq. 1). Integer entries
+    (``num_batches_tracked``) become the weighted mean rounded to the nearest integer.
+    """
+    return fedbn(states, weights, ())
+
+
+def fedbn(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float], local_keys: Iterable[str]) -> StateDict:
+    """FedBN: FedAvg of every entry except ``local_keys``, which are left OUT of the result.
+
+    Each site keeps its own BN entries; the caller merges them back per site
+    (:func:`merge_states`). ``local_keys`` must exist in the states.
+    """
+    states = list(states)
+    weights = list(weights)
+    if not states:
+        raise ValueError("fedavg: no states to average")
+    if len(weights) != len(states):
+        raise ValueError(f"fedavg: {len(states)} states but {len(weights)} weights")
+    return fedavg_streaming(zip(states, weights), local_keys)
+
+
+# --------------------------------------------------------------------------- surgical aggregation
+
+
+def surgical_heads(
+    heads: Sequence[Mapping[str, torch.Tensor]],
+    class_sets: Sequence[Sequence[str]],
+    classes: Sequence[str],
+    previous: Optional[Mapping[str, torch.Tensor]] = None,
+) -> tuple[StateDict, list[StateDict]]:
+    """Surgical aggregation of classification heads (surgical-aggregation paper, Eq. 2-3, Alg. 1).
+
+    ``heads[i] = {"weight": (|C_i|, F), "bias": (|C_i|,)}`` with rows in ``class_sets[i]``
+    order; ``classes`` is the global order. For each class c, the global row and bias of c
+    are the UNWEIGHTED mean over the clients whose class set contains c, matched by class
+    name (never by position). A class no client has keeps ``previous``'s row and bias
+    (``previous = {"weight": (|classes|, F), "bias": (|classes|,)}``); with ``previous=None``
+    that is an error (``ValueError`` naming the classes) rather than a silent zero row.
+
+    Returns ``(global_head, per_client_heads)``; ``per_client_heads[i]`` holds the new rows
+    of ``class_sets[i]`` in that client's own order (what the paper sends back to client i).
+    """
+    if len(heads) != len(class_sets):
+        raise ValueError(f"surgical_heads: {len(heads)} heads but {len(class_sets)} class sets")
+    if len(set(classes)) != len(classes):
+        raise ValueError("surgical_heads: duplicate names in the global classes")
+    position = {c: i for i, c in enumerate(classes)}
+    indices = [_client_rows(i, head, cs, position) for i, (head, cs) in enumerate(zip(heads, class_sets))]
+    features = _feature_size(heads, previous, len(classes))
+    dtype, device = _head_dtype_device(heads, previous)
+    cd = _compute_dtype(dtype)
+    w_sum = torch.zeros(len(classes), features, dtype=cd, device=device)
+    b_sum = torch.zeros(len(classes), dtype=cd, device=device)
+    count = torch.zeros(len(classes), dtype=cd, device=device)
+    for head, idx in zip(heads, indices):
+        idx = idx.to(device)
+        w_sum.index_add_(0, idx, head["weight"].detach().to(device=device, dtype=cd))
+        b_sum.index_add_(0, idx, head["bias"].detach().to(device=device, dtype=cd))
+        count.index_add_(0, idx, torch.ones(len(idx), dtype=cd, device=device))
+    covered = count > 0
+    weight = w_sum / count.clamp_min(1).unsqueeze(1)
+    bias = b_sum / count.clamp_min(1)
+    if not bool(covered.all()):
+        orphans = [c for c, ok in zip(classes, covered.tolist()) if not ok]
+        if previous is None:
+            raise ValueError(f"surgical_heads: no client has class(es) {orphans} and no previous head was given")
+        weight = torch.where(covered.unsqueeze(1), weight, previous["weight"].detach().to(device=device, dtype=cd))
+        bias = torch.where(covered, bias, previous["bias"].detach().to(device=device, dtype=cd))
+    global_head = {"weight": weight.to(dtype), "bias": bias.to(dtype)}
+    per_client = [
+        {"weight": global_head["weight"].index_select(0, idx.to(device)),
+         "bias": global_head["bias"].index_select(0, idx.to(device))}
+        for idx in indices
+    ]
+    return global_head, per_client
+
+
+def _client_rows(i: int, head: Mapping[str, torch.Tensor], class_set: Sequence[str], position: Mapping[str, int]) -> torch.Tensor:
+    """Global row index of each of client i's rows; validates names and shapes."""
+    for part in ("weight", "bias"):
+        if part not in head:
+            raise ValueError(f"surgical_heads: client {i}'s head has no {part!r}")
+    if len(set(class_set)) != len(class_set):
+        raise ValueError(f"surgical_heads: client {i} lists a class twice: {list(class_set)}")
+    unknown = [c for c in class_set if c not in position]
+    if unknown:
+        raise ValueError(f"surgical_heads: client {i} has class(es) {unknown} not in the global classes")
+    w, b = head["weight"], head["bias"]
+    if w.dim() != 2 or w.shape[0] != len(class_set) or _shape(b) != (len(class_set),):
+        raise ValueError(
+            f"surgical_heads: client {i} has {len(class_set)} classes but head shapes "
+            f"weight {_shape(w)}, bias {_shape(b)}"
+        )
+    return torch.tensor([position[c] for c in class_set], dtype=torch.long)
+
+
+def _feature_size(heads: Sequence[Mapping[str, torch.Tensor]], previous: Optional[Mapping[str, torch.Tensor]], n_classes: int) -> int:
+    sizes = {int(h["weight"].shape[1]) for h in heads}
+    if previous is not None:
+        if _shape(previous["bias"]) != (n_classes,) or previous["weight"].dim() != 2 or previous["weight"].shape[0] != n_classes:
+            raise ValueError(
+                f"surgical_heads: previous head must be ({n_classes}, F) and ({n_classes},), got "
+                f"{_shape(previous['weight'])} and {_shape(previous['bias'])}"
+            )
+        sizes.add(int(previous["weight"].shape[1]))
+    if len(sizes) != 1:
+        raise ValueError(f"surgical_heads: heads disagree on the feature size: {sorted(sizes)}")
+    return sizes.pop()
+
+
+def _head_dtype_device(heads, previous) -> tuple[torch.dtype, torch.device]:
+    if heads:
+        return heads[0]["weight"].dtype, heads[0]["weight"].device
+    if previous is not None:
+        return previous["weight"].dtype, previous["weight"].device
+    raise ValueError("surgical_heads: no heads and no previous head")
+
+
+# --------------------------------------------------------------------------- GP / FedGP / FedDA
+
+
+def _positive(name: str, value: float) -> float:
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number, got {value}")
+    return value
+
+
+def _unit_interval(name: str, value: float) -> float:
+    value = float(value)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must lie in [0, 1], got {value}")
+    return value
+
+
+def _magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source, epochs_target) -> list[float]:
+    """``s_i = (lr_T/lr_S)·(E_T/E_S)·((n_T/bs_T)/(n_i/bs_S))·(n_i/Σn)`` (DESIGN §5; GP App. A.2 Eq. 8).
+
+    Aligns a source update (n_i/bs_S steps at lr_S for E_S epochs) with the target's
+    (n_T/bs_T steps at lr_T for E_T epochs) and weights it by n_i/Σn. Note that n_i cancels:
+    every source gets the same scale ``(lr_T/lr_S)(E_T/E_S)(n_T/bs_T)·bs_S/Σn``; computed
+    literally anyway so the code reads like the formula.
+    """
+    n = [_positive(f"n_sources[{i}]", v) for i, v in enumerate(n_sources)]
+    total = sum(n)
+    ratio = (_positive("lr_target", lr_target) / _positive("lr_source", lr_source)) * (
+        _positive("epochs_target", epochs_target) / _positive("epochs_source", epochs_source)
+    )
+    target_steps = _positive("n_target", n_target) / _positive("bs_target", bs_target)
+    bs_s = _positive("bs_source", bs_source)
+    return [ratio * (target_steps / (n_i / bs_s)) * (n_i / total) for n_i in n]
+
+
+def _check_inputs(theta0, target, sources, n: int, who: str) -> None:
+    if not sources:
+        raise ValueError(f"{who}: no source updates")
+    if len(sources) != n:
+        raise ValueError(f"{who}: {len(sources)} sources but {n} per-source values")
+    _require_same_structure(target, theta0, f"{who}: target")
+    for i, source in enumerate(sources):
+        _require_same_structure(source, theta0, f"{who}: source {i}")
+
+
+def _combine(
+    theta0: Mapping[str, torch.Tensor],
+    target: Mapping[str, torch.Tensor],
+    sources: Sequence[Mapping[str, torch.Tensor]],
+    *,
+    target_coef: float,
+    source_coefs: Sequence[float],
+    project: bool,
+) -> StateDict:
+    """``θ0 + a_T·Δ_T + Σ_i w_i·g_i·Δ_i`` per entry, the kernel of GP, FedGP and FedDA.
+
+    With ``project``: ``g_i = cos(Δ_T, Δ_i)`` if it is > 0 (strict), else the source is
+    dropped for this entry (GP Eq. 4-5); norms clamped at :data:`COS_EPS`. Without: ``g_i = 1``.
+    Non-updatable entries (0-dim, integer) keep θ0.
+
+    Memory: the result plus two scratch vectors of the largest entry (Δ_T and the current
+    Δ_i), reused across entries and sources, so peak ≈ inputs + 1 model + 2 entries.
+    """
+    largest = max((t.numel() for t in theta0.values() if _is_updatable(t)), default=0)
+    scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}  # (2, largest) per dtype/device
+    out: StateDict = {}
+    for key, t0 in theta0.items():
+        if not _is_updatable(t0):
+            out[key] = t0.detach().clone()
+            continue
+        cd = _compute_dtype(t0.dtype)
+        base = t0.detach().reshape(-1).to(cd)
+        if (cd, base.device) not in scratch:
+            scratch[cd, base.device] = torch.empty(2, largest, dtype=cd, device=base.device)
+        d_t, d_i = scratch[cd, base.device][:, : base.numel()]
+        torch.sub(target[key].detach().reshape(-1).to(cd), base, out=d_t)
+        result = torch.add(base, d_t, alpha=target_coef)
+        norm_t = torch.linalg.vector_norm(d_t).clamp_min(COS_EPS) if project else None
+        for source, coef in zip(sources, source_coefs):
+            if coef == 0:
+                continue
+            torch.sub(source[key].detach().reshape(-1).to(cd), base, out=d_i)
+            if project:
+                cos = float(torch.dot(d_t, d_i) / (norm_t * torch.linalg.vector_norm(d_i).clamp_min(COS_EPS)))
+                if not cos > 0:
+                    continue
+                coef = coef * cos
+            result.add_(d_i, alpha=coef)
+        out[key] = result.reshape(t0.shape).to(t0.dtype)
+    return out
+
+
+def gp(
+    theta0: Mapping[str, torch.Tensor],
+    target: Mapping[str, torch.Tensor],
+    sources: Sequence[Mapping[str, torch.Tensor]],
+    *,
+    n_sources: Sequence[float],
+    n_target: float,
+    bs_source: float,
+    bs_target: float,
+    lr_source: float,
+    lr_target: float,
+    epochs_source: float = 1,
+    epochs_target: float = 1,
+    beta: float = 0.5,
+) -> StateDict:
+    """Gradient projection on the target (AuxInfo+GP paper, Eq. 4-9 and App. A.2; DESIGN §5).
+
+    Per entry k, with Δ_T = target − θ0 and Δ_i = source_i − θ0:
+    ``c_i = cos(Δ_T, Δ_i)`` (norms clamped at 1e-8, so a zero update gives 0), source i kept
+    only where ``c_i > 0`` (strict: an orthogonal update is dropped), and
+
+        θ = θ0 + β·Σ_{c_i>0} s_i·c_i·Δ_i + (1−β)·Δ_T,
+
+    ``s_i`` as in :func:`_magnitude_scales`. β weights the SOURCES (the paper's text and code;
+    its Eq. 7/9 print it the other way round): β=0 gives the target's own fine-tuned model,
+    β=1 only the projected sources. BN running statistics are entries like any other and take
+    part in cosines; 0-dim and integer entries keep θ0.
+    """
+    _check_inputs(theta0, target, sources, len(n_sources), "gp")
+    beta = _unit_interval("beta", beta)
+    scales = _magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source, epochs_target)
+    return _combine(theta0, target, sources, target_coef=1.0 - beta, source_coefs=[beta * s for s in scales], project=True)
+
+
+def fedgp(
+    theta0: Mapping[str, torch.Tensor],
+    target: Mapping[str, torch.Tensor],
+    sources: Sequence[Mapping[str, torch.Tensor]],
+    *,
+    betas: Sequence[float],
+    n_sources: Sequence[float],
+    n_target: float,
+    bs_source: float,
+    bs_target: float,
+    lr_source: float,
+    lr_target: float,
+    epochs_source: float = 1,
+    epochs_target: float = 1,
+) -> StateDict:
+    """FedGP with per-source β_i (FedGP paper Def. 4.3 and App. C.9; DESIGN §5).
+
+        θ = θ0 + Σ_{c_i>0} β_i·s_i·c_i·Δ_i + Σ_i (1−β_i)·(n_i/Σn)·Δ_T
+
+    with ``c_i`` and ``s_i`` exactly as in :func:`gp`. The target term is added once per
+    source, weighted by n_i/Σn, so with every β_i = 0 the result is θ0 + Δ_T; with equal β_i
+    = β it equals :func:`gp`. ``betas`` from :func:`auto_betas` (FedGP_Auto) or fixed.
+    """
+    _check_inputs(theta0, target, sources, len(n_sources), "fedgp")
+    betas = _betas(betas, len(sources), "fedgp")
+    scales = _magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source, epochs_target)
+    total = sum(float(n) for n in n_sources)
+    target_coef = sum((1.0 - b) * float(n) / total for b, n in zip(betas, n_sources))
+    return _combine(theta0, target, sources, target_coef=target_coef, source_coefs=[b * s for b, s in zip(betas, scales)], project=True)
+
+
+def fedda(
+    theta0: Mapping[str, torch.Tensor],
+    target: Mapping[str, torch.Tensor],
+    sources: Sequence[Mapping[str, torch.Tensor]],
+    *,
+    betas: Sequence[float],
+    n_sources: Sequence[float],
+) -> StateDict:
+    """FedDA: convex combination without projection (FedGP paper Def. 4.1; DESIGN §5).
+
+        θ = θ0 + Σ_i (n_i/Σn)·(β_i·Δ_i + (1−β_i)·Δ_T)
+
+    No cosine filter and no magnitude scaling. ``n_sources`` may contain zeros (that source
+    gets no weight) but must have a positive sum. 0-dim and integer entries keep θ0.
+    """
+    _check_inputs(theta0, target, sources, len(n_sources), "fedda")
+    betas = _betas(betas, len(sources), "fedda")
+    n = [float(v) for v in n_sources]
+    if any(not math.isfinite(v) or v < 0 for v in n) or sum(n) <= 0:
+        raise ValueError(f"fedda: n_sources must be >= 0 with a positive sum, got {n}")
+    total = sum(n)
+    target_coef = sum((1.0 - b) * v / total for b, v in zip(betas, n))
+    return _combine(theta0, target, sources, target_coef=target_coef, source_coefs=[b * v / total for b, v in zip(betas, n)], project=False)
+
+
+def _betas(betas: Sequence[float], n: int, who: str) -> list[float]:
+    betas = [float(b) for b in betas]
+    if len(betas) != n:
+        raise ValueError(f"{who}: {n} sources but {len(betas)} betas")
+    return [_unit_interval(f"{who}: betas[{i}]", b) for i, b in enumerate(betas)]
+
+
+# --------------------------------------------------------------------------- auto-weighting
+
+
+def auto_betas(target_batch_updates: torch.Tensor, source_updates: torch.Tensor, rule: str = "fedgp") -> dict:
+    """Auto-weighted β_i for FedDA/FedGP (FedGP paper §4.2 Eq. 3, App. A.5 and C.4; DESIGN §5).
+
+    Inputs, already flattened (:func:`flatten_state`, non-0-dim entries in state-dict order)
+    and magnitude-aligned by the caller (DESIGN §5: g_j scaled by the lr ratio, s_i = Δ_i /
+    #batches via :func:`source_step_update`):
+
+    * ``target_batch_updates``: ``(B, M)``, the target's B per-batch updates g_j (B ≥ 2);
+    * ``source_updates``: ``(N, M)``, one mean per-step update s_i per source.
+
+    Estimators (App. A.5, the unbiased estimators built on Eq. 22-25), each divided by M:
+
+    * ``v = Σ_j ‖g_j − ḡ‖² / (B−1) / M`` (sample variance, summed over coordinates);
+      ``σ² = v / B`` (variance of the mean target update);
+    * ``d²_i = max(mean_j ‖g_j − s_i‖² / M − v, 0)`` (Eq. 24);
+    * ``τ²d²_i = max(mean_j ‖p_j‖² / M − samplevar(p), 0)`` with ``p_j = g_j − ⟨g_j, u_i⟩u_i``,
+      ``u_i = s_i/‖s_i‖`` and ``samplevar`` computed like v (Eq. 25);
+    * Eq. 3: FedDA ``β_i = σ²/(σ²+d²_i)``, FedGP ``β_i = σ²/(σ²+τ²d²_i)``.
+
+    Guards: an all-zero s_i gets β_i = 0 under both rules (its projection is taken as 0, so
+    its τ²d² equals its d²); 0/0 (σ² = 0 and the distance 0) gives β_i = 0: with no evidence
+    either way, trust the target.
+
+    Computed in float64 over column blocks of the inputs (at most ~16 MB of temporaries),
+    through the identities ``mean_j‖g_j − s‖² = ‖ḡ − s‖² + (B−1)/B·Σ_j‖g_j−ḡ‖²/(B−1)`` and
+    its analogue for p, which give exactly the formulas above without materialising
+    (B·N, M) differences.
+
+    Returns ``{"sigma2": float, "d2": [N floats], "tau2d2": [N floats], "betas": [N floats]}``.
+    """
+    if rule not in ("fedgp", "fedda"):
+        raise ValueError(f"auto_betas: rule must be 'fedgp' or 'fedda', got {rule!r}")
+    g, s = target_batch_updates, source_updates
+    if g.dim() != 2 or s.dim() != 2 or g.shape[1] != s.shape[1]:
+        raise ValueError(f"auto_betas: expected (B, M) and (N, M) tensors, got {_shape(g)} and {_shape(s)}")
+    n_batches, m = int(g.shape[0]), int(g.shape[1])
+    if n_batches < 2:
+        raise ValueError(f"auto_betas: need at least 2 target batch updates to estimate a variance, got {n_batches}")
+    if m == 0 or s.shape[0] == 0:
+        raise ValueError(f"auto_betas: empty inputs {_shape(g)} and {_shape(s)}")
+    sums = _auto_sums(g.detach(), s.detach())
+    v = float(sums["centred"]) / (n_batches - 1) / m
+    sigma2 = v / n_batches
+    d2, tau2d2, betas = [], [], []
+    for i in range(s.shape[0]):
+        ss = float(sums["ss"][i])
+        d2_i = max(float(sums["dist"][i]) / m - sigma2, 0.0)
+        if ss > 0:
+            along_mean = float(sums["gs"][i]) ** 2 / ss  # ⟨ḡ, u⟩²
+            along_rows = float(sums["proj"][:, i].square().sum()) / ss  # Σ_j ⟨g_j − ḡ, u⟩²
+        else:
+            along_mean = along_rows = 0.0
+        p_bar_sq = max(float(sums["gg"]) - along_mean, 0.0)
+        var_p = (float(sums["centred"]) - along_rows) / (n_batches - 1)
+        t_i = max((p_bar_sq - var_p / n_batches) / m, 0.0)
+        distance = d2_i if rule == "fedda" else t_i
+        denominator = sigma2 + distance
+        beta = sigma2 / denominator if (ss > 0 and denominator > 0) else 0.0
+        d2.append(d2_i)
+        tau2d2.append(t_i)
+        betas.append(beta)
+    return {"sigma2": sigma2, "d2": d2, "tau2d2": tau2d2, "betas": betas}
+
+
+def _auto_sums(g: torch.Tensor, s: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Block-wise float64 sums over coordinates for :func:`auto_betas`.
+
+    centred = Σ_j‖g_j − ḡ‖²; proj[j, i] = ⟨g_j − ḡ, s_i⟩; gg = ‖ḡ‖²; gs[i] = ⟨ḡ, s_i⟩;
+    ss[i] = ‖s_i‖²; dist[i] = ‖ḡ − s_i‖².
+    """
+    b, n, m = g.shape[0], s.shape[0], g.shape[1]
+    f64 = dict(dtype=torch.float64, device=g.device)
+    sums = {
+        "centred": torch.zeros((), **f64), "proj": torch.zeros(b, n, **f64), "gg": torch.zeros((), **f64),
+        "gs": torch.zeros(n, **f64), "ss": torch.zeros(n, **f64), "dist": torch.zeros(n, **f64),
+    }
+    width = max(1024, (2 * 1024 * 1024) // (b + n))  # ≈16 MB of float64 per block
+    s = s.to(g.device)
+    for start in range(0, m, width):
+        gb = g[:, start : start + width].to(torch.float64)
+        sb = s[:, start : start + width].to(torch.float64)
+        mean = gb.mean(dim=0)
+        centred = gb - mean
+        sums["centred"] += centred.square().sum()
+        sums["proj"] += centred @ sb.T
+        sums["gg"] += mean.square().sum()
+        sums["gs"] += sb @ mean
+        sums["ss"] += sb.square().sum(dim=1)
+        sums["dist"] += (sb - mean).square().sum(dim=1)
+    return sums
+
+
+# --------------------------------------------------------------------------- FACT
+
+
+def idd(probs_a: torch.Tensor, probs_b: torch.Tensor) -> torch.Tensor:
+    """FACT inter-domain distance: mean ``|p_a − p_b|`` (FACT Eq. 1; DESIGN §5).
+
+    ``probs_a``, ``probs_b``: the two source heads' probabilities on the same target images,
+    shape ``(batch, classes)`` (sigmoid outputs for multi-label; the caller applies it). The
+    paper's ``E_x‖F1 − F2‖₁`` is averaged here over classes too (DESIGN: "mean |p1 − p2|"),
+    so the value lies in [0, 1] whatever the number of classes. Differentiable: FACT's
+    target step minimises it with respect to the feature extractor. Returns a 0-dim tensor.
+    """
+    if probs_a.shape != probs_b.shape:
+        raise ValueError(f"idd: shapes differ: {_shape(probs_a)} vs {_shape(probs_b)}")
+    if probs_a.numel() == 0:
+        raise ValueError("idd: empty inputs")
+    return (probs_a - probs_b).abs().mean()
