@@ -1,0 +1,411 @@
+"""Method comparison across runs: the papers' table and significance tests against a baseline.
+
+Table: rows = methods, columns = evaluated sites (labelled with the run's target when a run
+evaluates a site other than its target), cell = mean AUROC over defined classes, plus
+accuracy for binary tasks. One run in a cell: 95% CI by patient-level bootstrap. Several runs
+sharing (method, target), i.e. seeds: mean ± SD over seeds (SD with ddof=1), as the papers
+report. The best cell per column is flagged (bold in markdown).
+
+Tests against ``baseline`` (per column, on the same test rows, joined on (site, image_path)):
+
+* DeLong paired test per class, on the first seed pair (see below);
+* paired t-test over class AUROCs (surgical-aggregation paper, "granular class-level AUROC"):
+  with several seeds every (seed pair, class) is one pair of the test.
+
+Seed pairing: runs of the two methods with the same seed are paired; when the two methods
+share no seed, the lowest seed of each is paired (recorded as ``paired_by``). The DeLong
+test uses the first pair (lowest common seed), so it compares two concrete models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from fedcxr.errors import UserError
+from fedcxr.evaluation import metrics
+from fedcxr.evaluation.report import evaluate_rows, fmt, fmt_ci, is_binary_task, write_json, write_text
+from fedcxr.evaluation.runs import load_predictions, load_run_info, predictions_path
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class _Run:
+    path: Path
+    info: dict
+    predictions: pd.DataFrame
+    sites: list[str]
+    results: dict[str, dict] = field(default_factory=dict)  # site → evaluate_rows result
+
+    @property
+    def method(self) -> str:
+        return self.info["method"]
+
+    @property
+    def seed(self) -> int:
+        return int(self.info["seed"])
+
+    @property
+    def target(self) -> Optional[str]:
+        return self.info.get("target")
+
+
+def _column_label(target: Optional[str], site: str) -> str:
+    return site if target is None or target == site else f"{site} (target {target})"
+
+
+def _load_runs(run_dirs: Sequence[Path | str], split: str) -> list[_Run]:
+    if not run_dirs:
+        raise UserError("no run directories given")
+    runs, seen = [], {}
+    for run_dir in run_dirs:
+        info = load_run_info(run_dir)
+        frame = load_predictions(run_dir, split, info["classes"])
+        key = (info["method"], info.get("target"), int(info["seed"]))
+        if key in seen:
+            raise UserError(f"{run_dir} and {seen[key]} are both method {key[0]!r}, target {key[1]!r}, "
+                            f"seed {key[2]}: pass one of them")
+        seen[key] = run_dir
+        if frame.duplicated(["site", "image_path"]).any():
+            raise UserError(f"{predictions_path(run_dir, split)}: an image appears twice for one site "
+                            "(rows must be unique per (site, image_path))")
+        present = list(dict.fromkeys(frame["site"]))
+        wanted = [s for s in info.get("eval_sites") or [] if s in present]
+        runs.append(_Run(Path(run_dir), info, frame, wanted + [s for s in present if s not in wanted]))
+    return runs
+
+
+def compare_runs(
+    run_dirs: Sequence[Path | str],
+    *,
+    baseline: Optional[str] = None,
+    split: str = "test",
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Compare runs (see module doc). Returns the content of ``comparison.json``."""
+    runs = _load_runs(run_dirs, split)
+    methods = list(dict.fromkeys(r.method for r in runs))
+    if baseline is not None and baseline not in methods:
+        raise UserError(f"--baseline {baseline!r} is not among the methods of these runs: {', '.join(methods)}")
+    groups: dict[tuple, list[_Run]] = {}
+    for run in runs:
+        groups.setdefault((run.method, run.target), []).append(run)
+    for group in groups.values():
+        group.sort(key=lambda r: r.seed)
+        boot = n_boot if len(group) == 1 else 0  # several seeds: spread over seeds, no CI
+        for run in group:
+            binary = is_binary_task(run.info["classes"])
+            for site in run.sites:
+                rows = run.predictions[run.predictions["site"] == site]
+                run.results[site] = evaluate_rows(rows, run.info["classes"], n_boot=boot, seed=seed,
+                                                  split=split, binary=binary)
+    columns = _columns(runs)
+    table = []
+    for method in methods:
+        cells = {c["label"]: _cell(groups, method, c) for c in columns}
+        table.append({"method": method, "cells": {k: v for k, v in cells.items() if v is not None}})
+    _mark_best(table, columns)
+    result = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "fedcxr.evaluation.comparison",
+        "split": split,
+        "baseline": baseline,
+        "ci": {"level": 0.95, "method": "patient-level bootstrap (percentile), one run per cell",
+               "n_boot": int(n_boot), "seed": int(seed)},
+        "spread": "mean ± SD (ddof=1) over seeds when several runs share (method, target)",
+        "runs": [{"run_dir": str(r.path), "method": r.method, "seed": r.seed, "target": r.target,
+                  "sites": r.sites} for r in runs],
+        "columns": columns,
+        "table": table,
+        "tests": [],
+    }
+    if baseline is not None:
+        result["tests"] = [t for m in methods if m != baseline for c in columns
+                           if (t := _tests(groups, m, baseline, c)) is not None]
+    return result
+
+
+def _columns(runs: list[_Run]) -> list[dict[str, Any]]:
+    columns: dict[tuple, dict] = {}
+    for run in runs:
+        for site in run.sites:
+            key = (run.target, site)
+            col = columns.setdefault(key, {"label": _column_label(run.target, site), "target": run.target,
+                                           "site": site, "binary": True})
+            col["binary"] = col["binary"] and is_binary_task(run.info["classes"])
+    return list(columns.values())
+
+
+def _runs_for(groups, method: str, column: dict) -> list[_Run]:
+    return [r for r in groups.get((method, column["target"]), []) if column["site"] in r.results]
+
+
+def _cell(groups, method: str, column: dict) -> Optional[dict[str, Any]]:
+    runs = _runs_for(groups, method, column)
+    if not runs:
+        return None
+    results = [r.results[column["site"]] for r in runs]
+    cell: dict[str, Any] = {"n_runs": len(runs), "seeds": [r.seed for r in runs],
+                            "per_seed_auroc": [res["mean_auroc"] for res in results]}
+    cell.update(_summary("auroc", [res["mean_auroc"] for res in results],
+                         results[0]["mean_auroc_ci_low"], results[0]["mean_auroc_ci_high"]))
+    if column["binary"]:
+        cell.update(_summary("acc", [res["accuracy"] for res in results],
+                             results[0]["accuracy_ci_low"], results[0]["accuracy_ci_high"]))
+    return cell
+
+
+def _summary(name: str, values: list[float], ci_low: float, ci_high: float) -> dict[str, Any]:
+    finite = np.array([v for v in values if v is not None and np.isfinite(v)], dtype=float)
+    out = {f"{name}_mean": float(finite.mean()) if finite.size else float("nan"),
+           f"{name}_sd": float("nan"), f"{name}_ci_low": float("nan"), f"{name}_ci_high": float("nan"),
+           f"{name}_n": int(finite.size)}
+    if len(values) == 1:
+        out[f"{name}_ci_low"], out[f"{name}_ci_high"] = ci_low, ci_high
+    elif finite.size >= 2:
+        out[f"{name}_sd"] = float(finite.std(ddof=1))
+    return out
+
+
+def _mark_best(table: list[dict], columns: list[dict]) -> None:
+    for column in columns:
+        for name in ("auroc", "acc"):
+            cells = [row["cells"][column["label"]] for row in table if column["label"] in row["cells"]]
+            values = [c.get(f"{name}_mean", np.nan) for c in cells]
+            finite = [v for v in values if np.isfinite(v)]
+            best = max(finite) if finite else None
+            for c, v in zip(cells, values):
+                if f"{name}_mean" in c:
+                    c[f"best_{name}"] = bool(best is not None and np.isfinite(v) and v >= best - 1e-12)
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def _seed_pairs(runs_a: list[_Run], runs_b: list[_Run]) -> tuple[list[tuple[_Run, _Run]], str]:
+    by_seed = {r.seed: r for r in runs_b}
+    pairs = [(a, by_seed[a.seed]) for a in runs_a if a.seed in by_seed]
+    if pairs:
+        return pairs, "seed"
+    return [(runs_a[0], runs_b[0])], "lowest seed of each (no common seed)"
+
+
+def _class_aurocs(run: _Run, site: str) -> dict[str, float]:
+    return {r["class"]: r["auroc"] for r in run.results[site]["per_class"]}
+
+
+def _tests(groups, method: str, baseline: str, column: dict) -> Optional[dict[str, Any]]:
+    runs_m, runs_b = _runs_for(groups, method, column), _runs_for(groups, baseline, column)
+    if not runs_m or not runs_b:
+        return None
+    site = column["site"]
+    pairs, paired_by = _seed_pairs(runs_m, runs_b)
+    a_vals, b_vals = [], []
+    for run_m, run_b in pairs:
+        am, ab = _class_aurocs(run_m, site), _class_aurocs(run_b, site)
+        for cls in am:
+            if cls in ab:
+                a_vals.append(am[cls])
+                b_vals.append(ab[cls])
+    t, p = metrics.paired_ttest(a_vals, b_vals)
+    n_pairs = int(np.sum(np.isfinite(a_vals) & np.isfinite(b_vals))) if a_vals else 0
+    delong = _delong_per_class(pairs[0][0], pairs[0][1], site)
+    return {"method": method, "baseline": baseline, "column": column["label"], "site": site,
+            "target": column["target"], "paired_by": paired_by,
+            "seed_pairs": [[a.seed, b.seed] for a, b in pairs],
+            "ttest": {"t": t, "p_value": p, "n_pairs": n_pairs,
+                      "mean_difference": float(np.nanmean(np.array(a_vals) - np.array(b_vals)))
+                      if n_pairs else float("nan")},
+            **delong}
+
+
+def _delong_per_class(run_m: _Run, run_b: _Run, site: str) -> dict[str, Any]:
+    """DeLong test per common class on the rows both runs predicted for ``site``."""
+    fm = run_m.predictions[run_m.predictions["site"] == site]
+    fb = run_b.predictions[run_b.predictions["site"] == site]
+    classes = [c for c in run_m.info["classes"] if c in run_b.info["classes"]]
+    keep_m = ["image_path"] + [f"{k}__{c}" for c in classes for k in ("label", "prob")]
+    joined = fm[keep_m].merge(fb[keep_m], on="image_path", how="inner", suffixes=("", "__base"))
+    rows = []
+    for cls in classes:
+        y = joined[f"label__{cls}"].to_numpy(dtype=float, na_value=np.nan)
+        y_base = joined[f"label__{cls}__base"].to_numpy(dtype=float, na_value=np.nan)
+        agree = (y == y_base) | (np.isnan(y) & np.isnan(y_base))
+        y = np.where(agree, y, np.nan)
+        auc1, auc2, z, p = metrics.delong_paired_test(
+            y, joined[f"prob__{cls}"].to_numpy(dtype=float), joined[f"prob__{cls}__base"].to_numpy(dtype=float))
+        labeled = ~np.isnan(y)
+        rows.append({"class": cls, "auroc": auc1, "auroc_baseline": auc2, "z": z, "p_value": p,
+                     "n": int(labeled.sum()), "n_pos": int((y[labeled] == 1).sum()),
+                     "n_label_mismatch": int((~agree).sum()),
+                     "reason": metrics.auroc_reason(y) or (None if np.isfinite(p) else
+                                                         "fewer than 2 positive or 2 negative rows")})
+    return {"delong_seeds": [run_m.seed, run_b.seed], "n_rows_joined": int(len(joined)),
+            "n_rows_only_method": int(len(fm) - len(joined)), "n_rows_only_baseline": int(len(fb) - len(joined)),
+            "delong": rows}
+
+
+# --------------------------------------------------------------------------- write
+
+
+def stars(p: Optional[float]) -> str:
+    """Significance marks as in the surgical-aggregation paper's tables."""
+    if p is None or not np.isfinite(p):
+        return ""
+    return "***" if p < 0.001 else "**" if p < 0.01 else "*" if p < 0.05 else "ns"
+
+
+def _fmt_p(p: Optional[float]) -> str:
+    if p is None or not np.isfinite(p):
+        return "p n/a"
+    return "p<0.001" if p < 0.001 else f"p={p:.3f}"
+
+
+def _cell_text(cell: Optional[dict], name: str) -> str:
+    if cell is None:
+        return "—"
+    mean = cell.get(f"{name}_mean")
+    if cell["n_runs"] > 1:
+        text = "n/a" if not np.isfinite(mean) else (
+            f"{mean:.3f} ± {cell[f'{name}_sd']:.3f} (n={cell[f'{name}_n']})"
+            if np.isfinite(cell[f"{name}_sd"]) else f"{mean:.3f} (n={cell[f'{name}_n']})")
+    else:
+        text = fmt_ci(mean, cell[f"{name}_ci_low"], cell[f"{name}_ci_high"])
+    return f"**{text}**" if cell.get(f"best_{name}") else text
+
+
+def comparison_frame(result: dict) -> pd.DataFrame:
+    """``comparison.csv``: one row per (method, column)."""
+    rows = []
+    for row in result["table"]:
+        for column in result["columns"]:
+            cell = row["cells"].get(column["label"])
+            if cell is None:
+                continue
+            rows.append({"method": row["method"], "column": column["label"], "target": column["target"],
+                         "site": column["site"], "n_runs": cell["n_runs"],
+                         "seeds": ";".join(str(s) for s in cell["seeds"]),
+                         **{k: cell.get(k, np.nan) for k in (
+                             "auroc_mean", "auroc_sd", "auroc_ci_low", "auroc_ci_high", "best_auroc",
+                             "acc_mean", "acc_sd", "acc_ci_low", "acc_ci_high", "best_acc")}})
+    return pd.DataFrame(rows)
+
+
+def tests_frame(result: dict) -> pd.DataFrame:
+    """``comparison_tests.csv``: the t-test and every DeLong test, one row each."""
+    rows = []
+    for test in result["tests"]:
+        base = {"method": test["method"], "baseline": test["baseline"], "column": test["column"],
+                "paired_by": test["paired_by"]}
+        rows.append({**base, "test": "paired t-test over class AUROCs", "class": None,
+                     "statistic": test["ttest"]["t"], "p_value": test["ttest"]["p_value"],
+                     "n": test["ttest"]["n_pairs"], "difference": test["ttest"]["mean_difference"],
+                     "seeds": ";".join(f"{a}/{b}" for a, b in test["seed_pairs"]), "reason": None})
+        for d in test["delong"]:
+            rows.append({**base, "test": "DeLong", "class": d["class"], "statistic": d["z"],
+                         "p_value": d["p_value"], "n": d["n"], "difference": d["auroc"] - d["auroc_baseline"],
+                         "seeds": "{}/{}".format(*test["delong_seeds"]), "reason": d["reason"]})
+    return pd.DataFrame(rows)
+
+
+def render_markdown(result: dict) -> str:
+    columns = result["columns"]
+    header, keys = ["Method"], []
+    for c in columns:
+        header.append(f"{c['label']} AUROC" if c["binary"] else c["label"])
+        keys.append((c["label"], "auroc"))
+        if c["binary"]:
+            header.append(f"{c['label']} ACC")
+            keys.append((c["label"], "acc"))
+    lines = [f"# Method comparison ({result['split']} split)", "",
+             "Cells: mean AUROC over the classes with a defined AUROC (accuracy at threshold 0.5 for "
+             f"binary tasks). One run: 95% CI by patient-level bootstrap ({result['ci']['n_boot']} "
+             "resamples). Several seeds: mean ± SD over seeds (n = runs). Best per column in **bold**.", ""]
+    lines += _md_table(header, [[row["method"]] + [_cell_text(row["cells"].get(label), name)
+                                                   for label, name in keys] for row in result["table"]])
+    seeds: dict[tuple, list[str]] = {}
+    for r in result["runs"]:
+        seeds.setdefault((r["method"], r["target"]), []).append(str(r["seed"]))
+    runs = "; ".join(f"{m}" + (f" (target {t})" if t else "") + f" seed{'s' if len(s) > 1 else ''} {', '.join(s)}"
+                     for (m, t), s in seeds.items())
+    lines += ["", f"Runs ({len(result['runs'])}): {runs}.", ""]
+    if result["baseline"] is not None:
+        lines += _tests_markdown(result)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _tests_markdown(result: dict) -> list[str]:
+    baseline, tests = result["baseline"], result["tests"]
+    labels = [c["label"] for c in result["columns"]]
+    methods = [row["method"] for row in result["table"] if row["method"] != baseline]
+    by_key = {(t["method"], t["column"]): t for t in tests}
+    lines = [f"## Significance against {baseline}", "",
+             "Paired t-test over class AUROCs (classes defined for both; with several seeds one pair per "
+             "seed and class). Cell: mean difference in AUROC, p-value, significance "
+             "(*** p<0.001, ** p<0.01, * p<0.05, ns).", ""]
+    rows = []
+    for m in methods:
+        cells = []
+        for label in labels:
+            t = by_key.get((m, label))
+            if t is None or not np.isfinite(t["ttest"]["p_value"]):
+                cells.append("—" if t is None else f"n/a ({t['ttest']['n_pairs']} class pairs)")
+                continue
+            tt = t["ttest"]
+            cells.append(f"{tt['mean_difference']:+.3f}, {_fmt_p(tt['p_value'])} {stars(tt['p_value'])}")
+        rows.append([m] + cells)
+    lines += _md_table(["Method"] + labels, rows) + [""]
+    lines += ["DeLong paired test per class on the same test images (first seed pair). "
+              "Cell: AUROC of the method vs the baseline, p-value.", ""]
+    rows = []
+    for m in methods:
+        classes = list(dict.fromkeys(d["class"] for label in labels if (m, label) in by_key
+                                     for d in by_key[(m, label)]["delong"]))
+        for cls in classes:
+            cells = []
+            for label in labels:
+                t = by_key.get((m, label))
+                d = next((d for d in t["delong"] if d["class"] == cls), None) if t else None
+                if d is None:
+                    cells.append("—")
+                elif not np.isfinite(d["auroc"]):
+                    cells.append(f"n/a ({d['reason']})")
+                else:
+                    cells.append(f"{fmt(d['auroc'])} vs {fmt(d['auroc_baseline'])}, {_fmt_p(d['p_value'])} "
+                                 f"{stars(d['p_value'])}".rstrip())
+            rows.append([m, cls] + cells)
+    lines += _md_table(["Method", "Class"] + labels, rows) + [""]
+    for t in tests:
+        if t["n_rows_only_method"] or t["n_rows_only_baseline"] or any(d["n_label_mismatch"] for d in t["delong"]):
+            lines.append(f"- {t['method']} vs {baseline} on {t['column']}: {t['n_rows_joined']} images in both, "
+                         f"{t['n_rows_only_method']} only in {t['method']}, {t['n_rows_only_baseline']} only in "
+                         f"{baseline}; {sum(d['n_label_mismatch'] for d in t['delong'])} label disagreements "
+                         "left out of DeLong")
+    return lines
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def write_comparison(result: dict, out_dir: Path | str) -> list[Path]:
+    """Write ``comparison.md``, ``comparison.csv``, ``comparison.json`` (and, with a baseline,
+    ``comparison_tests.csv``) into ``out_dir``."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out {out_dir}: exists and is not a directory")
+    paths = [out_dir / "comparison.md", out_dir / "comparison.csv", out_dir / "comparison.json"]
+    write_text(paths[0], render_markdown(result))
+    write_text(paths[1], comparison_frame(result).to_csv(index=False, float_format="%.6g"))
+    write_json(paths[2], result)
+    if result["tests"]:
+        paths.append(out_dir / "comparison_tests.csv")
+        write_text(paths[3], tests_frame(result).to_csv(index=False, float_format="%.6g"))
+    return paths
