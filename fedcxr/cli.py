@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", required=True, type=Path, help="export root folder")
     p.add_argument("--out", required=True, type=Path, help="output folder (one subfolder per site)")
     p.add_argument("--site-by", default=None,
-                   help="COLUMN | conditions:c1,c2,... | chexpert-conditions | iid:K[:shared=S|:classes=..]")
+                   help="COLUMN | conditions:c1,c2,... | chexpert-conditions | iid:K[:shared=S|:classes=..] "
+                        "| skew:K[:alpha=A][:seed=N]")
     p.add_argument("--site-name", default=None, help="site name when the whole source is one site")
     p.add_argument("--uncertain", default="ignore", choices=["zeros", "ones", "ignore"],
                    help="policy for uncertain (-1) labels (default: ignore → NaN, masked)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
@@ -193,7 +194,9 @@ def check_images(
 
     if skip_headers and not decode:
         return frame, []
-    paths = [str(Path(root) / p) for p in frame["image_path"]]
+    # Plain string joins: building 10^5 pathlib.Path objects cost ~1 s on NIH's 112,120 rows.
+    prefix = os.path.join(str(root), "")
+    paths = [prefix + p for p in frame["image_path"].tolist()]
     reasons = _map_chunks(check_images_batch, paths, decode=decode, workers=workers, progress=progress)
     bad = np.array([r is not None for r in reasons], dtype=bool)
     aside = [

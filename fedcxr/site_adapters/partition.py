@@ -16,6 +16,14 @@ Specs (the papers' sites):
   class appears at least once: the surgical-aggregation paper's ablation);
   ``iid:K:classes=a,b;c,d;...`` names each site's subset explicitly. ``:seed=N`` changes the
   draw. Classes outside a site's subset are masked (NaN), their raw values kept.
+* ``skew:K[:alpha=A][:seed=N]`` — label skew (Hsu et al. 2019): each patient's label is the
+  tuple of its first row's labels over the source's classes (for a binary task such as
+  PneumoniaMNIST simply 0 or 1); for every label value the patients holding it are dealt to
+  ``site-1..site-K`` in proportions drawn from Dirichlet(A·1_K). Small A (0.1) gives sites
+  dominated by one label, large A (100) nearly IID. Default A = 0.5, seed 0; patients are
+  ordered by a stable hash first, so the draw does not depend on row order. The draw is
+  repeated (up to 100 times) until no site is empty. Meant for binary/multi-class tasks:
+  with many multi-label combinations every combination is dealt separately.
 """
 
 from __future__ import annotations
@@ -65,6 +73,8 @@ def partition(
         return _by_conditions(frame, rest, classes)
     if kind == "iid":
         return _iid(frame, rest, classes)
+    if kind == "skew":
+        return _skew(frame, rest, classes)
     column = rest if kind == "column" else spec
     return _by_column(frame, column, classes)
 
@@ -184,3 +194,55 @@ def _shared_subsets(labeled: list[str], k: int, shared: int, seed: int) -> list[
     for i, cls in enumerate(rest):
         subsets[i % k].append(cls)
     return [sorted(s, key=labeled.index) for s in subsets]
+
+
+def _skew(frame: pd.DataFrame, rest: str, classes: list[str]) -> Partitioned:
+    """Dirichlet label-skew over patients into ``site-1..site-K`` (see module doc)."""
+    parts = rest.split(":") if rest else []
+    try:
+        k = int(parts[0])
+    except (IndexError, ValueError):
+        raise IngestError(f"--site-by skew:K needs an integer K, got {rest!r}") from None
+    if k < 2:
+        raise IngestError("--site-by skew:K needs K >= 2")
+    options = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
+    unknown = set(options) - {"alpha", "seed"} | {p for p in parts[1:] if "=" not in p}
+    if unknown:
+        raise IngestError(f"--site-by skew: unknown option(s) {sorted(unknown)}; use alpha=A, seed=N")
+    try:
+        alpha, seed = float(options.get("alpha", 0.5)), int(options.get("seed", 0))
+    except ValueError:
+        raise IngestError(f"--site-by skew:{rest}: alpha must be a number and seed an integer") from None
+    if not alpha > 0:
+        raise IngestError("--site-by skew: alpha must be > 0")
+    first = frame.drop_duplicates("patient_id", keep="first")
+    if len(first) < k:
+        raise IngestError(f"--site-by skew:{k}: only {len(first)} patient(s), cannot fill {k} sites")
+    labels = first[[label_column(c) for c in classes]].astype(float).fillna(-9.0)
+    keys = labels.astype(str).agg("|".join, axis=1).to_numpy()
+    order = np.argsort(patient_bucket(first["patient_id"], salt=f"fedcxr-skew-{seed}"), kind="stable")
+    patients, keys = first["patient_id"].to_numpy()[order], keys[order]
+    rng = np.random.default_rng(seed)
+    for _ in range(100):
+        site_of = _dirichlet_deal(keys, k, alpha, rng)
+        if len(np.unique(site_of)) == k:
+            break
+    else:
+        raise IngestError(f"--site-by skew:{k}:alpha={alpha}: 100 draws left a site empty; raise alpha or lower K")
+    names = np.array([f"site-{i + 1}" for i in range(k)])
+    out = frame.copy()
+    out["site"] = out["patient_id"].map(dict(zip(patients, names[site_of]))).astype(str)
+    labeled = [c for c in classes if out[label_column(c)].notna().any()]
+    return Partitioned(out, {n: list(labeled) for n in names}, [])
+
+
+def _dirichlet_deal(keys: np.ndarray, k: int, alpha: float, rng: np.random.Generator) -> np.ndarray:
+    """Site index per patient: each label value's patients cut by Dirichlet(alpha) shares."""
+    site_of = np.zeros(len(keys), dtype=int)
+    for key in sorted(set(keys)):
+        idx = np.flatnonzero(keys == key)
+        shares = rng.dirichlet(np.full(k, alpha))
+        cuts = (np.cumsum(shares)[:-1] * len(idx)).round().astype(int)
+        for site, chunk in enumerate(np.split(idx, cuts)):
+            site_of[chunk] = site
+    return site_of
