@@ -125,12 +125,12 @@ def check_predictions(frame: pd.DataFrame, classes: list[str], source: Path | st
         bad = ~(np.isnan(labels) | (labels == 0) | (labels == 1))
         if bad.any():
             raise UserError(f"{source}: column label__{cls} row {int(np.flatnonzero(bad)[0])}: "
-                            f"label must be 1, 0 or empty, got {labels[bad][0]!r}")
+                            f"label must be 1, 0 or empty, got {float(labels[bad][0])!r}")
         probs = _numeric(frame, f"prob__{cls}", source)
         bad = np.isnan(probs) | (probs < 0) | (probs > 1)
         if bad.any():
             raise UserError(f"{source}: column prob__{cls} row {int(np.flatnonzero(bad)[0])}: "
-                            f"probability must be in [0, 1], got {probs[bad][0]!r} "
+                            f"probability must be in [0, 1], got {float(probs[bad][0])!r} "
                             f"({int(bad.sum())} such row(s))")
     if frame["site"].isna().any():
         raise UserError(f"{source}: column site is empty on {int(frame['site'].isna().sum())} row(s)")

@@ -1,0 +1,51 @@
+"""``fedcxr evaluate`` and ``fedcxr report`` (DESIGN §10); argument parsing lives in fedcxr/cli.py.
+
+``evaluate RUN_DIR`` reads (or first asks training to write) ``predictions/<split>.parquet`` and
+writes ``report.json``, ``per_class.csv``, ``report.md`` and ``roc_<site>.png`` into RUN_DIR.
+``report RUN_DIR... --out DIR`` writes the method-comparison table of several runs.
+A missing or malformed run directory raises :class:`~fedcxr.errors.UserError` (exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from fedcxr.errors import UserError
+from fedcxr.evaluation.compare import compare_runs, write_comparison
+from fedcxr.evaluation.report import build_report, fmt, fmt_ci, write_report
+from fedcxr.evaluation.runs import check_run_dir, load_predictions, load_run_info
+
+
+def cli_evaluate(args: argparse.Namespace) -> int:
+    """Evaluate one run; prints where report.md is and the mean AUROC per site."""
+    run_dir = check_run_dir(args.run_dir)
+    split = getattr(args, "split", "test") or "test"
+    n_boot = int(getattr(args, "bootstrap", 1000))
+    if n_boot < 0:
+        raise UserError(f"--bootstrap must be 0 (DeLong CIs) or a positive number of resamples, got {n_boot}")
+    seed = int(getattr(args, "seed", 0) or 0)
+    info = load_run_info(run_dir)
+    predictions = load_predictions(run_dir, split, info["classes"], create=True,
+                                   device=getattr(args, "device", None))
+    report = build_report(predictions, info, split=split, n_boot=n_boot, seed=seed)
+    paths = write_report(run_dir, report, predictions)
+    print(f"report: {paths[2]}")
+    for site, entry in report["sites"].items():
+        line = (f"  {site}: mean AUROC {fmt_ci(entry['mean_auroc'], entry['mean_auroc_ci_low'], entry['mean_auroc_ci_high'])}"
+                f" over {len(entry['mean_auroc_classes'])}/{len(report['classes'])} classes, {entry['n_rows']} images")
+        if "accuracy" in entry:
+            line += f", accuracy {fmt(entry['accuracy'])}"
+        print(line)
+    for item in report["sites_without_predictions"]:
+        print(f"  {item['site']}: not evaluated ({item['reason']})")
+    return 0
+
+
+def cli_report(args: argparse.Namespace) -> int:
+    """Compare runs; prints where comparison.md is."""
+    result = compare_runs(list(args.run_dirs), baseline=getattr(args, "baseline", None),
+                          split=getattr(args, "split", "test") or "test",
+                          n_boot=int(getattr(args, "bootstrap", 1000)))
+    paths = write_comparison(result, args.out)
+    print(f"comparison of {len(result['runs'])} runs, {len(result['table'])} methods: {paths[0]}")
+    return 0
