@@ -35,3 +35,51 @@ def shared_papers() -> Path:
     if not path.is_dir():
         pytest.skip("../shared/papers not present")
     return path
+
+
+def write_csv_export(
+    root: Path,
+    rows: list[dict],
+    mapping: dict,
+    *,
+    csv_name: str = "data.csv",
+    image_column: str = "image",
+    missing_images: tuple[str, ...] = (),
+    size: int = 32,
+) -> tuple[Path, Path]:
+    """A small hospital export for the ``csv`` source: ``root/export/{data.csv, images}``.
+
+    Every distinct ``row[image_column]`` except ``missing_images`` becomes a real grey PNG
+    (``size`` px, distinct noise); ``mapping`` is written beside the export as YAML.
+    Returns ``(input_dir, mapping_path)``.
+    """
+    import numpy as np
+    import pandas as pd
+    import yaml
+    from PIL import Image
+
+    export = root / "export"
+    export.mkdir(parents=True, exist_ok=True)
+    prefix = str(mapping.get("image", {}).get("prefix", "")) if isinstance(mapping.get("image"), dict) else ""
+    suffix = str(mapping.get("image", {}).get("extension", "")) if isinstance(mapping.get("image"), dict) else ""
+    rng = np.random.default_rng(0)
+    for name in dict.fromkeys(str(r.get(image_column, "")) for r in rows):
+        if not name or name in missing_images or ".." in name:
+            continue
+        path = export / prefix / f"{name}{suffix}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (size, size), dtype=np.uint8), "L").save(path)
+    pd.DataFrame(rows).to_csv(export / csv_name, index=False)
+    mapping_path = root / "mapping.yaml"
+    mapping_path.write_text(yaml.safe_dump({"csv": csv_name, **mapping}, sort_keys=False))
+    return export, mapping_path
+
+
+@pytest.fixture
+def csv_export(tmp_path):
+    """Factory fixture around :func:`write_csv_export` rooted in ``tmp_path``."""
+
+    def make(rows: list[dict], mapping: dict, **kwargs) -> tuple[Path, Path]:
+        return write_csv_export(tmp_path, rows, mapping, **kwargs)
+
+    return make

@@ -455,7 +455,7 @@ def read_csv_mapping(input_dir: Path, options: AdapterOptions) -> SourceTable:
     _split(table, mapping, frame, rows, kept)
     for name, column in mapping.groups.items():
         values = table[column]
-        frame[f"group__{name}"] = values.where(values != "", None).astype(object)
+        frame[f"group__{name}"] = pd.Series([v or None for v in values], dtype=object, index=frame.index)
     bad = rows.bad()
     set_aside = [
         SetAside(file=mapping.csv, row=int(r), reason="; ".join(reasons), image_path=p or None)
