@@ -148,11 +148,21 @@ def _load(npz_path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
                 raise IngestError(
                     f"{npz_path.name}: {split}_labels has shape {labels.shape}, expected ({len(images)}, L)"
                 )
-            out[split] = (images, labels.astype(float))
+            out[split] = (images, _binary(labels.astype(float), npz_path.name, split))
     widths = {s: out[s][1].shape[1] for s in SPLITS}
     if len(set(widths.values())) != 1:
         raise IngestError(f"{npz_path.name}: label widths differ between splits: {widths}")
     return out
+
+
+def _binary(labels: np.ndarray, name: str, split: str) -> np.ndarray:
+    """MedMNIST's chest tasks are binary per column; anything else is a broken file."""
+    bad = ~np.isin(labels, (0.0, 1.0))
+    if bad.any():
+        row, col = np.argwhere(bad)[0]
+        raise IngestError(f"{name}: {split}_labels row {row + 1} column {col} holds {labels[row, col]:g}; "
+                          "expected 0 or 1")
+    return labels
 
 
 def _gray(images: np.ndarray, name: str, split: str) -> np.ndarray:
@@ -196,12 +206,6 @@ def _replace(target: Path, data: bytes) -> None:
 
 
 def _rows(name: str, split: str, paths: list[str], labels: np.ndarray, classes: list[str]) -> pd.DataFrame:
-    bad = ~np.isin(labels, (0.0, 1.0))
-    if bad.any():
-        row, col = np.argwhere(bad)[0]
-        raise IngestError(
-            f"{name}: {split}_labels row {row + 1} column {col} holds {labels[row, col]!r}; expected 0 or 1"
-        )
     n = len(paths)
     ids = [f"{split}-{i}" for i in range(n)]
     frame = pd.DataFrame({
