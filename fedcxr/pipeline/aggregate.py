@@ -49,6 +49,7 @@ __all__ = [
     "gp",
     "fedgp",
     "fedda",
+    "projection_cosines",
     "auto_betas",
     "idd",
     "flatten_state",
@@ -588,12 +589,42 @@ def _combine(
                 continue
             torch.sub(source[key].detach().reshape(-1).to(cd), base, out=d_i)
             if project:
-                cos = float(torch.dot(d_t, d_i) / (norm_t * torch.linalg.vector_norm(d_i).clamp_min(COS_EPS)))
-                if not cos > 0:
+                cos = _cosine(d_t, norm_t, d_i)
+                if not cos > 0:  # strict (GP Eq. 5); NaN from a corrupt update is dropped too
                     continue
                 coef = coef * cos
             result.add_(d_i, alpha=coef)
         out[key] = result.reshape(t0.shape).to(t0.dtype)
+    return out
+
+
+def _cosine(d_t: torch.Tensor, norm_t: torch.Tensor, d_i: torch.Tensor) -> float:
+    """cos(Δ_T, Δ_i) with both norms clamped at :data:`COS_EPS` (``norm_t`` already clamped)."""
+    return float(torch.dot(d_t, d_i) / (norm_t * torch.linalg.vector_norm(d_i).clamp_min(COS_EPS)))
+
+
+def projection_cosines(
+    theta0: Mapping[str, torch.Tensor],
+    target: Mapping[str, torch.Tensor],
+    sources: Sequence[Mapping[str, torch.Tensor]],
+) -> dict[str, list[float]]:
+    """Per-entry ``cos(Δ_T, Δ_i)`` as :func:`gp` computes them: ``{key: [c_1 .. c_N]}``.
+
+    For diagnostics (which sources GP keeps, per layer: those with ``c_i > 0``). Only
+    updatable entries (floating, non-0-dim) appear. Note that the strict ``c_i > 0`` and a
+    non-strict filter give the same model (a source with ``c_i = 0`` adds ``0·Δ_i``); the
+    difference shows only here, in which sources count as kept.
+    """
+    _check_inputs(theta0, target, sources, len(sources), "projection_cosines")
+    out: dict[str, list[float]] = {}
+    for key, t0 in theta0.items():
+        if not _is_updatable(t0):
+            continue
+        cd = _compute_dtype(t0.dtype)
+        base = t0.detach().reshape(-1).to(cd)
+        d_t = target[key].detach().reshape(-1).to(cd) - base
+        norm_t = torch.linalg.vector_norm(d_t).clamp_min(COS_EPS)
+        out[key] = [_cosine(d_t, norm_t, s[key].detach().reshape(-1).to(cd) - base) for s in sources]
     return out
 
 
