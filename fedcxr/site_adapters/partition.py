@@ -17,8 +17,9 @@ Specs (the papers' sites):
   ``iid:K:classes=a,b;c,d;...`` names each site's subset explicitly. ``:seed=N`` changes the
   draw. Classes outside a site's subset are masked (NaN), their raw values kept.
 * ``skew:K[:alpha=A][:seed=N]`` — label skew (Hsu et al. 2019): each patient's label is the
-  tuple of its first row's labels over the source's classes (for a binary task such as
-  PneumoniaMNIST simply 0 or 1); for every label value the patients holding it are dealt to
+  tuple, over the source's classes, of its highest label across its images (positive if any
+  image is; for a binary task such as PneumoniaMNIST simply 0 or 1, for one image per patient
+  that image's label); for every label value the patients holding it are dealt to
   ``site-1..site-K`` in proportions drawn from Dirichlet(A·1_K). Small A (0.1) gives sites
   dominated by one label, large A (100) nearly IID. Default A = 0.5, seed 0; patients are
   ordered by a stable hash first, so the draw does not depend on row order. The draw is
@@ -215,13 +216,13 @@ def _skew(frame: pd.DataFrame, rest: str, classes: list[str]) -> Partitioned:
         raise IngestError(f"--site-by skew:{rest}: alpha must be a number and seed an integer") from None
     if not alpha > 0:
         raise IngestError("--site-by skew: alpha must be > 0")
-    first = frame.drop_duplicates("patient_id", keep="first")
-    if len(first) < k:
-        raise IngestError(f"--site-by skew:{k}: only {len(first)} patient(s), cannot fill {k} sites")
-    labels = first[[label_column(c) for c in classes]].astype(float).fillna(-9.0)
-    keys = labels.astype(str).agg("|".join, axis=1).to_numpy()
-    order = np.argsort(patient_bucket(first["patient_id"], salt=f"fedcxr-skew-{seed}"), kind="stable")
-    patients, keys = first["patient_id"].to_numpy()[order], keys[order]
+    per_patient = frame.groupby("patient_id", sort=True)[[label_column(c) for c in classes]].max()
+    if len(per_patient) < k:
+        raise IngestError(f"--site-by skew:{k}: only {len(per_patient)} patient(s), cannot fill {k} sites")
+    keys = per_patient.astype(float).fillna(-9.0).astype(str).agg("|".join, axis=1).to_numpy()
+    ids = pd.Series(per_patient.index.astype(str))
+    order = np.argsort(patient_bucket(ids, salt=f"fedcxr-skew-{seed}"), kind="stable")
+    patients, keys = ids.to_numpy()[order], keys[order]
     rng = np.random.default_rng(seed)
     for _ in range(100):
         site_of = _dirichlet_deal(keys, k, alpha, rng)
@@ -231,7 +232,7 @@ def _skew(frame: pd.DataFrame, rest: str, classes: list[str]) -> Partitioned:
         raise IngestError(f"--site-by skew:{k}:alpha={alpha}: 100 draws left a site empty; raise alpha or lower K")
     names = np.array([f"site-{i + 1}" for i in range(k)])
     out = frame.copy()
-    out["site"] = out["patient_id"].map(dict(zip(patients, names[site_of]))).astype(str)
+    out["site"] = out["patient_id"].astype(str).map(dict(zip(patients, names[site_of]))).astype(str)
     labeled = [c for c in classes if out[label_column(c)].notna().any()]
     return Partitioned(out, {n: list(labeled) for n in names}, [])
 
