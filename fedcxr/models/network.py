@@ -1,0 +1,408 @@
+"""The chest X-ray network: MONAI backbone → (projection) → class-named main head + aux heads.
+
+DESIGN §4. One module, four named parts, so that aggregation rules can pick state-dict
+entries by prefix without knowing the architecture:
+
+==================  ==========================================================================
+``backbone.``       MONAI DenseNet121 / ResNet (2-D, 1 input channel), its classifier removed;
+                    outputs ``(B, F)`` pooled features
+``proj.``           optional ``Linear(F, hidden) + ReLU`` (hidden 128 as in the AuxInfo+GP
+                    paper); absent (no entries) when ``hidden`` is ``None``
+``head.``           main head ``Linear(F', |classes|)``; row ``i`` belongs to ``classes[i]`` —
+                    surgical aggregation matches rows **by class name** (:func:`select_head_rows`)
+``aux_heads.<t>.``  one ``Linear(F', K_t)`` per auxiliary task (sex, age bin, race, view);
+                    none when AuxInfo is off
+==================  ==========================================================================
+
+Weights come from a local file or a random init seeded by torch's global RNG; nothing is ever
+downloaded (MONAI's ``pretrained=True`` would download, and drops the first conv's weights for
+1-channel input — DESIGN §9).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from fedcxr.errors import UserError
+from fedcxr.vocab import AUX_VOCAB, CLASS_SET
+
+log = logging.getLogger(__name__)
+
+BACKBONES = ("densenet121", "resnet18", "resnet10", "resnet_tiny")
+
+StateDict = dict[str, torch.Tensor]
+
+
+# --------------------------------------------------------------------------- backbones
+
+
+def _resnet(layers: list[int], inplanes: list[int], in_channels: int) -> nn.Module:
+    from monai.networks.nets import ResNet
+
+    # conv1_t_stride=2 gives the torchvision stem (stride-2 7x7 conv + max-pool): 7x faster
+    # than MONAI's stride-1 default at the same accuracy class (DESIGN §9).
+    return ResNet(
+        block="basic",
+        layers=layers,
+        block_inplanes=inplanes,
+        spatial_dims=2,
+        n_input_channels=in_channels,
+        conv1_t_stride=2,
+        feed_forward=False,
+    )
+
+
+def make_backbone(name: str, in_channels: int = 1) -> tuple[nn.Module, int]:
+    """A MONAI 2-D backbone without classifier, and its feature width ``F``.
+
+    ``forward(x: (B, in_channels, H, W)) -> (B, F)``.
+    """
+    if name == "densenet121":
+        from monai.networks.nets import DenseNet121
+
+        net = DenseNet121(spatial_dims=2, in_channels=in_channels, out_channels=1, pretrained=False)
+        width = net.class_layers.out.in_features
+        net.class_layers.out = nn.Identity()  # keep relu → pool → flatten, drop the Linear
+        return net, width
+    if name == "resnet18":
+        return _resnet([2, 2, 2, 2], [64, 128, 256, 512], in_channels), 512
+    if name == "resnet10":
+        return _resnet([1, 1, 1, 1], [64, 128, 256, 512], in_channels), 512
+    if name == "resnet_tiny":  # for tests and the demo: ~0.1 M parameters
+        return _resnet([1, 1, 1, 1], [8, 16, 32, 64], in_channels), 64
+    raise UserError(f"model.backbone: unknown backbone {name!r}; choose one of {', '.join(BACKBONES)}")
+
+
+# --------------------------------------------------------------------------- the network
+
+
+class CXRNet(nn.Module):
+    """Backbone → optional projection → main head (rows named by class) + aux heads.
+
+    ``forward(x)`` takes ``(B, in_channels, H, W)`` float images (normalised as
+    :mod:`fedcxr.pipeline.data` does) and returns ``{"main": (B, C) logits,
+    "aux": {task: (B, K_task) logits}}`` — logits, never probabilities: the losses apply
+    sigmoid/softmax themselves.
+    """
+
+    def __init__(
+        self,
+        classes: Sequence[str],
+        *,
+        backbone: str = "resnet18",
+        hidden: Optional[int] = 128,
+        aux_tasks: Optional[Mapping[str, int]] = None,
+        in_channels: int = 1,
+        weights: str | Path | None = None,
+    ) -> None:
+        super().__init__()
+        self.classes: list[str] = _check_classes(classes)
+        self.aux_tasks: dict[str, int] = {str(t): int(k) for t, k in (aux_tasks or {}).items()}
+        self.backbone_name = backbone
+        self.backbone, width = make_backbone(backbone, in_channels)
+        self.feature_dim = width
+        if hidden:
+            self.proj: nn.Module = nn.Sequential(nn.Linear(width, int(hidden)), nn.ReLU(inplace=True))
+            self.feature_dim = int(hidden)
+        else:
+            self.proj = nn.Identity()
+        self.head = nn.Linear(self.feature_dim, len(self.classes))
+        self.aux_heads = nn.ModuleDict(
+            {task: nn.Linear(self.feature_dim, k) for task, k in self.aux_tasks.items()}
+        )
+        self.load_report: Optional[dict[str, Any]] = None
+        if weights is not None:
+            self.load_report = load_weights(self, weights)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, in_channels, H, W)`` → ``(B, F')`` features after the projection."""
+        return self.proj(self.backbone(x))
+
+    def forward(self, x: torch.Tensor) -> dict[str, Any]:
+        feats = self.features(x)
+        return {"main": self.head(feats), "aux": {t: h(feats) for t, h in self.aux_heads.items()}}
+
+
+def _check_classes(classes: Sequence[str]) -> list[str]:
+    out = [str(c) for c in classes]
+    if not out:
+        raise UserError("model.classes: at least one class is needed")
+    unknown = [c for c in out if c not in CLASS_SET]
+    if unknown:
+        raise UserError(f"model.classes: not canonical class name(s) {unknown} (see fedcxr.vocab.CLASSES)")
+    if len(set(out)) != len(out):
+        raise UserError(f"model.classes: duplicate class names in {out}")
+    return out
+
+
+def build_model(model_cfg: Mapping[str, Any]) -> CXRNet:
+    """A :class:`CXRNet` from a config mapping.
+
+    Keys: ``classes`` (required), ``backbone`` (default resnet18), ``hidden`` (default 128;
+    0/None = no projection), ``aux_tasks`` (mapping task → number of classes, or a list of task
+    names whose sizes come from :data:`fedcxr.vocab.AUX_VOCAB`), ``weights`` (local file),
+    ``in_channels`` (default 1).
+    """
+    if "classes" not in model_cfg:
+        raise UserError("model.classes is required")
+    return CXRNet(
+        model_cfg["classes"],
+        backbone=model_cfg.get("backbone") or "resnet18",
+        hidden=model_cfg.get("hidden", 128),
+        aux_tasks=aux_task_sizes(model_cfg.get("aux_tasks")),
+        in_channels=int(model_cfg.get("in_channels", 1)),
+        weights=model_cfg.get("weights"),
+    )
+
+
+def aux_task_sizes(aux_tasks: Mapping[str, int] | Sequence[str] | None) -> dict[str, int]:
+    """Normalise an aux-task spec to ``{task: n_classes}``; names alone take AUX_VOCAB sizes."""
+    if not aux_tasks:
+        return {}
+    if isinstance(aux_tasks, Mapping):
+        return {str(t): int(k) for t, k in aux_tasks.items()}
+    out = {}
+    for task in aux_tasks:
+        if task not in AUX_VOCAB:
+            raise UserError(f"model.aux_tasks: unknown task {task!r}; known: {', '.join(AUX_VOCAB)}")
+        out[str(task)] = len(AUX_VOCAB[task])
+    return out
+
+
+# --------------------------------------------------------------------------- local weights
+
+_DENSE_TV = re.compile(r"^(.*denselayer\d+)\.(norm|relu|conv)\.?([12])\.(weight|bias|running_mean|running_var)$")
+_CLASSIFIER_PREFIXES = ("fc.", "classifier.", "class_layers.out.")
+
+
+def load_weights(model: CXRNet, path: str | Path) -> dict[str, Any]:
+    """Load a local checkpoint into ``model`` (non-strict) and return/log what did not match.
+
+    Accepts our own state dicts (``backbone.``/``proj.``/``head.`` keys), ``{'state_dict': ...}``
+    or ``{'model': ...}`` wrappers, ``module.`` (DataParallel) prefixes, and bare backbone state
+    dicts from MONAI or torchvision (ResNet keys coincide; torchvision DenseNet
+    ``denselayerN.norm1`` keys are renamed to MONAI's ``denselayerN.layers.norm1``). Their
+    classifiers are dropped. A 3-channel first conv loading into a 1-channel model has its
+    RGB kernels summed (a gray image is R = G = B, so the response is unchanged). Entries
+    whose shape differs are skipped and reported. Raises :class:`UserError` when the file is
+    missing, unreadable or matches no backbone entry at all (wrong file).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"model.weights: {path} does not exist")
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure is the user's file
+        raise UserError(f"model.weights: cannot read {path} as a PyTorch checkpoint: {exc}") from exc
+    state = _unwrap(raw, path)
+    state = _to_model_keys(state)
+    own = model.state_dict()
+    usable: StateDict = {}
+    mismatched: list[str] = []
+    for key, value in state.items():
+        if key not in own:
+            continue
+        value = _adapt_first_conv(key, value, own[key])
+        if value.shape != own[key].shape:
+            mismatched.append(f"{key} {tuple(value.shape)}→{tuple(own[key].shape)}")
+            continue
+        usable[key] = value
+    if not any(k.startswith("backbone.") for k in usable):
+        raise UserError(
+            f"model.weights: {path} matches no entry of the {model.backbone_name} backbone "
+            f"(first keys in the file: {list(state)[:3]})"
+        )
+    result = model.load_state_dict(usable, strict=False)
+    report = {
+        "file": str(path),
+        "loaded": len(usable),
+        "missing": list(result.missing_keys),
+        "unexpected": sorted(k for k in state if k not in own),
+        "shape_mismatch": mismatched,
+    }
+    log.info(
+        "loaded %d entries from %s; %d missing (random init), %d unexpected, %d shape mismatch",
+        report["loaded"], path.name, len(report["missing"]), len(report["unexpected"]), len(mismatched),
+    )
+    for kind in ("missing", "unexpected", "shape_mismatch"):
+        if report[kind]:
+            log.info("  %s: %s%s", kind, report[kind][:8], " ..." if len(report[kind]) > 8 else "")
+    return report
+
+
+def _unwrap(raw: Any, path: Path) -> StateDict:
+    for key in ("state_dict", "model", "model_state_dict", "state"):
+        if isinstance(raw, Mapping) and key in raw and isinstance(raw[key], Mapping):
+            raw = raw[key]
+            break
+    if not isinstance(raw, Mapping) or not all(isinstance(v, torch.Tensor) for v in raw.values()):
+        raise UserError(f"model.weights: {path} is not a state dict of tensors")
+    return {str(k).removeprefix("module."): v for k, v in raw.items()}
+
+
+def _to_model_keys(state: StateDict) -> StateDict:
+    """Our own checkpoints pass through; a bare backbone gets ``backbone.`` and MONAI names."""
+    if any(k.startswith("backbone.") for k in state):
+        return dict(state)
+    out: StateDict = {}
+    for key, value in state.items():
+        if key.startswith(_CLASSIFIER_PREFIXES):
+            continue
+        match = _DENSE_TV.match(key)
+        if match:
+            key = f"{match.group(1)}.layers.{match.group(2)}{match.group(3)}.{match.group(4)}"
+        out[f"backbone.{key}"] = value
+    return out
+
+
+def _adapt_first_conv(key: str, value: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Sum RGB kernels of a conv weight (O, 3, kh, kw) into a 1-channel one (O, 1, kh, kw)."""
+    if (
+        value.dim() == 4
+        and target.dim() == 4
+        and value.shape[1] == 3
+        and target.shape[1] == 1
+        and value.shape[0] == target.shape[0]
+        and value.shape[2:] == target.shape[2:]
+    ):
+        log.info("summing the RGB kernels of %s into one gray input channel", key)
+        return value.sum(dim=1, keepdim=True)
+    return value
+
+
+# --------------------------------------------------------------------------- key groups
+
+
+def _bn_modules(model: nn.Module) -> list[str]:
+    return [name for name, m in model.named_modules() if isinstance(m, _BatchNorm)]
+
+
+def is_bn_key(key: str, state: nn.Module | Mapping[str, torch.Tensor]) -> bool:
+    """True when ``key`` is a BatchNorm entry (weight, bias, running stats, num_batches_tracked).
+
+    With a module, detection is by module type (a BN layer named anything); with a bare state
+    dict, by its siblings: ``X.weight``/``X.bias`` are BN when ``X.running_mean`` exists.
+    """
+    owner, _, leaf = key.rpartition(".")
+    if isinstance(state, nn.Module):
+        return owner in set(_bn_modules(state))
+    if leaf in ("running_mean", "running_var", "num_batches_tracked"):
+        return True
+    if leaf in ("weight", "bias"):
+        return f"{owner}.running_mean" in state or f"{owner}.running_var" in state
+    return False
+
+
+def bn_keys(model: nn.Module) -> list[str]:
+    """State-dict keys of every BatchNorm layer (FedBN keeps these local), in state_dict order."""
+    owners = set(_bn_modules(model))
+    return [k for k in model.state_dict() if k.rpartition(".")[0] in owners]
+
+
+def head_keys(model: nn.Module) -> list[str]:
+    """Main-head entries (``head.weight``, ``head.bias``)."""
+    return [k for k in model.state_dict() if k.startswith("head.")]
+
+
+def aux_keys(model: nn.Module) -> list[str]:
+    """Aux-head entries (``aux_heads.<task>.weight|bias``)."""
+    return [k for k in model.state_dict() if k.startswith("aux_heads.")]
+
+
+def backbone_keys(model: nn.Module) -> list[str]:
+    """Everything that is not a head: ``backbone.`` and ``proj.`` (the shared feature extractor)."""
+    return [k for k in model.state_dict() if not k.startswith(("head.", "aux_heads."))]
+
+
+def flat_keys(state: Mapping[str, torch.Tensor]) -> list[str]:
+    """Entries that take part in flattened update vectors: every non-0-dim entry, in order.
+
+    ``num_batches_tracked`` is 0-dim and so excluded (DESIGN §5).
+    """
+    return [k for k, v in state.items() if v.dim() > 0]
+
+
+def flatten_state(state: Mapping[str, torch.Tensor], keys: Optional[Sequence[str]] = None) -> torch.Tensor:
+    """Concatenate ``state[k].reshape(-1)`` (float32) over :func:`flat_keys` → ``(M,)``."""
+    keys = flat_keys(state) if keys is None else keys
+    if not keys:
+        return torch.zeros(0)
+    return torch.cat([state[k].detach().reshape(-1).float() for k in keys])
+
+
+# --------------------------------------------------------------------------- head rows by class
+
+
+def _class_index(model_classes: Sequence[str], wanted: Sequence[str]) -> list[int]:
+    position = {c: i for i, c in enumerate(model_classes)}
+    missing = [c for c in wanted if c not in position]
+    if missing:
+        raise KeyError(f"class(es) {missing} not in the head's classes {list(model_classes)}")
+    return [position[c] for c in wanted]
+
+
+def select_head_rows(
+    state: Mapping[str, torch.Tensor] | nn.Module,
+    model_classes: Sequence[str],
+    wanted_classes: Sequence[str],
+) -> dict[str, torch.Tensor]:
+    """Rows of ``head.weight`` (|wanted|, F') and ``head.bias`` (|wanted|,) in ``wanted`` order.
+
+    ``state`` is a state dict (or a model) whose head rows follow ``model_classes``. Returns
+    copies, so the caller may modify them freely.
+    """
+    if isinstance(state, nn.Module):
+        state = state.state_dict()
+    idx = torch.as_tensor(_class_index(model_classes, wanted_classes), dtype=torch.long)
+    return {
+        "weight": state["head.weight"].detach().index_select(0, idx).clone(),
+        "bias": state["head.bias"].detach().index_select(0, idx).clone(),
+    }
+
+
+@torch.no_grad()
+def set_head_rows(model: CXRNet, classes: Sequence[str], rows: Mapping[str, torch.Tensor]) -> None:
+    """Write ``rows["weight"][i]``/``rows["bias"][i]`` into the head row of ``classes[i]``.
+
+    Rows of classes not listed are left untouched.
+    """
+    idx = _class_index(model.classes, classes)
+    weight, bias = rows["weight"], rows["bias"]
+    if weight.shape != (len(idx), model.head.in_features) or bias.shape != (len(idx),):
+        raise ValueError(
+            f"head rows for {len(idx)} classes must be weight ({len(idx)}, {model.head.in_features}) "
+            f"and bias ({len(idx)},); got {tuple(weight.shape)} and {tuple(bias.shape)}"
+        )
+    index = torch.as_tensor(idx, dtype=torch.long, device=model.head.weight.device)
+    model.head.weight.index_copy_(0, index, weight.to(model.head.weight))
+    model.head.bias.index_copy_(0, index, bias.to(model.head.bias))
+
+
+@torch.no_grad()
+def resize_head(model: CXRNet, classes: Sequence[str]) -> CXRNet:
+    """Give ``model`` a head over ``classes`` (in place; returns the model).
+
+    Rows of classes the old head had are kept (matched by name); new classes get a fresh
+    ``nn.Linear`` init (torch's global RNG).
+    """
+    classes = _check_classes(classes)
+    old_classes, old = model.classes, model.head
+    new = nn.Linear(old.in_features, len(classes)).to(old.weight.device, old.weight.dtype)
+    kept = [c for c in classes if c in old_classes]
+    if kept:
+        src = torch.as_tensor(_class_index(old_classes, kept), device=old.weight.device)
+        dst = torch.as_tensor(_class_index(classes, kept), device=old.weight.device)
+        new.weight.index_copy_(0, dst, old.weight.index_select(0, src))
+        new.bias.index_copy_(0, dst, old.bias.index_select(0, src))
+    new.weight.requires_grad_(old.weight.requires_grad)
+    new.bias.requires_grad_(old.bias.requires_grad)
+    model.head = new
+    model.classes = classes
+    return model

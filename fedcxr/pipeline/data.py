@@ -1,0 +1,531 @@
+"""One site's training data: manifest → decode-once cache → dataset → seeded loader.
+
+DESIGN §3 and §9. Decoding a chest radiograph (DICOM with LUTs, 2–3 k pixels a side) costs
+tens of milliseconds; a training run reads every image once per epoch per round. So each site
+is decoded **once** per image size into a uint8 memmap (:func:`cache_images`), row-aligned
+with its manifest, and every epoch of every run reads that file.
+
+Item of :class:`SiteDataset` (shapes for one row; ``C`` = model classes, ``T`` = aux tasks)::
+
+    image       float32 (1, H, W)  cached uint8 / 255 → random augmentation (training) →
+                                   (x - 0.5) / 0.25, i.e. roughly zero mean, unit spread
+    label       float32 (C,)       1 / 0; unobserved (NaN) entries are 0 and masked out
+    label_mask  float32 (C,)       1 where the label is observed AND the class is in
+                                   ``loss_classes`` (default: the site's class set)
+    aux         int64 (T,)         aux codes (fedcxr.vocab), -1 when unknown
+    aux_mask    float32 (T,)       1 where ``aux`` is known
+    index       int                position of the item in the dataset the loader iterates
+
+Augmentation (:class:`AugmentConfig`, MONAI dictionary transforms, one flat ``Compose`` of
+random transforms applied to the [0, 1] image; normalisation comes after them because
+rotation/zoom padding and gamma contrast are defined on [0, 1] intensities): small rotation,
+zoom, gamma contrast, and optionally a horizontal flip (off by default: in a chest radiograph
+the heart is on the patient's left, so a flipped image is not a plausible one).
+
+Randomness belongs to the loader (:func:`make_loader`): shuffling and augmentation are seeded
+from ``seed`` and the epoch count of that loader, never from global RNG state, so the same seed
+(and the same ``num_workers``) gives the same batches and the same augmentations.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from fedcxr.errors import UserError
+from fedcxr.site_adapters.images import read_image_resized
+from fedcxr.site_adapters.manifest import (
+    SPLITS,
+    atomic_write_json,
+    content_hash,
+    read_manifest,
+    read_site_json,
+)
+from fedcxr.vocab import aux_column, label_column
+
+log = logging.getLogger(__name__)
+
+#: Normalisation applied after augmentation: ``(x - NORM_MEAN) / NORM_STD`` on [0, 1] images.
+NORM_MEAN = 0.5
+NORM_STD = 0.25
+CACHE_FORMAT = 1  # bump when the cached pixels change meaning (decoder rules, dtype, layout)
+
+
+# --------------------------------------------------------------------------- sites
+
+
+@dataclass
+class SiteInfo:
+    """A site as ingest wrote it: its manifest (all splits, row order = cache order) and site.json."""
+
+    name: str
+    site_dir: Path
+    manifest: pd.DataFrame
+    meta: dict
+    export_root: Path
+    class_set: list[str]
+
+
+def load_site(site_dir: Path | str, export_root: Path | str | None = None) -> SiteInfo:
+    """Read ``<site_dir>/manifest.parquet`` and ``site.json``.
+
+    ``export_root`` overrides the folder the image paths are relative to (e.g. the export was
+    moved after ingest); by default it is the one recorded in ``site.json``. Images are only
+    opened when a cache is built, so a site whose cache exists trains without its images.
+    """
+    site_dir = Path(site_dir)
+    try:
+        meta = read_site_json(site_dir)
+        manifest = read_manifest(site_dir)
+    except FileNotFoundError as exc:
+        raise UserError(str(exc)) from None
+    root = Path(export_root) if export_root is not None else Path(meta.get("export_root", site_dir))
+    return SiteInfo(
+        name=str(meta.get("site") or site_dir.name),
+        site_dir=site_dir,
+        manifest=manifest,
+        meta=meta,
+        export_root=root,
+        class_set=list(meta.get("class_set") or []),
+    )
+
+
+# --------------------------------------------------------------------------- decode-once cache
+
+
+def cache_path(site: SiteInfo, size: int, cache_dir: Path | str) -> Path:
+    """``<cache_dir>/<site>-<content_hash[:12]>-<size>.u8`` (site name made file-name safe)."""
+    digest = site.meta.get("content_hash") or content_hash(site.manifest)
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", site.name)
+    return Path(cache_dir) / f"{safe}-{str(digest)[:12]}-{int(size)}.u8"
+
+
+def cache_images(
+    site: SiteInfo, size: int, cache_dir: Path | str, *, progress: bool = True, workers: int = 1
+) -> np.ndarray:
+    """Every manifest row's image as uint8 ``(N, size, size)``, decoded once and memory-mapped.
+
+    Row ``i`` of the result is manifest row ``i`` (all splits). The first call decodes with
+    :func:`fedcxr.site_adapters.images.read_image_resized` (``workers`` processes) into a
+    temporary file that is renamed into place with a JSON sidecar; later calls (later epochs,
+    rounds, runs) only open the file. The key is the manifest's content hash and the size, so
+    a re-ingest that changes the manifest gets a fresh cache. Returns a read-only memmap.
+    Raises :class:`UserError` naming the file when an image cannot be decoded.
+    """
+    size = int(size)
+    path = cache_path(site, size, cache_dir)
+    n = len(site.manifest)
+    cached = _open_cache(path, n, size)
+    if cached is not None:
+        return cached
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        _decode_into(site, size, Path(tmp), progress=progress, workers=workers)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    atomic_write_json(_sidecar(path), {
+        "format": CACHE_FORMAT, "site": site.name, "rows": n, "size": size, "dtype": "uint8",
+        "content_hash": site.meta.get("content_hash") or content_hash(site.manifest),
+        "decoder": "fedcxr.site_adapters.images.read_image_resized",
+    })
+    opened = _open_cache(path, n, size)
+    assert opened is not None, f"cache {path} unreadable right after writing it"
+    return opened
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_suffix(".json")
+
+
+def _open_cache(path: Path, n: int, size: int) -> Optional[np.ndarray]:
+    """The cache as a read-only memmap if file and sidecar agree with (n, size), else None."""
+    sidecar = _sidecar(path)
+    if not (path.is_file() and sidecar.is_file()):
+        return None
+    try:
+        info = json.loads(sidecar.read_text())
+    except (OSError, ValueError):
+        return None
+    expected = (info.get("format"), info.get("rows"), info.get("size"))
+    if expected != (CACHE_FORMAT, n, size) or path.stat().st_size != n * size * size:
+        log.info("cache %s is stale or incomplete; decoding again", path.name)
+        return None
+    if n == 0:
+        empty = np.zeros((0, size, size), dtype=np.uint8)
+        empty.flags.writeable = False
+        return empty
+    return np.memmap(path, dtype=np.uint8, mode="r", shape=(n, size, size))
+
+
+def _decode_into(site: SiteInfo, size: int, tmp: Path, *, progress: bool, workers: int) -> None:
+    from tqdm import tqdm
+
+    paths = [str(site.export_root / p) for p in site.manifest["image_path"].astype(str)]
+    n = len(paths)
+    if n == 0:
+        tmp.write_bytes(b"")
+        return
+    out = np.memmap(tmp, dtype=np.uint8, mode="w+", shape=(n, size, size))
+    bar = tqdm(total=n, desc=f"caching {site.name} at {size}px", unit="img", disable=not progress)
+    try:
+        chunk = 64
+        starts = range(0, n, chunk)
+        if workers > 1 and n > chunk:
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                parts = pool.map(_decode_chunk, [paths[s:s + chunk] for s in starts], [size] * len(starts))
+                for start, part in zip(starts, parts):
+                    _store(out, start, part, paths, site, size)
+                    bar.update(len(part))
+        else:
+            for start in starts:
+                part = _decode_chunk(paths[start:start + chunk], size)
+                _store(out, start, part, paths, site, size)
+                bar.update(len(part))
+        out.flush()
+    finally:
+        bar.close()
+        del out
+
+
+def _decode_chunk(paths: list[str], size: int) -> list[tuple[Optional[np.ndarray], Optional[str]]]:
+    """Decode a chunk; a failure becomes a reason string (module-level: process pools pickle it)."""
+    results: list[tuple[Optional[np.ndarray], Optional[str]]] = []
+    for path in paths:
+        try:
+            results.append((read_image_resized(path, size), None))
+        except Exception as exc:  # any decoder failure is reported with the file's name
+            results.append((None, f"{type(exc).__name__}: {exc}"))
+    return results
+
+
+def _store(out: np.ndarray, start: int, part: list, paths: list[str], site: SiteInfo, size: int) -> None:
+    for offset, (image, reason) in enumerate(part):
+        row = start + offset
+        if reason is None and (image is None or image.shape != (size, size) or image.dtype != np.uint8):
+            reason = f"decoder returned {getattr(image, 'dtype', None)} {getattr(image, 'shape', None)}"
+        if reason is not None:
+            raise UserError(
+                f"site {site.name}: cannot decode image {paths[row]} (manifest row {row}): {reason}. "
+                "Check the export root (site.json 'export_root') or re-run `fedcxr ingest "
+                "--verify-pixels` to set undecodable files aside."
+            )
+        out[row] = image
+
+
+# --------------------------------------------------------------------------- augmentation
+
+
+@dataclass
+class AugmentConfig:
+    """On-the-fly augmentation of training images (each transform applied with ``prob``)."""
+
+    rotate_deg: float = 10.0
+    zoom: tuple[float, float] = (0.9, 1.1)
+    gamma: tuple[float, float] = (0.8, 1.25)
+    hflip: bool = False
+    prob: float = 0.5
+
+
+def make_augmentation(cfg: AugmentConfig | None = None):
+    """One flat MONAI ``Compose`` of ``Rand*d`` transforms on key ``image`` ((1, H, W) in [0, 1])."""
+    from monai.transforms import Compose, RandAdjustContrastd, RandFlipd, RandRotated, RandZoomd
+
+    cfg = cfg or AugmentConfig()
+    steps = []
+    if cfg.rotate_deg:
+        angle = math.radians(cfg.rotate_deg)
+        steps.append(RandRotated(keys="image", range_x=angle, prob=cfg.prob, padding_mode="zeros"))
+    if cfg.zoom and tuple(cfg.zoom) != (1.0, 1.0):
+        steps.append(RandZoomd(keys="image", min_zoom=cfg.zoom[0], max_zoom=cfg.zoom[1], prob=cfg.prob,
+                               padding_mode="constant"))
+    if cfg.gamma and tuple(cfg.gamma) != (1.0, 1.0):
+        steps.append(RandAdjustContrastd(keys="image", gamma=tuple(cfg.gamma), prob=cfg.prob))
+    if cfg.hflip:
+        steps.append(RandFlipd(keys="image", spatial_axis=1, prob=cfg.prob))  # axis 1 of (H, W) = columns
+    return Compose(steps)
+
+
+# --------------------------------------------------------------------------- dataset
+
+
+class SiteDataset(Dataset):
+    """Rows of one site's split over its cached images (see the module doc for the item)."""
+
+    def __init__(
+        self,
+        images: np.ndarray,
+        frame: pd.DataFrame,
+        rows: np.ndarray,
+        *,
+        classes: Sequence[str],
+        aux_tasks: Sequence[str],
+        loss_classes: Sequence[str],
+        site: str = "",
+        augment: bool = False,
+        augment_config: AugmentConfig | None = None,
+        missing_as_negative: bool = False,
+        aux_sizes: Optional[Mapping[str, int]] = None,
+    ) -> None:
+        self.site = site
+        self.images = images
+        self.frame = frame.reset_index(drop=True)
+        self.rows = np.asarray(rows, dtype=np.int64)  # cache rows (= manifest positions)
+        self.classes = list(classes)
+        self.aux_tasks = list(aux_tasks)
+        self.loss_classes = [c for c in self.classes if c in set(loss_classes)]
+        self.labels, self.label_mask = _label_arrays(self.frame, self.classes, self.loss_classes,
+                                                     missing_as_negative, site)
+        self.aux, self.aux_mask = _aux_arrays(self.frame, self.aux_tasks, aux_sizes, site)
+        self.augment = bool(augment)
+        self.transform = make_augmentation(augment_config)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def image(self, i: int) -> torch.Tensor:
+        """Cached image ``i`` as float32 (1, H, W) in [0, 1] (no augmentation, no normalisation)."""
+        pixels = np.asarray(self.images[self.rows[i]], dtype=np.float32) * np.float32(1.0 / 255.0)
+        return torch.from_numpy(pixels)[None]
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        i = int(i)
+        image = self.image(i)
+        if self.augment:
+            from monai.utils import convert_to_tensor
+
+            image = convert_to_tensor(self.transform({"image": image})["image"], track_meta=False)
+        return {
+            "image": ((image - NORM_MEAN) / NORM_STD).float(),
+            "label": torch.from_numpy(self.labels[i]),
+            "label_mask": torch.from_numpy(self.label_mask[i]),
+            "aux": torch.from_numpy(self.aux[i]),
+            "aux_mask": torch.from_numpy(self.aux_mask[i]),
+            "index": i,
+        }
+
+    def set_random_state(self, seed: int) -> None:
+        """Seed the augmentation (MONAI's ``Randomizable`` protocol; loaders call it)."""
+        self.transform.set_random_state(seed=int(seed) % (2**32))
+
+    def __getstate__(self) -> dict:
+        # A memmap would pickle its whole content into each spawned worker: reopen it instead.
+        state = dict(self.__dict__)
+        if isinstance(self.images, np.memmap) and self.images.filename:
+            state["images"] = ("memmap", self.images.filename, self.images.shape)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        images = state.get("images")
+        if isinstance(images, tuple) and images and images[0] == "memmap":
+            state["images"] = np.memmap(images[1], dtype=np.uint8, mode="r", shape=images[2])
+        self.__dict__.update(state)
+
+
+def _label_arrays(frame: pd.DataFrame, classes: list[str], loss_classes: list[str],
+                  missing_as_negative: bool, site: str) -> tuple[np.ndarray, np.ndarray]:
+    missing = [label_column(c) for c in classes if label_column(c) not in frame]
+    if missing:
+        raise UserError(f"site {site}: manifest lacks label column(s) {missing}")
+    values = np.stack([frame[label_column(c)].to_numpy(dtype=np.float32, na_value=np.nan) for c in classes], 1) \
+        if len(frame) else np.zeros((0, len(classes)), np.float32)
+    observed = ~np.isnan(values)
+    in_loss = np.array([c in set(loss_classes) for c in classes], dtype=bool)[None, :]
+    mask = in_loss if missing_as_negative else observed & in_loss
+    mask = np.broadcast_to(mask, values.shape).astype(np.float32)
+    return np.nan_to_num(values, nan=0.0).astype(np.float32), np.ascontiguousarray(mask)
+
+
+def _aux_arrays(frame: pd.DataFrame, tasks: list[str], sizes: Optional[Mapping[str, int]],
+                site: str) -> tuple[np.ndarray, np.ndarray]:
+    columns = []
+    for task in tasks:
+        col = aux_column(task)
+        if col not in frame:
+            columns.append(np.full(len(frame), -1, dtype=np.int64))
+            continue
+        codes = pd.to_numeric(frame[col], errors="coerce").astype("Float64").fillna(-1)
+        codes = codes.to_numpy(dtype=np.int64)
+        if sizes and task in sizes and (codes >= sizes[task]).any():
+            raise UserError(f"site {site}: {col} has code(s) ≥ {sizes[task]}, the model's {task} head size")
+        columns.append(codes)
+    aux = np.stack(columns, 1) if columns else np.zeros((len(frame), 0), dtype=np.int64)
+    aux = np.ascontiguousarray(aux.astype(np.int64))
+    return aux, (aux >= 0).astype(np.float32)
+
+
+def make_dataset(
+    site: SiteInfo,
+    split: str,
+    *,
+    classes: Sequence[str],
+    aux_tasks: Sequence[str] | Mapping[str, int] | None,
+    image_size: int,
+    cache_dir: Path | str,
+    augment: bool,
+    loss_classes: Optional[Sequence[str]] = None,
+    max_rows: Optional[int] = None,
+    missing_as_negative: bool = False,
+    augment_config: AugmentConfig | None = None,
+    progress: bool = True,
+    workers: int = 1,
+) -> SiteDataset:
+    """The rows of ``split`` of ``site`` (manifest order; the first ``max_rows`` if given).
+
+    ``classes``: the model head's class order; ``aux_tasks``: the model's aux task order (a
+    mapping task → head size also checks the codes fit). ``loss_classes`` (default: the site's
+    class set) limits which classes count in the loss; ``missing_as_negative`` (Vanilla FL /
+    Central baselines) counts every row of those classes, unobserved labels as negatives.
+    Builds the site's image cache on first use.
+    """
+    if split not in SPLITS:
+        raise UserError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    images = cache_images(site, image_size, cache_dir, progress=progress, workers=workers)
+    rows = np.flatnonzero((site.manifest["split"] == split).to_numpy())
+    if max_rows is not None:
+        rows = rows[: int(max_rows)]
+    sizes = dict(aux_tasks) if isinstance(aux_tasks, Mapping) else None
+    return SiteDataset(
+        images,
+        site.manifest.iloc[rows],
+        rows,
+        classes=classes,
+        aux_tasks=list(aux_tasks or []),
+        loss_classes=site.class_set if loss_classes is None else loss_classes,
+        site=site.name,
+        augment=augment,
+        augment_config=augment_config,
+        missing_as_negative=missing_as_negative,
+        aux_sizes=sizes,
+    )
+
+
+# --------------------------------------------------------------------------- loaders
+
+
+class _Positioned(Dataset):
+    """Sets ``index`` to the item's position in the dataset handed to :func:`make_loader`.
+
+    With a ``Subset`` or ``ConcatDataset`` around site datasets, each site dataset's own index
+    is not the position the caller asked for; predictions are mapped back by this one.
+    """
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        item = dict(self.dataset[i])
+        item["index"] = int(i)
+        return item
+
+
+def site_datasets(obj: Any, _seen: Optional[set] = None) -> list[SiteDataset]:
+    """Every :class:`SiteDataset` inside ``obj`` (through Subset, ConcatDataset, wrappers)."""
+    seen = set() if _seen is None else _seen
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, SiteDataset):
+        return [obj]
+    found: list[SiteDataset] = []
+    children = list(getattr(obj, "datasets", None) or [])
+    children += [v for v in vars(obj).values() if isinstance(v, Dataset)] if hasattr(obj, "__dict__") else []
+    for child in children:
+        found += site_datasets(child, seen)
+    return found
+
+
+def _sub_seed(*parts: int) -> int:
+    return int(np.random.SeedSequence([int(p) % (2**63) for p in parts]).generate_state(1)[0])
+
+
+def _seed_worker(worker_id: int) -> None:
+    """Give each worker's copy of the site datasets its own stream, derived from the loader's seed."""
+    info = torch.utils.data.get_worker_info()
+    for k, ds in enumerate(site_datasets(info.dataset)):
+        ds.set_random_state(_sub_seed(info.seed, k))
+
+
+class SeededLoader(DataLoader):
+    """A ``DataLoader`` whose shuffling and augmentation depend only on ``seed`` and its epoch.
+
+    Each ``iter()`` is one epoch: the shuffle generator and the augmentation random states are
+    re-seeded from ``(seed, epoch)``, so iterating a fresh loader with the same seed repeats the
+    same batches, and :meth:`set_epoch` reproduces any later epoch (resume). While iterating,
+    the site datasets augment exactly when ``augment`` is true.
+    """
+
+    def __init__(self, dataset: Dataset, *, seed: int, augment: bool, **kwargs: Any) -> None:
+        self.seed = int(seed)
+        self.augment = bool(augment)
+        self.epoch = 0
+        super().__init__(_Positioned(dataset), generator=torch.Generator(), worker_init_fn=_seed_worker,
+                         **kwargs)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next ``iter()`` yields epoch ``epoch`` (0-based)."""
+        self.epoch = int(epoch)
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        epoch_seed = _sub_seed(self.seed, self.epoch)
+        self.epoch += 1
+        self.generator.manual_seed(epoch_seed)
+        datasets = site_datasets(self.dataset)
+        previous = [ds.augment for ds in datasets]
+        for k, ds in enumerate(datasets):
+            ds.augment = self.augment
+            ds.set_random_state(_sub_seed(epoch_seed, k))  # num_workers=0; workers reseed themselves
+        try:
+            yield from super().__iter__()
+        finally:
+            for ds, flag in zip(datasets, previous):
+                ds.augment = flag
+
+
+def make_loader(
+    dataset: Dataset,
+    *,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    augment: bool,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    drop_last: bool = False,
+) -> SeededLoader:
+    """A :class:`SeededLoader` over ``dataset`` (a site dataset, or a Subset/Concat of them).
+
+    Same ``seed`` and ``num_workers`` → same batches and augmentations; ``augment`` switches the
+    site datasets' random transforms on for this loader's iterations. ``pin_memory`` only
+    matters for CUDA training. Batches are dicts of stacked tensors (see the module doc) with
+    ``index`` = positions in ``dataset``.
+    """
+    return SeededLoader(
+        dataset,
+        seed=seed,
+        augment=augment,
+        batch_size=int(batch_size),
+        shuffle=bool(shuffle),
+        num_workers=int(num_workers),
+        pin_memory=bool(pin_memory),
+        drop_last=bool(drop_last),
+    )
