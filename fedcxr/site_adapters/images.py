@@ -243,7 +243,7 @@ def _check_pixel_data_length(path: str, size: int, pos: int, ds, header: dict) -
         fp.seek(pos)
         head = fp.read(12)
         if len(head) < 8:
-            raise ImageError("truncated DICOM: file ends before the pixel data")
+            raise ImageError("truncated DICOM or no pixel data: the file ends before a Pixel Data element")
         group, elem = struct.unpack(endian + "HH", head[:4])
         if (group, elem) != (0x7FE0, 0x0010):
             raise ImageError(f"DICOM has no pixel data (next element is ({group:04X},{elem:04X}))")
