@@ -1,0 +1,151 @@
+"""``run_ingest``: bad input, accounting of every row, sites without labels, re-runs (csv fixtures)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedcxr.site_adapters.base import IngestError
+from fedcxr.site_adapters.ingest import ADAPTERS, run_ingest
+from fedcxr.site_adapters.manifest import read_manifest, read_site_json
+
+MAPPING = {
+    "image": {"column": "image", "prefix": "images", "extension": ".png"},
+    "patient": "pid",
+    "classes": ["edema", "covid19"],
+    "labels": {"edema": "edema", "covid19": "covid"},
+    "demographics": {"sex": "sex"},
+    "groups": ["hospital"],
+}
+
+
+def _rows() -> list[dict]:
+    """Hospitals A and B label their images; C labels nothing; a few rows are broken."""
+    rows = []
+    for i in range(30):
+        hospital = "ABC"[i % 3]
+        labeled = hospital != "C"
+        rows.append({
+            "image": f"im{i}", "pid": f"p{i // 2}", "hospital": hospital, "sex": "MF"[i % 2],
+            "edema": ["1", "0", "-1"][(i // 3) % 3] if labeled else "", "covid": str(i % 2) if labeled else "",
+        })
+    rows.append({**rows[0], "pid": "p99"})                       # row 31: same image, another patient id
+    rows.append({**rows[1], "image": "gone"})                    # row 32: image file missing
+    rows.append({**rows[1], "image": "broken"})                  # row 33: not a PNG
+    rows.append({**rows[1], "image": "im40", "edema": "7"})      # row 34: unmapped label value
+    return rows
+
+
+@pytest.fixture
+def export(csv_export):
+    input_dir, mapping = csv_export(_rows(), MAPPING, missing_images=("gone",))
+    (input_dir / "images" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"0" * 40)
+    return input_dir, mapping
+
+
+def _ingest(export, out, **kwargs):
+    input_dir, mapping = export
+    return run_ingest("csv", input_dir, out, mapping=mapping, site_by="hospital", progress=False, **kwargs)
+
+
+def test_every_row_is_kept_or_set_aside_with_a_reason(export, tmp_path):
+    report = _ingest(export, tmp_path / "out")
+    assert report["rows_read"] == 34
+    assert report["rows_kept"] + report["rows_set_aside"] == report["rows_read"]
+    assert report["rows_kept"] == 20 and set(report["sites"]) == {"A", "B"}
+    reasons = {s["row"]: s["reason"] for s in report["set_aside"]}
+    assert reasons[31] == "duplicate row: same image as row 1"
+    assert reasons[32] == "missing file"
+    assert reasons[33].startswith("corrupt PNG")
+    assert reasons[34] == "unmapped label value: column 'edema' value '7'"
+    site_c = [r for r, text in reasons.items() if text == "site 'C' has no labeled class"]
+    assert len(site_c) == 10 and not (tmp_path / "out" / "C").exists()
+    assert report["set_aside_by_reason"]["site 'C' has no labeled class"] == 10
+    on_disk = json.loads((tmp_path / "out" / "ingest_report.json").read_text())
+    assert on_disk["rows_set_aside"] == 14 and len(on_disk["set_aside"]) == 14
+    assert all(set(s) == {"file", "row", "image_path", "reason"} for s in on_disk["set_aside"])
+
+
+def test_manifests_hold_canonical_rows(export, tmp_path):
+    _ingest(export, tmp_path / "out")
+    frame = pd.concat([read_manifest(tmp_path / "out" / s) for s in ("A", "B")])
+    assert frame["image_path"].is_unique and frame.groupby("patient_id")["split"].nunique().max() == 1
+    assert set(frame["site"]) == {"A", "B"} and set(frame["split"]) <= {"train", "val", "test"}
+    assert frame["label__edema"].isna().sum() == (frame["raw__edema"] == -1).sum() > 0   # ignore → NaN
+    assert frame["aux__sex"].notna().all()
+    assert read_site_json(tmp_path / "out" / "A")["class_set"] == ["edema", "covid19"]
+
+
+def test_uncertain_zeros_policy_reaches_the_manifest(export, tmp_path):
+    _ingest(export, tmp_path / "out", uncertain="zeros")
+    frame = read_manifest(tmp_path / "out" / "A")
+    uncertain = frame["raw__edema"] == -1
+    assert uncertain.any() and (frame.loc[uncertain, "label__edema"] == 0).all()
+    assert read_site_json(tmp_path / "out" / "A")["options"]["uncertain"] == "zeros"
+
+
+def test_rerun_into_the_same_out_is_safe_and_identical(export, tmp_path):
+    out = tmp_path / "out"
+    first = _ingest(export, out)
+    hashes = {s: read_site_json(out / s)["content_hash"] for s in first["sites"]}
+    second = _ingest(export, out)
+    assert {s: read_site_json(out / s)["content_hash"] for s in second["sites"]} == hashes
+    strip = lambda r: {k: v for k, v in r.items() if k != "seconds"}  # noqa: E731
+    assert strip(first) == strip(second)
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_one_image_under_two_patients_is_in_one_split_only(csv_export, tmp_path):
+    rows = [{"image": f"im{i}", "pid": f"p{i}", "edema": "1", "covid": "0", "sex": "M", "hospital": "A"}
+            for i in range(40)]
+    rows += [{**rows[i], "pid": f"alias{i}"} for i in range(40)]   # every image again, new patient id
+    input_dir, mapping = csv_export(rows, MAPPING)
+    report = run_ingest("csv", input_dir, tmp_path / "out", mapping=mapping, progress=False)
+    frame = read_manifest(tmp_path / "out" / "csv")
+    assert len(frame) == 40 and frame["image_path"].is_unique
+    assert not frame["patient_id"].str.startswith("alias").any()
+    assert report["set_aside_by_reason"] == {"duplicate row": 40}
+
+
+def test_unknown_source_lists_the_sources(tmp_path):
+    with pytest.raises(IngestError) as info:
+        run_ingest("pacs", tmp_path, tmp_path / "out")
+    assert "unknown SOURCE 'pacs'" in str(info.value)
+    assert all(name in str(info.value) for name in ADAPTERS)
+
+
+def test_missing_input_folder(tmp_path):
+    with pytest.raises(IngestError, match="no such directory"):
+        run_ingest("csv", tmp_path / "absent", tmp_path / "out")
+
+
+def test_missing_required_column_is_named(csv_export, tmp_path):
+    rows = [{k: v for k, v in r.items() if k != "covid"} for r in _rows()]
+    input_dir, mapping = csv_export(rows, MAPPING)
+    with pytest.raises(IngestError, match="missing required column.*'covid'"):
+        run_ingest("csv", input_dir, tmp_path / "out", mapping=mapping, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_site_column_names_the_available_ones(export, tmp_path):
+    input_dir, mapping = export
+    with pytest.raises(IngestError, match="no such column; available: hospital"):
+        run_ingest("csv", input_dir, tmp_path / "out", mapping=mapping, site_by="state", progress=False)
+
+
+def test_verify_pixels_sets_aside_undecodable_images(csv_export, tmp_path):
+    rows = [{"image": f"im{i}", "pid": f"p{i}", "edema": "1", "covid": "0", "sex": "F", "hospital": "A"}
+            for i in range(4)]
+    input_dir, mapping = csv_export(rows, MAPPING)
+    png = input_dir / "images" / "im3.png"
+    data = bytearray(png.read_bytes())
+    data[40:60] = bytes(20)                                    # damage the compressed pixel stream
+    png.write_bytes(bytes(data))
+    header_only = run_ingest("csv", input_dir, tmp_path / "a", mapping=mapping, progress=False)
+    decoded = run_ingest("csv", input_dir, tmp_path / "b", mapping=mapping, progress=False, verify_pixels=True)
+    assert header_only["rows_kept"] == 4
+    assert decoded["rows_kept"] == 3 and decoded["set_aside"][0]["row"] == 4
+    assert np.isfinite(decoded["seconds"])
