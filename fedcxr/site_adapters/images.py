@@ -64,6 +64,7 @@ _DEFLATED = "1.2.840.10008.1.2.1.99"
 _NATIVE = {_IMPLICIT_LE, _EXPLICIT_LE, _EXPLICIT_BE, _DEFLATED}
 _LONG_VRS = {b"OB", b"OW", b"OF", b"OD", b"OL", b"OV", b"UN", b"UT", b"SQ", b"UC", b"UR", b"SV", b"UV"}
 _MAX_FRAGMENTS = 1_000_000
+_O_BINARY = getattr(os, "O_BINARY", 0)  # Windows: no newline translation
 _MAX_REASON = 240
 
 
@@ -85,7 +86,7 @@ def read_header(path: str | Path) -> dict[str, Any]:
     """
     path = os.fspath(path)
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | _O_BINARY)
     except FileNotFoundError:
         raise ImageError("missing file") from None
     except IsADirectoryError:
@@ -117,11 +118,17 @@ def _png_header(fd: int, head: bytes, size: int) -> dict[str, Any]:
     width, height, depth, colour = struct.unpack(">IIBB", head[16:26])
     if width == 0 or height == 0 or depth not in _PNG_DEPTHS.get(colour, ()):
         raise ImageError(f"corrupt PNG header: {width}x{height}, bit depth {depth}, colour type {colour}")
-    if os.pread(fd, 12, max(0, size - 12)) != _PNG_IEND:
-        tail = os.pread(fd, min(size, _TAIL_SEARCH), max(0, size - _TAIL_SEARCH))
+    if _read_at(fd, max(0, size - 12), 12) != _PNG_IEND:
+        tail = _read_at(fd, max(0, size - _TAIL_SEARCH), _TAIL_SEARCH)
         if b"IEND" not in tail:
             raise ImageError(f"truncated PNG: no IEND chunk at the end of the file ({size} bytes)")
     return {"kind": KIND_PNG, "rows": height, "cols": width, "bit_depth": depth, "colour_type": colour}
+
+
+def _read_at(fd: int, offset: int, n: int) -> bytes:
+    """``n`` bytes at ``offset`` (``os.pread`` is POSIX-only; this works on Windows too)."""
+    os.lseek(fd, offset, os.SEEK_SET)
+    return os.read(fd, n)
 
 
 def _jpeg_header(path: str, size: int) -> dict[str, Any]:
