@@ -41,6 +41,7 @@ import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, require_columns
 from fedcxr.site_adapters.tables import (
+    code_names,
     failed_note,
     find_file,
     label_columns,
@@ -51,7 +52,6 @@ from fedcxr.site_adapters.tables import (
     to_codes,
 )
 from fedcxr.vocab import (
-    AUX_VOCAB,
     CLASSES,
     age_bin_code,
     aux_column,
@@ -204,7 +204,7 @@ def _add_demographics(frame: pd.DataFrame, df: pd.DataFrame, name: str) -> tuple
     frame[aux_column("age_bin")] = to_codes(bins)
     frame[aux_column("sex")] = to_codes(sex)
     frame[aux_column("view")] = to_codes(view)
-    frame["group__sex"] = _names("sex", sex)
+    frame["group__sex"] = code_names("sex", sex)
     if FRONTAL_LATERAL in df:
         frame["group__view"] = df[FRONTAL_LATERAL].str.strip().str.lower()
     missing = [c for c in (SEX, AGE, FRONTAL_LATERAL, AP_PA) if c not in df]
@@ -221,13 +221,6 @@ def _view_codes(df: pd.DataFrame) -> np.ndarray:
         lateral = (df[FRONTAL_LATERAL].str.strip().str.lower() == "lateral").fillna(False).to_numpy(dtype=bool)
         codes = np.where(lateral, float(view_code("LATERAL")), codes)
     return codes
-
-
-def _names(task: str, codes: np.ndarray) -> pd.Series:
-    """Aux codes → vocabulary names (``None`` for unknown), for ``group__`` columns."""
-    vocab = np.array(AUX_VOCAB[task] + [None], dtype=object)
-    index = np.where(np.isnan(codes), len(AUX_VOCAB[task]), codes).astype(int)
-    return pd.Series(vocab[index], dtype=object)
 
 
 def chexpert_race_code(primary_race: object, ethnicity: object = None) -> Optional[int]:
@@ -257,7 +250,7 @@ def _add_race(frame: pd.DataFrame, input_dir: Path, root: Path) -> tuple[pd.Data
     frame_key = frame["patient_id"].str.extract(r"(\d+)")[0].astype(float)
     race = frame_key.map(per_patient).to_numpy(dtype=float)
     frame[aux_column("race")] = to_codes(race)
-    frame["group__race"] = _names("race", race)
+    frame["group__race"] = code_names("race", race)
     notes = [f"demographics: {name} ({len(demo)} rows); race known for {int(np.isfinite(race).sum())} of "
              f"{len(frame)} images"]
     notes.append(failed_note(f"PRIMARY_RACE in {name}", demo["PRIMARY_RACE"], failed, "race unknown, rows kept"))

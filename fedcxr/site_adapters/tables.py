@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.site_adapters.base import IngestError, SetAside
-from fedcxr.vocab import raw_column
+from fedcxr.vocab import AUX_VOCAB, raw_column
 
 #: Label values a vendor may use: positive, negative, uncertain (blank = not mentioned).
 LABEL_VALUES = (1.0, 0.0, -1.0)
@@ -138,6 +138,13 @@ def to_codes(mapped: np.ndarray, index: Optional[pd.Index] = None) -> pd.Series:
     return pd.Series(pd.array(mapped, dtype="Int64"), index=index)
 
 
+def code_names(task: str, codes: np.ndarray) -> pd.Series:
+    """Float aux codes → vocabulary names (``None`` where unknown), for ``group__`` columns."""
+    vocab = np.array(AUX_VOCAB[task] + [None], dtype=object)
+    index = np.where(np.isnan(codes), len(AUX_VOCAB[task]), codes).astype(int)
+    return pd.Series(vocab[index], dtype=object)
+
+
 def failed_note(what: str, values: pd.Series, failed: np.ndarray, consequence: str) -> Optional[str]:
     """A note such as ``3 row(s) with unmappable age (e.g. '411Y'): age unknown, rows kept``."""
     count = int(failed.sum())
@@ -191,6 +198,6 @@ def rows_set_aside(
 
 
 __all__ = [
-    "LABEL_VALUES", "find_file", "relative_name", "read_table", "map_distinct", "to_codes",
+    "LABEL_VALUES", "find_file", "relative_name", "read_table", "map_distinct", "to_codes", "code_names",
     "failed_note", "label_columns", "member_of", "rows_set_aside",
 ]
