@@ -1,0 +1,137 @@
+"""``fedcxr synth``: a synthetic multi-hospital chest X-ray export in the sources' native formats.
+
+Why: the demo (``fedcxr demo``), the tests and anyone trying fedcxr without credentialed
+data need hospitals whose exports go through the *real* adapters, with findings a small CNN
+can learn in minutes on a CPU and the site differences federated methods are about.
+
+* :mod:`fedcxr.synth.phantom` draws the images (procedural radiograph-like phantoms);
+* :mod:`fedcxr.synth.cohort` decides who is imaged and what each image shows;
+* :mod:`fedcxr.synth.hospitals` defines the four hospitals (case mix, look, label sets);
+* :mod:`fedcxr.synth.export` / :mod:`fedcxr.synth.dicom_export` write the vendor formats.
+
+Output of :func:`write_synthetic_export` (``OUT``)::
+
+    OUT/synth.json          how to ingest each hospital, its classes and counts
+    OUT/nih_style/          NIH ChestX-ray14 layout      (fedcxr ingest nih)
+    OUT/chexpert_style/     CheXpert-v1.0-small layout   (fedcxr ingest chexpert)
+    OUT/midrc_style/        MIDRC DICOM + TSV layout     (fedcxr ingest midrc)
+    OUT/dicom_style/        DICOM folder + labels.csv    (fedcxr ingest dicom)
+
+Same seed → byte-identical csv/tsv/json files and identical pixel arrays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from typing import Sequence
+
+from fedcxr.errors import UserError
+
+SYNTH_VERSION = 1
+SYNTH_JSON = "synth.json"
+
+
+def write_synthetic_export(
+    out: Path | str,
+    *,
+    sites: Sequence[str] | None = None,
+    images_per_site: int = 120,
+    image_size: int = 64,
+    seed: int = 0,
+) -> dict:
+    """Write the hospitals' native exports into ``out`` and return the ``synth.json`` payload.
+
+    ``sites``: hospital names (default all, :data:`fedcxr.synth.hospitals.HOSPITALS`);
+    ``images_per_site``: images per hospital (laterals included); ``image_size``: short side
+    of the smallest detector in pixels (larger detectors scale from it). A hospital folder
+    that already exists is replaced.
+    """
+    from fedcxr.synth.export import write_hospital
+    from fedcxr.synth.hospitals import select
+
+    if int(images_per_site) < 1:
+        raise UserError(f"--images-per-site must be at least 1, got {images_per_site}")
+    if int(image_size) < 16:
+        raise UserError(f"--image-size must be at least 16 pixels, got {image_size}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    hospitals = {}
+    for hospital in select(sites):
+        target = out / hospital.name
+        if target.exists():
+            shutil.rmtree(target)
+        hospitals[hospital.name] = write_hospital(
+            hospital, out, n_images=int(images_per_site), image_size=int(image_size), seed=int(seed))
+    payload = {
+        "synth_version": SYNTH_VERSION,
+        "seed": int(seed),
+        "images_per_site": int(images_per_site),
+        "image_size": int(image_size),
+        "note": "input and ingest_kwargs paths are relative to the folder holding this file, which "
+                "<OUT> stands for in ingest_args and command; each hospital is one site named after it",
+        "hospitals": hospitals,
+    }
+    (out / SYNTH_JSON).write_bytes((json.dumps(payload, indent=2, sort_keys=False) + "\n").encode())
+    return payload
+
+
+def read_synth_json(out: Path | str) -> dict:
+    """The ``synth.json`` of an export folder; exit-2 error when it is missing or broken."""
+    path = Path(out) / SYNTH_JSON
+    if not path.is_file():
+        raise UserError(f"{path}: not found; write the export first (fedcxr synth --out {out})")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON ({exc})") from None
+
+
+def ingest_synthetic(out: Path | str, manifests: Path | str, **kwargs) -> dict[str, Path]:
+    """Ingest every hospital of ``out/synth.json`` with its real adapter; one site per hospital.
+
+    Returns ``{site: manifest dir}`` (``manifests/<site>`` holding ``manifest.parquet`` and
+    ``site.json``). Each hospital's ``ingest_report.json`` is moved into its site folder
+    (a shared ``manifests/ingest_report.json`` would hold only the last hospital's).
+    ``kwargs`` go to :func:`fedcxr.site_adapters.ingest.run_ingest` (``uncertain``,
+    ``verify_pixels``, ``progress``...; ``progress`` defaults to False).
+    """
+    from fedcxr.site_adapters.ingest import run_ingest
+
+    out, manifests = Path(out), Path(manifests)
+    spec = read_synth_json(out)
+    kwargs.setdefault("progress", False)
+    sites: dict[str, Path] = {}
+    for name, info in spec["hospitals"].items():
+        options = dict(info["ingest_kwargs"])
+        if options.get("labels_csv"):
+            options["labels_csv"] = out / options["labels_csv"]
+        options.update(kwargs)
+        report = run_ingest(info["source"], out / info["input"], manifests, **options)
+        if options["site_name"] not in report["sites"]:
+            raise UserError(f"synthetic hospital {name!r}: ingest kept no rows "
+                            f"(see {manifests / 'ingest_report.json'})")
+        site_dir = manifests / options["site_name"]
+        (manifests / "ingest_report.json").replace(site_dir / "ingest_report.json")
+        sites[name] = site_dir
+    return sites
+
+
+def cli_synth(args: argparse.Namespace) -> int:
+    """``fedcxr synth --out DIR [--sites ...] [--images-per-site N] [--image-size PX] [--seed S]``."""
+    payload = write_synthetic_export(
+        args.out, sites=args.sites, images_per_site=args.images_per_site,
+        image_size=args.image_size, seed=args.seed,
+    )
+    for name, info in payload["hospitals"].items():
+        positives = ", ".join(f"{c} {n}" for c, n in info["positives"].items())
+        print(f"{name}: {info['images']} images, {info['patients']} patients ({info['source']} format); "
+              f"positives: {positives}")
+        print(f"  ingest: {info['command'].replace('<OUT>', str(args.out))}")
+    print(f"wrote {Path(args.out) / SYNTH_JSON}")
+    return 0
+
+
+__all__ = ["write_synthetic_export", "ingest_synthetic", "read_synth_json", "cli_synth", "SYNTH_JSON"]
