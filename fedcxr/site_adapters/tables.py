@@ -168,8 +168,12 @@ def label_columns(
     reasons: list[Optional[str]] = [None] * len(frame)
     for vendor, cls in columns.items():
         col = frame[vendor]
-        numeric = col.to_numpy(dtype=float, na_value=np.nan) if pd.api.types.is_numeric_dtype(col) \
-            else pd.to_numeric(col, errors="coerce").to_numpy(dtype=float)
+        if pd.api.types.is_numeric_dtype(col):
+            numeric = col.to_numpy(dtype=float, na_value=np.nan)
+        else:  # text: a blank or whitespace-only cell is "not mentioned", like an empty one
+            col = col.astype(object).where(col.notna(), None).map(
+                lambda v: v.strip() or None if isinstance(v, str) else v)
+            numeric = pd.to_numeric(col, errors="coerce").to_numpy(dtype=float)
         present = col.notna().to_numpy()
         invalid = present & ~np.isin(numeric, LABEL_VALUES)
         for i in np.flatnonzero(invalid & ~bad):
