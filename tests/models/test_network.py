@@ -1,0 +1,202 @@
+"""CXRNet: outputs, state-dict layout that aggregation relies on, head rows by class, weights."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from fedcxr.errors import UserError
+from fedcxr.models.network import (
+    CXRNet,
+    aux_keys,
+    backbone_keys,
+    bn_keys,
+    build_model,
+    flat_keys,
+    flatten_state,
+    head_keys,
+    is_bn_key,
+    resize_head,
+    select_head_rows,
+    set_head_rows,
+)
+
+CLASSES3 = ["atelectasis", "edema", "pleural_effusion"]
+
+
+def tiny(classes=CLASSES3, **kw) -> CXRNet:
+    kw.setdefault("backbone", "resnet_tiny")
+    return CXRNet(classes, **kw)
+
+
+@pytest.mark.parametrize("backbone", ["resnet_tiny", "resnet18"])
+def test_forward_shapes_and_key_prefixes(backbone):
+    torch.manual_seed(0)
+    model = CXRNet(CLASSES3, backbone=backbone, hidden=16, aux_tasks={"sex": 2, "age_bin": 5})
+    model.eval()
+    out = model(torch.randn(2, 1, 32, 32))
+    assert out["main"].shape == (2, 3)
+    assert {k: v.shape for k, v in out["aux"].items()} == {"sex": (2, 2), "age_bin": (2, 5)}
+    assert model.features(torch.randn(2, 1, 32, 32)).shape == (2, 16)
+    prefixes = {k.split(".")[0] for k in model.state_dict()}
+    assert prefixes == {"backbone", "proj", "head", "aux_heads"}
+    assert head_keys(model) == ["head.weight", "head.bias"]
+    assert set(aux_keys(model)) == {f"aux_heads.{t}.{p}" for t in ("sex", "age_bin") for p in ("weight", "bias")}
+    assert set(backbone_keys(model)) == {k for k in model.state_dict() if k.startswith(("backbone.", "proj."))}
+    # the backbone's own classifier is gone: no 'fc.' / 'class_layers.out.' parameters left
+    assert not any(".fc." in k or "class_layers.out" in k for k in model.state_dict())
+
+
+def test_no_projection_and_no_aux_heads():
+    model = tiny(hidden=None)
+    assert not any(k.startswith(("proj.", "aux_heads.")) for k in model.state_dict())
+    assert model.head.in_features == 64
+    assert model(torch.randn(2, 1, 32, 32))["aux"] == {}
+
+
+def test_random_init_follows_torch_seed():
+    torch.manual_seed(3)
+    a = tiny()
+    torch.manual_seed(3)
+    b = tiny()
+    assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
+
+
+def test_classes_must_be_canonical_and_unique():
+    with pytest.raises(UserError, match="Effusion"):
+        tiny(["Effusion"])
+    with pytest.raises(UserError, match="duplicate"):
+        tiny(["edema", "edema"])
+    with pytest.raises(UserError, match="backbone"):
+        tiny(backbone="vgg16")
+
+
+def test_build_model_from_config():
+    model = build_model({"backbone": "resnet_tiny", "hidden": 8, "classes": ["edema"], "aux_tasks": ["sex", "view"]})
+    assert model.classes == ["edema"] and model.aux_tasks == {"sex": 2, "view": 3}
+    assert model.head.in_features == 8
+
+
+def test_bn_keys_detected_by_module_type_whatever_the_name():
+    model = tiny()
+    keys = bn_keys(model)
+    assert keys and all(is_bn_key(k, model) for k in keys)
+    assert "backbone.bn1.running_mean" in keys and "backbone.bn1.num_batches_tracked" in keys
+    assert not is_bn_key("backbone.conv1.weight", model) and not is_bn_key("head.weight", model)
+    # a BN layer with an uninformative name is still found from its type
+    model.proj = nn.Sequential(nn.Linear(64, 8), nn.BatchNorm1d(8))
+    assert "proj.1.weight" in bn_keys(model) and is_bn_key("proj.1.bias", model)
+    # from a bare state dict: by sibling running statistics
+    state = model.state_dict()
+    assert is_bn_key("proj.1.weight", state) and not is_bn_key("proj.0.weight", state)
+    assert set(bn_keys(model)) == {k for k in state if is_bn_key(k, state)}
+
+
+def test_head_rows_are_read_and_written_by_class_name():
+    model = tiny()
+    state = model.state_dict()
+    rows = select_head_rows(state, model.classes, ["pleural_effusion", "atelectasis"])
+    assert torch.equal(rows["weight"][0], state["head.weight"][2])
+    assert torch.equal(rows["bias"][1], state["head.bias"][0])
+    new = {"weight": torch.full((2, model.head.in_features), 7.0), "bias": torch.tensor([1.0, 2.0])}
+    set_head_rows(model, ["pleural_effusion", "edema"], new)
+    assert torch.equal(model.head.weight[2], new["weight"][0]) and model.head.bias[1].item() == 2.0
+    assert torch.equal(model.head.weight[0], state["head.weight"][0])  # untouched row
+    with pytest.raises(KeyError, match="cardiomegaly"):
+        select_head_rows(state, model.classes, ["cardiomegaly"])
+
+
+def test_resize_head_keeps_rows_of_shared_classes():
+    model = tiny()
+    before = model.state_dict()
+    resize_head(model, ["edema", "cardiomegaly", "atelectasis"])
+    assert model.classes == ["edema", "cardiomegaly", "atelectasis"]
+    assert model(torch.randn(2, 1, 32, 32))["main"].shape == (2, 3)
+    assert torch.equal(model.head.weight[0], before["head.weight"][1])
+    assert torch.equal(model.head.bias[2], before["head.bias"][0])
+
+
+def test_flatten_state_excludes_zero_dim_entries():
+    model = tiny()
+    state = model.state_dict()
+    keys = flat_keys(state)
+    assert not any(k.endswith("num_batches_tracked") for k in keys)
+    assert flatten_state(state).numel() == sum(state[k].numel() for k in keys)
+
+
+def test_own_checkpoint_round_trip(tmp_path):
+    torch.manual_seed(1)
+    a = tiny(aux_tasks={"sex": 2})
+    torch.save({"state_dict": a.state_dict(), "epoch": 3}, tmp_path / "ckpt.pt")
+    torch.manual_seed(2)
+    b = tiny(aux_tasks={"sex": 2}, weights=tmp_path / "ckpt.pt")
+    assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
+    assert b.load_report["missing"] == [] and b.load_report["shape_mismatch"] == []
+
+
+def test_rgb_backbone_checkpoint_loads_into_gray_model(tmp_path, caplog):
+    """A 3-channel backbone (torchvision-style keys, with its own classifier) → 1 channel."""
+    torch.manual_seed(4)
+    rgb = CXRNet(CLASSES3, backbone="resnet_tiny", in_channels=3).backbone
+    state = {f"module.{k}": v for k, v in rgb.state_dict().items()}  # DataParallel prefix
+    state["module.fc.weight"] = torch.randn(1000, 64)
+    state["module.fc.bias"] = torch.randn(1000)
+    torch.save(state, tmp_path / "rgb.pth")
+    with caplog.at_level(logging.INFO, logger="fedcxr.models.network"):
+        gray = tiny(["edema"], weights=tmp_path / "rgb.pth")
+    conv = gray.backbone.conv1.weight
+    assert conv.shape[1] == 1
+    assert torch.allclose(conv, rgb.conv1.weight.sum(1, keepdim=True))
+    assert torch.equal(gray.backbone.layer1[0].bn1.running_var, rgb.layer1[0].bn1.running_var)
+    report = gray.load_report
+    assert set(report["missing"]) == {k for k in gray.state_dict() if not k.startswith("backbone.")}
+    assert "loaded" in caplog.text and "missing" in caplog.text
+    x = torch.rand(1, 1, 32, 32)
+    gray.eval(), rgb.eval()
+    assert torch.allclose(gray.backbone(x), rgb(x.expand(1, 3, 32, 32)), atol=1e-5)  # gray = R=G=B
+
+
+def test_torchvision_densenet_names_are_mapped(tmp_path):
+    torch.manual_seed(5)
+    ref = CXRNet(["edema"], backbone="densenet121", hidden=None)
+    state = {}
+    for key, value in ref.backbone.state_dict().items():
+        # torchvision's layout: denselayerN.norm1 instead of MONAI's denselayerN.layers.norm1
+        state[key.replace(".layers.", ".")] = value
+    state["classifier.weight"], state["classifier.bias"] = torch.randn(14, 1024), torch.randn(14)
+    torch.save(state, tmp_path / "dn.pth")
+    model = CXRNet(["edema"], backbone="densenet121", hidden=None, weights=tmp_path / "dn.pth")
+    assert set(model.load_report["missing"]) == {"head.weight", "head.bias"}
+    assert torch.equal(model.backbone.features.denseblock4.denselayer16.layers.conv2.weight,
+                       ref.backbone.features.denseblock4.denselayer16.layers.conv2.weight)
+
+
+def test_bad_weight_files_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        tiny(weights=tmp_path / "none.pt")
+    (tmp_path / "junk.pt").write_bytes(b"junk")
+    with pytest.raises(UserError, match="junk.pt"):
+        tiny(weights=tmp_path / "junk.pt")
+    torch.save({"encoder.weight": torch.zeros(3)}, tmp_path / "other.pt")
+    with pytest.raises(UserError, match="matches no entry"):
+        tiny(weights=tmp_path / "other.pt")
+
+
+def test_densenet121_without_download(monkeypatch):
+    """MONAI's pretrained path would download (and fail offline): we never take it."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a download was attempted")
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", refuse)
+    monkeypatch.setattr(torch.hub, "download_url_to_file", refuse)
+    model = CXRNet(CLASSES3, backbone="densenet121", aux_tasks={"view": 3})
+    model.eval()
+    out = model(torch.randn(2, 1, 32, 32))
+    assert out["main"].shape == (2, 3) and out["aux"]["view"].shape == (2, 3)
+    assert model.proj[0].in_features == 1024
+    assert {k.split(".")[0] for k in model.state_dict()} == {"backbone", "proj", "head", "aux_heads"}
+    assert not any("class_layers.out" in k for k in model.state_dict())
