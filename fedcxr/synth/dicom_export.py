@@ -195,19 +195,20 @@ def write_dicom_folder(hospital: Hospital, root: Path, draws: Sequence[ImageDraw
 
     Layout: ``<scanner>/<PatientID>/<study>/IM<index>[.dcm]`` where scanner is
     ``DX_PORTABLE`` (AP films) or ``CR_ROOM2`` (PA); 30 % of files have no extension and the
-    sixth file has no preamble and no file meta. ``labels.csv``: ``SOPInstanceUID,
+    first PA file from the sixth on has no preamble and no file meta. ``labels.csv``: ``SOPInstanceUID,
     PatientID`` and one column per finding (``Pleural Effusion``...; ``1``/``0``; 2 % of cells
     blank = not labeled); 2 % of images have no label row (kept unlabeled by the adapter).
     """
     rng = hospital.rng(seed, FORMAT)
     j2k = encoder_available(JPEG2000Lossless)
     rows, positives, encodings = [], Counter(), Counter()
+    bare = next((d.index for d in draws[5:] if d.subject.view == "PA"), None)  # an old CR export file
     for draw in draws:
         patient_id = f"DS{draw.patient.index + 1:07d}"
         folder = "DX_PORTABLE" if draw.subject.view == "AP" else "CR_ROOM2"
         name = f"IM{draw.index + 1:06d}" + (".dcm" if rng.random() < 0.7 else "")
         spec = _dicom_style_spec(draw.subject.view, rng, j2k)
-        if draw.index == 5:
+        if draw.index == bare:
             spec = DicomSpec("CR", "MONOCHROME1", 10, ImplicitVRLittleEndian, file_meta=False)
         study_uid = uid(seed, hospital.name, "study", draw.patient.index, draw.study)
         sop_uid = uid(seed, hospital.name, "sop", draw.index)
