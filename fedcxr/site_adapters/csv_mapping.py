@@ -78,9 +78,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, require_columns
 from fedcxr.site_adapters.tables import failed_note, map_distinct, to_codes
 from fedcxr.vocab import (
+    AGE_BIN_EDGES,
     AUX_VOCAB,
     CLASSES,
-    age_bin_code,
     aux_column,
     canonical_class,
     is_unknown,
@@ -457,10 +457,10 @@ def read_csv_mapping(input_dir: Path, options: AdapterOptions) -> SourceTable:
         values = table[column]
         frame[f"group__{name}"] = pd.Series([v or None for v in values], dtype=object, index=frame.index)
     bad = rows.bad()
+    paths = frame["image_path"].to_numpy()
     set_aside = [
-        SetAside(file=mapping.csv, row=int(r), reason="; ".join(reasons), image_path=p or None)
-        for r, reasons, p, is_bad in zip(frame["source_row"], rows.reasons, frame["image_path"], bad)
-        if is_bad
+        SetAside(file=mapping.csv, row=int(i + 1), reason="; ".join(rows.reasons[i]), image_path=paths[i] or None)
+        for i in np.flatnonzero(bad)
     ]
     return SourceTable(
         source=SOURCE,
@@ -528,7 +528,7 @@ def _ids(table: pd.DataFrame, mapping: CsvMapping, frame: pd.DataFrame, rows: _R
     prefix = spec.prefix.replace("\\", "/").rstrip("/")
     paths = [(f"{prefix}/{v}" if prefix else v) + spec.extension if v else "" for v in image]
     frame["image_path"] = paths
-    outside = np.array([bool(p) and _escapes(p) for p in paths], dtype=bool)
+    outside = _escapes(pd.Series(paths, dtype=object))
     rows.add(blank & kept, f"no image path in column {spec.column!r}")
     rows.add(outside & kept, "image path outside the export folder")
     patient = table[mapping.patient]
@@ -542,9 +542,11 @@ def _ids(table: pd.DataFrame, mapping: CsvMapping, frame: pd.DataFrame, rows: _R
         frame["study_id"] = own_study.to_numpy()
 
 
-def _escapes(path: str) -> bool:
-    posix = PurePosixPath(path)
-    return posix.is_absolute() or ".." in posix.parts or (len(path) > 1 and path[1] == ":")
+def _escapes(paths: pd.Series) -> np.ndarray:
+    """Absolute paths, drive letters and ``..`` parts would point outside the export root."""
+    text = paths.astype(str)
+    wrapped = "/" + text + "/"
+    return (text.str.startswith("/") | (text.str[1:2] == ":") | wrapped.str.contains("/../", regex=False)).to_numpy()
 
 
 def _map_labels(
@@ -553,8 +555,8 @@ def _map_labels(
 ) -> np.ndarray:
     """Cell text → float label via ``table_map``; unmapped cells follow ``default``."""
     known = values.isin(list(table_map)).to_numpy()
-    out = values.map(lambda v: table_map.get(v)).astype(float).to_numpy()
-    out = np.where(known, out, np.nan)
+    as_float = {k: (np.nan if v is None else float(v)) for k, v in table_map.items()}
+    out = values.map(as_float).to_numpy(dtype=float, na_value=np.nan)
     unmapped = ~known
     if default == "set_aside":
         rows.add(unmapped & kept, [f"unmapped label value: column {column!r} value {v!r}"
@@ -593,7 +595,8 @@ def _finding(table: pd.DataFrame, mapping: CsvMapping, frame: pd.DataFrame, rows
     cells = table[spec.column]
     known = cells.isin(list(lookup)).to_numpy()
     for cls in classes:
-        frame[raw_column(cls)] = [lookup[v][cls] if k else default_row[cls] for v, k in zip(cells, known)]
+        mapped = cells.map({v: labels[cls] for v, labels in lookup.items()}).to_numpy(dtype=float, na_value=np.nan)
+        frame[raw_column(cls)] = np.where(known, mapped, default_row[cls])
     if spec.default == "set_aside":
         bad = ~known & kept
         rows.add(bad, [f"unmapped finding value: column {spec.column!r} value {v!r}" for v in cells[bad]])
@@ -619,8 +622,9 @@ def _demographics(
     if demo.age is not None:
         ages = _codes(table[demo.age.column], demo.age, "age", parse_age, rows, kept, notes)
     frame["age"] = ages
-    frame[aux_column("age_bin")] = to_codes(np.array([age_bin_code(a) if a == a else np.nan for a in ages],
-                                                     dtype=float), frame.index)
+    # Vectorised fedcxr.vocab.age_bin_code: the bin is the number of edges at or below the age.
+    bins = np.where(np.isnan(ages), np.nan, np.searchsorted(AGE_BIN_EDGES, ages, side="right"))
+    frame[aux_column("age_bin")] = to_codes(bins, frame.index)
     return notes
 
 
