@@ -84,27 +84,33 @@ def mean_auroc(aurocs) -> float:
 
 
 class _SortedClass:
-    """One class's labeled rows sorted by probability, with tie blocks, ready for weighting."""
+    """One class's labeled rows prepared for AUROC under many weightings.
 
-    def __init__(self, y: np.ndarray, p: np.ndarray, rows: np.ndarray):
-        order = np.argsort(p, kind="mergesort")
-        self.rows = rows[order]  # indices into the caller's row axis
-        self.pos = y[order] == 1
-        sorted_p = p[order]
-        starts = np.flatnonzero(np.r_[True, sorted_p[1:] != sorted_p[:-1]]) if p.size else np.array([], int)
-        self.tie_starts = starts if starts.size < p.size else None  # None: no ties
+    AUROC numerator = Σ over positives i of w_i · (weight of negatives scored below p_i
+    + ½ weight of negatives tied with p_i). With the negatives sorted once, the two sums are
+    a cumulative sum read at precomputed positions (``lo``: first tie, ``hi``: past the last),
+    so a weighting costs one gather and one cumsum over the negatives.
+    ``cols``: for each labeled row, its column in the weight matrix (row index or patient code).
+    """
+
+    def __init__(self, y: np.ndarray, p: np.ndarray, cols: np.ndarray):
+        pos = y == 1
+        order = np.argsort(p[~pos], kind="mergesort")
+        sorted_neg = p[~pos][order]
+        self.neg_cols = cols[~pos][order]
+        self.pos_cols = cols[pos]
+        self.lo = np.searchsorted(sorted_neg, p[pos], side="left")
+        self.hi = np.searchsorted(sorted_neg, p[pos], side="right")
 
     def auc(self, weights: np.ndarray) -> np.ndarray:
-        """AUROC per weight row. ``weights``: (B, n_rows of caller) → (B,), NaN if one class empty."""
-        w = weights[:, self.rows].astype(float)
-        wp = w * self.pos
-        wn = w - wp
-        if self.tie_starts is not None:
-            wp = np.add.reduceat(wp, self.tie_starts, axis=1)
-            wn = np.add.reduceat(wn, self.tie_starts, axis=1)
-        neg_below = np.cumsum(wn, axis=1) - wn
-        num = (wp * (neg_below + 0.5 * wn)).sum(axis=1)
-        denom = wp.sum(axis=1) * wn.sum(axis=1)
+        """AUROC per weight row: ``weights`` (B, columns) → (B,); NaN where one class weighs 0."""
+        # integer weights (bootstrap counts) keep an integer cumsum: exact and ~8× faster
+        wn = weights.take(self.neg_cols, axis=1)
+        cum = np.zeros((weights.shape[0], wn.shape[1] + 1), dtype=wn.dtype)
+        np.cumsum(wn, axis=1, out=cum[:, 1:])
+        wp = weights.take(self.pos_cols, axis=1)
+        num = 0.5 * np.einsum("ij,ij->i", wp, cum[:, self.lo] + cum[:, self.hi])
+        denom = wp.sum(axis=1) * cum[:, -1]
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(denom > 0, num / np.where(denom > 0, denom, 1.0), np.nan)
 
@@ -117,7 +123,9 @@ def weighted_auroc(y, p, weights) -> np.ndarray:
     """
     y = np.asarray(y, dtype=float)
     p = np.asarray(p, dtype=float)
-    weights = np.atleast_2d(np.asarray(weights, dtype=float))
+    weights = np.atleast_2d(np.asarray(weights))
+    if not np.issubdtype(weights.dtype, np.integer):
+        weights = weights.astype(float)
     rows = np.flatnonzero(~np.isnan(y))
     return _SortedClass(y[rows], p[rows], rows).auc(weights)
 
@@ -143,6 +151,21 @@ def _group_codes(groups, n: int) -> np.ndarray:
     return codes
 
 
+def _resample_counts(codes: np.ndarray, n_boot: int, seed: int):
+    """Yield (b, n_patients) int64 chunks: how often each patient is drawn per resample."""
+    n_groups = int(codes.max()) + 1 if codes.size else 0
+    if n_groups == 0:
+        return
+    rng = np.random.default_rng(seed)
+    chunk = max(1, _CHUNK_CELLS // max(n_groups, codes.size, 1))
+    done = 0
+    while done < n_boot:
+        b = min(chunk, n_boot - done)
+        draws = rng.integers(0, n_groups, size=(b, n_groups)) + (np.arange(b) * n_groups)[:, None]
+        yield np.bincount(draws.ravel(), minlength=b * n_groups).reshape(b, n_groups)
+        done += b
+
+
 def resample_weights(groups, n_boot: int, seed: int = 0):
     """Yield row-weight chunks (b, n) of a patient-level bootstrap.
 
@@ -151,15 +174,8 @@ def resample_weights(groups, n_boot: int, seed: int = 0):
     for a given ``seed``, group order and ``n_boot``.
     """
     codes = _group_codes(groups, len(groups))
-    n_groups = int(codes.max()) + 1 if codes.size else 0
-    rng = np.random.default_rng(seed)
-    chunk = max(1, _CHUNK_CELLS // max(n_groups, codes.size, 1))
-    done = 0
-    while done < n_boot:
-        b = min(chunk, n_boot - done)
-        counts = rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), size=b)
+    for counts in _resample_counts(codes, n_boot, seed):
         yield counts[:, codes]
-        done += b
 
 
 def bootstrap_aurocs(y, p, groups, n_boot: int = 1000, seed: int = 0) -> np.ndarray:
@@ -176,13 +192,14 @@ def bootstrap_aurocs(y, p, groups, n_boot: int = 1000, seed: int = 0) -> np.ndar
     n, n_classes = y.shape
     if n == 0:
         return np.full((n_boot, n_classes), np.nan)
+    codes = _group_codes(groups, n)
     sorted_classes = []
     for c in range(n_classes):
         rows = np.flatnonzero(~np.isnan(y[:, c]))
-        sorted_classes.append(_SortedClass(y[rows, c], p[rows, c], rows))
+        sorted_classes.append(_SortedClass(y[rows, c], p[rows, c], codes[rows]))
     out = []
-    for weights in resample_weights(groups if groups is not None else np.arange(n), n_boot, seed):
-        out.append(np.stack([sc.auc(weights) for sc in sorted_classes], axis=1))
+    for counts in _resample_counts(codes, n_boot, seed):  # weights per patient, gathered per class
+        out.append(np.stack([sc.auc(counts) for sc in sorted_classes], axis=1))
     return np.concatenate(out, axis=0) if out else np.empty((0, n_classes))
 
 
