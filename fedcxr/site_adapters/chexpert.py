@@ -33,6 +33,7 @@ Semantics (``../shared/data/SCHEMAS.md`` §1):
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -167,16 +168,16 @@ def _read_label_file(
         r"(?i)^chexpert[^/]*/", "", regex=True)
     prefix = relative_name(file_root, root)
     image_path = rel if prefix in {"", "."} else prefix + "/" + rel
-    ids = rel.str.extract(r"(?:^|/)(patient\d+)/(study\d+)/")
-    no_ids = ids[0].isna().to_numpy()
+    patient, study = _patient_study(rel)
+    no_ids = patient.isna().to_numpy()
     for i in np.flatnonzero(no_ids & ~bad):
         reasons[i] = f"unrecognised path: {PATH!r} has no patientNNNNN/studyN component"
     bad |= no_ids
 
     frame = pd.DataFrame({
         "image_path": image_path,
-        "patient_id": ids[0],
-        "study_id": ids[0] + "/" + ids[1],
+        "patient_id": patient,
+        "study_id": study,
         **raw,
         "official_split": split,
         "source_file": name,
@@ -186,6 +187,28 @@ def _read_label_file(
     aside = rows_set_aside(name, rows[bad], [reasons[i] for i in np.flatnonzero(bad)], image_path[bad])
     notes.insert(0, f"labels: {name} ({n} rows) → official split {split!r}")
     return frame.loc[~bad].reset_index(drop=True), aside, notes
+
+
+_PATIENT_STUDY = re.compile(r"(?:^|/)((patient\d+)/study\d+)/")
+_DIGITS = re.compile(r"\d+")
+
+
+def _patient_study(rel: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """``patientNNNNN`` and ``patientNNNNN/studyN`` from each path (``None`` when absent).
+
+    A compiled regex over a plain list: pandas' ``str.extract`` runs ~3× slower on the
+    223k-row train.csv.
+    """
+    found = [_PATIENT_STUDY.search(p) if isinstance(p, str) else None for p in rel.tolist()]
+    patient = [m[2] if m else None for m in found]
+    study = [m[1] if m else None for m in found]
+    return pd.Series(patient, dtype=object, index=rel.index), pd.Series(study, dtype=object, index=rel.index)
+
+
+def _patient_number(value: Optional[str]) -> Optional[int]:
+    """``patient00042`` / ``00042`` / ``42`` → 42 (the demographics sheet's join key)."""
+    match = _DIGITS.search(value) if isinstance(value, str) else None
+    return int(match.group()) if match else None
 
 
 def _add_demographics(frame: pd.DataFrame, df: pd.DataFrame, name: str) -> tuple[pd.DataFrame, list[str]]:
@@ -243,12 +266,11 @@ def _add_race(frame: pd.DataFrame, input_dir: Path, root: Path) -> tuple[pd.Data
     ethnicity = demo["ETHNICITY"] if "ETHNICITY" in demo else pd.Series([None] * len(demo), dtype=object)
     pairs = demo["PRIMARY_RACE"].fillna("").astype(str) + "\x1f" + ethnicity.fillna("").astype(str)
     codes, failed = map_distinct(pairs, _pair_code)
-    key = demo["PATIENT"].astype(str).str.extract(r"(\d+)")[0].astype(float)
+    key = map_distinct(demo["PATIENT"], _patient_number)[0]
     per_patient = pd.DataFrame({"key": key, "code": codes}).dropna(subset=["key"])
     conflicts = int((per_patient.groupby("key")["code"].nunique() > 1).sum())
-    per_patient = per_patient.drop_duplicates("key").set_index("key")["code"]
-    frame_key = frame["patient_id"].str.extract(r"(\d+)")[0].astype(float)
-    race = frame_key.map(per_patient).to_numpy(dtype=float)
+    lookup = per_patient.drop_duplicates("key").set_index("key")["code"].to_dict()
+    race = map_distinct(frame["patient_id"], lambda p: lookup.get(_patient_number(p)))[0]
     frame[aux_column("race")] = to_codes(race)
     frame["group__race"] = code_names("race", race)
     notes = [f"demographics: {name} ({len(demo)} rows); race known for {int(np.isfinite(race).sum())} of "
