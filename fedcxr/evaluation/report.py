@@ -89,7 +89,9 @@ def _accuracy(frame, cls, *, n_boot, seed, alpha) -> dict[str, Any]:
     p = frame[f"prob__{cls}"].to_numpy(dtype=float)
     out = {"accuracy": metrics.accuracy(y, p, ACCURACY_THRESHOLD), "accuracy_threshold": ACCURACY_THRESHOLD,
            "accuracy_ci_low": float("nan"), "accuracy_ci_high": float("nan")}
-    if n_boot > 0 and np.isfinite(out["accuracy"]):
+    if not np.isfinite(out["accuracy"]):
+        out["accuracy_reason"] = f"no labeled rows of {cls}"
+    elif n_boot > 0:
         ci = metrics.bootstrap_accuracy_ci(y, p, frame["patient_id"].to_numpy(dtype=object), n_boot, seed,
                                            alpha, ACCURACY_THRESHOLD)
         out.update(accuracy_ci_low=ci.low, accuracy_ci_high=ci.high)

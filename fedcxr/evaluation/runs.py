@@ -120,6 +120,7 @@ def check_predictions(frame: pd.DataFrame, classes: list[str], source: Path | st
         raise UserError(f"{source}: missing column(s) {', '.join(missing)}")
     if frame.empty:
         raise UserError(f"{source}: no prediction rows")
+    converted = {}
     for cls in classes:
         labels = _numeric(frame, f"label__{cls}", source)
         bad = ~(np.isnan(labels) | (labels == 0) | (labels == 1))
@@ -132,13 +133,15 @@ def check_predictions(frame: pd.DataFrame, classes: list[str], source: Path | st
             raise UserError(f"{source}: column prob__{cls} row {int(np.flatnonzero(bad)[0])}: "
                             f"probability must be in [0, 1], got {float(probs[bad][0])!r} "
                             f"({int(bad.sum())} such row(s))")
+        converted[f"label__{cls}"], converted[f"prob__{cls}"] = labels, probs
     if frame["site"].isna().any():
         raise UserError(f"{source}: column site is empty on {int(frame['site'].isna().sum())} row(s)")
     if frame["patient_id"].isna().any():
         raise UserError(f"{source}: column patient_id is empty on {int(frame['patient_id'].isna().sum())} "
                         "row(s); the patient-level bootstrap needs it")
     frame = frame.reset_index(drop=True)
-    return frame.assign(site=frame["site"].astype(str))
+    # plain float64 label/prob columns (NaN = unlabeled) whatever dtype the writer used
+    return frame.assign(site=frame["site"].astype(str), **converted)
 
 
 def _numeric(frame: pd.DataFrame, column: str, source) -> np.ndarray:

@@ -93,3 +93,15 @@ def test_report_compares_runs(tmp_path, make_predictions, make_run, capsys):
     assert main(["report", str(a), "--out", str(out), "--baseline", "FedProx"]) == 2
     assert "--baseline 'FedProx' is not among the methods" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "missing"), "--out", str(out)]) == 2
+
+
+def test_evaluate_accepts_nullable_labels_and_float32_probs(tmp_path, make_predictions, make_run):
+    frame = make_predictions(sites=("site-a",))
+    for cls in ("atelectasis", "edema"):
+        frame[f"label__{cls}"] = frame[f"label__{cls}"].astype("Float64")  # NaN → <NA>
+        frame[f"prob__{cls}"] = frame[f"prob__{cls}"].astype("float32")
+    run = make_run(tmp_path / "run", frame)
+    assert main(["evaluate", str(run), "--bootstrap", "20"]) == 0
+    saved = json.loads((run / "report.json").read_text())["sites"]["site-a"]["per_class"]
+    edema = next(r for r in saved if r["class"] == "edema")
+    assert edema["n"] == int(frame["label__edema"].notna().sum()) and 0.5 < edema["auroc"] <= 1
