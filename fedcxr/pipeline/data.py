@@ -524,7 +524,7 @@ def make_loader(
         seed=seed,
         augment=augment,
         batch_size=int(batch_size),
-        shuffle=bool(shuffle),
+        shuffle=bool(shuffle) and len(dataset) > 0,  # type: ignore[arg-type]  (RandomSampler rejects 0 rows)
         num_workers=int(num_workers),
         pin_memory=bool(pin_memory),
         drop_last=bool(drop_last),

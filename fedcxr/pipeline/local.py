@@ -1,0 +1,402 @@
+"""One site's local training and prediction (DESIGN §5 'Local loss (AuxInfo)').
+
+``L = L_main + α · Σ_k L_aux_k``:
+
+* ``L_main`` (:func:`masked_bce`): BCE-with-logits over the observed entries of the batch only
+  (``label_mask``), averaged over those entries — a site that does not label a class, or a row
+  whose label is missing, adds nothing;
+* ``L_aux_k`` (:func:`aux_ce`): cross-entropy of aux task ``k`` over the rows whose value is known.
+
+A plain PyTorch loop (DESIGN §9): a fresh optimizer per call (the papers restart Adam every
+round), optional AMP on CUDA, and — for FedDA/FedGP auto-weighting — the model-state change of
+every optimizer step (:func:`train_local` ``record_batch_updates``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from fedcxr.errors import UserError
+from fedcxr.models.network import flat_keys, flatten_state
+
+log = logging.getLogger(__name__)
+
+TRAINABLE = ("all", "head", "backbone")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+
+
+# --------------------------------------------------------------------------- losses
+
+
+def masked_bce(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean BCE-with-logits over entries where ``mask`` > 0; ``(B, C)`` inputs, scalar out.
+
+    A batch with no observed entry gives 0 that still has a ``grad_fn`` (backward gives zero
+    gradients, never NaN).
+    """
+    per_entry = F.binary_cross_entropy_with_logits(logits.float(), targets.float(), reduction="none")
+    observed = mask > 0
+    total = torch.where(observed, per_entry, torch.zeros_like(per_entry)).sum()
+    return total / observed.sum().clamp_min(1)
+
+
+def aux_ce(
+    aux_logits: Mapping[str, torch.Tensor],
+    aux: torch.Tensor,
+    aux_mask: torch.Tensor,
+    tasks: Sequence[str],
+) -> torch.Tensor:
+    """``Σ_k`` mean cross-entropy of task ``k`` over the rows whose code is known.
+
+    ``aux_logits[task]``: (B, K_task) logits; ``aux``: (B, T) int64 codes (-1 unknown) in
+    ``tasks`` order; ``aux_mask``: (B, T), 1 where known. A task with no known row adds 0.
+    """
+    total: Optional[torch.Tensor] = None
+    for t, task in enumerate(tasks):
+        logits = aux_logits[task].float()
+        target = aux[:, t].long()
+        known = (aux_mask[:, t] > 0) & (target >= 0)
+        per_row = F.cross_entropy(logits, target.clamp_min(0), reduction="none")
+        term = torch.where(known, per_row, torch.zeros_like(per_row)).sum() / known.sum().clamp_min(1)
+        total = term if total is None else total + term
+    if total is None:
+        return torch.zeros((), device=aux.device)
+    return total
+
+
+# --------------------------------------------------------------------------- config and result
+
+
+@dataclass
+class LocalConfig:
+    """Hyper-parameters of one local training call.
+
+    ``steps`` (when set) overrides ``epochs``: that many optimizer steps, cycling the loader.
+    ``amp`` only takes effect on CUDA. ``optimizer``: adam | adamw | sgd (momentum 0.9).
+    """
+
+    lr: float = 1e-3
+    batch_size: int = 32
+    epochs: int = 1
+    steps: Optional[int] = None
+    alpha: float = 1.0
+    use_aux: bool = True
+    weight_decay: float = 0.0
+    amp: bool = True
+    optimizer: str = "adam"
+
+
+@dataclass
+class LocalResult:
+    """What one local training call did.
+
+    ``n_samples``: rows of the training set (``len(loader.dataset)``, the FedAvg weight);
+    ``n_batches``: optimizer steps taken; losses: means over those steps;
+    ``batch_updates``: (n_batches, M) float32 on CPU when recorded (see :func:`train_local`).
+    """
+
+    n_samples: int
+    n_batches: int
+    loss: float
+    main_loss: float
+    aux_loss: float
+    batch_updates: Optional[torch.Tensor]
+    samples_seen: int = 0
+    skipped_batches: int = 0
+    seconds: float = 0.0
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def resolve_device(name: str | torch.device | None) -> torch.device:
+    """``auto``/``None`` → CUDA when available, else CPU; ``cuda`` without a GPU is a user error."""
+    if isinstance(name, torch.device):
+        return name
+    text = (name or "auto").strip().lower()
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise UserError(f"--device: unknown device {name!r}; use auto, cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: CUDA is not available on this machine (use cpu or auto)")
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device: unsupported device {name!r}; use auto, cpu or cuda")
+    return device
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _set_trainable(model: nn.Module, trainable: str) -> dict[str, bool]:
+    """Set ``requires_grad`` for the mode; returns the previous flags (to restore)."""
+    if trainable not in TRAINABLE:
+        raise ValueError(f"trainable must be one of {TRAINABLE}, got {trainable!r}")
+    previous = {name: p.requires_grad for name, p in model.named_parameters()}
+    for name, p in model.named_parameters():
+        in_head = name.startswith("head.")
+        p.requires_grad_(trainable == "all" or (trainable == "head") == in_head)
+    return previous
+
+
+def _train_mode(model: nn.Module) -> None:
+    """Train mode, except BatchNorm layers whose parameters are all frozen (their stats stay)."""
+    model.train()
+    for module in model.modules():
+        if isinstance(module, _BatchNorm):
+            params = list(module.parameters())
+            if params and not any(p.requires_grad for p in params):
+                module.eval()
+
+
+def _has_training_bn(model: nn.Module) -> bool:
+    return any(isinstance(m, _BatchNorm) and m.training for m in model.modules())
+
+
+def _batches(loader: Any, cfg: LocalConfig) -> Iterator[dict]:
+    """``epochs`` passes over the loader, or exactly ``steps`` batches cycling it."""
+    if cfg.steps is None:
+        for _ in range(max(0, int(cfg.epochs))):
+            yield from loader
+        return
+    remaining = int(cfg.steps)
+    while remaining > 0:
+        produced = 0
+        for batch in loader:
+            yield batch
+            produced += 1
+            remaining -= 1
+            if remaining <= 0:
+                return
+        if produced == 0:
+            return  # empty loader: nothing to cycle
+
+
+def _make_optimizer(params: list[torch.nn.Parameter], cfg: LocalConfig) -> torch.optim.Optimizer:
+    name = cfg.optimizer.lower()
+    if name == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
+    raise UserError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {cfg.optimizer!r}")
+
+
+def _planned_steps(loader: Any, cfg: LocalConfig) -> Optional[int]:
+    if cfg.steps is not None:
+        return int(cfg.steps)
+    try:
+        return int(cfg.epochs) * len(loader)
+    except TypeError:
+        return None
+
+
+def train_local(
+    model: nn.Module,
+    loader: Any,
+    cfg: LocalConfig,
+    *,
+    device: torch.device | str,
+    seed: int,
+    trainable: str = "all",
+    loss_classes_mask: Optional[torch.Tensor] = None,
+    record_batch_updates: bool = False,
+) -> LocalResult:
+    """Train ``model`` in place on ``loader``'s batches; return counts, losses and updates.
+
+    * ``trainable``: ``all``; ``head`` (only ``head.*`` learns; BatchNorm layers of the frozen
+      backbone stay in eval mode, so their statistics do not move either — surgical head
+      warm-up, FACT head fine-tuning); ``backbone`` (everything but ``head.*``).
+    * ``loss_classes_mask``: optional (C,) 0/1 multiplied into every batch's ``label_mask``.
+    * ``record_batch_updates``: return ``(n_batches, M)`` float32: row ``j`` = state after step
+      ``j`` − state before it, over every non-0-dim ``state_dict`` entry in order (parameters
+      and buffers such as BN running stats; ``num_batches_tracked`` excluded) — the ``g_j``
+      of FedDA/FedGP auto-weighting (:func:`fedcxr.models.network.flatten_state` order).
+    * Randomness inside the step (dropout) is seeded from ``seed`` in a forked RNG, so global
+      RNG state is neither used nor changed; the batches' order and augmentation are the
+      loader's (:func:`fedcxr.pipeline.data.make_loader`, seeded separately).
+    * A batch of one sample is skipped while BatchNorm layers train (BN cannot normalise a
+      single value per channel); it is counted in ``skipped_batches``.
+
+    The model's ``requires_grad`` flags and train/eval modes are restored afterwards.
+    """
+    device = resolve_device(device)
+    use_cuda = device.type == "cuda"
+    model.to(device)
+    modes = {m: m.training for m in model.modules()}
+    flags = _set_trainable(model, trainable)
+    started = time.perf_counter()
+    try:
+        with torch.random.fork_rng(devices=[device] if use_cuda else []):
+            torch.manual_seed(int(seed))
+            return _loop(model, loader, cfg, device, loss_classes_mask, record_batch_updates, started)
+    finally:
+        for name, p in model.named_parameters():
+            p.requires_grad_(flags[name])
+        for module, mode in modes.items():
+            module.training = mode
+
+
+def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
+          loss_classes_mask: Optional[torch.Tensor], record: bool, started: float) -> LocalResult:
+    use_cuda = device.type == "cuda"
+    amp = bool(cfg.amp) and use_cuda
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = _make_optimizer(params, cfg)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp)
+    tasks = list(getattr(model, "aux_tasks", {}) or {})
+    use_aux = bool(cfg.use_aux) and bool(tasks)
+    class_mask = None if loss_classes_mask is None else loss_classes_mask.to(device, torch.float32)
+    _train_mode(model)
+    bn_training = _has_training_bn(model)
+
+    keys = flat_keys(model.state_dict()) if record else []
+    planned = _planned_steps(loader, cfg) if record else None
+    updates: Optional[torch.Tensor] = None
+    rows: list[torch.Tensor] = []
+    before = flatten_state(model.state_dict(), keys) if record else None
+    if record and planned is not None:
+        updates = torch.empty((planned, before.numel()), dtype=torch.float32)
+
+    sums = torch.zeros(3, device=device)  # total, main, aux
+    steps = seen = skipped = 0
+    for batch in _batches(loader, cfg):
+        x = batch["image"].to(device, non_blocking=use_cuda)
+        if bn_training and x.shape[0] < 2:
+            skipped += 1
+            continue
+        y = batch["label"].to(device, non_blocking=use_cuda)
+        mask = batch["label_mask"].to(device, non_blocking=use_cuda)
+        if class_mask is not None:
+            mask = mask * class_mask
+        with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=amp):
+            out = model(x)
+        main = masked_bce(out["main"], y, mask)
+        if use_aux:
+            aux = aux_ce(out["aux"], batch["aux"].to(device), batch["aux_mask"].to(device), tasks)
+            loss = main + float(cfg.alpha) * aux
+        else:
+            aux = torch.zeros((), device=device)
+            loss = main
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        sums += torch.stack([loss.detach(), main.detach(), aux.detach()])
+        if record:
+            after = flatten_state(model.state_dict(), keys)
+            delta = (after - before).cpu()
+            if updates is not None and steps < updates.shape[0]:
+                updates[steps] = delta
+            else:
+                rows.append(delta)
+            before = after
+        steps += 1
+        seen += int(x.shape[0])
+    if skipped:
+        log.warning("skipped %d batch(es) of one sample (BatchNorm cannot train on them)", skipped)
+    batch_updates = None
+    if record:
+        parts = [] if updates is None else [updates[: min(steps, updates.shape[0])]]
+        parts += [torch.stack(rows)] if rows else []
+        if not parts:
+            batch_updates = torch.zeros((0, before.numel()))
+        elif len(parts) == 1:
+            only = parts[0]
+            batch_updates = only if updates is None or only.shape[0] == updates.shape[0] else only.clone()
+        else:
+            batch_updates = torch.cat(parts)
+    means = (sums / steps).tolist() if steps else [float("nan")] * 3
+    return LocalResult(
+        n_samples=_dataset_len(loader),
+        n_batches=steps,
+        loss=means[0],
+        main_loss=means[1],
+        aux_loss=means[2],
+        batch_updates=batch_updates,
+        samples_seen=seen,
+        skipped_batches=skipped,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _dataset_len(loader: Any) -> int:
+    try:
+        return len(loader.dataset)
+    except (AttributeError, TypeError):
+        return 0
+
+
+# --------------------------------------------------------------------------- prediction
+
+
+@torch.no_grad()
+def predict(model: nn.Module, loader: Any, *, device: torch.device | str) -> dict[str, Any]:
+    """Sigmoid probabilities of every item of ``loader`` (model in eval mode, restored after).
+
+    Returns ``probs`` (N, C) float32 numpy in the head's class order, ``aux_probs``
+    ``{task: (N, K)}`` (softmax), ``index`` (N,) int64 positions in the loader's dataset,
+    and ``labels``/``label_mask`` (N, C) as the batches carried them.
+    """
+    device = resolve_device(device)
+    use_cuda = device.type == "cuda"
+    model.to(device)
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    probs, index, labels, masks = [], [], [], []
+    aux_probs: dict[str, list[np.ndarray]] = {t: [] for t in getattr(model, "aux_tasks", {}) or {}}
+    try:
+        for batch in loader:
+            x = batch["image"].to(device, non_blocking=use_cuda)
+            with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=use_cuda):
+                out = model(x)
+            probs.append(torch.sigmoid(out["main"].float()).cpu().numpy())
+            for task, logits in out["aux"].items():
+                aux_probs[task].append(torch.softmax(logits.float(), dim=1).cpu().numpy())
+            index.append(np.asarray(batch["index"], dtype=np.int64))
+            labels.append(np.asarray(batch["label"], dtype=np.float32))
+            masks.append(np.asarray(batch["label_mask"], dtype=np.float32))
+    finally:
+        for module, mode in modes.items():
+            module.training = mode
+    n_classes = len(getattr(model, "classes", [])) if not probs else probs[0].shape[1]
+    cat = lambda parts, width: np.concatenate(parts) if parts else np.zeros((0, width), np.float32)  # noqa: E731
+    return {
+        "probs": cat(probs, n_classes),
+        "aux_probs": {t: cat(v, getattr(model, "aux_tasks", {}).get(t, 0)) for t, v in aux_probs.items()},
+        "index": np.concatenate(index) if index else np.zeros(0, np.int64),
+        "labels": cat(labels, n_classes),
+        "label_mask": cat(masks, n_classes),
+    }
+
+
+def quick_auroc(labels: np.ndarray, mask: np.ndarray, probs: np.ndarray,
+                classes: Sequence[str]) -> dict[str, float]:
+    """Per-class AUROC over labeled rows (``mask`` > 0); NaN when those rows hold one value.
+
+    For per-round validation metrics; the evaluation package reports CIs and reasons.
+    """
+    from sklearn.metrics import roc_auc_score
+
+    labels, mask, probs = np.asarray(labels), np.asarray(mask), np.asarray(probs)
+    out: dict[str, float] = {}
+    for i, cls in enumerate(classes):
+        rows = mask[:, i] > 0
+        y = labels[rows, i]
+        if y.size == 0 or np.unique(y).size < 2:
+            out[cls] = float("nan")
+        else:
+            out[cls] = float(roc_auc_score(y, probs[rows, i]))
+    return out

@@ -1,0 +1,266 @@
+"""Local training: the AuxInfo loss, trainable parts, recorded batch updates, determinism."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+from sklearn.metrics import roc_auc_score
+
+from fedcxr.errors import UserError
+from fedcxr.models.network import CXRNet, flatten_state
+from fedcxr.pipeline.data import AugmentConfig, SiteDataset, make_loader
+from fedcxr.pipeline.local import (
+    LocalConfig,
+    aux_ce,
+    masked_bce,
+    predict,
+    quick_auroc,
+    resolve_device,
+    train_local,
+)
+from fedcxr.vocab import aux_column, label_column
+
+CLASSES = ["edema", "atelectasis"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny networks run faster on one thread, and far faster when other jobs share the cores."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def toy_dataset(n: int = 32, size: int = 16, seed: int = 0) -> SiteDataset:
+    """A learnable set: edema = a bright square; atelectasis observed on half the rows; sex known on 3/4."""
+    rng = np.random.default_rng(seed)
+    edema = rng.permutation(np.arange(n) % 2)
+    images = rng.integers(0, 60, (n, size, size)).astype(np.uint8)
+    images[edema == 1, size // 4: 3 * size // 4, size // 4: 3 * size // 4] = 230
+    atel = np.where(np.arange(n) % 2 == 0, rng.integers(0, 2, n).astype(float), np.nan)
+    sex = pd.array([None if i % 4 == 0 else int(edema[i]) for i in range(n)], dtype="Int64")
+    frame = pd.DataFrame({label_column("edema"): edema.astype(float), label_column("atelectasis"): atel,
+                          aux_column("sex"): sex})
+    return SiteDataset(images, frame, np.arange(n), classes=CLASSES, aux_tasks=["sex"], loss_classes=CLASSES,
+                       augment_config=AugmentConfig(prob=1.0))
+
+
+def toy_model(seed: int = 0, aux: bool = True) -> CXRNet:
+    torch.manual_seed(seed)
+    return CXRNet(CLASSES, backbone="resnet_tiny", hidden=8, aux_tasks={"sex": 2} if aux else None)
+
+
+def states_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+# --------------------------------------------------------------------------- losses
+
+
+def test_masked_bce_is_the_mean_over_observed_entries():
+    logits = torch.tensor([[2.0, -1.0, 0.5], [0.0, 3.0, -2.0]], requires_grad=True)
+    targets = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]])
+    p = torch.sigmoid(logits.detach())
+    expected = -(torch.log(p[0, 0]) + torch.log(1 - p[0, 1]) + torch.log(p[1, 1]) + torch.log(1 - p[1, 2])) / 4
+    loss = masked_bce(logits, targets, mask)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    loss.backward()
+    assert logits.grad[0, 2] == 0 and logits.grad[1, 0] == 0  # masked entries get no gradient
+    # whatever masked entries hold (even a NaN label turned into anything) does not matter
+    targets2 = targets.clone()
+    targets2[0, 2], targets2[1, 0] = 0.0, 1.0
+    logits2 = logits.detach().clone()
+    logits2[0, 2] = 50.0
+    assert masked_bce(logits2, targets2, mask).item() == pytest.approx(loss.item(), rel=1e-6)
+
+
+def test_all_masked_batch_gives_zero_with_a_gradient():
+    logits = torch.tensor([[30.0, -30.0]], requires_grad=True)
+    loss = masked_bce(logits, torch.tensor([[0.0, 1.0]]), torch.zeros(1, 2))
+    assert loss.item() == 0.0 and not math.isnan(loss.item()) and loss.grad_fn is not None
+    loss.backward()
+    assert torch.equal(logits.grad, torch.zeros(1, 2))
+
+
+def test_aux_ce_ignores_rows_with_unknown_values():
+    torch.manual_seed(0)
+    sex, view = torch.randn(4, 2, requires_grad=True), torch.randn(4, 3)
+    aux = torch.tensor([[1, -1], [0, -1], [-1, -1], [1, -1]])
+    mask = (aux >= 0).float()
+    loss = aux_ce({"sex": sex, "view": view}, aux, mask, ["sex", "view"])
+    expected = F.cross_entropy(sex[[0, 1, 3]], torch.tensor([1, 0, 1]))  # view: no known row → 0
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    loss.backward()
+    assert torch.equal(sex.grad[2], torch.zeros(2))
+    aux2 = torch.tensor([[1, 2], [0, -1], [-1, 0], [1, -1]])
+    both = aux_ce({"sex": sex, "view": view}, aux2, (aux2 >= 0).float(), ["sex", "view"])
+    view_ce = F.cross_entropy(view[[0, 2]], torch.tensor([2, 0]))
+    assert both.item() == pytest.approx(expected.item() + view_ce.item(), rel=1e-6)
+
+
+# --------------------------------------------------------------------------- training
+
+
+def loader(ds, seed=0, batch_size=8, augment=False):
+    return make_loader(ds, batch_size=batch_size, shuffle=True, seed=seed, augment=augment)
+
+
+def test_alpha_zero_equals_training_without_aux():
+    ds = toy_dataset()
+    a, b = toy_model(), toy_model()
+    ra = train_local(a, loader(ds), LocalConfig(alpha=0.0, use_aux=True), device="cpu", seed=1)
+    rb = train_local(b, loader(ds), LocalConfig(use_aux=False), device="cpu", seed=1)
+    assert ra.main_loss == pytest.approx(rb.main_loss, rel=1e-6) and ra.aux_loss > 0 and rb.aux_loss == 0
+    sa, sb = a.state_dict(), b.state_dict()
+    for key in sa:
+        assert torch.allclose(sa[key].float(), sb[key].float(), atol=1e-6), key
+    assert ra.loss == pytest.approx(ra.main_loss)
+
+
+def test_loss_decreases_and_the_model_learns():
+    ds = toy_dataset(n=48)
+    model = toy_model()
+    eval_loader = make_loader(ds, batch_size=16, shuffle=False, seed=0, augment=False)
+    before = predict(model, eval_loader, device="cpu")
+    result = train_local(model, loader(ds), LocalConfig(lr=3e-3, epochs=8), device="cpu", seed=0)
+    after = predict(model, eval_loader, device="cpu")
+    assert result.n_samples == 48 and result.n_batches == 48 and result.samples_seen == 8 * 48
+
+    def bce(out):
+        p = torch.from_numpy(out["probs"][:, 0]).clamp(1e-6, 1 - 1e-6)
+        return F.binary_cross_entropy(p, torch.from_numpy(out["labels"][:, 0])).item()
+
+    assert bce(after) < 0.7 * bce(before)
+    assert quick_auroc(after["labels"], after["label_mask"], after["probs"], CLASSES)["edema"] > 0.9
+
+
+def test_recorded_batch_updates_sum_to_the_total_change():
+    ds = toy_dataset(n=20)
+    model = toy_model()
+    start = flatten_state(model.state_dict())
+    result = train_local(model, loader(ds), LocalConfig(epochs=2), device="cpu", seed=0,
+                         record_batch_updates=True)
+    updates = result.batch_updates
+    assert result.n_batches == 6  # 3 batches (8, 8, 4) x 2 epochs
+    assert updates.shape == (6, start.numel()) and updates.dtype == torch.float32
+    total = flatten_state(model.state_dict()) - start
+    assert torch.allclose(updates.sum(0), total, atol=1e-5)
+    # buffers take part: BN running means move with every training step
+    keys = [k for k, v in model.state_dict().items() if v.dim() > 0]
+    offset = 0
+    for key in keys:
+        if key == "backbone.bn1.running_mean":
+            break
+        offset += model.state_dict()[key].numel()
+    assert (updates[:, offset:offset + 8].abs().sum(1) > 0).all()
+
+
+def test_trainable_head_leaves_the_backbone_and_bn_statistics_unchanged():
+    ds = toy_dataset(n=16)
+    model = toy_model()
+    before = copy.deepcopy(model.state_dict())
+    model.train()
+    train_local(model, loader(ds), LocalConfig(lr=1e-2), device="cpu", seed=0, trainable="head")
+    after = model.state_dict()
+    for key in before:
+        changed = not torch.equal(before[key], after[key])
+        assert changed == key.startswith("head."), key
+    assert all(p.requires_grad for p in model.parameters())  # not left frozen
+    assert model.training
+
+
+def test_trainable_backbone_leaves_the_head_unchanged():
+    ds = toy_dataset(n=16)
+    model = toy_model()
+    before = copy.deepcopy(model.state_dict())
+    train_local(model, loader(ds), LocalConfig(lr=1e-2), device="cpu", seed=0, trainable="backbone")
+    after = model.state_dict()
+    assert torch.equal(before["head.weight"], after["head.weight"])
+    assert not torch.equal(before["backbone.conv1.weight"], after["backbone.conv1.weight"])
+
+
+def test_same_seed_gives_identical_weights():
+    ds = toy_dataset(n=20)
+    runs = []
+    for seed in (5, 5, 6):
+        model = toy_model()
+        torch.manual_seed(seed * 100)  # global RNG state in between must not matter
+        train_local(model, loader(ds, seed=seed, augment=True), LocalConfig(epochs=2), device="cpu", seed=seed)
+        runs.append(model)
+    assert states_equal(runs[0], runs[1])
+    assert not states_equal(runs[0], runs[2])
+
+
+def test_steps_override_epochs_and_cycle_the_loader():
+    ds = toy_dataset(n=16)
+    result = train_local(toy_model(), loader(ds), LocalConfig(steps=5, epochs=1), device="cpu", seed=0,
+                         record_batch_updates=True)
+    assert result.n_batches == 5 and result.batch_updates.shape[0] == 5 and result.samples_seen == 40
+
+
+def test_loss_classes_mask_keeps_unlabelled_class_rows_still():
+    ds = toy_dataset(n=16)
+    model = toy_model(aux=False)
+    before = model.head.weight.detach().clone()
+    train_local(model, loader(ds), LocalConfig(lr=1e-2), device="cpu", seed=0,
+                loss_classes_mask=torch.tensor([1.0, 0.0]))
+    assert torch.equal(model.head.weight[1], before[1]) and not torch.equal(model.head.weight[0], before[0])
+
+
+def test_single_sample_batches_are_skipped_while_bn_trains():
+    ds = toy_dataset(n=9)
+    result = train_local(toy_model(), loader(ds), LocalConfig(), device="cpu", seed=0)
+    assert result.n_batches == 1 and result.skipped_batches == 1 and result.samples_seen == 8
+
+
+def test_empty_loader_trains_nothing():
+    ds = toy_dataset(n=4)
+    empty = torch.utils.data.Subset(ds, [])
+    model = toy_model()
+    before = copy.deepcopy(model.state_dict())
+    result = train_local(model, loader(empty), LocalConfig(steps=3), device="cpu", seed=0,
+                         record_batch_updates=True)
+    assert result.n_batches == 0 and math.isnan(result.loss) and result.batch_updates.shape[0] == 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+# --------------------------------------------------------------------------- prediction
+
+
+def test_predict_outputs_and_quick_auroc():
+    ds = toy_dataset(n=12)
+    model = toy_model()
+    model.train()
+    out = predict(model, make_loader(ds, batch_size=5, shuffle=False, seed=0, augment=False), device="cpu")
+    assert model.training  # mode restored
+    assert out["probs"].shape == (12, 2) and ((out["probs"] > 0) & (out["probs"] < 1)).all()
+    assert out["aux_probs"]["sex"].shape == (12, 2)
+    assert np.allclose(out["aux_probs"]["sex"].sum(1), 1.0, atol=1e-5)
+    assert out["index"].tolist() == list(range(12))
+    np.testing.assert_array_equal(out["label_mask"], ds.label_mask)
+    auc = quick_auroc(out["labels"], out["label_mask"], out["probs"], CLASSES)
+    assert auc["edema"] == pytest.approx(roc_auc_score(ds.labels[:, 0], out["probs"][:, 0]))
+    observed = ds.label_mask[:, 1] > 0
+    assert auc["atelectasis"] == pytest.approx(roc_auc_score(ds.labels[observed, 1], out["probs"][observed, 1]))
+    one_valued = quick_auroc(np.ones((4, 1)), np.ones((4, 1)), np.random.rand(4, 1), ["edema"])
+    assert math.isnan(one_valued["edema"])
+
+
+def test_resolve_device():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device(None) == resolve_device("auto")
+    with pytest.raises(UserError):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="CUDA"):
+            resolve_device("cuda")
