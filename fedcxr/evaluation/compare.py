@@ -355,7 +355,7 @@ def _tests_markdown(result: dict) -> list[str]:
         for label in labels:
             t = by_key.get((m, label))
             if t is None or not np.isfinite(t["ttest"]["p_value"]):
-                cells.append("—" if t is None else f"n/a ({t['ttest']['n_pairs']} class pairs)")
+                cells.append("—" if t is None else f"n/a ({t['ttest']['n_pairs']} class pair(s), needs 2)")
                 continue
             tt = t["ttest"]
             cells.append(f"{tt['mean_difference']:+.3f}, {_fmt_p(tt['p_value'])} {stars(tt['p_value'])}")
