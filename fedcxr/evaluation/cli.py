@@ -9,6 +9,8 @@ A missing or malformed run directory raises :class:`~fedcxr.errors.UserError` (e
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Optional
 
 from fedcxr.errors import UserError
 from fedcxr.evaluation.compare import compare_runs, write_comparison
@@ -16,20 +18,26 @@ from fedcxr.evaluation.report import build_report, fmt, fmt_ci, write_report
 from fedcxr.evaluation.runs import check_run_dir, load_predictions, load_run_info
 
 
-def cli_evaluate(args: argparse.Namespace) -> int:
-    """Evaluate one run; prints where report.md is and the mean AUROC per site."""
-    run_dir = check_run_dir(args.run_dir)
-    split = getattr(args, "split", "test") or "test"
-    n_boot = int(getattr(args, "bootstrap", 1000))
+def evaluate_run(run_dir: Path | str, *, split: str = "test", n_boot: int = 1000, seed: int = 0,
+                 device: Optional[str] = None) -> dict:
+    """Evaluate one run (writing its predictions first if missing) and write the report files
+    into ``run_dir``; returns the report dict (``report.json`` content, NaN where undefined)."""
+    run_dir = check_run_dir(run_dir)
     if n_boot < 0:
         raise UserError(f"--bootstrap must be 0 (DeLong CIs) or a positive number of resamples, got {n_boot}")
-    seed = int(getattr(args, "seed", 0) or 0)
     info = load_run_info(run_dir)
-    predictions = load_predictions(run_dir, split, info["classes"], create=True,
-                                   device=getattr(args, "device", None))
+    predictions = load_predictions(run_dir, split, info["classes"], create=True, device=device)
     report = build_report(predictions, info, split=split, n_boot=n_boot, seed=seed)
-    paths = write_report(run_dir, report, predictions)
-    print(f"report: {paths[2]}")
+    write_report(run_dir, report, predictions)
+    return report
+
+
+def cli_evaluate(args: argparse.Namespace) -> int:
+    """Evaluate one run; prints where report.md is and the mean AUROC per site."""
+    report = evaluate_run(args.run_dir, split=getattr(args, "split", "test") or "test",
+                          n_boot=int(getattr(args, "bootstrap", 1000)), seed=int(getattr(args, "seed", 0) or 0),
+                          device=getattr(args, "device", None))
+    print(f"report: {Path(args.run_dir) / 'report.md'}")
     for site, entry in report["sites"].items():
         line = (f"  {site}: mean AUROC {fmt_ci(entry['mean_auroc'], entry['mean_auroc_ci_low'], entry['mean_auroc_ci_high'])}"
                 f" over {len(entry['mean_auroc_classes'])}/{len(report['classes'])} classes, {entry['n_rows']} images")

@@ -7,8 +7,10 @@ import sys
 import types
 
 import pandas as pd
+import pytest
 
 from fedcxr.cli import main
+from fedcxr.evaluation.cli import evaluate_run
 
 
 def test_evaluate_writes_report_and_prints_mean_auroc(tmp_path, make_predictions, make_run, capsys):
@@ -105,3 +107,12 @@ def test_evaluate_accepts_nullable_labels_and_float32_probs(tmp_path, make_predi
     saved = json.loads((run / "report.json").read_text())["sites"]["site-a"]["per_class"]
     edema = next(r for r in saved if r["class"] == "edema")
     assert edema["n"] == int(frame["label__edema"].notna().sum()) and 0.5 < edema["auroc"] <= 1
+
+
+def test_evaluate_run_returns_the_report(tmp_path, make_predictions, make_run):
+    """The Python entry point used by ``fedcxr demo`` and ``fedcxr sweep``."""
+    run = make_run(tmp_path / "run", make_predictions(), method="FedBN", target="site-b")
+    report = evaluate_run(run, split="test", n_boot=0)
+    assert report["target"] == "site-b" and 0.5 < report["sites"]["site-b"]["mean_auroc"] <= 1
+    assert json.loads((run / "report.json").read_text())["sites"]["site-b"]["mean_auroc"] == pytest.approx(
+        report["sites"]["site-b"]["mean_auroc"])
