@@ -46,7 +46,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, require_columns
+from fedcxr.site_adapters.base import AdapterOptions, IngestError, SourceTable, require_columns
 from fedcxr.site_adapters.chexpert import CLASS_OF, CHEXPERT_CLASSES, LABEL_COLUMNS
 from fedcxr.site_adapters.tables import (
     code_names,
@@ -54,6 +54,7 @@ from fedcxr.site_adapters.tables import (
     find_file,
     label_columns,
     map_distinct,
+    member_of,
     read_table,
     relative_name,
     rows_set_aside,
@@ -72,6 +73,9 @@ HOSP_DIRS = ["hosp"] + [f"{base}/{v}/hosp" for base in ("mimiciv", "mimic-iv", "
 SPLITS = {"train": "train", "validate": "val", "val": "val", "test": "test"}
 MAX_GROUPED_AGE, GROUPED_AGE = 89, 91.0
 KEYS = ["subject_id", "study_id"]
+META_COLUMNS = {"dicom_id", "subject_id", "study_id", "ViewPosition", "StudyDate"}
+PATIENT_COLUMNS = {"subject_id", "gender", "anchor_age", "anchor_year"}
+ADMISSION_COLUMNS = {"subject_id", "admittime", "race", "ethnicity"}
 
 
 def _find(input_dir: Path, stem: str, subdirs: list[str], depth: int = 3) -> Optional[Path]:
@@ -85,38 +89,42 @@ def read_mimic(input_dir: Path, options: AdapterOptions) -> SourceTable:
     if meta_path is None:
         raise IngestError(f"{input_dir}: no {PREFIX}metadata.csv(.gz) (MIMIC-CXR-JPG release folder)")
     root, name = meta_path.parent, relative_name(meta_path, input_dir)
-    meta = read_table(meta_path, base=input_dir, dtype=str)
+    meta = read_table(meta_path, base=input_dir, usecols=lambda c: c in META_COLUMNS,
+                      dtype={"dicom_id": str, "ViewPosition": str, "StudyDate": str})
     require_columns(meta, ["dicom_id", "subject_id", "study_id"], name)
     n = len(meta)
-    for col in ("dicom_id", "subject_id", "study_id"):
-        meta[col] = meta[col].str.strip()
     rows = np.arange(1, n + 1)
     reasons: list[Optional[str]] = [None] * n
     notes = [f"metadata: {name} ({n} images)"]
+    dicom = meta["dicom_id"].str.strip()
+    subject, study = id_keys(meta["subject_id"]), id_keys(meta["study_id"])
+    _mark(reasons, dicom.isna().to_numpy(), "missing value: empty 'dicom_id'")
+    for col, keys in (("subject_id", subject), ("study_id", study)):
+        _mark(reasons, np.isnan(keys), f"missing value: empty or non-integer {col!r}")
 
-    image_path = ("files/p" + meta["subject_id"].str[:2] + "/p" + meta["subject_id"] + "/s"
-                  + meta["study_id"] + "/" + meta["dicom_id"] + ".jpg")
+    subject_text, study_text = id_text(subject), id_text(study)
+    image_path = ("files/p" + subject_text.str[:2] + "/p" + subject_text + "/s" + study_text + "/"
+                  + dicom.fillna("") + ".jpg")
     frame = pd.DataFrame({
         "image_path": image_path,
-        "patient_id": meta["subject_id"],
-        "study_id": meta["study_id"],
+        "patient_id": subject_text,
+        "study_id": study_text,
         "source_file": name,
         "source_row": rows,
     })
-    for col in ("dicom_id", "subject_id", "study_id"):
-        _mark(reasons, meta[col].isna().to_numpy(), f"missing value: empty {col!r}")
-
-    labels, label_reasons, label_notes = _study_labels(input_dir, options, meta)
+    labels, label_reasons, label_notes = _study_labels(input_dir, options, subject, study)
     frame = pd.concat([frame, labels], axis=1)
     _merge_reasons(reasons, label_reasons)
     notes += label_notes
-    frame["official_split"], split_reasons, split_notes = _official_split(input_dir, meta)
+    frame["official_split"], split_reasons, split_notes = _official_split(input_dir, dicom)
     _merge_reasons(reasons, split_reasons)
     notes += split_notes
 
     view = map_distinct(meta["ViewPosition"], view_code)[0] if "ViewPosition" in meta else np.full(n, np.nan)
     frame[aux_column("view")] = to_codes(view)
-    frame, demo_notes = _add_demographics(frame, meta, input_dir)
+    study_year = (pd.to_numeric(meta["StudyDate"].str.strip().str[:4], errors="coerce").to_numpy(dtype=float)
+                  if "StudyDate" in meta else None)
+    frame, demo_notes = _add_demographics(frame, subject, study_year, input_dir)
     notes += demo_notes
 
     bad = np.array([r is not None for r in reasons], dtype=bool)
@@ -126,6 +134,26 @@ def read_mimic(input_dir: Path, options: AdapterOptions) -> SourceTable:
         frame=frame.loc[~bad].reset_index(drop=True), classes=list(CHEXPERT_CLASSES),
         set_aside=set_aside, rows_read=n, notes=notes,
     )
+
+
+def id_keys(values: pd.Series) -> np.ndarray:
+    """MIMIC integer ids as float64 join keys; NaN where blank or not an integer.
+
+    Joins on numbers: merging 377k rows on pandas' Arrow strings took seconds.
+    """
+    keys = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    keys[keys != np.floor(keys)] = np.nan
+    return keys
+
+
+def id_text(keys: np.ndarray) -> pd.Series:
+    """Float id keys → ``"10000032"`` strings (``""`` where missing)."""
+    return pd.Series(pd.array(keys, dtype="Int64")).astype(str).where(~np.isnan(keys), "")
+
+
+def _lookup(keys: np.ndarray, table_keys: np.ndarray) -> np.ndarray:
+    """Position of each key in ``table_keys`` (unique), -1 when absent or NaN."""
+    return pd.Index(table_keys).get_indexer(keys)
 
 
 def _mark(reasons: list, mask: np.ndarray, reason: str) -> None:
@@ -142,9 +170,9 @@ def _merge_reasons(reasons: list, other: pd.Series) -> None:
 
 
 def _study_labels(
-    input_dir: Path, options: AdapterOptions, meta: pd.DataFrame
+    input_dir: Path, options: AdapterOptions, subject: np.ndarray, study: np.ndarray
 ) -> tuple[pd.DataFrame, pd.Series, list[str]]:
-    """``raw__`` columns per image (row-aligned with ``meta``) and a reason per bad image."""
+    """``raw__`` columns per image (row-aligned with the metadata) and a reason per bad image."""
     labeler = str(options.extra.get("labeler", "chexpert")).lower()
     if labeler not in {"chexpert", "negbio"}:
         raise IngestError(f"mimic: labeler must be 'chexpert' or 'negbio', got {labeler!r}")
@@ -157,19 +185,22 @@ def _study_labels(
     if path is None:
         raise IngestError(f"{input_dir}: no {PREFIX}chexpert.csv(.gz) or {PREFIX}negbio.csv(.gz) label file")
     name = relative_name(path, input_dir)
-    table = read_table(path, base=input_dir, dtype={"subject_id": str, "study_id": str})
+    table = read_table(path, base=input_dir)
     require_columns(table, KEYS + LABEL_COLUMNS, name)
-    for key in KEYS:
-        table[key] = table[key].str.strip()
     raw, bad, bad_reasons = label_columns(table, CLASS_OF)
     labels = pd.DataFrame(raw)
     labels["_row"] = np.arange(1, len(table) + 1)
     labels["_reason"] = [f"{r} ({name} row {i})" if r else None for r, i in zip(bad_reasons, labels["_row"])]
-    labels[KEYS] = table[KEYS]
-    labels = _resolve_duplicate_studies(labels, name)
-    joined = meta[KEYS].merge(labels, on=KEYS, how="left", sort=False, validate="many_to_one")
-    unlabeled = int(joined["_row"].isna().sum())
+    labels["subject_id"], labels["study_id"] = id_keys(table["subject_id"]), id_keys(table["study_id"])
     notes = [f"labels: {name} ({len(table)} studies)"]
+    keyless = labels[KEYS].isna().any(axis=1)
+    if keyless.any():
+        notes.append(f"{int(keyless.sum())} row(s) of {name} without integer subject_id/study_id: ignored")
+        labels = labels.loc[~keyless]
+    labels = _resolve_duplicate_studies(labels, name)
+    images = pd.DataFrame({"subject_id": subject, "study_id": study})
+    joined = images.merge(labels, on=KEYS, how="left", sort=False, validate="many_to_one")
+    unlabeled = int((joined["_row"].isna() & images[KEYS].notna().all(axis=1)).sum())
     if unlabeled:
         notes.append(f"{unlabeled} image(s) whose study has no row in {name}: kept with no labels")
     raw_cols = [raw_column(c) for c in CHEXPERT_CLASSES]
@@ -192,27 +223,28 @@ def _resolve_duplicate_studies(labels: pd.DataFrame, name: str) -> pd.DataFrame:
 # --------------------------------------------------------------------------- split
 
 
-def _official_split(input_dir: Path, meta: pd.DataFrame) -> tuple[pd.Series, pd.Series, list[str]]:
+def _official_split(input_dir: Path, dicom: pd.Series) -> tuple[pd.Series, pd.Series, list[str]]:
     """official split per image (``validate`` → ``val``), reasons for unknown values, notes."""
-    n = len(meta)
+    n = len(dicom)
     none = pd.Series([None] * n, dtype=object)
     path = _find(input_dir, PREFIX + "split", RELEASE_DIRS)
     if path is None:
         return none, none.copy(), [f"no {PREFIX}split.csv: splits by patient hash"]
     name = relative_name(path, input_dir)
-    table = read_table(path, base=input_dir, dtype=str)
+    table = read_table(path, base=input_dir, usecols=lambda c: c in {"dicom_id", "split"}, dtype=str)
     require_columns(table, ["dicom_id", "split"], name)
-    table = table.assign(dicom_id=table["dicom_id"].str.strip(), split=table["split"].str.strip())
-    table = table.drop_duplicates(subset=["dicom_id", "split"])
-    conflicted = set(table.loc[table["dicom_id"].duplicated(), "dicom_id"])
-    table = table.drop_duplicates(subset=["dicom_id"])
-    raw = meta["dicom_id"].map(table.set_index("dicom_id")["split"]).reset_index(drop=True)
+    split_of: dict[str, str] = {}
+    conflicted: set[str] = set()
+    for d, sp in zip(table["dicom_id"].str.strip().tolist(), table["split"].str.strip().tolist()):
+        if split_of.setdefault(d, sp) != sp:
+            conflicted.add(d)
+    raw = pd.Series([split_of.get(d) for d in dicom.tolist()], dtype=object)
     split = raw.map(SPLITS)
     unknown = raw.notna() & split.isna()
     reasons = none.copy()
     reasons[unknown] = [f"unknown split value: {v!r} in column 'split' of {name}" for v in raw[unknown]]
-    both = meta["dicom_id"].isin(list(conflicted)).to_numpy() if conflicted else np.zeros(n, dtype=bool)
-    reasons[both] = f"image in two official splits: dicom_id listed twice in {name}"
+    if conflicted:
+        reasons[member_of(dicom, conflicted)] = f"image in two official splits: dicom_id listed twice in {name}"
     notes = [f"official split: {name}"]
     absent = int(raw.isna().sum())
     if absent:
@@ -223,7 +255,9 @@ def _official_split(input_dir: Path, meta: pd.DataFrame) -> tuple[pd.Series, pd.
 # --------------------------------------------------------------------------- demographics
 
 
-def _add_demographics(frame: pd.DataFrame, meta: pd.DataFrame, input_dir: Path) -> tuple[pd.DataFrame, list[str]]:
+def _add_demographics(
+    frame: pd.DataFrame, subject: np.ndarray, study_year: Optional[np.ndarray], input_dir: Path
+) -> tuple[pd.DataFrame, list[str]]:
     """sex / age (at the study) / race from MIMIC-IV; unknown → null, counted in notes."""
     n = len(frame)
     notes: list[Optional[str]] = []
@@ -233,7 +267,7 @@ def _add_demographics(frame: pd.DataFrame, meta: pd.DataFrame, input_dir: Path) 
     if patients_path is None:
         notes.append("no hosp/patients.csv: sex and age unknown")
     else:
-        sex, age, patient_notes = _sex_and_age(patients_path, input_dir, meta)
+        sex, age, patient_notes = _sex_and_age(patients_path, input_dir, subject, study_year)
         notes += patient_notes
     bins, _ = map_distinct(pd.Series(age), age_bin_code)
     frame["age"] = age
@@ -247,29 +281,33 @@ def _add_demographics(frame: pd.DataFrame, meta: pd.DataFrame, input_dir: Path) 
     else:
         per_subject, race_notes = subject_race(admissions_path, input_dir)
         notes += race_notes
-        race = meta["subject_id"].map(per_subject).to_numpy(dtype=float)
+        at = _lookup(subject, per_subject.index.to_numpy(dtype=float))
+        race = np.where(at >= 0, per_subject.to_numpy(dtype=float)[at], np.nan)
     frame[aux_column("race")] = to_codes(race)
     frame["group__race"] = code_names("race", race)
     return frame, [x for x in notes if x]
 
 
-def _sex_and_age(path: Path, input_dir: Path, meta: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, list]:
+def _sex_and_age(
+    path: Path, input_dir: Path, subject: np.ndarray, study_year: Optional[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, list]:
     name = relative_name(path, input_dir)
-    patients = read_table(path, base=input_dir, dtype=str)
-    require_columns(patients, ["subject_id", "gender", "anchor_age", "anchor_year"], name)
-    patients["subject_id"] = patients["subject_id"].str.strip()
-    patients = patients.drop_duplicates(subset=["subject_id"]).set_index("subject_id")
-    subject = meta["subject_id"]
-    known = subject.isin(patients.index).to_numpy()
-    gender = subject.map(patients["gender"])
+    patients = read_table(path, base=input_dir, usecols=lambda c: c in PATIENT_COLUMNS, dtype={"gender": str})
+    require_columns(patients, sorted(PATIENT_COLUMNS), name)
+    patients["key"] = id_keys(patients["subject_id"])
+    patients = patients.dropna(subset=["key"]).drop_duplicates(subset=["key"])
+    at = _lookup(subject, patients["key"].to_numpy())
+    known = at >= 0
+
+    def column(col: str) -> pd.Series:  # the patients' value for each image (-1 → missing)
+        return patients[col].reset_index(drop=True).reindex(at).reset_index(drop=True)
+
+    gender = column("gender")
     sex, sex_failed = map_distinct(gender, sex_code)
-    anchor_age = pd.to_numeric(subject.map(patients["anchor_age"]), errors="coerce").to_numpy(dtype=float)
-    anchor_year = pd.to_numeric(subject.map(patients["anchor_year"]), errors="coerce").to_numpy(dtype=float)
-    if "StudyDate" in meta:
-        study_year = pd.to_numeric(meta["StudyDate"].str.strip().str[:4], errors="coerce").to_numpy(dtype=float)
-    else:
-        study_year = np.full(len(meta), np.nan)
-    computed = anchor_age + (study_year - anchor_year)
+    anchor_age = pd.to_numeric(column("anchor_age"), errors="coerce").to_numpy(dtype=float)
+    anchor_year = pd.to_numeric(column("anchor_year"), errors="coerce").to_numpy(dtype=float)
+    year = study_year if study_year is not None else np.full(len(subject), np.nan)
+    computed = anchor_age + (year - anchor_year)
     computed = np.where(computed > MAX_GROUPED_AGE, GROUPED_AGE, computed)
     age, age_failed = map_distinct(pd.Series(computed), parse_age)
     notes = [
@@ -278,26 +316,28 @@ def _sex_and_age(path: Path, input_dir: Path, meta: pd.DataFrame) -> tuple[np.nd
         failed_note("age at study (anchor_age + study year - anchor_year)", pd.Series(computed), age_failed,
                     "age unknown, rows kept"),
     ]
-    if "StudyDate" not in meta:
+    if study_year is None:
         notes.append("metadata has no 'StudyDate': age unknown")
     return sex, age, notes
 
 
 def subject_race(path: Path, input_dir: Path) -> tuple[pd.Series, list]:
-    """Race code per ``subject_id`` from MIMIC-IV admissions (rule in the module doc)."""
+    """Race code per ``subject_id`` (int index) from MIMIC-IV admissions (rule in the module doc)."""
     name = relative_name(path, input_dir)
-    adm = read_table(path, base=input_dir, dtype=str)
+    adm = read_table(path, base=input_dir, usecols=lambda c: c in ADMISSION_COLUMNS,
+                     dtype={"race": str, "ethnicity": str, "admittime": str})
     column = "race" if "race" in adm else "ethnicity"
     require_columns(adm, ["subject_id", column], name)
     codes, failed = map_distinct(adm[column], race_code)
     when = pd.to_datetime(adm["admittime"], errors="coerce") if "admittime" in adm \
         else pd.Series(pd.NaT, index=adm.index)
-    known = pd.DataFrame({"subject": adm["subject_id"].str.strip(), "code": codes, "when": when}).dropna(
-        subset=["code"])
+    known = pd.DataFrame({"subject": id_keys(adm["subject_id"]), "code": codes, "when": when}).dropna(
+        subset=["subject", "code"])
     votes = known.groupby(["subject", "code"]).agg(n=("code", "size"), last=("when", "max")).reset_index()
     votes = votes.sort_values(["subject", "n", "last", "code"], ascending=[True, False, False, True],
                               na_position="last", kind="mergesort")
-    per_subject = votes.drop_duplicates("subject").set_index("subject")["code"]
+    per_subject = votes.drop_duplicates("subject").set_index("subject")["code"].astype(int)
+    per_subject.index = per_subject.index.astype("int64").rename("subject_id")
     notes = [
         f"race: {name} column {column!r}; known for {len(per_subject)} subject(s)",
         failed_note(f"{column} in {name}", adm[column], failed, "treated as unknown"),

@@ -152,7 +152,7 @@ def test_race_is_most_frequent_known_family_ties_to_most_recent_admission(tmp_pa
     # 10000001: WHITE + WHITE - OTHER EUROPEAN (2) beat BLACK (1), although BLACK is the latest.
     # 10000002: ASIAN vs HISPANIC/LATINO 1-1 (UNKNOWN twice does not count) → latest: hispanic.
     # 10000003: only UNABLE TO OBTAIN → no race. 11000005: MARTIAN unmappable → ASIAN.
-    assert race == {"10000001": "white", "10000002": "hispanic", "10000004": "black", "11000005": "asian"}
+    assert race == {10000001: "white", 10000002: "hispanic", 10000004: "black", 11000005: "asian"}
     assert any("unmappable race" in n and "'MARTIAN'" in n for n in notes if n)
 
     table = read_mimic(root, AdapterOptions())
