@@ -301,13 +301,22 @@ def _site_section(report, site, entry, figure) -> list[str]:
         lines += [f"**Accuracy** (threshold {entry['accuracy_threshold']}): "
                   f"{fmt_ci(entry['accuracy'], entry['accuracy_ci_low'], entry['accuracy_ci_high'])}", ""]
     rows = [[r["class"], fmt_ci(r["auroc"], r["ci_low"], r["ci_high"]), str(r["n"]), str(r["n_pos"]),
-             fmt(r["prevalence"]), r["reason"] or ""] for r in entry["per_class"]]
+             fmt(r["prevalence"]), _note(r, report["ci"]["n_boot"])] for r in entry["per_class"]]
     lines += _table(["Class", "AUROC (95% CI)", "n", "Positives", "Prevalence", "Note"], rows) + [""]
     if figure:
         lines += [f"![ROC curves, site {site}]({figure})", ""]
     for task, sub in entry["subgroups"].items():
         lines += _subgroup_section(report, task, sub)
     return lines
+
+
+def _note(row: dict, n_boot: int) -> str:
+    """The reason a number is missing, or how many bootstrap resamples the CI had to skip."""
+    if row["reason"]:
+        return row["reason"]
+    if row.get("ci_skipped"):
+        return f"CI from {n_boot - row['ci_skipped']} of {n_boot} resamples (rest had one label value)"
+    return ""
 
 
 def _subgroup_section(report, task, sub) -> list[str]:

@@ -116,6 +116,18 @@ def test_written_files(tmp_path, report, predictions):
             assert image.format == "PNG" and image.size[0] >= 600 and image.size[1] >= 500
 
 
+def test_markdown_says_when_bootstrap_resamples_were_skipped(tmp_path, make_predictions):
+    frame = make_predictions(sites=("site-a",), patients_per_site=30)
+    frame["label__edema"] = 0.0
+    frame.loc[0, "label__edema"] = 1.0  # one positive patient: many resamples lose it
+    report = build_report(frame, INFO, split="test", n_boot=100, seed=0)
+    edema = report["sites"]["site-a"]["per_class"][2]
+    assert 0 < edema["ci_skipped"] < 100
+    write_report(tmp_path, report, frame)
+    md = (tmp_path / "report.md").read_text()
+    assert f"CI from {100 - edema['ci_skipped']} of 100 resamples (rest had one label value)" in md
+
+
 def test_no_patient_identifier_in_any_output(tmp_path, report, predictions):
     write_report(tmp_path, report, predictions)
     identifiers = set(predictions["patient_id"]) | set(predictions["image_path"])
