@@ -226,8 +226,12 @@ class SiteRunner:
         base = self.dataset("train", head_classes, aux_tasks, augment=self.augment, loss_classes=loss_classes)
         if config.get("missing_as_negative"):
             base = _AllClassesMask(base)
-        rows = self.labeled_rows(base, "train", loss_classes if not config.get("missing_as_negative") else
-                                 head_classes, config.get("labeled"))
+        if config.get("role") != "target" and cfg_uses_aux(config, aux_tasks):
+            # AuxInfo: rows without a finding label still teach the aux heads (masked main loss).
+            rows = list(range(len(base)))
+        else:
+            rows = self.labeled_rows(base, "train", head_classes if config.get("missing_as_negative")
+                                     else loss_classes, config.get("labeled"))
         if config.get("max_rows"):
             rows = rows[: int(config["max_rows"])]
         data = Subset(base, rows)
@@ -283,8 +287,7 @@ class SiteRunner:
         loader = make_loader(data, batch_size=int(config.get("batch_size", 64)), shuffle=False, seed=0,
                              augment=False, num_workers=self.num_workers)
         out = predict(model, loader, device=self.device)
-        labels, masks = _labels_of(data, out["index"])
-        aurocs = quick_auroc(labels, masks, out["probs"], head_classes)
+        aurocs = quick_auroc(out["labels"], out["label_mask"], out["probs"], head_classes)
         defined = [v for v in aurocs.values() if np.isfinite(v)]
         return Reply(
             site=self.name, n_samples=len(data), class_set=head_classes,
@@ -293,13 +296,8 @@ class SiteRunner:
         )
 
 
-def _labels_of(data: Dataset, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    labels, masks = [], []
-    for i in index:
-        item = data[int(i)]
-        labels.append(np.asarray(item["label"], dtype=float))
-        masks.append(np.asarray(item["label_mask"], dtype=float))
-    return np.stack(labels), np.stack(masks)
+def cfg_uses_aux(config: dict, aux_tasks: list[str]) -> bool:
+    return bool(config.get("use_aux", False)) and bool(aux_tasks)
 
 
 def _cpu_state(model: torch.nn.Module) -> StateDict:

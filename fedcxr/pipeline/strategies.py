@@ -96,13 +96,18 @@ def valid_replies(ctx: Context, replies: dict[str, Reply], reference: StateDict,
     """Drop replies whose parameters contain NaN/Inf or have wrong shapes (reason logged)."""
     kept = {}
     for site, reply in replies.items():
+        if reply.n_samples == 0:
+            # A site with no training rows for the model's classes returned θ0 unchanged;
+            # averaging it in would only shrink the others' updates.
+            log.info("round %d: %s had no training rows for the model's classes; not aggregated", r, site)
+            continue
         reason = agg.check_update(reply.params, reference) if reply.params is not None else "no parameters"
         if reason:
             log.warning("round %d: rejected update from %s: %s", r, site, reason)
             ctx.missed.append({"round": r, "task": "train", "site": site, "reason": f"rejected: {reason}"})
             continue
         kept[site] = reply
-    if len(kept) < min(len(replies), ctx.cfg.min_sites):
+    if not kept or len(kept) < min(len(replies), ctx.cfg.min_sites):
         raise RoundFailed(f"round {r}: only {len(kept)} valid updates (need {ctx.cfg.min_sites})")
     return kept
 
