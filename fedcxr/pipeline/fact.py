@@ -54,8 +54,8 @@ class FACTProtocol(Protocol):
         super().__init__(name)
         self.finetune = finetune
 
-    def validate(self, cfg, meta):
-        super().validate(cfg, meta)
+    def validate(self, cfg, meta, classes):
+        super().validate(cfg, meta, classes)
         if len(cfg.source_sites()) < 2:
             raise UserError(f"strategy {self.name} needs at least two source sites (it trains them in pairs)")
 

@@ -93,12 +93,13 @@ def build_context(cfg: ExperimentConfig, protocol: Protocol, transport: Transpor
     missing = [s for s in sites if s not in meta]
     if missing:
         raise UserError(f"sites did not answer the metadata query: {missing}")
-    protocol.validate(cfg, meta)
+    classes = head_classes(cfg, meta)
+    protocol.validate(cfg, meta, classes)
     aux_on = protocol.aux_info if cfg.aux_info is None else cfg.aux_info
     if protocol.name == "Central":
         meta[CENTRAL_SITE] = transport.run("metadata", [CENTRAL_SITE], None, {})[CENTRAL_SITE]
     return Context(
-        cfg=cfg, transport=transport, meta=meta, classes=head_classes(cfg, meta),
+        cfg=cfg, transport=transport, meta=meta, classes=classes,
         aux_tasks=list(cfg.aux_tasks) if aux_on else [],
         sources=[cfg.site_name(s) for s in cfg.source_sites()],
         target=cfg.site_name(cfg.target) if cfg.target else None,

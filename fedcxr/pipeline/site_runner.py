@@ -120,18 +120,20 @@ class SiteRunner:
         return handler(params, config)
 
     def _metadata(self, params, config) -> Reply:
-        labeled = 0
+        labeled, per_class = 0, {}
         for site in self.sites:
             train = site.manifest.loc[site.manifest["split"] == "train"]
             cols = [label_column(c) for c in site.class_set]
             labeled += int(train[cols].notna().any(axis=1).sum()) if cols else 0
+            for cls in site.class_set:
+                per_class[cls] = per_class.get(cls, 0) + int(train[label_column(cls)].notna().sum())
         return Reply(
             site=self.name,
             n_samples=self._rows("train"),
             class_set=self.class_set,
             metrics={
                 "n_train": self._rows("train"), "n_val": self._rows("val"), "n_test": self._rows("test"),
-                "n_labeled_train": labeled,
+                "n_labeled_train": labeled, "labeled_per_class": per_class,
             },
         )
 

@@ -127,14 +127,17 @@ class Protocol:
     def __init__(self, name: str):
         self.name = name
 
-    def validate(self, cfg: ExperimentConfig, meta: dict[str, Reply]) -> None:
+    def validate(self, cfg: ExperimentConfig, meta: dict[str, Reply], classes: list[str]) -> None:
+        """Refuse option combinations the method cannot use (exit 2, saying why)."""
         if self.needs_target and not cfg.target:
             raise UserError(f"strategy {self.name} needs a `target:` site")
         if self.needs_target_labels and cfg.target:
-            if meta[cfg.target].metrics.get("n_labeled_train", 0) == 0:
+            per_class = meta[cfg.site_name(cfg.target)].metrics.get("labeled_per_class", {})
+            if sum(per_class.get(c, 0) for c in classes) == 0:
                 raise UserError(
                     f"strategy {self.name} fine-tunes on target labels, but target {cfg.target!r} has no "
-                    "labeled training rows; use FACT/FACT_NF or Source_Only for an unlabeled target"
+                    f"labeled training rows for the model's classes {classes}; use FACT/FACT_NF or "
+                    "Source_Only for an unlabeled target"
                 )
         if self.needs_sources and not cfg.source_sites():
             raise UserError(f"strategy {self.name} needs at least one source site in `sites:`")
@@ -318,10 +321,10 @@ class TargetOnlyProtocol(Protocol):
         super().__init__(name)
         self.oracle = oracle
 
-    def validate(self, cfg, meta):
+    def validate(self, cfg, meta, classes):
         if not cfg.target:
             raise UserError(f"strategy {self.name} needs a `target:` site")
-        super().validate(cfg, meta)
+        super().validate(cfg, meta, classes)
 
     def run_round(self, ctx, r, state):
         cfg = task_config(ctx, r, "target", labeled=None if self.oracle else ctx.cfg.target_train.labeled)
@@ -335,7 +338,7 @@ class CentralProtocol(Protocol):
     def __init__(self, name: str):
         super().__init__(name)
 
-    def validate(self, cfg, meta):
+    def validate(self, cfg, meta, classes):
         pass
 
     def run_round(self, ctx, r, state):
@@ -353,7 +356,7 @@ class IndividualProtocol(Protocol):
     def __init__(self, name: str):
         super().__init__(name)
 
-    def validate(self, cfg, meta):
+    def validate(self, cfg, meta, classes):
         pass
 
     def init_state(self, ctx, theta):

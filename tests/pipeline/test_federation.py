@@ -1,0 +1,111 @@
+"""In-process federation end to end: runs, run directory, resume after a kill, config errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from fedcxr.cli import main
+from fedcxr.errors import UserError
+from fedcxr.pipeline.config import load_config
+from fedcxr.pipeline.federation import run_experiment
+
+from .conftest import tiny_config
+
+
+def _weights(run_dir: Path) -> dict:
+    return torch.load(run_dir / "final_model.pt", map_location="cpu", weights_only=False)["global"]
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_fedavg_finetune_writes_a_complete_run_directory(tiny_manifests, tmp_path):
+    cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache"))
+    run = run_experiment(cfg, tmp_path / "run", progress=False)
+    assert run["status"] == "finished" and run["method"] == "FedAvg_Finetune"
+    assert run["classes"] == [c for c in run["class_sets"]["dicom_style"]]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0, 1]
+    assert set(rows[0]["train"]) == {"nih_style", "chexpert_style"}
+    assert "dicom_style" in rows[-1]["val"]
+    assert (tmp_path / "run" / "config.yaml").is_file()
+    assert len(list((tmp_path / "run" / "checkpoints").glob("round_*.pt"))) == 2
+
+
+def test_same_seed_same_weights_and_different_seed_differs(tiny_manifests, tmp_path):
+    data = tiny_config(tiny_manifests, tmp_path / "cache", rounds=1)
+    run_experiment(load_config(data=data), tmp_path / "a", progress=False)
+    run_experiment(load_config(data=data), tmp_path / "b", progress=False)
+    run_experiment(load_config(data={**data, "seed": 1}), tmp_path / "c", progress=False)
+    assert _same(_weights(tmp_path / "a"), _weights(tmp_path / "b"))
+    assert not _same(_weights(tmp_path / "a"), _weights(tmp_path / "c"))
+
+
+def test_killed_run_resumes_to_the_same_weights(tiny_manifests, tmp_path):
+    """Kill a real `fedcxr train` process after its first checkpoint, resume, compare."""
+    data = tiny_config(tiny_manifests, tmp_path / "cache", rounds=4)
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump(data))
+    assert main(["train", str(config), "--out", str(tmp_path / "straight"), "--quiet"]) == 0
+
+    killed = tmp_path / "killed"
+    cmd = [sys.executable, "-c", "import sys; from fedcxr.cli import main; sys.exit(main())",
+           "train", str(config), "--out", str(killed), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and not list((killed / "checkpoints").glob("round_0001.pt")):
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "final_model.pt").exists(), "the run finished before it could be killed"
+    assert list((killed / "checkpoints").glob("round_*.pt"))
+
+    assert main(["train", str(config), "--out", str(killed), "--quiet"]) == 2  # refuses without --resume
+    assert main(["train", str(config), "--out", str(killed), "--resume", "--quiet"]) == 0
+    assert _same(_weights(tmp_path / "straight"), _weights(killed))
+    rounds = [json.loads(l)["round"] for l in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert rounds == [0, 1, 2, 3]
+
+
+def test_resume_with_a_different_config_is_refused(tiny_manifests, tmp_path):
+    data = tiny_config(tiny_manifests, tmp_path / "cache", rounds=1)
+    run_experiment(load_config(data=data), tmp_path / "run", progress=False)
+    (tmp_path / "run" / "final_model.pt").unlink()
+    with pytest.raises(UserError, match="config differs"):
+        run_experiment(load_config(data={**data, "source": {"lr": 0.5, "batch_size": 16, "steps": 2}}),
+                       tmp_path / "run", resume=True, progress=False)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"strategy": "FedMagic"}, "unknown strategy"),
+    ({"sites": ["nih_style", "nowhere"]}, "site 'nowhere'"),
+    ({"model": {"backbone": "resnet_tiny", "classes": ["cardio"]}}, "unknown class"),
+])
+def test_bad_configs_exit_2_naming_the_problem(tiny_manifests, tmp_path, capsys, overrides, message):
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump(tiny_config(tiny_manifests, tmp_path / "cache", **overrides)))
+    assert main(["train", str(config), "--out", str(tmp_path / "run")]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_gp_with_an_unlabeled_target_exits_2(tiny_manifests, tmp_path, capsys):
+    """midrc_style labels covid19 only: as a target for cardiomegaly it has no labeled rows."""
+    data = tiny_config(tiny_manifests, tmp_path / "cache", strategy="FedAvg_Finetune_GP", target="midrc_style",
+                       model={"backbone": "resnet_tiny", "hidden": 16, "classes": ["cardiomegaly"]})
+    config = tmp_path / "gp.yaml"
+    config.write_text(yaml.safe_dump(data))
+    assert main(["train", str(config), "--out", str(tmp_path / "run")]) == 2
+    assert "no labeled training rows" in capsys.readouterr().err
