@@ -308,9 +308,7 @@ class SiteDataset(Dataset):
         i = int(i)
         image = self.image(i)
         if self.augment:
-            from monai.utils import convert_to_tensor
-
-            image = convert_to_tensor(self.transform({"image": image})["image"], track_meta=False)
+            image = _augment(self.transform, image)
         return {
             "image": ((image - NORM_MEAN) / NORM_STD).float(),
             "label": torch.from_numpy(self.labels[i]),
@@ -336,6 +334,24 @@ class SiteDataset(Dataset):
         if isinstance(images, tuple) and images and images[0] == "memmap":
             state["images"] = np.memmap(images[1], dtype=np.uint8, mode="r", shape=images[2])
         self.__dict__.update(state)
+
+
+def _augment(transform, image: torch.Tensor) -> torch.Tensor:
+    """Apply the random transforms without MONAI's metadata tracking (half the cost per item).
+
+    ``set_track_meta`` is process-global, so it is switched off only around this call and
+    restored; data loading runs one item at a time per process.
+    """
+    from monai.data import get_track_meta, set_track_meta
+    from monai.utils import convert_to_tensor
+
+    previous = get_track_meta()
+    set_track_meta(False)
+    try:
+        out = transform({"image": image})["image"]
+    finally:
+        set_track_meta(previous)
+    return convert_to_tensor(out, track_meta=False, dtype=torch.float32)
 
 
 def _label_arrays(frame: pd.DataFrame, classes: list[str], loss_classes: list[str],
