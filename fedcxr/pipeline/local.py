@@ -239,7 +239,8 @@ def train_local(
     flags = _set_trainable(model, trainable)
     started = time.perf_counter()
     try:
-        with torch.random.fork_rng(devices=[device] if use_cuda else []):
+        gpus = [device.index if device.index is not None else torch.cuda.current_device()] if use_cuda else []
+        with torch.random.fork_rng(devices=gpus, device_type="cuda"):
             torch.manual_seed(int(seed))
             return _loop(model, loader, cfg, device, loss_classes_mask, record_batch_updates, started)
     finally:
