@@ -220,7 +220,7 @@ def _validate(ctx: Context, protocol: Protocol, state: dict, r: int) -> dict:
         return {}
     models = protocol.final_models(ctx, state)
     out = {}
-    for site in eval_sites(ctx):
+    for site in eval_sites(ctx, protocol):
         params = models["per_site"].get(site, models["global"])
         config = {"head_classes": ctx.classes, "param_classes": ctx.classes, "aux_tasks": ctx.aux_tasks,
                   "split": "val", "local_keys": protocol.eval_local_keys(ctx)}
@@ -231,10 +231,10 @@ def _validate(ctx: Context, protocol: Protocol, state: dict, r: int) -> dict:
     return out
 
 
-def eval_sites(ctx: Context) -> list[str]:
+def eval_sites(ctx: Context, protocol: Protocol) -> list[str]:
     if ctx.cfg.eval_sites:
         return [ctx.cfg.site_name(s) for s in ctx.cfg.eval_sites]
-    return [ctx.target] if ctx.target else list(ctx.sources)
+    return protocol.default_eval_sites(ctx)
 
 
 def _postfix(metrics: dict) -> dict:
@@ -276,7 +276,7 @@ def _write_run_files(run_dir: Path, cfg: ExperimentConfig, ctx: Context, protoco
         "method": protocol.name, "seed": cfg.seed, "target": ctx.target, "classes": ctx.classes,
         "aux_tasks": ctx.aux_tasks, "sites": [cfg.site_name(s) for s in cfg.all_sites()],
         "site_dirs": {cfg.site_name(s): str(cfg.site_dir(s).resolve()) for s in cfg.all_sites()},
-        "sources": ctx.sources, "eval_sites": eval_sites(ctx), "rounds": cfg.rounds, "status": status,
+        "sources": ctx.sources, "eval_sites": eval_sites(ctx, protocol), "rounds": cfg.rounds, "status": status,
         "missed": ctx.missed, "class_sets": {s: ctx.meta[s].class_set for s in ctx.meta},
         "n_train": {s: ctx.meta[s].metrics.get("n_train") for s in ctx.meta},
         "config": cfg.model_dump(mode="json"), "fingerprint": config_fingerprint(cfg),

@@ -156,6 +156,10 @@ class Protocol:
         """Keys each site substitutes from its own state at evaluation (FedBN: BN, PFL: head)."""
         return []
 
+    def default_eval_sites(self, ctx: Context) -> list[str]:
+        """The target when there is one (an external site for methods that have no target)."""
+        return [ctx.target] if ctx.target else list(ctx.sources)
+
 
 def _aggregate_backbone(ctx: Context, replies: dict[str, Reply], theta0: StateDict, *,
                         uniform: bool = False, exclude: tuple[str, ...] = ()) -> StateDict:
@@ -373,6 +377,9 @@ class IndividualProtocol(Protocol):
     def final_models(self, ctx, state):
         return {"global": state["global"], "per_site": state["per_site"]}
 
+    def default_eval_sites(self, ctx):
+        return list(ctx.sources)  # each site's own model on its own test set
+
 
 class SurgicalFamilyProtocol(Protocol):
     """FL / FL_PartialLoss / FL_Surgical / PFL of the surgical aggregation paper.
@@ -397,6 +404,11 @@ class SurgicalFamilyProtocol(Protocol):
 
     def eval_local_keys(self, ctx):
         return self._local_keys(ctx)
+
+    def default_eval_sites(self, ctx):
+        if self.mode == "pfl":
+            return list(ctx.sources)  # only the clients hold a (local) head
+        return super().default_eval_sites(ctx)
 
     def _site_config(self, ctx: Context, r: int, site: str) -> dict:
         trainable = "head" if r < ctx.cfg.head_warmup_rounds else "all"
