@@ -74,7 +74,7 @@ def test_missing_required_option_is_a_usage_error(capsys):
     ["train", "{tmp}/absent.yaml"],
     ["evaluate", "{tmp}/absent-run"],
     ["report", "{tmp}/absent-run", "--out", "{tmp}/rep"],
-    ["sweep", "{tmp}/absent.yaml", "--methods", "fedavg", "--out", "{tmp}/sw"],
+    ["sweep", "{tmp}/absent.yaml", "--methods", "FedAvg", "--out", "{tmp}/sw"],
     ["flare", "export", "{tmp}/absent.yaml"],
 ])
 def test_other_commands_exit_2_on_missing_input(argv, tmp_path, capsys):
