@@ -64,12 +64,13 @@ def apply_uncertain_policy(frame: pd.DataFrame, classes: Iterable[str], policy: 
 
 def patient_bucket(patient_ids: pd.Series, salt: str = "fedcxr-split") -> np.ndarray:
     """Deterministic uniform value in [0, 1) per patient (stable across runs and machines)."""
-    uniq = pd.unique(patient_ids.astype(str))
-    values = {}
-    for pid in uniq:
-        digest = hashlib.sha256(f"{salt}:{pid}".encode()).digest()
-        values[pid] = int.from_bytes(digest[:8], "big") / 2**64
-    return patient_ids.astype(str).map(values).to_numpy(dtype=float)
+    # One hash per distinct patient, broadcast by factorize codes (no per-row Python).
+    codes, uniq = pd.factorize(patient_ids.astype(str), use_na_sentinel=False)
+    values = np.array([
+        int.from_bytes(hashlib.sha256(f"{salt}:{pid}".encode()).digest()[:8], "big") / 2**64
+        for pid in uniq.tolist()
+    ], dtype=float)
+    return values[codes]
 
 
 def assign_splits(
@@ -96,7 +97,9 @@ def assign_splits(
         per_patient = out.loc[has_official].groupby("patient_id")["official_split"].nunique()
         conflicted = set(per_patient.index[per_patient > 1])
         # A patient with official rows and unofficial rows is also a conflict (cannot place both).
-        mixed = set(out.loc[has_official, "patient_id"]) & set(out.loc[~has_official, "patient_id"])
+        # (vectorised: iterating 10^5 Arrow strings into Python sets cost ~0.15 s on NIH)
+        some = has_official.groupby(out["patient_id"]).agg(["any", "all"])
+        mixed = set(some.index[some["any"] & ~some["all"]])
         conflicted |= mixed
         if conflicted:
             bad = out["patient_id"].isin(conflicted)
