@@ -101,8 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("flare", help="the same run on NVIDIA FLARE (export | simulate | poc)")
     p.add_argument("flare_command", choices=["export", "simulate", "poc"])
     p.add_argument("config", type=Path)
-    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--out", type=Path, default=None, help="run directory (simulate, poc) or job folder (export)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--resume", action="store_true", help="continue from the last complete round")
+    p.add_argument("--timeout", type=int, default=0, metavar="SECONDS",
+                   help="how long a round waits for a site before going on without it (0: no limit)")
+    p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"], help="the sites' device")
+    p.add_argument("--run-dir", default=None, help="export: the server's run directory (stable path: resumable)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
 
 

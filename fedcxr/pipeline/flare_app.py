@@ -1,0 +1,329 @@
+"""The same round protocols on NVIDIA FLARE: server controller, transport, job (DESIGN §8).
+
+On the FLARE server, :class:`FedcxrController` (a ``ModelController``) runs
+:func:`fedcxr.pipeline.federation.run_experiment` — the very function ``fedcxr train`` runs —
+with a :class:`FlareTransport` instead of the in-process one. Every protocol in
+:mod:`fedcxr.pipeline.strategies` therefore runs unchanged: "send this model to these sites
+for this task" becomes ``send_model_and_wait(task_name=..., targets=[...], data=FLModel(...))``
+(or one FLARE task per site when sites get different payloads), and the replies come back as
+:class:`~fedcxr.pipeline.transport.Reply`. Each hospital runs :mod:`fedcxr.pipeline.flare_client`.
+
+Failure handling: a task waits for every target, at most ``task_timeout`` seconds (0: no
+limit; FLARE still ends the wait for clients it declares dead). Sites that did not answer,
+answered with an error, or sent a payload :mod:`fedcxr.pipeline.flare_wire` refuses (NaN/Inf,
+unknown fields) are absent from the replies, with the reason logged; the protocol records
+them in ``run.json["missed"]`` and fails the round below ``min_sites``.
+
+Persistence: the run directory (config, ``metrics.jsonl``, per-round checkpoints,
+``final_model.pt``) is written by the server exactly as in-process runs write it. A server
+killed mid-run is resumed by submitting the same job again: the controller continues from the
+last checkpoint in its run directory (``resume=True``, the default); sites restore their own
+local state (:class:`~fedcxr.pipeline.flare_client.FlareSite`).
+
+``fedcxr flare export|simulate|poc`` is :func:`cli_flare`; the process handling of the
+simulator and of POC mode lives in :mod:`fedcxr.pipeline.flare_run`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from fedcxr.errors import UserError
+from fedcxr.pipeline.transport import Reply, Transport
+
+try:  # the server class needs FLARE; the rest of fedcxr does not
+    from nvflare.app_common.workflows.model_controller import ModelController as _ControllerBase
+
+    HAVE_NVFLARE = True
+except ImportError:  # pragma: no cover - exercised only without the extra
+    _ControllerBase = object
+    HAVE_NVFLARE = False
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = "NVIDIA FLARE is not installed: pip install 'fedcxr[flare]' (or: pip install nvflare)"
+STATUS_FILE = "flare_status.json"
+CLIENT_NAME = r"^[A-Za-z0-9_-]+$"  # FLARE's rule for client names
+TASK_REQUEST_INTERVAL = 0.05  # seconds
+
+
+def require_nvflare() -> None:
+    if not HAVE_NVFLARE:
+        raise UserError(INSTALL_HINT)
+
+
+# --------------------------------------------------------------------------- transport
+
+
+class FlareTransport(Transport):
+    """:class:`Transport` over a running FLARE job (built by :class:`FedcxrController`)."""
+
+    def __init__(self, controller: "FedcxrController", site_names: list[str], *, runner: dict, run: str):
+        self.controller = controller
+        self.site_names = list(site_names)
+        self.runner = dict(runner)
+        self.run_key = run
+        self.rejected: list[dict] = []  # {"task", "site", "reason"} of refused replies, for the status file
+
+    def run(self, task, targets, params, config, *, per_site=None):
+        from fedcxr.pipeline.flare_wire import encode_task
+
+        per_site = dict(per_site or {})
+        unknown = [s for s in targets if s not in self.site_names]
+        if unknown:
+            raise ValueError(f"task {task!r} for sites {unknown} that are not clients of this job")
+        shared = [s for s in targets if s not in per_site]
+        groups = []
+        if shared:
+            groups.append((shared, encode_task(task, params, config, runner=self.runner, run=self.run_key)))
+        for site in targets:
+            if site in per_site:
+                site_params, site_config = per_site[site]
+                groups.append(([site], encode_task(task, site_params, site_config, runner=self.runner,
+                                                   run=self.run_key)))
+        raw = self.controller.dispatch(task, groups, round_=config.get("round"))
+        return self._decode(task, targets, raw)
+
+    def _decode(self, task: str, targets: list[str], raw: Mapping[str, Any]) -> dict[str, Reply]:
+        from fedcxr.pipeline.flare_wire import WireError, decode_reply
+
+        replies = {}
+        for site in targets:
+            if site not in raw:
+                continue
+            answer = raw[site]
+            try:
+                if isinstance(answer, str):
+                    raise WireError(answer)
+                replies[site] = decode_reply(site, answer.params, answer.meta)
+            except WireError as exc:
+                log.warning("task %s: rejected reply from %s: %s", task, site, exc)
+                self.rejected.append({"task": task, "site": site, "reason": str(exc)})
+        return replies
+
+
+# --------------------------------------------------------------------------- server controller
+
+
+class FedcxrController(_ControllerBase):
+    """FLARE server workflow: fedcxr experiments, one after the other, each checkpointed in its run dir.
+
+    Args (all JSON-able, FLARE writes them into ``config_fed_server.json``):
+        experiments: ``[{"config": ExperimentConfig.model_dump(mode="json"), "run_dir": str,
+            "resume": bool}]``. ``run_dir`` is the server-side run directory (default
+            ``<job workspace>/fedcxr_run[_N]``; give a stable path to be able to resume after a
+            server crash); ``resume`` (default true) continues from its last checkpoint. Several
+            experiments (a sweep) share one deployment; a failed one does not stop the next.
+        task_timeout: seconds a task waits for its sites (0: no limit).
+        task_check_period: seconds between the controller's checks of running tasks.
+
+    FLARE client names are the config's site names.
+    """
+
+    def __init__(self, experiments: Optional[list] = None, task_timeout: int = 0, task_check_period: float = 0.1):
+        require_nvflare()
+        super().__init__(persistor_id="", ignore_result_error=True, task_check_period=task_check_period)
+        self.experiments = [dict(e) for e in experiments or []]
+        self.task_timeout = int(task_timeout)
+
+    # ------------------------------------------------------------------ the workflow
+    def run(self) -> None:
+        failed = []
+        for i, spec in enumerate(self.experiments):
+            default = "fedcxr_run" if len(self.experiments) == 1 else f"fedcxr_run_{i}"
+            run_dir = Path(spec.get("run_dir") or Path(self.get_run_dir()) / default)
+            if not self.run_one(spec["config"], run_dir, resume=bool(spec.get("resume", True))):
+                failed.append(str(run_dir))
+        if failed:
+            raise RuntimeError(f"{len(failed)} of {len(self.experiments)} experiments failed: {failed}")
+
+    def run_one(self, config: dict, run_dir: Path, *, resume: bool) -> bool:
+        """One experiment, exactly as ``fedcxr train`` runs it, over FLARE; False when it failed."""
+        from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint
+        from fedcxr.pipeline.federation import run_experiment
+
+        cfg = ExperimentConfig.model_validate(config)
+        sites = [cfg.site_name(s) for s in cfg.all_sites()]
+        transport = FlareTransport(self, sites, runner=runner_settings(cfg), run=config_fingerprint(cfg))
+        self.info(f"fedcxr {cfg.strategy}: {cfg.rounds} rounds over {sites}; run directory {run_dir}")
+        _write_status(run_dir, "running", started=time.time())
+        try:
+            payload = run_experiment(cfg, run_dir, resume=resume, device="cpu", progress=False, transport=transport)
+            self._collect_local_states(run_dir, transport, sites)
+        except Exception as exc:
+            self.exception(f"fedcxr {cfg.strategy} failed: {type(exc).__name__}: {exc}")
+            _write_status(run_dir, "failed", error=f"{type(exc).__name__}: {exc}", rejected=transport.rejected)
+            return False
+        _write_status(run_dir, "finished", missed=payload.get("missed", []), rejected=transport.rejected)
+        self.info(f"fedcxr {cfg.strategy}: finished; {len(payload.get('missed', []))} replies missed or rejected")
+        return True
+
+    def _collect_local_states(self, run_dir: Path, transport: FlareTransport, sites: list[str]) -> None:
+        """FedBN/PFL: evaluation needs each site's local entries; ask the sites for them once, at the end."""
+        import torch
+
+        from fedcxr.pipeline.federation import atomic_torch_save
+
+        path = run_dir / "final_model.pt"
+        final = torch.load(path, map_location="cpu", weights_only=False)
+        if not final.get("eval_local_keys"):
+            return
+        replies = transport.run("local_state", sites, None, {})
+        final["local_states"] = {s: rep.params or {} for s, rep in replies.items()}
+        atomic_torch_save(final, path)
+
+    # ------------------------------------------------------------------ one task, many sites
+    def dispatch(self, task: str, groups: list[tuple[list[str], tuple[dict, dict]]],
+                 round_: Optional[int] = None) -> dict[str, Any]:
+        """Send each group's payload to its sites; ``{site: FLModel | error text}`` of those that answered.
+
+        One group (the same model for every site) is FLARE's ``send_model_and_wait``. Several groups
+        (per-site payloads, e.g. surgical heads) run as concurrent FLARE tasks so sites still train in
+        parallel.
+        """
+        from nvflare.app_common.abstract.fl_model import FLModel
+
+        models = [(targets, FLModel(params=params, meta=meta, current_round=round_)) for targets, (params, meta)
+                  in groups]
+        if len(models) == 1:
+            targets, model = models[0]
+            results = self.send_model_and_wait(task_name=task, data=model, targets=list(targets),
+                                               timeout=self.task_timeout)
+            return {m.meta.get("client_name"): m for m in results}
+        return self._dispatch_concurrently(task, models)
+
+    def _dispatch_concurrently(self, task_name: str, models: list) -> dict[str, Any]:
+        from nvflare.apis.controller_spec import Task
+        from nvflare.apis.fl_constant import ReturnCode
+        from nvflare.app_common.utils.fl_model_utils import FLModelUtils
+
+        answers: dict[str, Any] = {}
+
+        def on_result(client_task, fl_ctx):
+            name, result = client_task.client.name, client_task.result
+            rc = result.get_return_code() if result is not None else None
+            if rc not in (None, ReturnCode.OK):
+                answers[name] = f"FLARE return code {rc}"
+            else:
+                try:
+                    answers[name] = FLModelUtils.from_shareable(result)
+                except Exception as exc:  # a malformed result is a refused reply, not a crash
+                    answers[name] = f"unreadable result ({type(exc).__name__})"
+            client_task.result = None
+
+        tasks = []
+        for targets, model in models:
+            flare_task = Task(name=task_name, data=FLModelUtils.to_shareable(model), timeout=self.task_timeout,
+                              result_received_cb=on_result)
+            self.broadcast(task=flare_task, fl_ctx=self.fl_ctx, targets=list(targets), min_responses=len(targets))
+            tasks.append(flare_task)
+        while any(t.completion_status is None for t in tasks):
+            if self.abort_signal is not None and self.abort_signal.triggered:
+                for t in tasks:
+                    self.cancel_task(t)
+                raise RuntimeError("the FLARE job was aborted")
+            time.sleep(self._task_check_period)
+        return answers
+
+
+def runner_settings(cfg) -> dict:
+    """What a site needs from the experiment to build its network and data (no paths, no data)."""
+    return {"model": cfg.model.model_dump(mode="json"), "image_size": cfg.image_size, "augment": cfg.augment,
+            "num_workers": cfg.num_workers, "device": cfg.device}
+
+
+def _write_status(run_dir: Path, status: str, **extra) -> None:
+    from fedcxr.site_adapters.manifest import atomic_write_json
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(run_dir / STATUS_FILE, {"status": status, "time": time.time(), **extra})
+
+
+def read_status(run_dir: Path) -> dict:
+    path = Path(run_dir) / STATUS_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+# --------------------------------------------------------------------------- the job
+
+
+def check_flare_sites(cfg) -> list[str]:
+    """The config's site names as FLARE client names (refused when FLARE cannot use them)."""
+    import re
+
+    from fedcxr.pipeline.strategies import CENTRAL_SITE
+
+    if cfg.strategy == "Central":
+        raise UserError("strategy Central pools every site's images in one place; it cannot run federated "
+                        "on FLARE (run it with `fedcxr train`)")
+    sites = [cfg.site_name(s) for s in cfg.all_sites()]
+    bad = [s for s in sites if not re.match(CLIENT_NAME, s) or s == CENTRAL_SITE]
+    if bad:
+        raise UserError(f"site names {bad} cannot be FLARE client names (letters, digits, '-' and '_' only); "
+                        "rename the site folders")
+    return sites
+
+
+def client_script_path() -> Path:
+    """The client script FLARE copies into the job (this package's flare_client.py)."""
+    return Path(__file__).with_name("flare_client.py")
+
+
+def build_job(experiments: list[tuple[Any, str, bool]], *, name: Optional[str] = None, task_timeout: int = 0,
+              site_configs: Optional[Mapping[str, Path]] = None, client_script: Optional[Path] = None):
+    """A FLARE ``FedJob``: the controller on the server, the client script on every site.
+
+    ``experiments``: ``[(ExperimentConfig, server run dir or "", resume)]``; the job's clients are
+    the union of their sites. ``site_configs`` (``{site: path of a fedcxr_site.json}``) ships each
+    site's own configuration inside its app (simulator and POC on one machine); without it each
+    hospital finds its configuration itself (see :mod:`fedcxr.pipeline.flare_client`).
+    """
+    require_nvflare()
+    from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
+    from nvflare.client.config import ExchangeFormat
+    from nvflare.job_config.api import FedJob
+
+    if not experiments:
+        raise ValueError("a FLARE job needs at least one experiment")
+    sites = list(dict.fromkeys(s for cfg, _, _ in experiments for s in check_flare_sites(cfg)))
+    min_sites = min(cfg.min_sites for cfg, _, _ in experiments)
+    job = FedJob(name=name or job_name(experiments[0][0]), min_clients=max(1, min(min_sites, len(sites))))
+    job.set_app_packages(["fedcxr"])  # sites import the installed fedcxr; no fedcxr code is copied
+    specs = [{"config": cfg.model_dump(mode="json"), "run_dir": str(run_dir or ""), "resume": bool(resume)}
+             for cfg, run_dir, resume in experiments]
+    job.to_server(FedcxrController(experiments=specs, task_timeout=task_timeout))
+    # FLARE tells idle clients to come back after task_request_interval (default 2 s: +2 s per task)
+    job.to({"server": {"task_request_interval": TASK_REQUEST_INTERVAL}}, "server")
+    script = Path(client_script or client_script_path())
+    for site in sites:
+        # the script travels in the site's app (custom/) and is found there by name: no machine path in the job
+        executor = ClientAPIExecutor(execution_mode="in_process", task_script_path=script.name,
+                                     params_exchange_format=ExchangeFormat.RAW,
+                                     server_expected_format=ExchangeFormat.RAW)
+        job.to(executor, site, tasks=["*"])
+        job.add_file_to(str(script), site)
+        if site_configs and site in site_configs:
+            job.add_file_to(str(site_configs[site]), site)
+    return job
+
+
+def job_name(cfg) -> str:
+    import re
+
+    return re.sub(r"[^a-z0-9-]+", "-", f"fedcxr-{cfg.name}-{cfg.strategy}".lower()).strip("-")[:60]
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def cli_flare(args) -> int:
+    """``fedcxr flare export|simulate|poc CONFIG.yaml [--out DIR] [--set k=v] ...``."""
+    require_nvflare()
+    from fedcxr.pipeline import flare_run
+
+    handler = {"export": flare_run.cli_export, "simulate": flare_run.cli_simulate, "poc": flare_run.cli_poc}
+    return handler[args.flare_command](args)

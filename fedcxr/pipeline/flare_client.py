@@ -1,0 +1,252 @@
+"""The hospital's side of a FLARE run: a Client API script around :class:`SiteRunner` (DESIGN §8).
+
+FLARE copies this file into the job and runs it once per client job. It loops
+``flare.receive()`` → :meth:`SiteRunner.handle` → ``flare.send(FLModel(...))``; the training
+code is the same :mod:`fedcxr.pipeline.local` every in-process run uses. Only parameters,
+counts, class names and metrics leave the site (:mod:`fedcxr.pipeline.flare_wire` checks the
+format); a task that fails is answered with the exception's type name only, the traceback
+stays in this site's log.
+
+Where a site finds its data — its **own** configuration, first found wins:
+
+1. ``--site-config PATH`` (script argument),
+2. the environment variable ``FEDCXR_SITE_CONFIG``,
+3. ``fedcxr_site.json`` beside this script (a job written by ``fedcxr flare simulate|poc``
+   ships one per site app),
+4. ``local/fedcxr_site.json`` in the client's workspace (the hospital's startup kit: the
+   production place, written by the hospital's admin).
+
+The file is JSON (or YAML), either for this site alone or ``{"sites": {"<name>": {...}}}``::
+
+    {"manifest_dir": "/data/fedcxr/manifests/hospital_a",   # folder with manifest.parquet + site.json
+     "cache_dir": "/data/fedcxr/cache",                     # optional: decoded-image cache
+     "device": "cuda",                                      # optional: auto | cpu | cuda
+     "num_workers": 4,                                      # optional: data-loader workers
+     "state_dir": "/data/fedcxr/flare_state"}               # optional: local state for resume
+
+Relative paths resolve against the file's folder. Local state (FedBN's BN statistics, PFL's
+heads) is saved after every training round under ``state_dir/<run fingerprint>/`` so a
+restarted client (after a server resume) continues from the right round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+log = logging.getLogger("fedcxr.flare_client")
+
+SITE_CONFIG_ENV = "FEDCXR_SITE_CONFIG"
+SITE_CONFIG_NAME = "fedcxr_site.json"
+LOCAL_SITE_CONFIG = Path("local") / SITE_CONFIG_NAME
+#: tasks after which the site's local state has changed (and is saved for a resume)
+STATE_CHANGING_TASKS = ("train",)
+KEEP_STATES = 3
+
+
+@dataclass
+class SiteConfig:
+    """One hospital's own settings (never sent anywhere)."""
+
+    manifest_dir: Path
+    cache_dir: Optional[Path] = None
+    device: Optional[str] = None
+    num_workers: Optional[int] = None
+    state_dir: Optional[Path] = None
+    source: str = ""
+
+
+def find_site_config(explicit: Optional[str], script_dir: Optional[Path], workspace: Path) -> Path:
+    """The first site configuration found (see the module docstring for the order)."""
+    candidates = [
+        ("--site-config", Path(explicit) if explicit else None),
+        (SITE_CONFIG_ENV, Path(os.environ[SITE_CONFIG_ENV]) if os.environ.get(SITE_CONFIG_ENV) else None),
+        ("beside the client script", script_dir / SITE_CONFIG_NAME if script_dir else None),
+        ("client workspace", workspace / LOCAL_SITE_CONFIG),
+    ]
+    for where, path in candidates:
+        if path is None:
+            continue
+        if path.is_file():
+            return path
+        if where in ("--site-config", SITE_CONFIG_ENV):
+            raise FileNotFoundError(f"site config {path} (from {where}) does not exist")
+    raise FileNotFoundError(
+        f"no fedcxr site configuration: pass --site-config, set {SITE_CONFIG_ENV}, or write "
+        f"{workspace / LOCAL_SITE_CONFIG} with at least {{\"manifest_dir\": ...}}"
+    )
+
+
+def load_site_config(path: Path, site: str) -> SiteConfig:
+    """Read ``path``; pick this site's block when the file lists several sites."""
+    import yaml
+
+    text = Path(path).read_text()
+    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping")
+    if "sites" in data:
+        if site not in (data["sites"] or {}):
+            raise ValueError(f"{path}: no entry for site {site!r} under 'sites' (has {sorted(data['sites'])})")
+        data = data["sites"][site]
+    known = {"manifest_dir", "cache_dir", "device", "num_workers", "state_dir"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {unknown}; known: {sorted(known)}")
+    if not data.get("manifest_dir"):
+        raise ValueError(f"{path}: 'manifest_dir' is required (the folder holding this site's manifest.parquet)")
+
+    def resolve(value):
+        if value in (None, ""):
+            return None
+        p = Path(os.path.expanduser(str(value)))
+        return p if p.is_absolute() else (Path(path).parent / p).resolve()
+
+    return SiteConfig(
+        manifest_dir=resolve(data["manifest_dir"]), cache_dir=resolve(data.get("cache_dir")),
+        device=data.get("device"), num_workers=data.get("num_workers"), state_dir=resolve(data.get("state_dir")),
+        source=str(path),
+    )
+
+
+class FlareSite:
+    """One client's runner plus its resume-safe local state (transport-free: tests call it directly)."""
+
+    def __init__(self, name: str, site_cfg: SiteConfig, workspace: Path):
+        self.name = name
+        self.site_cfg = site_cfg
+        self.state_root = site_cfg.state_dir or (workspace / "fedcxr_state")
+        self.runners: dict[str, Any] = {}  # experiment → SiteRunner (a job may run several experiments)
+        self._restored: set[str] = set()
+
+    # ------------------------------------------------------------------ runner
+    def runner_for(self, settings: dict, run: str):
+        """The SiteRunner of one experiment (built on its first task: decoded-image cache, model)."""
+        from fedcxr.pipeline.federation import default_cache_dir, resolve_device
+        from fedcxr.pipeline.site_runner import SiteRunner
+
+        key = run + json.dumps(settings, sort_keys=True)
+        if key not in self.runners:
+            cfg = self.site_cfg
+            model_cfg = dict(settings.get("model") or {})
+            model_cfg["weights"] = None  # the server sends every weight; no local file is read
+            workers = cfg.num_workers if cfg.num_workers is not None else int(settings.get("num_workers", 0))
+            self.runners[key] = SiteRunner(
+                self.name, cfg.manifest_dir, model_cfg=model_cfg, image_size=int(settings["image_size"]),
+                cache_dir=cfg.cache_dir or default_cache_dir(),
+                device=resolve_device(cfg.device or settings.get("device")),
+                augment=bool(settings.get("augment", True)), num_workers=workers, progress=False,
+            )
+        return self.runners[key]
+
+    # ------------------------------------------------------------------ local state (FedBN, PFL)
+    def _state_dir(self, run: str) -> Path:
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", run or "run")
+        return self.state_root / safe
+
+    def _saved_rounds(self, run: str) -> list[tuple[int, Path]]:
+        found = []
+        for path in self._state_dir(run).glob("round_*.pt"):
+            try:
+                found.append((int(path.stem.split("_")[1]), path))
+            except (IndexError, ValueError):
+                continue
+        return sorted(found)
+
+    def _restore(self, runner, task: str, config: dict, run: str) -> None:
+        """After a (re)start: load the local state as it was at the end of the right round, once."""
+        import torch
+
+        if run in self._restored:
+            return
+        self._restored.add(run)
+        r = config.get("round")
+        upto = (r - 1 if task in STATE_CHANGING_TASKS else r) if isinstance(r, int) else None
+        usable = [(k, p) for k, p in self._saved_rounds(run) if upto is None or k <= upto]
+        if usable:
+            k, path = usable[-1]
+            runner.set_local_state(torch.load(path, map_location="cpu", weights_only=True))
+            log.info("site %s: restored local state saved after round %d", self.name, k)
+
+    def _save(self, runner, config: dict, run: str) -> None:
+        from fedcxr.pipeline.federation import atomic_torch_save
+
+        state = runner.get_local_state()
+        r = config.get("round")
+        if not state or not isinstance(r, int):
+            return
+        atomic_torch_save(state, self._state_dir(run) / f"round_{r:04d}.pt")
+        for _, old in self._saved_rounds(run)[:-KEEP_STATES]:
+            old.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ one task
+    def handle(self, task: str, params, config: dict, runner_settings: dict, run: str):
+        """Run one task; returns the :class:`Reply` (``local_state`` is answered here, not by SiteRunner)."""
+        from fedcxr.pipeline.transport import Reply
+
+        runner = self.runner_for(runner_settings, run)
+        self._restore(runner, task, config, run)
+        if task == "local_state":
+            return Reply(site=self.name, params=runner.get_local_state(), class_set=runner.class_set)
+        reply = runner.handle(task, params, config)
+        if task in STATE_CHANGING_TASKS:
+            self._save(runner, config, run)
+        return reply
+
+
+# --------------------------------------------------------------------------- the Client API loop
+
+
+def serve(flare_api: Any, site: FlareSite) -> int:
+    """``receive → handle → send`` until the job ends; returns the number of tasks answered."""
+    from nvflare.app_common.abstract.fl_model import FLModel
+
+    from fedcxr.pipeline.flare_wire import decode_task, encode_error, encode_reply
+
+    answered = 0
+    while flare_api.is_running():
+        incoming = flare_api.receive()
+        if incoming is None:
+            break
+        task_name = flare_api.get_task_name()
+        try:
+            task = decode_task(incoming.params, incoming.meta)
+            reply = site.handle(task["task"] or task_name, task["params"], task["config"], task["runner"], task["run"])
+            params, meta = encode_reply(reply)
+        except Exception as exc:  # answer, and keep serving the next rounds
+            log.exception("site %s: task %s failed", site.name, task_name)
+            params, meta = encode_error(exc)
+        flare_api.send(FLModel(params=params, meta=meta))
+        answered += 1
+    return answered
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point of the client script (FLARE runs it with the job's script arguments)."""
+    import nvflare.client as flare
+
+    parser = argparse.ArgumentParser(description="fedcxr FLARE client")
+    parser.add_argument("--site-config", default=None, help="this site's JSON/YAML configuration")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+
+    flare.init()
+    name = flare.get_site_name()
+    workspace = Path.cwd()  # FLARE starts client jobs in the site's workspace (its startup kit)
+    script_dir = Path(sys.argv[0]).resolve().parent if sys.argv and sys.argv[0] else None
+    path = find_site_config(args.site_config, script_dir, workspace)
+    site_cfg = load_site_config(path, name)
+    log.info("site %s: data from %s (config %s)", name, site_cfg.manifest_dir, path)
+    served = serve(flare, FlareSite(name, site_cfg, workspace))
+    log.info("site %s: answered %d tasks", name, served)
+    return 0
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,487 @@
+"""``fedcxr flare export|simulate|poc``: write a FLARE job, run it in the simulator or in POC mode.
+
+* ``export`` writes a job folder for a provisioned (production) FLARE system; each hospital
+  reads its own manifest path from its own configuration (:mod:`fedcxr.pipeline.flare_client`).
+* ``simulate`` runs the job in FLARE's simulator (one client process per site, named as the
+  config's sites) on this machine.
+* ``poc`` provisions a POC system for the sites (mTLS startup kits, server on a free loopback
+  port), starts it, submits the job through the FLARE API, waits, downloads the server's
+  result, then stops and removes everything it started — also on error or Ctrl-C.
+
+Both runs write the run directory of ``fedcxr train`` (so ``fedcxr evaluate RUN_DIR`` works)
+plus ``RUN_DIR/flare/``: the job, each site's ``fedcxr_site.json``, the sites' resume state and
+the FLARE logs (``flare/logs``; startup kits and keys are never copied).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional
+
+import yaml
+
+from fedcxr.errors import UserError
+from fedcxr.pipeline.flare_app import build_job, check_flare_sites, read_status
+
+log = logging.getLogger(__name__)
+
+ADMIN = "admin@fedcxr.local"
+PROJECT = "fedcxr"
+LOG_SUFFIXES = (".txt", ".log", ".json")
+NEVER_COPY = ("startup", "transfer", "local")  # keys, certificates, uploaded jobs
+CONTROLLER_PATH = "fedcxr.pipeline.flare_app.FedcxrController"
+
+
+# --------------------------------------------------------------------------- config and run directory
+
+
+def load_flare_config(path: Path, overrides: list[str], *, need_manifests: bool):
+    """The experiment config; ``export`` does not need the manifests on this machine."""
+    from fedcxr.pipeline.config import ExperimentConfig, apply_overrides, load_config
+
+    if need_manifests:
+        return load_config(path, overrides=overrides)
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: the config must be a mapping of keys to values")
+    from pydantic import ValidationError
+
+    try:
+        return ExperimentConfig.model_validate(apply_overrides(data, overrides))
+    except ValidationError as exc:
+        lines = [f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()]
+        raise UserError(f"{path}: invalid config:\n  " + "\n  ".join(lines)) from None
+
+
+def default_run_dir(cfg) -> Path:
+    return Path("runs") / f"{cfg.name}-{cfg.strategy}-seed{cfg.seed}-flare"
+
+
+def check_run_dir(run_dir: Path, resume: bool) -> None:
+    """The refusals of ``fedcxr train``: never overwrite a finished or interrupted run by accident."""
+    if resume:
+        return
+    if (run_dir / "final_model.pt").exists():
+        raise UserError(f"{run_dir} already holds a finished run; choose another --out or pass --resume")
+    if list((run_dir / "checkpoints").glob("round_*.pt")):
+        raise UserError(f"{run_dir} holds checkpoints of an earlier run; pass --resume to continue it")
+
+
+def write_site_configs(cfgs: list, flare_dir: Path, *, device: Optional[str]) -> dict[str, Path]:
+    """One ``fedcxr_site.json`` per site (its manifest, cache, device, state folder)."""
+    from fedcxr.pipeline.federation import default_cache_dir
+    from fedcxr.site_adapters.manifest import atomic_write_json
+
+    entries: dict[str, dict] = {}
+    for cfg in cfgs:
+        cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+        for site in cfg.all_sites():
+            name = cfg.site_name(site)
+            entry = {"manifest_dir": str(cfg.site_dir(site).resolve()), "cache_dir": str(cache.resolve()),
+                     "device": device or cfg.device, "state_dir": str((flare_dir / "state" / name).resolve())}
+            if entries.setdefault(name, entry)["manifest_dir"] != entry["manifest_dir"]:
+                raise UserError(f"site {name!r} points at two different manifest folders in one FLARE job")
+    out = {}
+    for name, entry in entries.items():
+        out[name] = flare_dir / "sites" / name / "fedcxr_site.json"
+        atomic_write_json(out[name], entry)
+    return out
+
+
+def export_job(experiments: list, job_dir: Path, *, task_timeout: int = 0, site_configs=None,
+               client_script: Optional[Path] = None) -> Path:
+    """Write the FLARE job folder itself at ``job_dir`` (``nvflare job submit -j JOB_DIR``).
+
+    ``experiments``: ``[(ExperimentConfig, server run dir or "", resume)]``.
+    """
+    job = build_job(experiments, task_timeout=task_timeout, site_configs=site_configs, client_script=client_script)
+    job_dir = Path(job_dir)
+    if job_dir.exists():
+        shutil.rmtree(job_dir)
+    job_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=job_dir.parent) as tmp:
+        job.export_job(tmp)
+        shutil.move(str(Path(tmp) / job.name), str(job_dir))
+    return job_dir
+
+
+def _prepare(runs: list, *, resume: bool, task_timeout: int, device: Optional[str], client_script: Optional[Path],
+             flare_dir: Optional[Path]) -> tuple[list, Path, Path, list[str]]:
+    """Check the run dirs, write site configs and the job; ``(runs, flare_dir, job_dir, sites)``."""
+    runs = [(cfg, Path(run_dir).resolve()) for cfg, run_dir in runs]
+    if not runs:
+        raise UserError("nothing to run")
+    sites = list(dict.fromkeys(s for cfg, _ in runs for s in check_flare_sites(cfg)))
+    for _, run_dir in runs:
+        check_run_dir(run_dir, resume)
+        (run_dir / "flare_status.json").unlink(missing_ok=True)
+    flare_dir = Path(flare_dir).resolve() if flare_dir else runs[0][1] / "flare"
+    site_configs = write_site_configs([cfg for cfg, _ in runs], flare_dir, device=device)
+    job_dir = export_job([(cfg, str(run_dir), resume) for cfg, run_dir in runs], flare_dir / "job",
+                         task_timeout=task_timeout, site_configs=site_configs, client_script=client_script)
+    return runs, flare_dir, job_dir, sites
+
+
+# --------------------------------------------------------------------------- processes we start
+
+
+def _env() -> dict:
+    """FLARE's processes run the Python of this fedcxr (its venv first on PATH)."""
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _nvflare(*args: str) -> list[str]:
+    return [sys.executable, "-m", "nvflare.cli", *args]
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def stop_group(pgid: int, grace: float = 10.0) -> None:
+    """End a process group this module started: wait, then SIGTERM, then SIGKILL."""
+    for sig in (None, signal.SIGTERM, signal.SIGKILL):
+        if sig is not None and _group_alive(pgid):
+            log.info("stopping leftover FLARE processes (group %d) with %s", pgid, sig.name)
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                return
+        deadline = time.time() + grace
+        while time.time() < deadline and _group_alive(pgid):
+            time.sleep(0.2)
+        if not _group_alive(pgid):
+            return
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM behaves like Ctrl-C while FLARE processes run, so cleanup still happens."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _rounds_done(runs: list) -> int:
+    done = 0
+    for _, run_dir in runs:
+        metrics = run_dir / "metrics.jsonl"
+        done += len(metrics.read_text().splitlines()) if metrics.is_file() else 0
+    return done
+
+
+def _wait_with_progress(proc: Optional[subprocess.Popen], runs: list, progress: bool, done=lambda: False,
+                        timeout: Optional[float] = None) -> None:
+    """Wait for ``proc`` (or ``done()``) while showing completed rounds from the runs' ``metrics.jsonl``."""
+    from tqdm import tqdm
+
+    start = time.time()
+    with tqdm(total=sum(cfg.rounds for cfg, _ in runs), desc="FLARE rounds", unit="round",
+              disable=not progress) as bar:
+        while (proc is None or proc.poll() is None) and not done():
+            if timeout and time.time() - start > timeout:
+                raise TimeoutError(f"the FLARE run did not finish within {timeout:.0f} s")
+            bar.update(max(0, _rounds_done(runs) - bar.n))
+            time.sleep(0.5)
+        bar.update(max(0, _rounds_done(runs) - bar.n))
+
+
+def _finish(runs: list, what: str, log_hint: Path) -> list[dict]:
+    """run.json of every run; RuntimeError naming the runs that failed and why."""
+    problems = []
+    for _, run_dir in runs:
+        status = read_status(run_dir)
+        if status.get("status") != "finished":
+            error = status.get("error") or "no status written (the server never started it; see the log)"
+            problems.append(f"{run_dir}: {error}")
+    if problems:
+        raise RuntimeError(f"the {what} run failed (FLARE log: {log_hint}):\n  " + "\n  ".join(problems))
+    return [json.loads((run_dir / "run.json").read_text()) for _, run_dir in runs]
+
+
+def copy_logs(src: Path, dest: Path) -> None:
+    """FLARE's logs (server and sites) into ``dest``; never keys, certificates or uploaded jobs."""
+    if not src.is_dir():
+        return
+    for path in src.rglob("*"):
+        rel = path.relative_to(src)
+        if not path.is_file() or any(part in NEVER_COPY for part in rel.parts):
+            continue
+        if path.suffix in LOG_SUFFIXES and ("log" in path.name or path.name in ("meta.json",)):
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+
+
+# --------------------------------------------------------------------------- simulator
+
+
+def simulate(cfg, run_dir: Path, **kwargs) -> dict:
+    """Run one experiment in FLARE's simulator; returns its run.json payload (see :func:`simulate_many`)."""
+    return simulate_many([(cfg, run_dir)], **kwargs)[0]
+
+
+def simulate_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device: Optional[str] = None,
+                  client_script: Optional[Path] = None, progress: bool = True, timeout: Optional[float] = None,
+                  flare_dir: Optional[Path] = None, env: Optional[dict] = None) -> list[dict]:
+    """Run ``[(ExperimentConfig, run_dir)]`` one after the other in one FLARE simulator job.
+
+    One client process per site (named as the configs' sites), the server in the simulator
+    process. ``flare_dir`` (default ``<first run dir>/flare``) receives the job, the site
+    configs, the sites' resume state and the logs. ``env`` adds environment variables.
+    """
+    runs, flare_dir, job_dir, sites = _prepare(runs, resume=resume, task_timeout=task_timeout, device=device,
+                                               client_script=client_script, flare_dir=flare_dir)
+    workspace = flare_dir / "simulator"
+    shutil.rmtree(workspace, ignore_errors=True)
+    log_path = flare_dir / "simulator.log"
+    cmd = _nvflare("simulator", str(job_dir), "-w", str(workspace), "-c", ",".join(sites), "-t", str(len(sites)))
+    with open(log_path, "w") as out, _terminate_as_interrupt():
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**_env(), **(env or {})},
+                                start_new_session=True)
+        try:
+            _wait_with_progress(proc, runs, progress, timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)
+            stop_group(proc.pid)
+            proc.wait()
+            copy_logs(workspace, flare_dir / "logs")
+    return _finish(runs, "FLARE simulator", log_path)
+
+
+# --------------------------------------------------------------------------- POC mode
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def write_project(path: Path, sites: list[str], port: int) -> Path:
+    """A POC project: one server on ``port``, one admin, one client per site (FLARE provisions mTLS)."""
+    project = {
+        "api_version": 3, "name": PROJECT, "description": "fedcxr POC run",
+        "participants": [
+            {"name": "server", "type": "server", "org": "fedcxr", "fed_learn_port": port},
+            {"name": ADMIN, "type": "admin", "org": "fedcxr", "role": "project_admin"},
+            *({"name": s, "type": "client", "org": "fedcxr"} for s in sites),
+        ],
+        "builders": [
+            {"path": "nvflare.lighter.impl.workspace.WorkspaceBuilder", "args": {"template_file": ["master_template.yml"]}},
+            {"path": "nvflare.lighter.impl.static_file.StaticFileBuilder", "args": {"config_folder": "config"}},
+            {"path": "nvflare.lighter.impl.cert.CertBuilder"},
+            {"path": "nvflare.lighter.impl.signature.SignatureBuilder"},
+        ],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(project, sort_keys=False))
+    return path
+
+
+def allow_controller(server_kit: Path) -> None:
+    """Let the server build fedcxr's controller: add it to ``local/resources.json``'s ``class_allow_list``.
+
+    A provisioned FLARE server only builds components its operator allowed (jobs without
+    custom code are checked against this list); production servers need the same line.
+    """
+    path = server_kit / "local" / "resources.json"
+    if not path.is_file():
+        path = server_kit / "local" / "resources.json.default"
+    resources = json.loads(path.read_text())
+    allowed = resources.setdefault("class_allow_list", [])
+    if CONTROLLER_PATH not in allowed and "*" not in allowed:
+        allowed.append(CONTROLLER_PATH)
+    (server_kit / "local" / "resources.json").write_text(json.dumps(resources, indent=2))
+
+
+@contextmanager
+def _keep_user_nvflare_config() -> Iterator[None]:
+    """``nvflare poc prepare`` records the POC in ``~/.nvflare/config.conf``; put it back afterwards."""
+    conf = Path.home() / ".nvflare" / "config.conf"
+    existed_dir = conf.parent.exists()
+    before = conf.read_bytes() if conf.is_file() else None
+    try:
+        yield
+    finally:
+        if before is not None:
+            conf.write_bytes(before)
+        else:
+            conf.unlink(missing_ok=True)
+            if not existed_dir and conf.parent.is_dir() and not any(conf.parent.iterdir()):
+                conf.parent.rmdir()
+
+
+def _run_cli(args: list[str], env: dict, log_file, timeout: float) -> subprocess.CompletedProcess:
+    log_file.write(f"$ nvflare {' '.join(args)}\n")
+    log_file.flush()
+    done = subprocess.run(_nvflare(*args), env=env, stdout=log_file, stderr=subprocess.STDOUT, timeout=timeout)
+    return done
+
+
+def poc(cfg, run_dir: Path, **kwargs) -> dict:
+    """Run one experiment on a POC FLARE system; returns its run.json payload (see :func:`poc_many`)."""
+    return poc_many([(cfg, run_dir)], **kwargs)[0]
+
+
+def poc_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device: Optional[str] = None,
+             client_script: Optional[Path] = None, progress: bool = True, timeout: Optional[float] = None,
+             flare_dir: Optional[Path] = None, env: Optional[dict] = None) -> list[dict]:
+    """Run ``[(ExperimentConfig, run_dir)]`` as one job on a POC system on this machine.
+
+    Provisions the server, an admin and one client per site (mTLS startup kits), starts them,
+    submits through the FLARE API, waits, downloads the server's result, and always stops the
+    system, ends any process left in its group and removes the POC workspace (logs are kept
+    in ``flare/logs``).
+    """
+    runs, flare_dir, job_dir, sites = _prepare(runs, resume=resume, task_timeout=task_timeout, device=device,
+                                               client_script=client_script, flare_dir=flare_dir)
+    workspace = flare_dir / "poc"
+    shutil.rmtree(workspace, ignore_errors=True)
+    env = {**_env(), **(env or {}), "NVFLARE_POC_WORKSPACE": str(workspace)}
+    project = write_project(flare_dir / "project.yml", sites, free_port())
+    log_path = flare_dir / "poc.log"
+    started: Optional[subprocess.Popen] = None
+    with open(log_path, "w") as out, _keep_user_nvflare_config(), _terminate_as_interrupt():
+        try:
+            if _run_cli(["poc", "prepare", "-i", str(project), "--force"], env, out, 120).returncode:
+                raise RuntimeError(f"`nvflare poc prepare` failed (see {log_path})")
+            allow_controller(workspace / PROJECT / "prod_00" / "server")
+            out.write("$ nvflare poc start\n")
+            out.flush()
+            started = subprocess.Popen(_nvflare("poc", "start", "--timeout", "120"), env=env, stdout=out,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+            if started.wait(timeout=180):
+                raise RuntimeError(f"`nvflare poc start` failed (see {log_path})")
+            _submit_and_wait(job_dir, workspace, flare_dir, runs, progress, timeout)
+        finally:
+            _stop_poc(env, out, started, workspace, flare_dir)
+    return _finish(runs, "FLARE POC", log_path)
+
+
+def _submit_and_wait(job_dir: Path, workspace: Path, flare_dir: Path, runs: list, progress: bool,
+                     timeout: Optional[float]) -> None:
+    from nvflare.fuel.flare_api.flare_api import new_secure_session
+
+    kit = workspace / PROJECT / "prod_00" / ADMIN
+    session = new_secure_session(ADMIN, str(kit), timeout=60)
+    try:
+        job_id = session.submit_job(str(job_dir.resolve()))
+        log.info("submitted FLARE job %s", job_id)
+        state = {}
+
+        def finished() -> bool:
+            state["status"] = str(session.get_job_meta(job_id).get("status", ""))
+            return state["status"].startswith("FINISHED")
+
+        try:
+            _wait_with_progress(None, runs, progress, done=finished, timeout=timeout)
+        except BaseException:
+            session.abort_job(job_id)
+            raise
+        log.info("FLARE job %s: %s", job_id, state.get("status"))
+        session.download_job_result(job_id, str(flare_dir / "result"))
+    finally:
+        session.close()
+
+
+def _stop_poc(env: dict, out, started: Optional[subprocess.Popen], workspace: Path, flare_dir: Path) -> None:
+    """Stop the POC system, end any process left in its group, keep the logs, remove the workspace."""
+    try:
+        if started is not None:
+            try:
+                _run_cli(["poc", "stop"], env, out, 120)
+            except Exception as exc:  # keep cleaning up
+                out.write(f"poc stop failed: {exc}\n")
+            stop_group(started.pid, grace=30)
+            started.wait()
+    finally:
+        copy_logs(workspace, flare_dir / "logs")
+        try:
+            _run_cli(["poc", "clean"], env, out, 120)
+        except Exception as exc:
+            out.write(f"poc clean failed: {exc}\n")
+        shutil.rmtree(workspace, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _summary(payload: dict, run_dir: Path, what: str) -> None:
+    print(f"{payload['method']} on {what}: finished {payload['rounds']} rounds; run directory {run_dir}")
+    if payload.get("missed"):
+        print(f"  {len(payload['missed'])} site replies missing or rejected (see run.json 'missed')")
+    print(f"  FLARE job and logs: {run_dir / 'flare'}")
+    print(f"  next: fedcxr evaluate {run_dir}")
+
+
+def _run_dir(args, cfg) -> Path:
+    return Path(args.out) if args.out else default_run_dir(cfg)
+
+
+def cli_simulate(args) -> int:
+    cfg = load_flare_config(args.config, args.overrides, need_manifests=True)
+    run_dir = _run_dir(args, cfg)
+    payload = simulate(cfg, run_dir, resume=getattr(args, "resume", False), task_timeout=getattr(args, "timeout", 0),
+                       device=getattr(args, "device", None), progress=not getattr(args, "quiet", False))
+    _summary(payload, run_dir, "the FLARE simulator")
+    return 0
+
+
+def cli_poc(args) -> int:
+    cfg = load_flare_config(args.config, args.overrides, need_manifests=True)
+    run_dir = _run_dir(args, cfg)
+    payload = poc(cfg, run_dir, resume=getattr(args, "resume", False), task_timeout=getattr(args, "timeout", 0),
+                  device=getattr(args, "device", None), progress=not getattr(args, "quiet", False))
+    _summary(payload, run_dir, "FLARE POC")
+    return 0
+
+
+def cli_export(args) -> int:
+    if not args.out:
+        raise UserError("fedcxr flare export needs --out JOB_DIR (the job folder to write)")
+    cfg = load_flare_config(args.config, args.overrides, need_manifests=False)
+    # the server never reads the manifests or the image cache: keep this machine's paths out of the job
+    cfg = cfg.model_copy(update={"manifests": None, "cache_dir": None})
+    job_dir = export_job([(cfg, getattr(args, "run_dir", None) or "", True)], Path(args.out),
+                         task_timeout=getattr(args, "timeout", 0))
+    sites = ", ".join(check_flare_sites(cfg))
+    print(f"FLARE job written to {job_dir} (clients: {sites})")
+    print("  each site needs fedcxr[flare] installed and its own local/fedcxr_site.json "
+          '({"manifest_dir": ...}) or FEDCXR_SITE_CONFIG')
+    print(f"  submit: nvflare job submit -j {job_dir}")
+    return 0

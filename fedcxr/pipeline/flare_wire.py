@@ -1,0 +1,191 @@
+"""What travels between the FLARE server and a hospital, and how it is checked (DESIGN §8).
+
+Both directions carry an ``FLModel``: ``params`` (a flat dict of numpy arrays) and ``meta``
+(plain JSON-like values). This module turns a task or a :class:`Reply` into those two parts
+and back, so the server (:mod:`fedcxr.pipeline.flare_app`) and the client script
+(:mod:`fedcxr.pipeline.flare_client`) agree on one format, and it refuses anything a site
+should never send.
+
+Layout (``meta["fedcxr"]`` holds our part; FLARE may add its own keys beside it)::
+
+    task  params: {"p/<state key>": array}            meta: {"kind": "task", "task", "config", "runner", "run"}
+    reply params: {"p/<state key>": array, "x/<extra key>": array}
+          meta:   {"kind": "reply", "has_params", "n_samples", "n_batches", "class_set", "metrics"}
+    error meta:   {"kind": "error", "error": "<exception type name>"}   (no message: it could quote a path)
+
+Tensors go as numpy arrays (FLARE's serializer carries them natively, large ones streamed);
+no pickled objects, no strings in ``params``. A reply is accepted only if its counts are
+non-negative integers, its class set is a list of class names, its metrics are JSON-like
+scalars/dicts/lists, and every floating array is finite (the shared check of
+:func:`fedcxr.pipeline.aggregate.check_update`). Shapes are the protocol's business: it knows
+what it sent (a surgical head has the site's classes, not the global ones).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import numpy as np
+import torch
+
+from fedcxr.pipeline import aggregate as agg
+from fedcxr.pipeline.transport import Reply, StateDict
+
+META_KEY = "fedcxr"
+WIRE_VERSION = 1
+PARAM_PREFIX = "p/"
+EXTRA_PREFIX = "x/"
+#: keys a reply's meta may hold (anything else is refused: nothing leaves a site unchecked)
+REPLY_KEYS = frozenset({"version", "kind", "has_params", "n_samples", "n_batches", "class_set", "metrics", "error"})
+
+
+class WireError(ValueError):
+    """A payload that must not be used; the message is the logged reason."""
+
+
+# --------------------------------------------------------------------------- tensors
+
+
+def to_numpy(state: Mapping[str, torch.Tensor], prefix: str = "") -> dict[str, np.ndarray]:
+    """State dict → ``{prefix + key: ndarray}`` (CPU copies; dtype and shape kept)."""
+    out = {}
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise WireError(f"entry {key!r} is a {type(value).__name__}, not a tensor")
+        if value.dtype == torch.bfloat16:
+            raise WireError(f"entry {key!r} is bfloat16, which numpy cannot carry; cast to float32 first")
+        out[prefix + key] = value.detach().cpu().contiguous().numpy().copy()
+    return out
+
+
+def to_torch(arrays: Mapping[str, Any], prefix: str) -> StateDict:
+    """``{prefix + key: ndarray}`` → state dict of the entries with that prefix (writable copies)."""
+    out = {}
+    for name, value in arrays.items():
+        if not name.startswith(prefix):
+            continue
+        array = np.asarray(value)
+        if array.dtype.kind not in "biuf":
+            raise WireError(f"entry {name[len(prefix):]!r} has dtype {array.dtype}, not a number array")
+        out[name[len(prefix):]] = torch.from_numpy(np.array(array, copy=True))
+    return out
+
+
+def _finite_problem(state: StateDict, what: str) -> Optional[str]:
+    reason = agg.check_update(state, state)  # same keys → only the NaN/Inf part can fail
+    return f"{what}: {reason}" if reason else None
+
+
+# --------------------------------------------------------------------------- server → site
+
+
+def encode_task(task: str, params: Optional[StateDict], config: dict, *, runner: dict,
+                run: str) -> tuple[dict, dict]:
+    """(params, meta) of one task; ``runner`` = site settings from the experiment, ``run`` = its fingerprint."""
+    arrays = to_numpy(params, PARAM_PREFIX) if params is not None else {}
+    meta = {META_KEY: {"version": WIRE_VERSION, "kind": "task", "task": task, "has_params": params is not None,
+                       "config": dict(config), "runner": dict(runner), "run": run}}
+    return arrays, meta
+
+
+def decode_task(params: Optional[Mapping[str, Any]], meta: Optional[Mapping[str, Any]]) -> dict:
+    """``{"task", "params", "config", "runner", "run"}`` from a received task."""
+    body = (meta or {}).get(META_KEY)
+    if not isinstance(body, dict) or body.get("kind") != "task":
+        raise WireError("not a fedcxr task (no 'fedcxr' task block in the meta)")
+    if body.get("version") != WIRE_VERSION:
+        raise WireError(f"task format version {body.get('version')} (this site speaks {WIRE_VERSION}); "
+                        "install the same fedcxr version on the server and the sites")
+    state = to_torch(params or {}, PARAM_PREFIX) if body.get("has_params") else None
+    return {"task": body.get("task"), "params": state, "config": dict(body.get("config") or {}),
+            "runner": dict(body.get("runner") or {}), "run": str(body.get("run") or "")}
+
+
+# --------------------------------------------------------------------------- site → server
+
+
+def encode_reply(reply: Reply) -> tuple[dict, dict]:
+    """(params, meta) of a reply: parameters, extra tensors, counts, class names and metrics only."""
+    arrays = to_numpy(reply.params, PARAM_PREFIX) if reply.params is not None else {}
+    arrays.update(to_numpy(reply.extra or {}, EXTRA_PREFIX))
+    meta = {META_KEY: {
+        "version": WIRE_VERSION, "kind": "reply", "has_params": reply.params is not None,
+        "n_samples": int(reply.n_samples), "n_batches": int(reply.n_batches),
+        "class_set": [str(c) for c in reply.class_set], "metrics": plain(reply.metrics),
+    }}
+    return arrays, meta
+
+
+def encode_error(exc: BaseException) -> tuple[dict, dict]:
+    """A reply saying the task failed; only the exception type leaves the site (logs keep the rest)."""
+    return {}, {META_KEY: {"version": WIRE_VERSION, "kind": "error", "error": type(exc).__name__}}
+
+
+def decode_reply(site: str, params: Optional[Mapping[str, Any]], meta: Optional[Mapping[str, Any]]) -> Reply:
+    """The :class:`Reply` of ``site``; :class:`WireError` (the reason) when it must not be used."""
+    body = (meta or {}).get(META_KEY)
+    if not isinstance(body, dict):
+        raise WireError("no 'fedcxr' block in the reply meta (not a fedcxr client?)")
+    if body.get("kind") == "error":
+        raise WireError(f"the site failed the task ({body.get('error', 'error')}; details in the site's own log)")
+    if body.get("kind") != "reply" or body.get("version") != WIRE_VERSION:
+        raise WireError(f"unknown reply format (kind {body.get('kind')!r}, version {body.get('version')!r})")
+    unknown = sorted(set(body) - REPLY_KEYS)
+    if unknown:
+        raise WireError(f"unexpected reply fields {unknown}")
+    n_samples, n_batches = _count(body, "n_samples"), _count(body, "n_batches")
+    class_set = body.get("class_set", [])
+    if not isinstance(class_set, list) or not all(isinstance(c, str) for c in class_set):
+        raise WireError("class_set is not a list of class names")
+    metrics = body.get("metrics", {})
+    if not isinstance(metrics, dict) or not _is_plain(metrics):
+        raise WireError("metrics hold something other than numbers, strings, lists and dicts")
+    arrays = dict(params or {})
+    stray = sorted(k for k in arrays if not k.startswith((PARAM_PREFIX, EXTRA_PREFIX)))
+    if stray:
+        raise WireError(f"unexpected parameter entries {stray[:5]}")
+    state = to_torch(arrays, PARAM_PREFIX) if body.get("has_params") else None
+    extra = to_torch(arrays, EXTRA_PREFIX)
+    for part, what in ((state, "parameters"), (extra, "extra tensors")):
+        problem = _finite_problem(part, what) if part else None
+        if problem:
+            raise WireError(problem)
+    return Reply(site=site, params=state, n_samples=n_samples, n_batches=n_batches,
+                 class_set=list(class_set), metrics=metrics, extra=extra)
+
+
+def _count(body: dict, key: str) -> int:
+    value = body.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise WireError(f"{key} is {value!r}, not a non-negative integer")
+    return int(value)
+
+
+# --------------------------------------------------------------------------- JSON-like values
+
+
+def plain(value: Any) -> Any:
+    """Metrics as plain Python (numpy/torch scalars → float/int; tuples → lists)."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _is_plain(value: Any, depth: int = 0) -> bool:
+    if depth > 8:
+        return False
+    if value is None or isinstance(value, (bool, int, str)):
+        return True
+    if isinstance(value, float):
+        return True  # NaN allowed: an undefined AUROC is reported as NaN
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v, depth + 1) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_is_plain(v, depth + 1) for v in value)
+    return False
