@@ -67,7 +67,7 @@ class FlareTransport(Transport):
         self.site_names = list(site_names)
         self.runner = dict(runner)
         self.run_key = run
-        self.rejected: list[dict] = []  # {"task", "site", "reason"} of refused replies, for the status file
+        self.rejected: list[dict] = []  # {"round", "task", "site", "reason"} of refused replies (status file)
 
     def run(self, task, targets, params, config, *, per_site=None):
         from fedcxr.pipeline.flare_wire import encode_task
@@ -85,10 +85,13 @@ class FlareTransport(Transport):
                 site_params, site_config = per_site[site]
                 groups.append(([site], encode_task(task, site_params, site_config, runner=self.runner,
                                                    run=self.run_key)))
-        raw = self.controller.dispatch(task, groups, round_=config.get("round"))
-        return self._decode(task, targets, raw)
+        round_ = config.get("round") if config else None
+        if round_ is None and per_site:
+            round_ = next(iter(per_site.values()))[1].get("round")
+        raw = self.controller.dispatch(task, groups, round_=round_)
+        return self._decode(task, targets, raw, round_)
 
-    def _decode(self, task: str, targets: list[str], raw: Mapping[str, Any]) -> dict[str, Reply]:
+    def _decode(self, task: str, targets: list[str], raw: Mapping[str, Any], round_) -> dict[str, Reply]:
         from fedcxr.pipeline.flare_wire import WireError, decode_reply
 
         replies = {}
@@ -101,8 +104,8 @@ class FlareTransport(Transport):
                     raise WireError(answer)
                 replies[site] = decode_reply(site, answer.params, answer.meta)
             except WireError as exc:
-                log.warning("task %s: rejected reply from %s: %s", task, site, exc)
-                self.rejected.append({"task": task, "site": site, "reason": str(exc)})
+                log.warning("round %s, task %s: rejected reply from %s: %s", round_, task, site, exc)
+                self.rejected.append({"round": round_, "task": task, "site": site, "reason": str(exc)})
         return replies
 
 
@@ -149,8 +152,10 @@ class FedcxrController(_ControllerBase):
         cfg = ExperimentConfig.model_validate(config)
         sites = [cfg.site_name(s) for s in cfg.all_sites()]
         transport = FlareTransport(self, sites, runner=runner_settings(cfg), run=config_fingerprint(cfg))
+        if resume:  # replies refused before a server restart stay on record
+            transport.rejected = list(read_status(run_dir).get("rejected", []))
         self.info(f"fedcxr {cfg.strategy}: {cfg.rounds} rounds over {sites}; run directory {run_dir}")
-        _write_status(run_dir, "running", started=time.time())
+        _write_status(run_dir, "running", started=time.time(), rejected=transport.rejected)
         try:
             payload = run_experiment(cfg, run_dir, resume=resume, device="cpu", progress=False, transport=transport)
             self._collect_local_states(run_dir, transport, sites)
@@ -244,8 +249,16 @@ def _write_status(run_dir: Path, status: str, **extra) -> None:
 
 
 def read_status(run_dir: Path) -> dict:
+    """``flare_status.json``: status (submitted/running/finished/failed), error, rejected replies."""
     path = Path(run_dir) / STATUS_FILE
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def mark_submitted(run_dir: Path, *, keep: bool) -> None:
+    """Before a job starts: no stale "finished"; a resumed run keeps the replies rejected so far."""
+    previous = read_status(run_dir) if keep else {}
+    if previous or not keep:
+        _write_status(Path(run_dir), "submitted", rejected=previous.get("rejected", []))
 
 
 # --------------------------------------------------------------------------- the job

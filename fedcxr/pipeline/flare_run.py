@@ -10,7 +10,8 @@
 
 Both runs write the run directory of ``fedcxr train`` (so ``fedcxr evaluate RUN_DIR`` works)
 plus ``RUN_DIR/flare/``: the job, each site's ``fedcxr_site.json``, the sites' resume state and
-the FLARE logs (``flare/logs``; startup kits and keys are never copied).
+the FLARE logs of every attempt (``flare/logs/attempt-N``; startup kits and keys are never
+copied).
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import yaml
 
 from fedcxr.errors import UserError
-from fedcxr.pipeline.flare_app import build_job, check_flare_sites, read_status
+from fedcxr.pipeline.flare_app import build_job, check_flare_sites, mark_submitted, read_status
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ def _prepare(runs: list, *, resume: bool, task_timeout: int, device: Optional[st
     sites = list(dict.fromkeys(s for cfg, _ in runs for s in check_flare_sites(cfg)))
     for _, run_dir in runs:
         check_run_dir(run_dir, resume)
-        (run_dir / "flare_status.json").unlink(missing_ok=True)
+        mark_submitted(run_dir, keep=resume)
     flare_dir = Path(flare_dir).resolve() if flare_dir else runs[0][1] / "flare"
     site_configs = write_site_configs([cfg for cfg, _ in runs], flare_dir, device=device)
     job_dir = export_job([(cfg, str(run_dir), resume) for cfg, run_dir in runs], flare_dir / "job",
@@ -232,6 +233,16 @@ def _finish(runs: list, what: str, log_hint: Path) -> list[dict]:
     return [json.loads((run_dir / "run.json").read_text()) for _, run_dir in runs]
 
 
+def next_log_dir(flare_dir: Path) -> Path:
+    """``flare/logs/attempt-N``: a resumed run keeps the logs of the attempts before it."""
+    root = flare_dir / "logs"
+    n = 1
+    while (root / f"attempt-{n}").exists():
+        n += 1
+    (root / f"attempt-{n}").mkdir(parents=True)
+    return root / f"attempt-{n}"
+
+
 def copy_logs(src: Path, dest: Path) -> None:
     """FLARE's logs (server and sites) into ``dest``; never keys, certificates or uploaded jobs."""
     if not src.is_dir():
@@ -256,30 +267,37 @@ def simulate(cfg, run_dir: Path, **kwargs) -> dict:
 
 def simulate_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device: Optional[str] = None,
                   client_script: Optional[Path] = None, progress: bool = True, timeout: Optional[float] = None,
-                  flare_dir: Optional[Path] = None, env: Optional[dict] = None) -> list[dict]:
+                  flare_dir: Optional[Path] = None, env: Optional[dict] = None,
+                  on_start: Optional[Callable[[subprocess.Popen], None]] = None) -> list[dict]:
     """Run ``[(ExperimentConfig, run_dir)]`` one after the other in one FLARE simulator job.
 
     One client process per site (named as the configs' sites), the server in the simulator
     process. ``flare_dir`` (default ``<first run dir>/flare``) receives the job, the site
-    configs, the sites' resume state and the logs. ``env`` adds environment variables.
+    configs, the sites' resume state and the logs (the simulator's workspace is removed after
+    the run). ``env`` adds environment variables; ``on_start`` is called with the simulator
+    process (its own process group) once it runs.
     """
     runs, flare_dir, job_dir, sites = _prepare(runs, resume=resume, task_timeout=task_timeout, device=device,
                                                client_script=client_script, flare_dir=flare_dir)
     workspace = flare_dir / "simulator"
     shutil.rmtree(workspace, ignore_errors=True)
-    log_path = flare_dir / "simulator.log"
+    logs = next_log_dir(flare_dir)
+    log_path = logs / "simulator.log"
     cmd = _nvflare("simulator", str(job_dir), "-w", str(workspace), "-c", ",".join(sites), "-t", str(len(sites)))
     with open(log_path, "w") as out, _terminate_as_interrupt():
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**_env(), **(env or {})},
                                 start_new_session=True)
         try:
+            if on_start is not None:
+                on_start(proc)
             _wait_with_progress(proc, runs, progress, timeout=timeout)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGINT)
             stop_group(proc.pid)
             proc.wait()
-            copy_logs(workspace, flare_dir / "logs")
+            copy_logs(workspace, logs)
+            shutil.rmtree(workspace, ignore_errors=True)
     return _finish(runs, "FLARE simulator", log_path)
 
 
@@ -374,7 +392,8 @@ def poc_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device:
     shutil.rmtree(workspace, ignore_errors=True)
     env = {**_env(), **(env or {}), "NVFLARE_POC_WORKSPACE": str(workspace)}
     project = write_project(flare_dir / "project.yml", sites, free_port())
-    log_path = flare_dir / "poc.log"
+    logs = next_log_dir(flare_dir)
+    log_path = logs / "poc.log"
     started: Optional[subprocess.Popen] = None
     with open(log_path, "w") as out, _keep_user_nvflare_config(), _terminate_as_interrupt():
         try:
@@ -389,7 +408,7 @@ def poc_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device:
                 raise RuntimeError(f"`nvflare poc start` failed (see {log_path})")
             _submit_and_wait(job_dir, workspace, flare_dir, runs, progress, timeout)
         finally:
-            _stop_poc(env, out, started, workspace, flare_dir)
+            _stop_poc(env, out, started, workspace, logs)
     return _finish(runs, "FLARE POC", log_path)
 
 
@@ -419,7 +438,7 @@ def _submit_and_wait(job_dir: Path, workspace: Path, flare_dir: Path, runs: list
         session.close()
 
 
-def _stop_poc(env: dict, out, started: Optional[subprocess.Popen], workspace: Path, flare_dir: Path) -> None:
+def _stop_poc(env: dict, out, started: Optional[subprocess.Popen], workspace: Path, logs: Path) -> None:
     """Stop the POC system, end any process left in its group, keep the logs, remove the workspace."""
     try:
         if started is not None:
@@ -430,7 +449,7 @@ def _stop_poc(env: dict, out, started: Optional[subprocess.Popen], workspace: Pa
             stop_group(started.pid, grace=30)
             started.wait()
     finally:
-        copy_logs(workspace, flare_dir / "logs")
+        copy_logs(workspace, logs)
         try:
             _run_cli(["poc", "clean"], env, out, 120)
         except Exception as exc:

@@ -1,0 +1,346 @@
+"""The same protocols on NVIDIA FLARE (simulator and POC mode) as in-process (DESIGN §8).
+
+Two simulator jobs serve most tests (a FLARE job costs ~15 s of start-up here, so the
+experiments share them):
+
+* job 1 runs E1 (FedAvg with a NaN, an Inf and a wrong-shape update), E2 (FL_Surgical),
+  E3 (FedAvg_Finetune_GP) and E4 (FedAvg + FedBN), and is SIGKILLed — server and clients —
+  right after E4's first checkpoint;
+* job 2 resumes the same experiments (E1–E3 are finished: nothing to redo; E4 continues) and
+  runs E5 (FedAvg in which a site's training process stops at round 1).
+
+A test client script wraps fedcxr's own: it injects the faults above into chosen experiments
+and records every payload a site sends, for the privacy checks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("nvflare")
+
+from fedcxr.cli import main  # noqa: E402
+from fedcxr.pipeline.config import config_fingerprint, load_config  # noqa: E402
+from fedcxr.pipeline.federation import run_experiment  # noqa: E402
+from fedcxr.pipeline.flare_run import poc_many, simulate_many  # noqa: E402
+from fedcxr.pipeline.flare_wire import REPLY_KEYS  # noqa: E402
+from fedcxr.vocab import CLASSES  # noqa: E402
+
+from .conftest import tiny_config  # noqa: E402
+
+ALL = ["nih_style", "chexpert_style", "midrc_style", "dicom_style"]
+
+TEST_CLIENT = '''
+"""fedcxr's FLARE client plus test-only faults and a recorder of every payload leaving the site."""
+import json, os
+from pathlib import Path
+
+import numpy as np
+import nvflare.client as flare
+
+from fedcxr.pipeline import flare_client
+
+FAULTS = json.loads(os.environ.get("FEDCXR_TEST_FAULTS", "{}"))  # {run fingerprint: {site: fault}}
+RECORD = os.environ.get("FEDCXR_TEST_RECORD")
+_send, _handle = flare.send, flare_client.FlareSite.handle
+
+
+def recording_send(model, *args, **kwargs):
+    if RECORD:
+        params = model.params or {}
+        entry = {"param_keys": sorted(params), "dtype_kinds": sorted({np.asarray(v).dtype.kind for v in params.values()}),
+                 "meta": model.meta}
+        with open(Path(RECORD) / (flare.get_site_name() + ".jsonl"), "a") as handle:
+            handle.write(json.dumps(entry) + "\\n")
+    return _send(model, *args, **kwargs)
+
+
+def faulty_handle(self, task, params, config, settings, run):
+    fault = FAULTS.get(run, {}).get(self.name) if task == "train" and config.get("round") == 1 else None
+    if fault == "exit":
+        raise SystemExit(0)  # the site's training process stops
+    reply = _handle(self, task, params, config, settings, run)
+    if fault in ("nan", "inf"):
+        key = next(k for k, v in reply.params.items() if v.is_floating_point())
+        reply.params[key].view(-1)[0] = float(fault)
+    elif fault == "shape":
+        reply.params["head.weight"] = reply.params["head.weight"][:-1]
+    return reply
+
+
+flare.send = recording_send
+flare_client.FlareSite.handle = faulty_handle
+flare_client.main()
+'''
+
+
+def _cfg(manifests, cache, **overrides):
+    return load_config(data=tiny_config(manifests, cache, **overrides))
+
+
+def _final(run_dir: Path) -> dict:
+    return torch.load(run_dir / "final_model.pt", map_location="cpu", weights_only=False)
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((float((a[k].double() - b[k].double()).abs().max()) for k in a if a[k].numel()), default=0.0)
+
+
+def _logs(run_dir: Path) -> str:
+    """Every FLARE log of every attempt (server, sites, simulator output)."""
+    return "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "flare" / "logs").rglob("*"))
+                     if p.is_file())
+
+
+@pytest.fixture(scope="module")
+def flare_runs(tiny_manifests, tmp_path_factory):
+    root = tmp_path_factory.mktemp("flare")
+    cache = root / "cache"
+    exps = {
+        "E1": _cfg(tiny_manifests, cache, strategy="FedAvg", sites=ALL, target=None, rounds=2, eval_every=0,
+                   min_sites=1),
+        "E2": _cfg(tiny_manifests, cache, strategy="FL_Surgical"),
+        "E3": _cfg(tiny_manifests, cache, strategy="FedAvg_Finetune_GP"),
+        "E4": _cfg(tiny_manifests, cache, strategy="FedAvg", sites=ALL[:3], target=None, rounds=3,
+                   backbone_aggregation="fedbn"),
+        "E5": _cfg(tiny_manifests, cache, strategy="FedAvg", sites=ALL[:3], target=None, rounds=3,
+                   eval_sites=["nih_style"], min_sites=1),
+    }
+    dirs = {name: root / name for name in exps}
+    refs = {}
+    for name in ("E2", "E3", "E4"):  # the in-process runs of the same configs (this also fills the image cache)
+        refs[name] = root / f"{name}-in-process"
+        run_experiment(exps[name], refs[name], progress=False)
+
+    script = root / "test_client.py"
+    script.write_text(TEST_CLIENT)
+    record = root / "payloads"
+    record.mkdir()
+    faults = {config_fingerprint(exps["E1"]): {"chexpert_style": "nan", "midrc_style": "inf", "dicom_style": "shape"},
+              config_fingerprint(exps["E5"]): {"chexpert_style": "exit"}}
+    env = {"FEDCXR_TEST_FAULTS": json.dumps(faults), "FEDCXR_TEST_RECORD": str(record)}
+    common = dict(client_script=script, progress=False, env=env, timeout=600)
+
+    first = [(exps[n], dirs[n]) for n in ("E1", "E2", "E3", "E4")]
+    box: dict = {}
+
+    def job1():
+        try:
+            simulate_many(first, on_start=lambda proc: box.update(proc=proc), **common)
+        except RuntimeError as exc:  # E4 was killed: it has no "finished" status
+            box["error"] = str(exc)
+
+    start = time.time()
+    thread = threading.Thread(target=job1)
+    thread.start()
+    checkpoint = dirs["E4"] / "checkpoints" / "round_0000.pt"
+    while thread.is_alive() and not checkpoint.exists():
+        time.sleep(0.05)
+    os.killpg(box["proc"].pid, signal.SIGKILL)  # the simulator: FLARE server and every client
+    thread.join()
+    killed = SimpleNamespace(final_existed=(dirs["E4"] / "final_model.pt").exists(), error=box.get("error", ""),
+                             seconds=time.time() - start, pgid=box["proc"].pid)
+    start = time.time()
+    payloads = simulate_many(first + [(exps["E5"], dirs["E5"])], resume=True, **common)
+    resumed_seconds = time.time() - start
+    return SimpleNamespace(exps=exps, dirs=dirs, refs=refs, record=record, killed=killed, root=root,
+                           payloads=dict(zip(("E1", "E2", "E3", "E4", "E5"), payloads)),
+                           resumed_seconds=resumed_seconds, manifests=tiny_manifests)
+
+
+# --------------------------------------------------------------------------- same results as in-process
+
+
+@pytest.mark.parametrize("name", ["E2", "E3"], ids=["FL_Surgical", "FedAvg_Finetune_GP"])
+def test_simulator_ends_with_the_in_process_weights(flare_runs, name):
+    flare_final, ref = _final(flare_runs.dirs[name]), _final(flare_runs.refs[name])
+    assert _max_diff(flare_final["global"], ref["global"]) <= 1e-5
+    assert flare_final["classes"] == ref["classes"]
+    rows = [json.loads(line) for line in (flare_runs.dirs[name] / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0, 1] and flare_runs.payloads[name]["missed"] == []
+
+
+def test_killed_server_resumes_to_the_uninterrupted_weights(flare_runs):
+    """FedAvg+FedBN: the server (and every site) SIGKILLed after round 0; resubmitted; same end."""
+    killed = flare_runs.killed
+    assert not killed.final_existed and "E4" in killed.error
+    with pytest.raises(ProcessLookupError):
+        os.killpg(killed.pgid, 0)  # nothing of the killed job is left running
+    run_dir = flare_runs.dirs["E4"]
+    flare_final, ref = _final(run_dir), _final(flare_runs.refs["E4"])
+    assert _max_diff(flare_final["global"], ref["global"]) <= 1e-5
+    assert set(flare_final["local_states"]) == set(ref["local_states"]) == {"nih_style", "chexpert_style",
+                                                                            "midrc_style"}
+    for site, state in ref["local_states"].items():  # each site's BN statistics, restored from its own disk
+        assert state and _max_diff(flare_final["local_states"][site], state) <= 1e-5
+    rounds = [json.loads(line)["round"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rounds == [0, 1, 2]
+    logs = run_dir.parent / "E1" / "flare" / "logs"
+    assert (logs / "attempt-1").is_dir() and (logs / "attempt-2").is_dir(), "the killed attempt's logs are kept"
+
+
+def test_fedcxr_evaluate_works_on_a_flare_run_directory(flare_runs):
+    assert main(["evaluate", str(flare_runs.dirs["E2"]), "--bootstrap", "0", "--split", "val"]) == 0
+    assert (flare_runs.dirs["E2"] / "report.json").is_file()
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def test_nan_inf_and_wrong_shape_updates_are_rejected_with_a_logged_reason(flare_runs):
+    run = flare_runs.payloads["E1"]
+    missed = [m for m in run["missed"] if m["round"] == 1]
+    assert {m["site"] for m in missed} == {"chexpert_style", "midrc_style", "dicom_style"}
+    shape = next(m for m in missed if m["site"] == "dicom_style")
+    assert shape["reason"].startswith("rejected:") and "shape" in shape["reason"]
+    status = json.loads((flare_runs.dirs["E1"] / "flare_status.json").read_text())
+    reasons = {r["site"]: r["reason"] for r in status["rejected"]}
+    assert "NaN" in reasons["chexpert_style"] and "infinite" in reasons["midrc_style"]
+    logs = _logs(flare_runs.dirs["E1"])
+    assert re.search(r"rejected reply from chexpert_style: parameters: entry '[^']+' has 1 NaN", logs)
+    assert re.search(r"rejected reply from midrc_style: parameters: entry '[^']+' has 1 infinite", logs)
+    assert re.search(r"rejected update from dicom_style: .*shape", logs)
+    rows = [json.loads(line) for line in (flare_runs.dirs["E1"] / "metrics.jsonl").read_text().splitlines()]
+    assert set(rows[1]["train"]) == {"nih_style"}  # round 1 averaged only the healthy site
+    assert all(torch.isfinite(v).all() for v in _final(flare_runs.dirs["E1"])["global"].values()
+               if v.is_floating_point())
+
+
+def test_a_site_that_stops_mid_run_is_recorded_and_the_rounds_go_on(flare_runs):
+    run = flare_runs.payloads["E5"]
+    assert run["status"] == "finished"
+    assert {(m["round"], m["site"]) for m in run["missed"]} == {(1, "chexpert_style"), (2, "chexpert_style")}
+    rows = [json.loads(line) for line in (flare_runs.dirs["E5"] / "metrics.jsonl").read_text().splitlines()]
+    assert [sorted(r["train"]) for r in rows] == [sorted(ALL[:3]), ["midrc_style", "nih_style"],
+                                                   ["midrc_style", "nih_style"]]
+
+
+# --------------------------------------------------------------------------- privacy
+
+
+def test_only_parameters_counts_class_names_and_metrics_leave_a_site(flare_runs):
+    state_keys = set()
+    for name in ("E1", "E2", "E3", "E4", "E5"):
+        state_keys |= set(_final(flare_runs.dirs[name])["global"])
+    allowed_keys = {"p/" + k for k in state_keys} | {"x/batch_updates"}
+    entries = [json.loads(line) for path in flare_runs.record.glob("*.jsonl") for line in path.read_text().splitlines()]
+    assert {p.stem for p in flare_runs.record.glob("*.jsonl")} == set(ALL)
+    assert len(entries) > 50
+    words = set(CLASSES) | set(REPLY_KEYS) | {"reply", "loss", "main_loss", "aux_loss", "n_train", "n_val", "n_test",
+                                              "n_labeled_train", "labeled_per_class", "split", "val", "n", "auroc",
+                                              "mean_auroc", "idd_train", "idd_after", "fedcxr", "error"}
+    for entry in entries:
+        assert set(entry["param_keys"]) <= allowed_keys, set(entry["param_keys"]) - allowed_keys
+        assert set(entry["dtype_kinds"]) <= {"f", "i", "u", "b"}
+        assert set(entry["meta"]) == {"fedcxr"}
+        assert set(_strings(entry["meta"])) <= words, set(_strings(entry["meta"])) - words
+
+
+def _strings(value):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+    elif isinstance(value, str):
+        yield value
+
+
+def test_no_patient_identifier_in_any_flare_or_fedcxr_log(flare_runs):
+    import pandas as pd
+
+    needles = set()
+    for site in ALL:
+        manifest = pd.read_parquet(flare_runs.manifests / site / "manifest.parquet")
+        for column in ("patient_id", "study_id", "image_path"):
+            needles |= {str(v) for v in manifest[column].dropna() if len(str(v)) >= 8}
+        needles |= {Path(str(v)).name for v in manifest["image_path"].dropna() if len(Path(str(v)).name) >= 8}
+    texts = {}
+    for name in ("E1", "E2", "E3", "E4", "E5"):
+        run_dir = flare_runs.dirs[name]
+        for path in run_dir.rglob("*"):
+            if path.is_file() and path.suffix not in (".pt", ".u8", ".npy", ".png", ".parquet"):
+                texts[str(path)] = path.read_text(errors="replace")
+    for path in flare_runs.record.glob("*.jsonl"):
+        texts[str(path)] = path.read_text()
+    assert any("flare/logs" in p for p in texts) and len(texts) > 20
+    leaks = [(p, n) for p, text in texts.items() for n in needles if n in text]
+    assert not leaks, leaks[:5]
+
+
+# --------------------------------------------------------------------------- export and refusals
+
+
+def test_export_writes_a_portable_job(tiny_manifests, tmp_path):
+    import yaml
+
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump(tiny_config(tiny_manifests, tmp_path / "cache")))
+    assert main(["flare", "export", str(config), "--out", str(tmp_path / "job"), "--timeout", "600",
+                 "--run-dir", "fedcxr-runs/tiny"]) == 0
+    job = tmp_path / "job"
+    meta = json.loads((job / "meta.json").read_text())
+    assert set(meta["deploy_map"]) == {"app_server", "app_nih_style", "app_chexpert_style", "app_dicom_style"}
+    server = json.loads((job / "app_server" / "config" / "config_fed_server.json").read_text())
+    controller = server["workflows"][0]
+    assert controller["path"] == "fedcxr.pipeline.flare_app.FedcxrController"
+    spec = controller["args"]["experiments"][0]
+    assert spec["run_dir"] == "fedcxr-runs/tiny" and spec["config"]["strategy"] == "FedAvg_Finetune"
+    assert spec["config"]["manifests"] is None and spec["config"]["cache_dir"] is None
+    assert controller["args"]["task_timeout"] == 600
+    assert sorted(p.name for p in (job / "app_nih_style" / "custom").iterdir()) == ["flare_client.py"]
+    assert str(tmp_path) not in "".join(p.read_text() for p in job.rglob("*.json"))
+
+
+def test_central_cannot_run_federated(tiny_manifests, tmp_path):
+    import yaml
+
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump(tiny_config(tiny_manifests, tmp_path / "cache", strategy="Central")))
+    assert main(["flare", "export", str(config), "--out", str(tmp_path / "job")]) == 2
+
+
+# --------------------------------------------------------------------------- POC mode
+
+
+@pytest.mark.slow
+def test_poc_mode_on_loopback_matches_in_process_and_cleans_up(tiny_manifests, tmp_path):
+    """Provision (mTLS), start, submit, wait, fetch, stop, clean — and the in-process weights."""
+    cfg = _cfg(tiny_manifests, tmp_path / "cache", strategy="FedAvg", sites=ALL[:2], target=None, rounds=2)
+    run_experiment(cfg, tmp_path / "in-process", progress=False)
+    home_conf = Path.home() / ".nvflare" / "config.conf"
+    before = home_conf.read_bytes() if home_conf.is_file() else None
+    run = poc_many([(cfg, tmp_path / "poc")], progress=False, timeout=600)[0]
+    assert run["status"] == "finished" and run["missed"] == []
+    assert _max_diff(_final(tmp_path / "poc")["global"], _final(tmp_path / "in-process")["global"]) <= 1e-5
+    flare_dir = tmp_path / "poc" / "flare"
+    assert not (flare_dir / "poc").exists(), "the POC workspace is removed"
+    logs = flare_dir / "logs" / "attempt-1"
+    assert "POC system stopped" in (logs / "poc.log").read_text()
+    assert (logs / "fedcxr" / "prod_00" / "server" / "log.txt").is_file()
+    assert not list(logs.rglob("*.key")) and not list(logs.rglob("*.pem")), "no key leaves the POC workspace"
+    assert (home_conf.read_bytes() if home_conf.is_file() else None) == before
+    assert not _processes_mentioning(str(flare_dir)), "a FLARE process of this run is still alive"
+
+
+def _processes_mentioning(text: str) -> list:
+    import psutil  # a FLARE dependency
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if text in " ".join(proc.info["cmdline"] or []):
+            found.append(proc.pid)
+    return found

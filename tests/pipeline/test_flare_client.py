@@ -1,0 +1,115 @@
+"""The hospital side of a FLARE run without FLARE: its own configuration, and local state across restarts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedcxr.pipeline.flare_client import FlareSite, find_site_config, load_site_config
+
+SETTINGS = {"model": {"backbone": "resnet_tiny", "hidden": 16, "weights": None, "classes": None},
+            "image_size": 32, "augment": False, "num_workers": 0, "device": "cpu"}
+
+
+# --------------------------------------------------------------------------- site configuration
+
+
+def test_site_config_order_explicit_env_script_dir_workspace(tmp_path, monkeypatch):
+    for name in ("explicit", "env", "script", "ws/local"):
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "fedcxr_site.json").write_text(json.dumps({"manifest_dir": name}))
+    explicit = tmp_path / "explicit" / "fedcxr_site.json"
+    monkeypatch.setenv("FEDCXR_SITE_CONFIG", str(tmp_path / "env" / "fedcxr_site.json"))
+    args = dict(script_dir=tmp_path / "script", workspace=tmp_path / "ws")
+    assert find_site_config(str(explicit), **args) == explicit
+    assert find_site_config(None, **args) == tmp_path / "env" / "fedcxr_site.json"
+    monkeypatch.delenv("FEDCXR_SITE_CONFIG")
+    assert find_site_config(None, **args) == tmp_path / "script" / "fedcxr_site.json"
+    assert find_site_config(None, script_dir=tmp_path / "none", workspace=tmp_path / "ws") == \
+        tmp_path / "ws" / "local" / "fedcxr_site.json"
+
+
+def test_missing_site_config_says_where_to_put_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("FEDCXR_SITE_CONFIG", raising=False)
+    with pytest.raises(FileNotFoundError, match=r"local/fedcxr_site\.json"):
+        find_site_config(None, script_dir=None, workspace=tmp_path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        find_site_config(str(tmp_path / "nope.json"), script_dir=None, workspace=tmp_path)
+
+
+def test_site_config_resolves_relative_paths_and_picks_this_sites_block(tmp_path):
+    path = tmp_path / "sites.json"
+    path.write_text(json.dumps({"sites": {"hospital_a": {"manifest_dir": "a", "cache_dir": "~/c", "device": "cpu"},
+                                          "hospital_b": {"manifest_dir": "/data/b"}}}))
+    cfg = load_site_config(path, "hospital_a")
+    assert cfg.manifest_dir == tmp_path / "a" and cfg.device == "cpu" and cfg.cache_dir == Path.home() / "c"
+    assert load_site_config(path, "hospital_b").manifest_dir == Path("/data/b")
+    with pytest.raises(ValueError, match="no entry for site 'hospital_c'"):
+        load_site_config(path, "hospital_c")
+
+
+def test_site_config_refuses_unknown_keys_and_needs_a_manifest(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"manifest_dir": "a", "manifest": "typo"}))
+    with pytest.raises(ValueError, match="unknown key"):
+        load_site_config(path, "x")
+    path.write_text(json.dumps({"cache_dir": "c"}))
+    with pytest.raises(ValueError, match="manifest_dir"):
+        load_site_config(path, "x")
+
+
+# --------------------------------------------------------------------------- local state across restarts
+
+
+def _theta0_and_bn_keys(classes):
+    from fedcxr.models.network import CXRNet, bn_keys
+
+    torch.manual_seed(0)
+    model = CXRNet(classes, backbone="resnet_tiny", hidden=16, aux_tasks={})
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, list(bn_keys(model))
+
+
+def _train_config(r, classes, local_keys):
+    return {"round": r, "seed": 0, "role": "source", "head_classes": classes, "param_classes": classes,
+            "aux_tasks": [], "lr": 1e-2, "batch_size": 8, "epochs": 1, "steps": 2, "local_keys": local_keys}
+
+
+def test_restarted_site_restores_local_state_of_the_right_round(tiny_manifests, tmp_path):
+    """FedBN: a site killed after round 1 (before the server checkpointed it) resumes round 1 from round 0."""
+    from fedcxr.pipeline.flare_client import SiteConfig
+
+    site_cfg = SiteConfig(manifest_dir=tiny_manifests / "nih_style", cache_dir=tmp_path / "cache",
+                          state_dir=tmp_path / "state")
+    first = FlareSite("nih_style", site_cfg, tmp_path)
+    classes = first.runner_for(SETTINGS, "run1").class_set
+    theta0, bn = _theta0_and_bn_keys(classes)
+    first.handle("train", theta0, _train_config(0, classes, bn), SETTINGS, "run1")
+    after_round0 = first.runner_for(SETTINGS, "run1").get_local_state()
+    first.handle("train", theta0, _train_config(1, classes, bn), SETTINGS, "run1")
+    after_round1 = first.runner_for(SETTINGS, "run1").get_local_state()
+    assert set(after_round0) == set(bn) and not torch.equal(after_round0[bn[0]], after_round1[bn[0]])
+    assert sorted(p.name for p in (tmp_path / "state" / "run1").iterdir()) == ["round_0000.pt", "round_0001.pt"]
+
+    again = FlareSite("nih_style", site_cfg, tmp_path)  # a new client process (server resumed at round 1)
+    seen = {}
+    runner = again.runner_for(SETTINGS, "run1")
+    original = runner.handle
+
+    def spy(task, params, config):
+        seen["state"] = runner.get_local_state()
+        return original(task, params, config)
+
+    runner.handle = spy
+    again.handle("train", theta0, _train_config(1, classes, bn), SETTINGS, "run1")
+    assert all(torch.equal(seen["state"][k], after_round0[k]) for k in bn)
+    after_again = again.runner_for(SETTINGS, "run1").get_local_state()
+    assert all(torch.equal(after_again[k], after_round1[k]) for k in bn), "the repeated round must match"
+
+    evaluating = FlareSite("nih_style", site_cfg, tmp_path)  # evaluation after round 1 wants round 1's state
+    reply = evaluating.handle("local_state", None, {"round": 1}, SETTINGS, "run1")
+    assert all(torch.equal(reply.params[k], after_round1[k]) for k in bn)
+    other = FlareSite("nih_style", site_cfg, tmp_path).handle("local_state", None, {}, SETTINGS, "other-run")
+    assert other.params == {}, "state is kept per experiment"

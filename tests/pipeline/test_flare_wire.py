@@ -1,0 +1,115 @@
+"""The FLARE wire format: what a site may send back, and why a reply is refused."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedcxr.pipeline.flare_wire import (
+    META_KEY,
+    WireError,
+    decode_reply,
+    decode_task,
+    encode_error,
+    encode_reply,
+    encode_task,
+)
+from fedcxr.pipeline.transport import Reply
+
+
+def _state() -> dict:
+    return {"conv.weight": torch.randn(4, 1, 3, 3), "bn.num_batches_tracked": torch.tensor(7),
+            "head.bias": torch.tensor([0.5, -1.0])}
+
+
+def test_task_round_trip_keeps_every_tensor_and_the_config():
+    state = _state()
+    config = {"round": 3, "head_classes": ["edema", "pneumonia"], "lr": 1e-3, "labeled": None}
+    params, meta = encode_task("train", state, config, runner={"image_size": 32}, run="abc")
+    assert all(isinstance(v, np.ndarray) for v in params.values())
+    task = decode_task(params, meta)
+    assert task["task"] == "train" and task["config"] == config and task["run"] == "abc"
+    assert task["runner"] == {"image_size": 32}
+    for key, value in state.items():
+        assert torch.equal(task["params"][key], value) and task["params"][key].dtype == value.dtype
+
+
+def test_task_without_params_decodes_to_none():
+    params, meta = encode_task("metadata", None, {}, runner={}, run="r")
+    assert params == {} and decode_task(params, meta)["params"] is None
+
+
+def test_task_from_another_fedcxr_version_is_refused_with_a_hint():
+    params, meta = encode_task("train", None, {}, runner={}, run="r")
+    meta[META_KEY]["version"] = 99
+    with pytest.raises(WireError, match="same fedcxr version"):
+        decode_task(params, meta)
+
+
+def test_reply_round_trip():
+    reply = Reply(site="a", params=_state(), n_samples=40, n_batches=3, class_set=["edema"],
+                  metrics={"loss": 0.25, "auroc": {"edema": float("nan")}, "n": np.int64(3)},
+                  extra={"batch_updates": torch.ones(3, 5)})
+    params, meta = encode_reply(reply)
+    back = decode_reply("a", params, meta)
+    assert back.n_samples == 40 and back.n_batches == 3 and back.class_set == ["edema"]
+    assert back.metrics["loss"] == 0.25 and math.isnan(back.metrics["auroc"]["edema"]) and back.metrics["n"] == 3
+    assert torch.equal(back.extra["batch_updates"], torch.ones(3, 5))
+    assert all(torch.equal(back.params[k], v) for k, v in reply.params.items())
+
+
+def test_metadata_reply_without_params():
+    params, meta = encode_reply(Reply(site="a", n_samples=5, class_set=["edema"], metrics={"n_train": 5}))
+    assert decode_reply("a", params, meta).params is None
+
+
+@pytest.mark.parametrize("bad, reason", [(float("nan"), "NaN"), (float("inf"), "infinite")])
+def test_non_finite_parameters_are_refused_with_the_entry_named(bad, reason):
+    state = _state()
+    state["conv.weight"][0, 0, 0, 0] = bad
+    params, meta = encode_reply(Reply(site="a", params=state, n_samples=1))
+    with pytest.raises(WireError, match=rf"conv\.weight.*{reason}"):
+        decode_reply("a", params, meta)
+
+
+def test_non_finite_extra_tensors_are_refused():
+    params, meta = encode_reply(Reply(site="a", params=_state(), extra={"batch_updates": torch.full((2, 2), float("nan"))}))
+    with pytest.raises(WireError, match="extra tensors"):
+        decode_reply("a", params, meta)
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("n_samples", -1, "n_samples"),
+    ("n_batches", 2.5, "n_batches"),
+    ("class_set", "edema", "class_set"),
+    ("metrics", {"loss": np.zeros(3)}, "metrics"),
+    ("patient_ids", ["p1"], "unexpected reply fields"),
+])
+def test_malformed_reply_fields_are_refused(field, value, match):
+    params, meta = encode_reply(Reply(site="a", params=_state(), n_samples=1))
+    meta[META_KEY][field] = value
+    with pytest.raises(WireError, match=match):
+        decode_reply("a", params, meta)
+
+
+def test_stray_or_non_numeric_arrays_are_refused():
+    params, meta = encode_reply(Reply(site="a", params=_state(), n_samples=1))
+    with pytest.raises(WireError, match="unexpected parameter entries"):
+        decode_reply("a", {**params, "images": np.zeros((2, 8, 8))}, meta)
+    with pytest.raises(WireError, match="not a number array"):
+        decode_reply("a", {**params, "p/names": np.array(["p00001"])}, meta)
+
+
+def test_error_reply_carries_only_the_exception_type():
+    params, meta = encode_error(FileNotFoundError("/data/patient00042/study1/view1.jpg missing"))
+    assert params == {} and "patient00042" not in repr(meta)
+    with pytest.raises(WireError, match="FileNotFoundError"):
+        decode_reply("a", params, meta)
+
+
+def test_bfloat16_is_refused_before_sending():
+    with pytest.raises(WireError, match="bfloat16"):
+        encode_reply(Reply(site="a", params={"w": torch.zeros(2, dtype=torch.bfloat16)}))
