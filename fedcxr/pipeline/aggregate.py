@@ -551,6 +551,98 @@ def _check_inputs(theta0, target, sources, n: int, who: str) -> None:
         _require_same_structure(source, theta0, f"{who}: source {i}")
 
 
+#: Entries up to this many values are processed whole, their N sources stacked (N, n).
+_SMALL = 1 << 12
+#: Larger entries are processed in blocks of this many values (1 MB in float32), so that the
+#: blocks of θ0, Δ_T and the result stay in cache while the sources stream past.
+_BLOCK = 1 << 18
+
+
+class _Entry:
+    """One updatable entry of θ0, the target and the sources, flattened (the GP-family kernel).
+
+    Two passes, because every cosine needs the whole entry before any source can be added:
+
+    1. :meth:`sums` — ``‖Δ_T‖²``, ``⟨Δ_T, Δ_i⟩`` and ``‖Δ_i‖²``, Δ_T and Δ_i formed one
+       block at a time in a 2-row scratch; block sums are added in float64.
+    2. :meth:`combine` — ``θ0 + a_T·Δ_T + Σ_i w_i·Δ_i``, block by block: ``lerp(θ0, T, a_T)``
+       then ``+ w_i·S_i`` for each source with w_i ≠ 0 and ``− (Σw)·θ0``, so each source is
+       read once more and no Δ_i is formed (rounding stays at float32 resolution of
+       ``(1 + 2Σw)·|θ0|``, the same order as adding w_i·Δ_i).
+
+    Cost: pass 1 needs Δ_i materialised (plain torch has no fused "subtract and reduce"), so
+    a source costs about three streaming passes (sub, dots, add) against one for a copy.
+
+    Memory: the result plus a (2, block) scratch; no full-size temporary per source, so a
+    rule's peak is the inputs plus one model (benchmarks/bench_aggregate.py).
+    """
+
+    def __init__(self, key: str, theta0, target, sources, scratch: dict):
+        t0 = theta0[key].detach()
+        self.shape, self.dtype = t0.shape, t0.dtype
+        self.cd = _compute_dtype(t0.dtype)
+        self.base = t0.reshape(-1).to(self.cd)  # copies only for float16/bfloat16 entries
+        self.target = target[key].detach().reshape(-1).to(self.cd)
+        self.sources = [s[key].detach().reshape(-1) for s in sources]
+        self.numel = self.base.numel()
+        self.small = self.numel <= _SMALL
+        if not self.small:
+            slot = (self.cd, self.base.device)
+            if slot not in scratch:
+                scratch[slot] = torch.empty(2, _BLOCK, dtype=self.cd, device=self.base.device)
+            self.scratch = scratch[slot]
+
+    def _stacked(self) -> torch.Tensor:
+        """Small entries: the sources stacked, (N, n), in the compute dtype."""
+        return torch.stack([s.to(self.cd) for s in self.sources])
+
+    def sums(self) -> tuple[float, list[float], list[float]]:
+        """(‖Δ_T‖², [⟨Δ_T, Δ_i⟩], [‖Δ_i‖²]), summed in float64."""
+        f64 = torch.float64
+        if self.small:
+            d = self._stacked().sub_(self.base)
+            d_t = self.target - self.base
+            return float(torch.dot(d_t, d_t)), (d @ d_t).to(f64).tolist(), torch.linalg.vecdot(d, d).to(f64).tolist()
+        tt, parts = [], []
+        for a in range(0, self.numel, _BLOCK):
+            b = min(a + _BLOCK, self.numel)
+            base, d_t, d_i = self.base[a:b], self.scratch[0, : b - a], self.scratch[1, : b - a]
+            torch.sub(self.target[a:b], base, out=d_t)
+            tt.append(torch.dot(d_t, d_t))
+            for source in self.sources:
+                torch.sub(source[a:b], base, out=d_i)
+                parts += [torch.dot(d_t, d_i), torch.dot(d_i, d_i)]  # (measured faster than one mv)
+        per_source = torch.stack(parts).to(f64).view(len(tt), len(self.sources), 2).sum(0)
+        return float(torch.stack(tt).to(f64).sum()), per_source[:, 0].tolist(), per_source[:, 1].tolist()
+
+    def combine(self, target_coef: float, weights: Sequence[float]) -> torch.Tensor:
+        """``θ0 + target_coef·Δ_T + Σ_i weights[i]·Δ_i`` in the entry's shape and dtype."""
+        used = [(s, float(w)) for s, w in zip(self.sources, weights) if w != 0]
+        total = sum(w for _, w in used)
+        if self.small:
+            result = torch.lerp(self.base, self.target, target_coef)
+            if used:
+                stacked = torch.stack([s.to(self.cd) for s, _ in used])
+                w = torch.tensor([w for _, w in used], dtype=self.cd, device=result.device)
+                result.addmv_(stacked.T, w).sub_(self.base, alpha=total)
+        else:
+            result = torch.empty(self.numel, dtype=self.cd, device=self.base.device)
+            for a in range(0, self.numel, _BLOCK):
+                b = min(a + _BLOCK, self.numel)
+                block = torch.lerp(self.base[a:b], self.target[a:b], target_coef, out=result[a:b])
+                for source, w in used:
+                    block.add_(source[a:b], alpha=w)
+                if used:
+                    block.sub_(self.base[a:b], alpha=total)
+        return result.reshape(self.shape).to(self.dtype)
+
+
+def _cosines(tt: float, dots: Sequence[float], sq: Sequence[float]) -> list[float]:
+    """cos(Δ_T, Δ_i) from the pass-1 sums, each norm clamped at :data:`COS_EPS` (GP Eq. 4)."""
+    norm_t = max(math.sqrt(tt), COS_EPS)
+    return [d / (norm_t * max(math.sqrt(q), COS_EPS)) for d, q in zip(dots, sq)]
+
+
 def _combine(
     theta0: Mapping[str, torch.Tensor],
     target: Mapping[str, torch.Tensor],
@@ -562,45 +654,24 @@ def _combine(
 ) -> StateDict:
     """``θ0 + a_T·Δ_T + Σ_i w_i·g_i·Δ_i`` per entry, the kernel of GP, FedGP and FedDA.
 
-    With ``project``: ``g_i = cos(Δ_T, Δ_i)`` if it is > 0 (strict), else the source is
-    dropped for this entry (GP Eq. 4-5); norms clamped at :data:`COS_EPS`. Without: ``g_i = 1``.
-    Non-updatable entries (0-dim, integer) keep θ0.
-
-    Memory: the result plus two scratch vectors of the largest entry (Δ_T and the current
-    Δ_i), reused across entries and sources, so peak ≈ inputs + 1 model + 2 entries.
+    With ``project``: ``g_i = cos(Δ_T, Δ_i)`` if it is > 0 (strict), else source i is dropped
+    for this entry (GP Eq. 4-5). Without: ``g_i = 1``. Non-updatable entries (0-dim,
+    integer) keep θ0 (copied). See :class:`_Entry` for the passes and the memory bound.
     """
-    largest = max((t.numel() for t in theta0.values() if _is_updatable(t)), default=0)
-    scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}  # (2, largest) per dtype/device
     out: StateDict = {}
+    scratch: dict = {}
     for key, t0 in theta0.items():
         if not _is_updatable(t0):
             out[key] = t0.detach().clone()
             continue
-        cd = _compute_dtype(t0.dtype)
-        base = t0.detach().reshape(-1).to(cd)
-        if (cd, base.device) not in scratch:
-            scratch[cd, base.device] = torch.empty(2, largest, dtype=cd, device=base.device)
-        d_t, d_i = scratch[cd, base.device][:, : base.numel()]
-        torch.sub(target[key].detach().reshape(-1).to(cd), base, out=d_t)
-        result = torch.add(base, d_t, alpha=target_coef)
-        norm_t = torch.linalg.vector_norm(d_t).clamp_min(COS_EPS) if project else None
-        for source, coef in zip(sources, source_coefs):
-            if coef == 0:
-                continue
-            torch.sub(source[key].detach().reshape(-1).to(cd), base, out=d_i)
-            if project:
-                cos = _cosine(d_t, norm_t, d_i)
-                if not cos > 0:  # strict (GP Eq. 5); NaN from a corrupt update is dropped too
-                    continue
-                coef = coef * cos
-            result.add_(d_i, alpha=coef)
-        out[key] = result.reshape(t0.shape).to(t0.dtype)
+        entry = _Entry(key, theta0, target, sources, scratch)
+        weights = list(source_coefs)
+        if project:
+            cosines = _cosines(*entry.sums())
+            # Strict c > 0 (GP Eq. 5); a NaN cosine (corrupt update) is dropped too.
+            weights = [w * c if c > 0 else 0.0 for w, c in zip(weights, cosines)]
+        out[key] = entry.combine(target_coef, weights)
     return out
-
-
-def _cosine(d_t: torch.Tensor, norm_t: torch.Tensor, d_i: torch.Tensor) -> float:
-    """cos(Δ_T, Δ_i) with both norms clamped at :data:`COS_EPS` (``norm_t`` already clamped)."""
-    return float(torch.dot(d_t, d_i) / (norm_t * torch.linalg.vector_norm(d_i).clamp_min(COS_EPS)))
 
 
 def projection_cosines(
@@ -608,7 +679,7 @@ def projection_cosines(
     target: Mapping[str, torch.Tensor],
     sources: Sequence[Mapping[str, torch.Tensor]],
 ) -> dict[str, list[float]]:
-    """Per-entry ``cos(Δ_T, Δ_i)`` as :func:`gp` computes them: ``{key: [c_1 .. c_N]}``.
+    """Per-entry ``cos(Δ_T, Δ_i)`` exactly as :func:`gp` computes them: ``{key: [c_1 .. c_N]}``.
 
     For diagnostics (which sources GP keeps, per layer: those with ``c_i > 0``). Only
     updatable entries (floating, non-0-dim) appear. Note that the strict ``c_i > 0`` and a
@@ -616,16 +687,12 @@ def projection_cosines(
     difference shows only here, in which sources count as kept.
     """
     _check_inputs(theta0, target, sources, len(sources), "projection_cosines")
-    out: dict[str, list[float]] = {}
-    for key, t0 in theta0.items():
-        if not _is_updatable(t0):
-            continue
-        cd = _compute_dtype(t0.dtype)
-        base = t0.detach().reshape(-1).to(cd)
-        d_t = target[key].detach().reshape(-1).to(cd) - base
-        norm_t = torch.linalg.vector_norm(d_t).clamp_min(COS_EPS)
-        out[key] = [_cosine(d_t, norm_t, s[key].detach().reshape(-1).to(cd) - base) for s in sources]
-    return out
+    scratch: dict = {}
+    return {
+        key: _cosines(*_Entry(key, theta0, target, sources, scratch).sums())
+        for key, t0 in theta0.items()
+        if _is_updatable(t0)
+    }
 
 
 def gp(

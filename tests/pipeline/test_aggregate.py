@@ -302,6 +302,41 @@ def test_gp_and_fedgp_match_the_design_formula_on_a_real_state_dict(seed):
     assert int(out["1.num_batches_tracked"]) == seed
 
 
+def fedda_reference(theta0, target, sources, *, betas, n_sources):
+    total = sum(n_sources)
+    out = {}
+    for k, v0 in theta0.items():
+        if v0.dim() == 0 or not v0.is_floating_point():
+            out[k] = v0.clone()
+            continue
+        x0, dt = v0.double(), target[k].double() - v0.double()
+        acc = x0 + sum((n / total) * (b * (s[k].double() - x0) + (1 - b) * dt) for s, b, n in zip(sources, betas, n_sources))
+        out[k] = acc.to(v0.dtype)
+    return out
+
+
+@pytest.mark.parametrize("small, block", [(1 << 12, 1 << 18), (0, 7), (0, 1000), (3000, 64)])
+def test_whole_and_blocked_kernels_agree_with_the_formulas(monkeypatch, small, block):
+    """Entries are processed whole (≤ _SMALL values) or in blocks of _BLOCK values; every
+    split, including a partial last block, gives the DESIGN formula."""
+    monkeypatch.setattr(A, "_SMALL", small)
+    monkeypatch.setattr(A, "_BLOCK", block)
+    theta0 = {**tiny_state(4), "big.weight": torch.randn(50, 50, generator=torch.Generator().manual_seed(1))}
+    target = perturbed(theta0, 11)
+    sources = [perturbed(theta0, 12 + i) for i in range(3)]
+    betas = [0.2, 0.6, 1.0]
+    assert_close(A.gp(theta0, target, sources, beta=0.4, **SCALES),
+                 gp_reference(theta0, target, sources, betas=[0.4] * 3, **SCALES), rtol=1e-5, atol=1e-6)
+    assert_close(A.fedgp(theta0, target, sources, betas=betas, **SCALES),
+                 gp_reference(theta0, target, sources, betas=betas, **SCALES), rtol=1e-5, atol=1e-6)
+    assert_close(A.fedda(theta0, target, sources, betas=betas, n_sources=[3, 1, 2]),
+                 fedda_reference(theta0, target, sources, betas=betas, n_sources=[3, 1, 2]), rtol=1e-5, atol=1e-6)
+    cos = A.projection_cosines(theta0, target, sources)["big.weight"]
+    d_t = (target["big.weight"] - theta0["big.weight"]).double().ravel()
+    expected = [float(torch.nn.functional.cosine_similarity(d_t, (s["big.weight"] - theta0["big.weight"]).double().ravel(), dim=0)) for s in sources]
+    assert cos == pytest.approx(expected, rel=1e-5)
+
+
 def test_gp_hand_case_orthogonal_source_is_dropped():
     theta0 = {"w": t(0.0, 0.0)}
     target = {"w": t(1.0, 0.0)}
@@ -439,7 +474,10 @@ def test_fedda_hand_case_has_no_projection():
     torch.testing.assert_close(A.fedda(theta0, target, sources, betas=[1, 1], n_sources=[1, 3])["w"], t(-0.5, 1.5))
 
 
-def test_rules_keep_low_precision_dtypes_and_compute_in_float32():
+@pytest.mark.parametrize("small, block", [(1 << 12, 1 << 18), (0, 3)])
+def test_rules_keep_low_precision_dtypes_and_compute_in_float32(monkeypatch, small, block):
+    monkeypatch.setattr(A, "_SMALL", small)
+    monkeypatch.setattr(A, "_BLOCK", block)
     theta0 = {"w": torch.zeros(4, dtype=torch.float16)}
     target = {"w": torch.full((4,), 0.5, dtype=torch.float16)}
     source = {"w": torch.full((4,), 0.25, dtype=torch.float16)}
