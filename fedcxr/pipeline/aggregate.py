@@ -309,9 +309,10 @@ def source_step_update(update: Union[torch.Tensor, Mapping[str, torch.Tensor]], 
 class StreamingAverage:
     """Sample-weighted mean of state dicts, fed one reply at a time (FedAvg, FedBN).
 
-    Holds one running weighted sum (float32; float64 for float64 and integer entries), so
-    peak memory is one model plus the reply being added, whatever the number of sites: the
-    federation adds each reply as it arrives and drops it.
+    Holds one running weighted sum (float32; float64 for float64 and integer entries) and
+    keeps no reference to the replies, so memory is one model plus the reply being added
+    (plus the output model in :meth:`result`), whatever the number of sites: the federation
+    adds each reply as it arrives and drops it.
 
     ``exclude``: entries left out of the average and of the result (FedBN keeps BN local);
     each must exist in the first state added.
@@ -381,6 +382,7 @@ def fedavg_streaming(replies: Iterable[tuple[Mapping[str, torch.Tensor], float]]
     avg = StreamingAverage(exclude=local_keys)
     for state, weight in replies:
         avg.add(state, weight)
+        del state  # drop the reply before the next one is made
     return avg.result()
 
 
@@ -389,7 +391,9 @@ def fedavg(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float
 
     ``weights`` are sample counts (normalised here; pass equal weights for the unweighted
     1/K mean, e.g. the surgical-aggregation backbone, its Eq. 1). Integer entries
-    (``num_batches_tracked``) become the weighted mean rounded to the nearest integer.
+    (``num_batches_tracked``) become the weighted mean rounded to the nearest integer (ties to
+    even), in their own dtype. Peak memory: two models beyond the inputs (running sum and
+    result); callers that receive replies one by one should use :func:`fedavg_streaming`.
     """
     return fedbn(states, weights, ())
 
@@ -799,8 +803,12 @@ def auto_betas(target_batch_updates: torch.Tensor, source_updates: torch.Tensor,
     """Auto-weighted β_i for FedDA/FedGP (FedGP paper §4.2 Eq. 3, App. A.5 and C.4; DESIGN §5).
 
     Inputs, already flattened (:func:`flatten_state`, non-0-dim entries in state-dict order)
-    and magnitude-aligned by the caller (DESIGN §5: g_j scaled by the lr ratio, s_i = Δ_i /
-    #batches via :func:`source_step_update`):
+    and magnitude-aligned by the caller (App. C.4; DESIGN §5): s_i = Δ_i / #batches via
+    :func:`source_step_update`, and the g_j rescaled by the learning-rate ratio so that a
+    target batch update and a source step are in the same units (steps taken at the same lr):
+
+    .. note:: with plain SGD a step is ``−lr·∇``, so that means ``g_j·lr_S/lr_T``; DESIGN §5
+       writes "g_j scaled by lr_T/lr_S". Which one the caller uses changes d² and β.
 
     * ``target_batch_updates``: ``(B, M)``, the target's B per-batch updates g_j (B ≥ 2);
     * ``source_updates``: ``(N, M)``, one mean per-step update s_i per source.
@@ -818,10 +826,9 @@ def auto_betas(target_batch_updates: torch.Tensor, source_updates: torch.Tensor,
     its τ²d² equals its d²); 0/0 (σ² = 0 and the distance 0) gives β_i = 0: with no evidence
     either way, trust the target.
 
-    Computed in float64 over column blocks of the inputs (at most ~16 MB of temporaries),
-    through the identities ``mean_j‖g_j − s‖² = ‖ḡ − s‖² + (B−1)/B·Σ_j‖g_j−ḡ‖²/(B−1)`` and
-    its analogue for p, which give exactly the formulas above without materialising
-    (B·N, M) differences.
+    Computed in float64 over column blocks of the inputs (a few tens of MB of temporaries),
+    through the identity ``mean_j‖g_j − s‖² = ‖ḡ − s‖² + Σ_j‖g_j − ḡ‖²/B`` and its analogue
+    for p, which give exactly the formulas above without materialising (B·N, M) differences.
 
     Returns ``{"sigma2": float, "d2": [N floats], "tau2d2": [N floats], "betas": [N floats]}``.
     """
