@@ -6,12 +6,12 @@ Model: MONAI ``resnet18(spatial_dims=2, n_input_channels=1, conv1_t_stride=2)`` 
 14-class head (the project's backbone, DESIGN §4/§9): ~11.2 M parameters, ~45 MB float32,
 125 state-dict entries incl. BN statistics.
 
-Time — ``gp`` and ``fedgp`` with N sources vs a memory-copy floor measured in the same run.
-The floor is the data movement any implementation needs: every input read once and a fresh
-result written once. It is timed as ``{k: v.clone()}`` of θ0 (fresh result memory) plus,
-for the target and each of the N sources, a copy of every entry into one reused buffer
-("cloning θ0 plus N+1 deltas' worth of copying"). Best of ``--repeats`` runs each. Goal:
-rule / floor ≤ 2.
+Time — ``gp``, ``fedgp`` (and ``fedda``) with N sources vs a memory-copy floor measured in
+the same child process. The floor is the data movement any implementation needs: every
+input read once and a fresh result written once. It is timed as ``{k: v.clone()}`` of θ0
+(fresh result memory) plus, for the target and each of the N sources, a copy of every entry
+into one reused buffer ("cloning θ0 plus N+1 deltas' worth of copying"). Best of
+``--repeats`` interleaved runs each. Goal: rule / floor ≤ 2.
 
 Memory — peak resident set size (RSS) of a fresh child process per measurement, read from
 ``/proc/self/status`` (VmHWM, reset through ``/proc/self/clear_refs``; Linux only).
@@ -22,6 +22,16 @@ so RSS is the honest number. Reported in units of one model's size:
   on the fly): peak above the process before aggregating — goal: flat in the number of sites;
 * GP: the N+2 inputs (θ0, target, N sources) plus the rule's own peak above them — goal:
   total ≤ N+3 (the inputs plus the result).
+
+glibc settings differ per measurement (``MALLOC_ENV``; ``--glibc-default`` turns them off).
+
+Measured on the 2-core development VM (shared, so best-of runs): GP/FedGP 2.5× the floor
+at N=4 and 2.7× at N=16, FedDA 1.2×; streaming FedAvg 2.3 models above the process for 2, 8
+and 32 sites; GP/FedGP N+3.05 models (the result plus a 2 MB block scratch). Why GP stays
+above 2×: every cosine needs its whole entry before any source can be added, so each kept
+source is read twice (keeping the Δ_i instead would break the N+3 memory goal), and plain
+torch has no fused subtract-and-reduce, so the first read costs a subtraction plus two dot
+products (about three copies' worth per source against one for the floor).
 """
 
 from __future__ import annotations

@@ -543,8 +543,10 @@ def test_auto_betas_match_a_direct_computation(seed, b, n, m):
     g = torch.randn(b, m, generator=gen) * 0.5 + torch.randn(m, generator=gen)
     s = torch.randn(n, m, generator=gen) + 0.3 * g.mean(0)
     ref = auto_reference(g, s)
+    g0, s0 = g.clone(), s.clone()
     for rule in ("fedda", "fedgp"):
         out = A.auto_betas(g, s, rule=rule)
+        assert torch.equal(g, g0) and torch.equal(s, s0)
         assert set(out) == {"sigma2", "d2", "tau2d2", "betas"}
         assert out["sigma2"] == pytest.approx(ref["sigma2"], rel=1e-6)
         assert out["d2"] == pytest.approx(ref["d2"], rel=1e-6, abs=1e-12)
