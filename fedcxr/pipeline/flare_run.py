@@ -155,28 +155,60 @@ def _nvflare(*args: str) -> list[str]:
     return [sys.executable, "-m", "nvflare.cli", *args]
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+class ProcessTree:
+    """Every process a FLARE run started: its process group and all their descendants.
 
+    FLARE's simulator workers and job processes open their own sessions, so the group alone
+    does not reach them; :meth:`snapshot` (called while the run is alive) remembers each
+    ``(pid, start time)``, and :meth:`stop` ends exactly those still running — wait, SIGTERM,
+    SIGKILL — never a process that merely reused a pid.
+    """
 
-def stop_group(pgid: int, grace: float = 10.0) -> None:
-    """End a process group this module started: wait, then SIGTERM, then SIGKILL."""
-    for sig in (None, signal.SIGTERM, signal.SIGKILL):
-        if sig is not None and _group_alive(pgid):
-            log.info("stopping leftover FLARE processes (group %d) with %s", pgid, sig.name)
+    def __init__(self, pgid: int):
+        self.pgid = pgid
+        self.seen: dict[int, float] = {}
+
+    def snapshot(self) -> None:
+        import psutil  # a FLARE dependency
+
+        for proc in psutil.process_iter():
             try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
+                if os.getpgid(proc.pid) != self.pgid:
+                    continue
+                for member in [proc, *proc.children(recursive=True)]:
+                    self.seen[member.pid] = member.create_time()
+            except (OSError, psutil.Error):
+                continue
+
+    def alive(self) -> list:
+        import psutil
+
+        out = []
+        for pid, created in self.seen.items():
+            try:
+                proc = psutil.Process(pid)
+                if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
+                    out.append(proc)
+            except psutil.Error:
+                continue
+        return out
+
+    def stop(self, grace: float = 10.0) -> None:
+        import psutil
+
+        self.snapshot()
+        for action in (None, "terminate", "kill"):
+            procs = self.alive()
+            if not procs:
                 return
-        deadline = time.time() + grace
-        while time.time() < deadline and _group_alive(pgid):
-            time.sleep(0.2)
-        if not _group_alive(pgid):
-            return
+            if action:
+                log.info("stopping %d leftover FLARE process(es) with %s", len(procs), action)
+                for proc in procs:
+                    try:
+                        getattr(proc, action)()
+                    except psutil.Error:
+                        pass
+            psutil.wait_procs(procs, timeout=grace)
 
 
 @contextmanager
@@ -205,7 +237,7 @@ def _rounds_done(runs: list) -> int:
 
 
 def _wait_with_progress(proc: Optional[subprocess.Popen], runs: list, progress: bool, done=lambda: False,
-                        timeout: Optional[float] = None) -> None:
+                        timeout: Optional[float] = None, tick=lambda: None) -> None:
     """Wait for ``proc`` (or ``done()``) while showing completed rounds from the runs' ``metrics.jsonl``."""
     from tqdm import tqdm
 
@@ -216,6 +248,7 @@ def _wait_with_progress(proc: Optional[subprocess.Popen], runs: list, progress: 
             if timeout and time.time() - start > timeout:
                 raise TimeoutError(f"the FLARE run did not finish within {timeout:.0f} s")
             bar.update(max(0, _rounds_done(runs) - bar.n))
+            tick()
             time.sleep(0.5)
         bar.update(max(0, _rounds_done(runs) - bar.n))
 
@@ -287,14 +320,15 @@ def simulate_many(runs: list, *, resume: bool = False, task_timeout: int = 0, de
     with open(log_path, "w") as out, _terminate_as_interrupt():
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**_env(), **(env or {})},
                                 start_new_session=True)
+        tree = ProcessTree(proc.pid)
         try:
             if on_start is not None:
                 on_start(proc)
-            _wait_with_progress(proc, runs, progress, timeout=timeout)
+            _wait_with_progress(proc, runs, progress, timeout=timeout, tick=tree.snapshot)
         finally:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGINT)
-            stop_group(proc.pid)
+                os.killpg(proc.pid, signal.SIGINT)  # the simulator ends its workers on Ctrl-C
+            tree.stop()
             proc.wait()
             copy_logs(workspace, logs)
             shutil.rmtree(workspace, ignore_errors=True)
@@ -394,7 +428,7 @@ def poc_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device:
     project = write_project(flare_dir / "project.yml", sites, free_port())
     logs = next_log_dir(flare_dir)
     log_path = logs / "poc.log"
-    started: Optional[subprocess.Popen] = None
+    tree: Optional[ProcessTree] = None
     with open(log_path, "w") as out, _keep_user_nvflare_config(), _terminate_as_interrupt():
         try:
             if _run_cli(["poc", "prepare", "-i", str(project), "--force"], env, out, 120).returncode:
@@ -404,16 +438,18 @@ def poc_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device:
             out.flush()
             started = subprocess.Popen(_nvflare("poc", "start", "--timeout", "120"), env=env, stdout=out,
                                        stderr=subprocess.STDOUT, start_new_session=True)
+            tree = ProcessTree(started.pid)
             if started.wait(timeout=180):
                 raise RuntimeError(f"`nvflare poc start` failed (see {log_path})")
-            _submit_and_wait(job_dir, workspace, flare_dir, runs, progress, timeout)
+            tree.snapshot()
+            _submit_and_wait(job_dir, workspace, flare_dir, runs, progress, timeout, tick=tree.snapshot)
         finally:
-            _stop_poc(env, out, started, workspace, logs)
+            _stop_poc(env, out, tree, workspace, logs)
     return _finish(runs, "FLARE POC", log_path)
 
 
 def _submit_and_wait(job_dir: Path, workspace: Path, flare_dir: Path, runs: list, progress: bool,
-                     timeout: Optional[float]) -> None:
+                     timeout: Optional[float], tick=lambda: None) -> None:
     from nvflare.fuel.flare_api.flare_api import new_secure_session
 
     kit = workspace / PROJECT / "prod_00" / ADMIN
@@ -428,7 +464,7 @@ def _submit_and_wait(job_dir: Path, workspace: Path, flare_dir: Path, runs: list
             return state["status"].startswith("FINISHED")
 
         try:
-            _wait_with_progress(None, runs, progress, done=finished, timeout=timeout)
+            _wait_with_progress(None, runs, progress, done=finished, timeout=timeout, tick=tick)
         except BaseException:
             session.abort_job(job_id)
             raise
@@ -438,16 +474,15 @@ def _submit_and_wait(job_dir: Path, workspace: Path, flare_dir: Path, runs: list
         session.close()
 
 
-def _stop_poc(env: dict, out, started: Optional[subprocess.Popen], workspace: Path, logs: Path) -> None:
-    """Stop the POC system, end any process left in its group, keep the logs, remove the workspace."""
+def _stop_poc(env: dict, out, tree: Optional[ProcessTree], workspace: Path, logs: Path) -> None:
+    """Stop the POC system, end any process it left, keep the logs, remove the workspace."""
     try:
-        if started is not None:
+        if tree is not None:
             try:
                 _run_cli(["poc", "stop"], env, out, 120)
             except Exception as exc:  # keep cleaning up
                 out.write(f"poc stop failed: {exc}\n")
-            stop_group(started.pid, grace=30)
-            started.wait()
+            tree.stop(grace=30)
     finally:
         copy_logs(workspace, logs)
         try:

@@ -149,7 +149,8 @@ def flare_runs(tiny_manifests, tmp_path_factory):
     os.killpg(box["proc"].pid, signal.SIGKILL)  # the simulator: FLARE server and every client
     thread.join()
     killed = SimpleNamespace(final_existed=(dirs["E4"] / "final_model.pt").exists(), error=box.get("error", ""),
-                             seconds=time.time() - start, pgid=box["proc"].pid)
+                             seconds=time.time() - start, pgid=box["proc"].pid,
+                             leftovers=_processes_mentioning(str(dirs["E2"] / "flare")))
     start = time.time()
     payloads = simulate_many(runs, resume=True, **common)
     resumed_seconds = time.time() - start
@@ -175,7 +176,8 @@ def test_killed_server_resumes_to_the_uninterrupted_weights(flare_runs):
     killed = flare_runs.killed
     assert not killed.final_existed and "E4" in killed.error
     with pytest.raises(ProcessLookupError):
-        os.killpg(killed.pgid, 0)  # nothing of the killed job is left running
+        os.killpg(killed.pgid, 0)
+    assert killed.leftovers == [], "the clients of the killed job (own sessions) were ended too"
     run_dir = flare_runs.dirs["E4"]
     flare_final, ref = _final(run_dir), _final(flare_runs.refs["E4"])
     assert _max_diff(flare_final["global"], ref["global"]) <= 1e-5
