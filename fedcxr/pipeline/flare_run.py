@@ -49,26 +49,9 @@ CONTROLLER_PATH = "fedcxr.pipeline.flare_app.FedcxrController"
 
 def load_flare_config(path: Path, overrides: list[str], *, need_manifests: bool):
     """The experiment config; ``export`` does not need the manifests on this machine."""
-    from fedcxr.pipeline.config import ExperimentConfig, apply_overrides, load_config
+    from fedcxr.pipeline.config import load_config
 
-    if need_manifests:
-        return load_config(path, overrides=overrides)
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: config file not found")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: the config must be a mapping of keys to values")
-    from pydantic import ValidationError
-
-    try:
-        return ExperimentConfig.model_validate(apply_overrides(data, overrides))
-    except ValidationError as exc:
-        lines = [f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()]
-        raise UserError(f"{path}: invalid config:\n  " + "\n  ".join(lines)) from None
+    return load_config(path, overrides=overrides, check_sites=need_manifests)
 
 
 def default_run_dir(cfg) -> Path:
@@ -503,26 +486,21 @@ def _summary(payload: dict, run_dir: Path, what: str) -> None:
     print(f"  next: fedcxr evaluate {run_dir}")
 
 
-def _run_dir(args, cfg) -> Path:
-    return Path(args.out) if args.out else default_run_dir(cfg)
+def _cli_run(args, runner, what: str) -> int:
+    cfg = load_flare_config(args.config, args.overrides, need_manifests=True)
+    run_dir = Path(args.out) if args.out else default_run_dir(cfg)
+    payload = runner(cfg, run_dir, resume=args.resume, task_timeout=args.timeout, device=args.device,
+                     progress=not args.quiet)
+    _summary(payload, run_dir, what)
+    return 0
 
 
 def cli_simulate(args) -> int:
-    cfg = load_flare_config(args.config, args.overrides, need_manifests=True)
-    run_dir = _run_dir(args, cfg)
-    payload = simulate(cfg, run_dir, resume=getattr(args, "resume", False), task_timeout=getattr(args, "timeout", 0),
-                       device=getattr(args, "device", None), progress=not getattr(args, "quiet", False))
-    _summary(payload, run_dir, "the FLARE simulator")
-    return 0
+    return _cli_run(args, simulate, "the FLARE simulator")
 
 
 def cli_poc(args) -> int:
-    cfg = load_flare_config(args.config, args.overrides, need_manifests=True)
-    run_dir = _run_dir(args, cfg)
-    payload = poc(cfg, run_dir, resume=getattr(args, "resume", False), task_timeout=getattr(args, "timeout", 0),
-                  device=getattr(args, "device", None), progress=not getattr(args, "quiet", False))
-    _summary(payload, run_dir, "FLARE POC")
-    return 0
+    return _cli_run(args, poc, "FLARE POC")
 
 
 def cli_export(args) -> int:
@@ -531,8 +509,7 @@ def cli_export(args) -> int:
     cfg = load_flare_config(args.config, args.overrides, need_manifests=False)
     # the server never reads the manifests or the image cache: keep this machine's paths out of the job
     cfg = cfg.model_copy(update={"manifests": None, "cache_dir": None})
-    job_dir = export_job([(cfg, getattr(args, "run_dir", None) or "", True)], Path(args.out),
-                         task_timeout=getattr(args, "timeout", 0))
+    job_dir = export_job([(cfg, args.run_dir or "", True)], Path(args.out), task_timeout=args.timeout)
     sites = ", ".join(check_flare_sites(cfg))
     print(f"FLARE job written to {job_dir} (clients: {sites})")
     print("  each site needs fedcxr[flare] installed and its own local/fedcxr_site.json "

@@ -311,6 +311,18 @@ def test_export_writes_a_portable_job(tiny_manifests, tmp_path):
     assert str(tmp_path) not in "".join(p.read_text() for p in job.rglob("*.json"))
 
 
+def test_flare_run_refuses_to_overwrite_a_run_like_train(tiny_manifests, tmp_path):
+    import yaml
+
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump(tiny_config(tiny_manifests, tmp_path / "cache")))
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "round_0000.pt").write_bytes(b"")
+    for command in ("simulate", "poc"):
+        assert main(["flare", command, str(config), "--out", str(tmp_path / "run"), "--quiet"]) == 2
+    assert not (tmp_path / "run" / "flare").exists(), "nothing was started"
+
+
 def test_central_cannot_run_federated(tiny_manifests, tmp_path):
     import yaml
 
