@@ -338,5 +338,7 @@ def cli_flare(args) -> int:
     require_nvflare()
     from fedcxr.pipeline import flare_run
 
+    if not getattr(args, "verbose", False):  # FLARE's own INFO lines are in RUN_DIR/flare/logs
+        logging.getLogger("nvflare").setLevel(logging.WARNING)
     handler = {"export": flare_run.cli_export, "simulate": flare_run.cli_simulate, "poc": flare_run.cli_poc}
     return handler[args.flare_command](args)

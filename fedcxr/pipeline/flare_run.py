@@ -230,10 +230,15 @@ def _wait_with_progress(proc: Optional[subprocess.Popen], runs: list, progress: 
         while (proc is None or proc.poll() is None) and not done():
             if timeout and time.time() - start > timeout:
                 raise TimeoutError(f"the FLARE run did not finish within {timeout:.0f} s")
-            bar.update(max(0, _rounds_done(runs) - bar.n))
+            _advance(bar, _rounds_done(runs))
             tick()
             time.sleep(0.5)
-        bar.update(max(0, _rounds_done(runs) - bar.n))
+        _advance(bar, _rounds_done(runs))
+
+
+def _advance(bar, done: int) -> None:
+    if done > bar.n:
+        bar.update(done - bar.n)
 
 
 def _finish(runs: list, what: str, log_hint: Path) -> list[dict]:
