@@ -166,9 +166,14 @@ class FlareSite:
 
         if run in self._restored:
             return
-        self._restored.add(run)
         r = config.get("round")
-        upto = (r - 1 if task in STATE_CHANGING_TASKS else r) if isinstance(r, int) else None
+        if isinstance(r, int):  # training round r starts from round r-1's state; evaluation after r sees r's
+            upto = r - 1 if task in STATE_CHANGING_TASKS else r
+        elif task == "local_state":  # the final collection: the newest state
+            upto = None
+        else:  # metadata and other round-less tasks need no state: decide on a later task
+            return
+        self._restored.add(run)
         usable = [(k, p) for k, p in self._saved_rounds(run) if upto is None or k <= upto]
         if usable:
             k, path = usable[-1]

@@ -94,6 +94,7 @@ def test_restarted_site_restores_local_state_of_the_right_round(tiny_manifests, 
     assert sorted(p.name for p in (tmp_path / "state" / "run1").iterdir()) == ["round_0000.pt", "round_0001.pt"]
 
     again = FlareSite("nih_style", site_cfg, tmp_path)  # a new client process (server resumed at round 1)
+    again.handle("metadata", None, {}, SETTINGS, "run1")  # a resumed server asks for metadata first
     seen = {}
     runner = again.runner_for(SETTINGS, "run1")
     original = runner.handle
