@@ -60,11 +60,13 @@ def default_run_dir(cfg) -> Path:
 
 def check_run_dir(run_dir: Path, resume: bool) -> None:
     """The refusals of ``fedcxr train``: never overwrite a finished or interrupted run by accident."""
+    from fedcxr.pipeline.federation import latest_checkpoint
+
     if resume:
         return
     if (run_dir / "final_model.pt").exists():
         raise UserError(f"{run_dir} already holds a finished run; choose another --out or pass --resume")
-    if list((run_dir / "checkpoints").glob("round_*.pt")):
+    if latest_checkpoint(run_dir):
         raise UserError(f"{run_dir} holds checkpoints of an earlier run; pass --resume to continue it")
 
 
@@ -115,6 +117,7 @@ def _prepare(runs: list, *, resume: bool, task_timeout: int, device: Optional[st
     sites = list(dict.fromkeys(s for cfg, _ in runs for s in check_flare_sites(cfg)))
     for _, run_dir in runs:
         check_run_dir(run_dir, resume)
+    for _, run_dir in runs:
         mark_submitted(run_dir, keep=resume)
     flare_dir = Path(flare_dir).resolve() if flare_dir else runs[0][1] / "flare"
     site_configs = write_site_configs([cfg for cfg, _ in runs], flare_dir, device=device)
