@@ -186,9 +186,10 @@ def _batches(loader: Any, cfg: LocalConfig) -> Iterator[dict]:
 def _make_optimizer(params: list[torch.nn.Parameter], cfg: LocalConfig) -> torch.optim.Optimizer:
     name = cfg.optimizer.lower()
     if name == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        # foreach: one fused update over all tensors (torch picks the slow per-tensor loop on CPU)
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
     if name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
     raise UserError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {cfg.optimizer!r}")
