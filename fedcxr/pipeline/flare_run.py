@@ -512,9 +512,9 @@ def cli_poc(args) -> int:
 
 
 def cli_export(args) -> int:
+    cfg = load_flare_config(args.config, args.overrides, need_manifests=False)  # a bad config is named first
     if not args.out:
         raise UserError("fedcxr flare export needs --out JOB_DIR (the job folder to write)")
-    cfg = load_flare_config(args.config, args.overrides, need_manifests=False)
     # the server never reads the manifests or the image cache: keep this machine's paths out of the job
     cfg = cfg.model_copy(update={"manifests": None, "cache_dir": None})
     job_dir = export_job([(cfg, args.run_dir or "", True)], Path(args.out), task_timeout=args.timeout)
