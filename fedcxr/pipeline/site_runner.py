@@ -174,6 +174,16 @@ class SiteRunner:
         if missing or unexpected:
             raise ValueError(f"site {self.name}: model mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
+    def prepared_model(self, params: Optional[StateDict], config: dict):
+        """The network a task config asks for, loaded with the received params."""
+        head_classes = list(config["head_classes"])
+        aux_tasks = list(config.get("aux_tasks") or [])
+        model = self.model(head_classes, aux_tasks)
+        local_keys = list(config.get("local_keys") or [])
+        if params is not None:
+            self.load_params(model, params, list(config.get("param_classes") or head_classes), local_keys)
+        return model, head_classes, aux_tasks, local_keys
+
     def dataset(self, split: str, classes: list[str], aux_tasks: list[str], *, augment: bool,
                 loss_classes: Optional[list[str]] = None) -> Dataset:
         from torch.utils.data import ConcatDataset
@@ -218,12 +228,7 @@ class SiteRunner:
         from fedcxr.pipeline.data import make_loader
         from fedcxr.pipeline.local import LocalConfig, train_local
 
-        head_classes = list(config["head_classes"])
-        aux_tasks = list(config.get("aux_tasks") or [])
-        model = self.model(head_classes, aux_tasks)
-        local_keys = list(config.get("local_keys") or [])
-        if params is not None:
-            self.load_params(model, params, list(config.get("param_classes") or head_classes), local_keys)
+        model, head_classes, aux_tasks, local_keys = self.prepared_model(params, config)
         loss_classes = [c for c in head_classes if c in self.class_set]
         base = self.dataset("train", head_classes, aux_tasks, augment=self.augment, loss_classes=loss_classes)
         if config.get("missing_as_negative"):
@@ -276,12 +281,7 @@ class SiteRunner:
         from fedcxr.pipeline.data import make_loader
         from fedcxr.pipeline.local import predict, quick_auroc
 
-        head_classes = list(config["head_classes"])
-        aux_tasks = list(config.get("aux_tasks") or [])
-        model = self.model(head_classes, aux_tasks)
-        local_keys = list(config.get("local_keys") or [])
-        if params is not None:
-            self.load_params(model, params, list(config.get("param_classes") or head_classes), local_keys)
+        model, head_classes, aux_tasks, _ = self.prepared_model(params, config)
         split = config.get("split", "val")
         data = self.dataset(split, head_classes, aux_tasks, augment=False)
         if len(data) == 0:

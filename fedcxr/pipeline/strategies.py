@@ -215,10 +215,16 @@ class FedAvgProtocol(Protocol):
         return {**state, "global": theta}, metrics
 
 
-class GPProtocol(FedAvgProtocol):
-    """FedAvg_Finetune_GP: sources and target train from θ0; the target projects (Alg. 3)."""
+class TargetCombineProtocol(FedAvgProtocol):
+    """Sources and the target all train from θ0; a pure rule combines their updates.
 
-    def __init__(self, name: str, *, aux_info: bool):
+    The first ``warmup_rounds`` are plain FedAvg rounds. Subclasses say which rule
+    (:meth:`combine`) and whether the target records its per-batch updates.
+    """
+
+    record_batch_updates = False
+
+    def __init__(self, name: str, *, aux_info: bool = False):
         super().__init__(name, finetune=True, aux_info=aux_info)
         self.needs_target = True
 
@@ -229,15 +235,25 @@ class GPProtocol(FedAvgProtocol):
             return {**state, "global": theta}, {**metrics, "warmup": True}
         replies = valid_replies(ctx, ask(ctx, "train", ctx.sources, theta0, task_config(ctx, r, "source"), r=r),
                                 theta0, r)
-        target = ask(ctx, "train", [ctx.target], theta0, task_config(ctx, r, "target"), r=r, minimum=1)[ctx.target]
-        sites = list(replies)
-        theta = agg.gp(
-            theta0, target.params, [replies[s].params for s in sites], beta=ctx.cfg.beta,
-            **_scale_kwargs(ctx, replies, target),
-        )
+        tcfg = task_config(ctx, r, "target", record_batch_updates=self.record_batch_updates)
+        target = ask(ctx, "train", [ctx.target], theta0, tcfg, r=r, minimum=1)[ctx.target]
+        theta, extra = self.combine(ctx, theta0, replies, target)
         return {**state, "global": theta}, {
-            "train": {s: rep.metrics for s, rep in replies.items()}, "target": target.metrics,
+            "train": {s: rep.metrics for s, rep in replies.items()}, "target": target.metrics, **extra,
         }
+
+    def combine(self, ctx: Context, theta0: StateDict, replies: dict[str, Reply],
+                target: Reply) -> tuple[StateDict, dict]:
+        raise NotImplementedError
+
+
+class GPProtocol(TargetCombineProtocol):
+    """FedAvg_Finetune(_AuxInfo)_GP: the target projects the source updates (Alg. 3, Eq. 7)."""
+
+    def combine(self, ctx, theta0, replies, target):
+        sources = [rep.params for rep in replies.values()]
+        theta = agg.gp(theta0, target.params, sources, beta=ctx.cfg.beta, **_scale_kwargs(ctx, replies, target))
+        return theta, {}
 
 
 def _scale_kwargs(ctx: Context, replies: dict[str, Reply], target: Reply) -> dict:
@@ -250,23 +266,15 @@ def _scale_kwargs(ctx: Context, replies: dict[str, Reply], target: Reply) -> dic
     )
 
 
-class FedDAGPProtocol(FedAvgProtocol):
+class FedDAGPProtocol(TargetCombineProtocol):
     """FedGP paper: FedDA / FedGP with a fixed β or auto-weighted per-source β_i."""
 
     def __init__(self, name: str, *, rule: str, auto: bool):
-        super().__init__(name, finetune=True, aux_info=False)
+        super().__init__(name)
         self.rule, self.auto = rule, auto
-        self.needs_target = True
+        self.record_batch_updates = auto
 
-    def run_round(self, ctx, r, state):
-        theta0 = state["global"]
-        if r < ctx.cfg.warmup_rounds:
-            theta, metrics = self.fedavg_round(ctx, r, theta0)
-            return {**state, "global": theta}, {**metrics, "warmup": True}
-        replies = valid_replies(ctx, ask(ctx, "train", ctx.sources, theta0, task_config(ctx, r, "source"), r=r),
-                                theta0, r)
-        tcfg = task_config(ctx, r, "target", record_batch_updates=self.auto)
-        target = ask(ctx, "train", [ctx.target], theta0, tcfg, r=r, minimum=1)[ctx.target]
+    def combine(self, ctx, theta0, replies, target):
         sites = list(replies)
         sources = [replies[s].params for s in sites]
         betas = self._betas(ctx, theta0, replies, target) if self.auto else [ctx.cfg.beta] * len(sites)
@@ -275,10 +283,7 @@ class FedDAGPProtocol(FedAvgProtocol):
                               n_sources=[max(replies[s].n_samples, 1) for s in sites])
         else:
             theta = agg.fedgp(theta0, target.params, sources, betas=betas, **_scale_kwargs(ctx, replies, target))
-        return {**state, "global": theta}, {
-            "train": {s: rep.metrics for s, rep in replies.items()}, "target": target.metrics,
-            "betas": dict(zip(sites, [float(b) for b in betas])),
-        }
+        return theta, {"betas": dict(zip(sites, [float(b) for b in betas]))}
 
     def _betas(self, ctx: Context, theta0: StateDict, replies: dict[str, Reply], target: Reply) -> list[float]:
         """Auto-weighting (DESIGN §5): per-batch target updates vs per-batch source updates."""
