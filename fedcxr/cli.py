@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from fedcxr.errors import UserError
+from fedcxr.errors import RunFailed, UserError
 
 #: subcommand → "module:function(args) -> int"
 HANDLERS: dict[str, str] = {
@@ -155,6 +155,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except UserError as exc:
         print(f"fedcxr {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except RunFailed as exc:
+        print(f"fedcxr {args.command}: run stopped: {exc}\n"
+              "  checkpoints of the completed rounds are kept; fix the cause and continue with --resume",
+              file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -23,7 +23,7 @@ from torch.utils.data import Subset
 
 from fedcxr.errors import UserError
 from fedcxr.pipeline import aggregate as agg
-from fedcxr.pipeline.strategies import Context, Protocol, ask, task_config
+from fedcxr.pipeline.strategies import Context, Protocol, ask, ask_one, task_config
 from fedcxr.pipeline.transport import Reply, StateDict
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -84,7 +84,7 @@ class FACTProtocol(Protocol):
         payload.update({HEAD_A + k[len("head."):]: v for k, v in heads[pair[0]].items()})
         payload.update({HEAD_B + k[len("head."):]: v for k, v in heads[pair[1]].items()})
         tcfg = task_config(ctx, r, "target", lr=lr_t, labeled=None)
-        target = ask(ctx, "fact_target", [ctx.target], payload, tcfg, r=r, minimum=1)[ctx.target]
+        target = ask_one(ctx, "fact_target", ctx.target, payload, tcfg, r=r, reference=g_prime)
         head = agg.fedavg([heads[pair[0]], heads[pair[1]]], [1.0, 1.0])
         theta = {**target.params, **head}
         idd_value = float(target.metrics["idd_after"])

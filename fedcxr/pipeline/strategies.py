@@ -25,7 +25,7 @@ from typing import Callable, Optional
 
 import torch
 
-from fedcxr.errors import UserError
+from fedcxr.errors import RunFailed, UserError
 from fedcxr.pipeline import aggregate as agg
 from fedcxr.pipeline.config import ExperimentConfig
 from fedcxr.pipeline.transport import Reply, StateDict, Transport
@@ -33,8 +33,8 @@ from fedcxr.pipeline.transport import Reply, StateDict, Transport
 log = logging.getLogger(__name__)
 
 
-class RoundFailed(RuntimeError):
-    """Too few sites answered for a round to count (``min_sites``)."""
+class RoundFailed(RunFailed):
+    """A round cannot count: too few sites answered (``min_sites``) or a needed update was bad."""
 
 
 @dataclass
@@ -90,6 +90,23 @@ def ask(ctx: Context, task: str, sites: list[str], params: Optional[StateDict], 
     if len(replies) < need:
         raise RoundFailed(f"round {r}: only {len(replies)} of {len(sites)} sites answered {task!r} (need {need})")
     return replies
+
+
+def ask_one(ctx: Context, task: str, site: str, params: Optional[StateDict], config: dict, *, r: int,
+            reference: Optional[StateDict] = None) -> Reply:
+    """Ask one site the round cannot do without (target, pooled site); its update is checked.
+
+    ``reference`` (default: the params sent) gives the expected keys and shapes; an update with
+    NaN/Inf or a wrong shape fails the round rather than entering the model.
+    """
+    reply = ask(ctx, task, [site], params, config, r=r, minimum=1)[site]
+    reference = params if reference is None else reference
+    if reference is not None and reply.params is not None:
+        reason = agg.check_update(reply.params, reference)
+        if reason:
+            ctx.missed.append({"round": r, "task": task, "site": site, "reason": f"rejected: {reason}"})
+            raise RoundFailed(f"round {r}: rejected the update of {site} ({task}): {reason}")
+    return reply
 
 
 def valid_replies(ctx: Context, replies: dict[str, Reply], reference: StateDict, r: int) -> dict[str, Reply]:
@@ -204,7 +221,7 @@ class FedAvgProtocol(Protocol):
 
     def finetune_target(self, ctx: Context, r: int, theta: StateDict) -> tuple[StateDict, dict]:
         cfg = task_config(ctx, r, "target")
-        reply = ask(ctx, "train", [ctx.target], theta, cfg, r=r, minimum=1)[ctx.target]
+        reply = ask_one(ctx, "train", ctx.target, theta, cfg, r=r)
         return reply.params, {"target": reply.metrics}
 
     def run_round(self, ctx, r, state):
@@ -236,7 +253,7 @@ class TargetCombineProtocol(FedAvgProtocol):
         replies = valid_replies(ctx, ask(ctx, "train", ctx.sources, theta0, task_config(ctx, r, "source"), r=r),
                                 theta0, r)
         tcfg = task_config(ctx, r, "target", record_batch_updates=self.record_batch_updates)
-        target = ask(ctx, "train", [ctx.target], theta0, tcfg, r=r, minimum=1)[ctx.target]
+        target = ask_one(ctx, "train", ctx.target, theta0, tcfg, r=r)
         theta, extra = self.combine(ctx, theta0, replies, target)
         return {**state, "global": theta}, {
             "train": {s: rep.metrics for s, rep in replies.items()}, "target": target.metrics, **extra,
@@ -337,7 +354,7 @@ class TargetOnlyProtocol(Protocol):
 
     def run_round(self, ctx, r, state):
         cfg = task_config(ctx, r, "target", labeled=None if self.oracle else ctx.cfg.target_train.labeled)
-        reply = ask(ctx, "train", [ctx.target], state["global"], cfg, r=r, minimum=1)[ctx.target]
+        reply = ask_one(ctx, "train", ctx.target, state["global"], cfg, r=r)
         return {**state, "global": reply.params}, {"target": reply.metrics}
 
 
@@ -352,7 +369,7 @@ class CentralProtocol(Protocol):
 
     def run_round(self, ctx, r, state):
         cfg = task_config(ctx, r, "source", use_aux=bool(ctx.aux_tasks), missing_as_negative=True)
-        reply = ask(ctx, "train", [CENTRAL_SITE], state["global"], cfg, r=r, minimum=1)[CENTRAL_SITE]
+        reply = ask_one(ctx, "train", CENTRAL_SITE, state["global"], cfg, r=r)
         return {**state, "global": reply.params}, {"train": {CENTRAL_SITE: reply.metrics}}
 
 

@@ -54,3 +54,47 @@ def test_surgical_sites_train_their_own_classes_only(tiny_manifests, tmp_path):
     classes = run["classes"]
     assert "hernia" in classes and "fracture" in classes  # NIH-only and CheXpert-only classes
     assert run["eval_sites"] == ["nih_style", "chexpert_style"]
+
+
+class _PoisonTransport:
+    """Wraps the in-process transport and puts NaN into one site's trained parameters."""
+
+    def __init__(self, inner, poisoned: str):
+        self.inner, self.poisoned = inner, poisoned
+        self.site_names = inner.site_names
+
+    def run(self, task, targets, params, config, *, per_site=None):
+        replies = self.inner.run(task, targets, params, config, per_site=per_site)
+        reply = replies.get(self.poisoned)
+        if task == "train" and reply is not None and reply.params is not None:
+            key = next(k for k, v in reply.params.items() if v.is_floating_point())
+            reply.params[key] = torch.full_like(reply.params[key], float("nan"))
+        return replies
+
+    def local_states(self):
+        return self.inner.local_states()
+
+
+def _poisoned_run(tiny_manifests, tmp_path, poisoned, **overrides):
+    from fedcxr.pipeline.federation import build_runners, resolve_device
+    from fedcxr.pipeline.strategies import get_protocol
+    from fedcxr.pipeline.transport import InProcessTransport
+
+    cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", rounds=1, **overrides))
+    runners = build_runners(cfg, get_protocol(cfg.strategy), resolve_device("cpu"), progress=False)
+    transport = _PoisonTransport(InProcessTransport(runners), poisoned)
+    return run_experiment(cfg, tmp_path / "run", progress=False, transport=transport)
+
+
+def test_a_source_update_with_nan_is_rejected_and_recorded(tiny_manifests, tmp_path):
+    run = _poisoned_run(tiny_manifests, tmp_path, "nih_style", strategy="FedAvg_Finetune_GP")
+    assert any(m["site"] == "nih_style" and "rejected" in m.get("reason", "") for m in run["missed"])
+    final = torch.load(tmp_path / "run" / "final_model.pt", map_location="cpu", weights_only=False)
+    assert all(torch.isfinite(t.float()).all() for t in final["global"].values())
+
+
+def test_a_target_update_with_nan_fails_the_round(tiny_manifests, tmp_path):
+    from fedcxr.pipeline.strategies import RoundFailed
+
+    with pytest.raises(RoundFailed, match="dicom_style"):
+        _poisoned_run(tiny_manifests, tmp_path, "dicom_style", strategy="FedAvg_Finetune")
