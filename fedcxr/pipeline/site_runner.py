@@ -112,9 +112,9 @@ class SiteRunner:
     def handle(self, task: str, params: Optional[StateDict], config: dict) -> Reply:
         handler = {"metadata": self._metadata, "train": self._train, "evaluate": self._evaluate}.get(task)
         if handler is None:
-            from fedcxr.pipeline import fact
+            from fedcxr.pipeline import fact, target_combine
 
-            handler = fact.site_handlers(self).get(task)
+            handler = {**fact.site_handlers(self), **target_combine.site_handlers(self)}.get(task)
         if handler is None:
             raise ValueError(f"site {self.name}: unknown task {task!r}")
         return handler(params, config)

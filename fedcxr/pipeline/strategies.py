@@ -233,54 +233,57 @@ class FedAvgProtocol(Protocol):
 
 
 class TargetCombineProtocol(FedAvgProtocol):
-    """Sources and the target all train from θ0; a pure rule combines their updates.
+    """Sources train from θ0; the target fine-tunes from θ0 and combines (Alg. 3, DESIGN §8).
 
-    The first ``warmup_rounds`` are plain FedAvg rounds. Subclasses say which rule
-    (:meth:`combine`) and whether the target records its per-batch updates.
+    The server sends θ0 and the source deltas Δ_i to the target in one ``train_combine`` task;
+    the target applies the pure rule (:mod:`fedcxr.pipeline.target_combine`) and returns only
+    the combined model. The first ``warmup_rounds`` are plain FedAvg rounds.
     """
 
-    record_batch_updates = False
+    rule = "gp"
+    auto = False
 
     def __init__(self, name: str, *, aux_info: bool = False):
         super().__init__(name, finetune=True, aux_info=aux_info)
         self.needs_target = True
 
     def run_round(self, ctx, r, state):
+        from fedcxr.pipeline import target_combine
+
         theta0 = state["global"]
         if r < ctx.cfg.warmup_rounds:
             theta, metrics = self.fedavg_round(ctx, r, theta0)
             return {**state, "global": theta}, {**metrics, "warmup": True}
         replies = valid_replies(ctx, ask(ctx, "train", ctx.sources, theta0, task_config(ctx, r, "source"), r=r),
                                 theta0, r)
-        tcfg = task_config(ctx, r, "target", record_batch_updates=self.record_batch_updates)
-        target = ask_one(ctx, "train", ctx.target, theta0, tcfg, r=r)
-        theta, extra = self.combine(ctx, theta0, replies, target)
-        return {**state, "global": theta}, {
-            "train": {s: rep.metrics for s, rep in replies.items()}, "target": target.metrics, **extra,
+        sites = list(replies)
+        payload = target_combine.pack(theta0, [agg.delta(replies[s].params, theta0) for s in sites])
+        tcfg = task_config(ctx, r, "target", combine=self.combine_spec(ctx, replies))
+        target = ask_one(ctx, "train_combine", ctx.target, payload, tcfg, r=r, reference=theta0)
+        betas = target.metrics.get("betas") or []
+        return {**state, "global": target.params}, {
+            "train": {s: rep.metrics for s, rep in replies.items()},
+            "target": {k: v for k, v in target.metrics.items() if k != "betas"},
+            "betas": dict(zip(sites, [float(b) for b in betas])),
         }
 
-    def combine(self, ctx: Context, theta0: StateDict, replies: dict[str, Reply],
-                target: Reply) -> tuple[StateDict, dict]:
-        raise NotImplementedError
+    def combine_spec(self, ctx: Context, replies: dict[str, Reply]) -> dict:
+        """What the target needs to know about the sources: counts only, never data."""
+        cfg = ctx.cfg
+        return {
+            "rule": self.rule, "auto": self.auto, "beta": cfg.beta,
+            "n_sources": [int(rep.n_samples) for rep in replies.values()],
+            "n_batches": [int(rep.n_batches) for rep in replies.values()],
+            "bs_source": cfg.source.batch_size, "bs_target": cfg.target_train.batch_size,
+            "lr_source": cfg.source.lr, "lr_target": cfg.target_train.lr,
+            "epochs_source": cfg.source.epochs or 1, "epochs_target": cfg.target_train.epochs or 1,
+        }
 
 
 class GPProtocol(TargetCombineProtocol):
-    """FedAvg_Finetune(_AuxInfo)_GP: the target projects the source updates (Alg. 3, Eq. 7)."""
+    """FedAvg_Finetune(_AuxInfo)_GP: the target projects the source updates (Eq. 7, β on sources)."""
 
-    def combine(self, ctx, theta0, replies, target):
-        sources = [rep.params for rep in replies.values()]
-        theta = agg.gp(theta0, target.params, sources, beta=ctx.cfg.beta, **_scale_kwargs(ctx, replies, target))
-        return theta, {}
-
-
-def _scale_kwargs(ctx: Context, replies: dict[str, Reply], target: Reply) -> dict:
-    cfg = ctx.cfg
-    return dict(
-        n_sources=[max(replies[s].n_samples, 1) for s in replies], n_target=max(target.n_samples, 1),
-        bs_source=cfg.source.batch_size, bs_target=cfg.target_train.batch_size,
-        lr_source=cfg.source.lr, lr_target=cfg.target_train.lr,
-        epochs_source=cfg.source.epochs or 1, epochs_target=cfg.target_train.epochs or 1,
-    )
+    rule = "gp"
 
 
 class FedDAGPProtocol(TargetCombineProtocol):
@@ -289,29 +292,6 @@ class FedDAGPProtocol(TargetCombineProtocol):
     def __init__(self, name: str, *, rule: str, auto: bool):
         super().__init__(name)
         self.rule, self.auto = rule, auto
-        self.record_batch_updates = auto
-
-    def combine(self, ctx, theta0, replies, target):
-        sites = list(replies)
-        sources = [replies[s].params for s in sites]
-        betas = self._betas(ctx, theta0, replies, target) if self.auto else [ctx.cfg.beta] * len(sites)
-        if self.rule == "fedda":
-            theta = agg.fedda(theta0, target.params, sources, betas=betas,
-                              n_sources=[max(replies[s].n_samples, 1) for s in sites])
-        else:
-            theta = agg.fedgp(theta0, target.params, sources, betas=betas, **_scale_kwargs(ctx, replies, target))
-        return theta, {"betas": dict(zip(sites, [float(b) for b in betas]))}
-
-    def _betas(self, ctx: Context, theta0: StateDict, replies: dict[str, Reply], target: Reply) -> list[float]:
-        """Auto-weighting (DESIGN §5): per-batch target updates vs per-batch source updates."""
-        g = target.extra["batch_updates"].float() * (ctx.cfg.target_train.lr / ctx.cfg.source.lr)
-        flat_src = []
-        for s, rep in replies.items():
-            delta = agg.delta(rep.params, theta0)
-            flat, _ = agg.flatten_state(delta)
-            flat_src.append(agg.source_step_update(flat, max(rep.n_batches, 1)))
-        result = agg.auto_betas(g, torch.stack(flat_src), rule=self.rule)
-        return [float(b) for b in result["betas"]]
 
 
 class SourceOnlyProtocol(FedAvgProtocol):
