@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from fedcxr.errors import UserError
 from fedcxr.pipeline import aggregate as agg
 from fedcxr.pipeline.transport import Reply, StateDict
 
@@ -75,8 +76,8 @@ def auto_betas(theta0: StateDict, deltas: list[StateDict], spec: dict,
                batch_updates: Optional[torch.Tensor]) -> list[float]:
     """Auto-weighting (DESIGN §5): the target's per-batch updates vs each source's per-batch update."""
     if batch_updates is None or batch_updates.shape[0] < 2:
-        raise ValueError("auto-weighting needs at least two target batches in the round "
-                         "(raise target_train.epochs/steps or the labeled rows)")
+        raise UserError("auto-weighting (FedDA_Auto/FedGP_Auto) needs at least two target batches per "
+                        "round: raise target_train.steps/epochs or labeled, or lower target_train.batch_size")
     g = batch_updates.float() * (float(spec["lr_target"]) / float(spec["lr_source"]))
     keys = agg.update_keys(theta0)
     flat = [agg.source_step_update(agg.flatten_state(d, keys)[0], max(int(b), 1))
