@@ -30,7 +30,7 @@ from fedcxr.site_adapters.manifest import (
     write_site,
 )
 from fedcxr.site_adapters.partition import partition
-from fedcxr.vocab import CLASSES, label_column
+from fedcxr.vocab import label_column
 
 log = logging.getLogger(__name__)
 
@@ -232,4 +232,4 @@ def _map_chunks(func, items: Sequence[str], *, decode: bool, workers: int, progr
     return results
 
 
-__all__ = ["ADAPTERS", "run_ingest", "get_adapter", "check_images", "drop_duplicate_images", "CLASSES"]
+__all__ = ["ADAPTERS", "run_ingest", "get_adapter", "check_images", "drop_duplicate_images"]
