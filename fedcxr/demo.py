@@ -2,7 +2,7 @@
 
 synth (four synthetic hospitals in their native export formats) → ingest (one manifest per
 hospital) → train (FedAvg_Finetune: three source hospitals federate, the target hospital
-fine-tunes on a quarter of its labels) → evaluate (per-class AUROC with 95% CIs, ROC plots).
+fine-tunes on half of its labels) → evaluate (per-class AUROC with 95% CIs, ROC plots).
 Everything lands under ``--out``; the report path is printed at the end.
 """
 
@@ -26,7 +26,7 @@ def demo_config(manifests: Path, sites: list[str], target: str, *, quick: bool) 
         "sites": sources,
         "target": target,
         "strategy": "FedAvg_Finetune",
-        "rounds": 2 if quick else 6,
+        "rounds": 2 if quick else 10,
         "source": {"lr": 2e-3, "batch_size": 32, "epochs": 1},
         "target_train": {"lr": 1e-3, "batch_size": 32, "epochs": 1 if quick else 2, "labeled": 0.5},
         "model": {"backbone": "resnet_tiny", "hidden": 64},
@@ -48,7 +48,7 @@ def run_demo(out: Path, *, device: str = "auto", quick: bool = False, progress: 
     started = time.perf_counter()
     out = Path(out)
     export, manifests, run_dir = out / "export", out / "manifests", out / "run"
-    n_images = 80 if quick else 240
+    n_images = 80 if quick else 500
     print(f"[1/4] synthesising four hospital exports ({n_images} images each) in {export}")
     write_synthetic_export(export, images_per_site=n_images, image_size=64, seed=0)
     print(f"[2/4] ingesting them into per-site manifests in {manifests}")
