@@ -32,9 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +43,7 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from fedcxr.atomic import atomic_path
 from fedcxr.errors import UserError
 from fedcxr.site_adapters.images import read_image_resized
 from fedcxr.site_adapters.manifest import (
@@ -131,15 +130,8 @@ def cache_images(
     cached = _open_cache(path, n, size)
     if cached is not None:
         return cached
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        _decode_into(site, size, Path(tmp), progress=progress, workers=workers)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        _decode_into(site, size, tmp, progress=progress, workers=workers)
     atomic_write_json(_sidecar(path), {
         "format": CACHE_FORMAT, "site": site.name, "rows": n, "size": size, "dtype": "uint8",
         "content_hash": site.meta.get("content_hash") or content_hash(site.manifest),

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -26,7 +25,9 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
+from fedcxr.atomic import atomic_path
 from fedcxr.errors import UserError
+from fedcxr.pipeline.local import resolve_device  # noqa: F401  (one device rule; re-exported)
 from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint, dump_config, load_config
 from fedcxr.pipeline.site_runner import SiteRunner, derive_seed
 from fedcxr.pipeline.strategies import CENTRAL_SITE, Context, Protocol, get_protocol
@@ -44,14 +45,6 @@ def default_cache_dir() -> Path:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "fedcxr"
-
-
-def resolve_device(name: Optional[str]) -> torch.device:
-    if name in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA device is available on this machine")
-    return torch.device(name)
 
 
 # --------------------------------------------------------------------------- setup
@@ -125,15 +118,8 @@ def initial_model(cfg: ExperimentConfig, ctx: Context) -> StateDict:
 
 
 def atomic_torch_save(obj, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_checkpoint(run_dir: Path, r: int, payload: dict) -> None:

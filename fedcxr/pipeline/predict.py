@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fedcxr.atomic import atomic_path
 from fedcxr.errors import UserError
 from fedcxr.vocab import AUX_TASKS, aux_column, label_column
 
@@ -42,8 +43,8 @@ def site_params(final: dict, site: str) -> dict:
 def write_predictions(run_dir: Path | str, split: str = "test", device: Optional[str] = None) -> Path:
     """Score every evaluated site's ``split`` and write ``predictions/<split>.parquet``."""
     from fedcxr.pipeline.data import make_loader
-    from fedcxr.pipeline.federation import default_cache_dir, resolve_device
-    from fedcxr.pipeline.local import predict
+    from fedcxr.pipeline.federation import default_cache_dir
+    from fedcxr.pipeline.local import predict, resolve_device
     from fedcxr.pipeline.site_runner import SiteRunner
 
     run_dir = Path(run_dir)
@@ -74,8 +75,6 @@ def write_predictions(run_dir: Path | str, split: str = "test", device: Optional
     if not frames:
         raise UserError(f"{run_dir}: no rows in split {split!r} at the evaluated sites {run['eval_sites']}")
     path = run_dir / "predictions" / f"{split}.parquet"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    pd.concat(frames, ignore_index=True).to_parquet(tmp, index=False)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        pd.concat(frames, ignore_index=True).to_parquet(tmp, index=False)
     return path

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 import numpy as np
 import pandas as pd
 
+from fedcxr.atomic import atomic_write_bytes, atomic_write_json  # noqa: F401  (re-exported)
 from fedcxr.site_adapters.base import IngestError, SetAside
 from fedcxr.vocab import (
     AUX_TASKS,
@@ -145,43 +144,6 @@ def verify_patient_disjoint(frame: pd.DataFrame) -> None:
 
 
 # --------------------------------------------------------------------------- writing
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: Path, payload: Any) -> None:
-    """JSON with sorted keys and NaN written as null (strict JSON readers accept it)."""
-    text = json.dumps(_json_safe(payload), indent=2, sort_keys=True, allow_nan=False)
-    atomic_write_bytes(path, (text + "\n").encode())
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating, float)):
-        return None if not np.isfinite(value) else float(value)
-    if isinstance(value, Path):
-        return str(value)
-    if value is pd.NA:
-        return None
-    return value
 
 
 MANIFEST_COLUMNS_HEAD = ["image_path", "patient_id", "study_id", "site", "split", "age"]

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from fedcxr import atomic
 from fedcxr.site_adapters import manifest
 from fedcxr.site_adapters.base import IngestError, SetAside, ensure_columns
 from fedcxr.site_adapters.manifest import (
@@ -176,7 +177,7 @@ def test_crash_mid_write_leaves_the_previous_files(tmp_path, monkeypatch):
     def crash(fd):
         raise OSError("disk full")
 
-    monkeypatch.setattr(manifest.os, "fsync", crash)        # bytes are in the temp file, not yet renamed
+    monkeypatch.setattr(atomic.os, "fsync", crash)        # bytes are in the temp file, not yet renamed
     changed = frame.copy()
     changed[label_column("edema")] = 0.0
     with pytest.raises(OSError, match="disk full"):
@@ -191,7 +192,7 @@ def test_atomic_write_never_leaves_a_partial_new_file(tmp_path, monkeypatch):
     def crash(src, dst):
         raise OSError("killed")
 
-    monkeypatch.setattr(manifest.os, "replace", crash)
+    monkeypatch.setattr(atomic.os, "replace", crash)
     with pytest.raises(OSError, match="killed"):
         atomic_write_bytes(target, b"x" * 10_000)
     assert list(target.parent.iterdir()) == []

@@ -1,0 +1,65 @@
+"""Crash-safe file writes: every output goes to a temporary name in the same folder, then a rename.
+
+A crash or a kill mid-write therefore never leaves a half manifest, cache, checkpoint or
+report behind; the previous complete file (if any) stays in place. One mechanism serves
+manifests, site.json, image caches, checkpoints, predictions and reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pandas as pd
+
+
+@contextmanager
+def atomic_path(path: Path | str) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success it replaces ``path``, on error it is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (flushed to disk before the rename)."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def atomic_write_json(path: Path | str, payload: Any) -> None:
+    """JSON with sorted keys and NaN written as null (strict JSON readers accept it)."""
+    text = json.dumps(json_safe(payload), indent=2, sort_keys=True, allow_nan=False)
+    atomic_write_bytes(path, (text + "\n").encode())
+
+
+def json_safe(value: Any) -> Any:
+    """numpy scalars, paths and NA/NaN as plain JSON values (NaN/Inf → null)."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating, float)):
+        return None if not np.isfinite(value) else float(value)
+    if isinstance(value, Path):
+        return str(value)
+    if value is pd.NA:
+        return None
+    return value
