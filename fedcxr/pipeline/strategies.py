@@ -23,7 +23,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-import torch
 
 from fedcxr.errors import RunFailed, UserError
 from fedcxr.pipeline import aggregate as agg
@@ -109,8 +108,13 @@ def ask_one(ctx: Context, task: str, site: str, params: Optional[StateDict], con
     return reply
 
 
-def valid_replies(ctx: Context, replies: dict[str, Reply], reference: StateDict, r: int) -> dict[str, Reply]:
-    """Drop replies whose parameters contain NaN/Inf or have wrong shapes (reason logged)."""
+def valid_replies(ctx: Context, replies: dict[str, Reply], reference: StateDict | Callable[[Reply], StateDict],
+                  r: int) -> dict[str, Reply]:
+    """Drop replies whose parameters contain NaN/Inf or have wrong shapes (reason logged).
+
+    ``reference`` gives the expected keys and shapes: one state for every site, or a function
+    of the reply (surgical aggregation: each site's head has its own classes' rows).
+    """
     kept = {}
     for site, reply in replies.items():
         if reply.n_samples == 0:
@@ -118,7 +122,8 @@ def valid_replies(ctx: Context, replies: dict[str, Reply], reference: StateDict,
             # averaging it in would only shrink the others' updates.
             log.info("round %d: %s had no training rows for the model's classes; not aggregated", r, site)
             continue
-        reason = agg.check_update(reply.params, reference) if reply.params is not None else "no parameters"
+        expected = reference(reply) if callable(reference) else reference
+        reason = agg.check_update(reply.params, expected) if reply.params is not None else "no parameters"
         if reason:
             log.warning("round %d: rejected update from %s: %s", r, site, reason)
             ctx.missed.append({"round": r, "task": "train", "site": site, "reason": f"rejected: {reason}"})
@@ -426,7 +431,7 @@ class SurgicalFamilyProtocol(Protocol):
         per_site = {s: (theta0, self._site_config(ctx, r, s)) for s in ctx.sources}
         replies = ask(ctx, "train", ctx.sources, theta0, {}, r=r, per_site=per_site)
         if self.mode == "surgical":
-            replies = self._valid_surgical(ctx, replies, theta0, r)
+            replies = valid_replies(ctx, replies, self._site_reference(ctx, theta0), r)
             theta = self._surgical(ctx, replies, theta0)
         else:
             replies = valid_replies(ctx, replies, theta0, r)
@@ -436,21 +441,15 @@ class SurgicalFamilyProtocol(Protocol):
             theta = agg.keep_keys(theta, state["initial_bn"], ctx.bn_keys)
         return {**state, "global": theta}, {"train": {s: rep.metrics for s, rep in replies.items()}}
 
-    def _valid_surgical(self, ctx, replies, theta0, r):
-        body = {k: v for k, v in theta0.items() if not k.startswith("head.")}
-        kept = {}
-        for site, rep in replies.items():
-            reason = agg.check_update({k: v for k, v in rep.params.items() if not k.startswith("head.")}, body)
-            n = len(rep.class_set)
-            head_ok = rep.params["head.weight"].shape[0] == n and torch.isfinite(rep.params["head.weight"]).all()
-            if reason or not head_ok:
-                log.warning("round %d: rejected update from %s: %s", r, site, reason or "bad head")
-                ctx.missed.append({"round": r, "task": "train", "site": site, "reason": "rejected"})
-                continue
-            kept[site] = rep
-        if len(kept) < min(len(replies), ctx.cfg.min_sites):
-            raise RoundFailed(f"round {r}: too few valid updates")
-        return kept
+    @staticmethod
+    def _site_reference(ctx: Context, theta0: StateDict) -> Callable[[Reply], StateDict]:
+        """θ0 with the head cut to the rows of the replying site's own classes."""
+        def reference(reply: Reply) -> StateDict:
+            rows = [ctx.classes.index(c) for c in reply.class_set if c in ctx.classes]
+            if len(rows) != len(reply.class_set):
+                return {}  # a class outside the model: check_update reports the mismatch
+            return {**theta0, "head.weight": theta0["head.weight"][rows], "head.bias": theta0["head.bias"][rows]}
+        return reference
 
     def _surgical(self, ctx: Context, replies: dict[str, Reply], theta0: StateDict) -> StateDict:
         sites = list(replies)
