@@ -109,12 +109,13 @@ def site_handlers(runner: "SiteRunner") -> dict:
 def fact_target(runner: "SiteRunner", params: Optional[StateDict], config: dict) -> Reply:
     """Update the feature extractor to minimise the IDD of two heads on unlabeled images."""
     from fedcxr.pipeline.data import make_loader
+    from fedcxr.pipeline.local import LocalConfig, batches, make_optimizer
     from fedcxr.pipeline.site_runner import _cpu_state, derive_seed
 
     classes = list(config["head_classes"])
     model = runner.model(classes, [])
     body = {k: v for k, v in params.items() if not k.startswith(("fact_head_", "head."))}
-    missing, unexpected = model.load_state_dict(body, strict=False)
+    model.load_state_dict(body, strict=False)  # the head stays as it is: only G' is trained here
     head_a, head_b = _head(params, HEAD_A, model), _head(params, HEAD_B, model)
     data = runner.dataset("train", classes, [], augment=runner.augment)
     if config.get("max_rows"):
@@ -122,23 +123,24 @@ def fact_target(runner: "SiteRunner", params: Optional[StateDict], config: dict)
     seed = derive_seed(int(config.get("seed", 0)), "fact_target", runner.name, config.get("round", 0))
     loader = make_loader(data, batch_size=int(config["batch_size"]), shuffle=True, seed=seed,
                          augment=runner.augment)
+    cfg = LocalConfig(lr=float(config["lr"]), batch_size=int(config["batch_size"]),
+                      epochs=int(config.get("epochs") or 1), steps=config.get("steps"),
+                      weight_decay=float(config.get("weight_decay", 0.0)))
     device = runner.device
     model.to(device).train()
     for p in model.head.parameters():
         p.requires_grad_(False)
-    trainable = [p for n, p in model.named_parameters() if not n.startswith("head.")]
-    optimizer = torch.optim.Adam(trainable, lr=float(config["lr"]))
+    optimizer = make_optimizer([p for n, p in model.named_parameters() if not n.startswith("head.")], cfg)
     torch.manual_seed(seed)
-    steps, losses = _budget(loader, config), []
-    batches = _cycle(loader)
-    for _ in range(steps):
-        x = next(batches)["image"].to(device)
-        feats = model.features(x)
+    losses = []
+    for batch in batches(loader, cfg):  # the same epochs/steps budget as local training
+        feats = model.features(batch["image"].to(device))
         loss = agg.idd(torch.sigmoid(head_a(feats)), torch.sigmoid(head_b(feats)))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
+    steps = len(losses)
     for p in model.head.parameters():
         p.requires_grad_(True)
     plain = runner.dataset("train", classes, [], augment=False)
@@ -156,17 +158,6 @@ def _head(params: StateDict, prefix: str, model) -> torch.nn.Linear:
         head.bias.copy_(bias)
     head.requires_grad_(False)
     return head
-
-
-def _budget(loader, config: dict) -> int:
-    if config.get("steps"):
-        return int(config["steps"])
-    return max(1, len(loader) * int(config.get("epochs", 1) or 1))
-
-
-def _cycle(loader):
-    while True:
-        yield from loader
 
 
 @torch.no_grad()

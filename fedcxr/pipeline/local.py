@@ -164,7 +164,7 @@ def _has_training_bn(model: nn.Module) -> bool:
     return any(isinstance(m, _BatchNorm) and m.training for m in model.modules())
 
 
-def _batches(loader: Any, cfg: LocalConfig) -> Iterator[dict]:
+def batches(loader: Any, cfg: LocalConfig) -> Iterator[dict]:
     """``epochs`` passes over the loader, or exactly ``steps`` batches cycling it."""
     if cfg.steps is None:
         for _ in range(max(0, int(cfg.epochs))):
@@ -183,7 +183,7 @@ def _batches(loader: Any, cfg: LocalConfig) -> Iterator[dict]:
             return  # empty loader: nothing to cycle
 
 
-def _make_optimizer(params: list[torch.nn.Parameter], cfg: LocalConfig) -> torch.optim.Optimizer:
+def make_optimizer(params: list[torch.nn.Parameter], cfg: LocalConfig) -> torch.optim.Optimizer:
     name = cfg.optimizer.lower()
     if name == "adam":
         # foreach: one fused update over all tensors (torch picks the slow per-tensor loop on CPU)
@@ -256,7 +256,7 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
     use_cuda = device.type == "cuda"
     amp = bool(cfg.amp) and use_cuda
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = _make_optimizer(params, cfg)
+    optimizer = make_optimizer(params, cfg)
     scaler = torch.amp.GradScaler("cuda", enabled=amp)
     tasks = list(getattr(model, "aux_tasks", {}) or {})
     use_aux = bool(cfg.use_aux) and bool(tasks)
@@ -274,7 +274,7 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
 
     sums = torch.zeros(3, device=device)  # total, main, aux
     steps = seen = skipped = 0
-    for batch in _batches(loader, cfg):
+    for batch in batches(loader, cfg):
         x = batch["image"].to(device, non_blocking=use_cuda)
         if bn_training and x.shape[0] < 2:
             skipped += 1
