@@ -83,3 +83,14 @@ def csv_export(tmp_path):
         return write_csv_export(tmp_path, rows, mapping, **kwargs)
 
     return make
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny networks run faster on one thread, and far faster when other jobs share the cores."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

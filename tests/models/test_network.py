@@ -27,13 +27,7 @@ from fedcxr.models.network import (
 CLASSES3 = ["atelectasis", "edema", "pleural_effusion"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny networks run faster on one thread, and far faster when other jobs share the cores."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny(classes=CLASSES3, **kw) -> CXRNet:

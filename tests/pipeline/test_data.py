@@ -28,13 +28,7 @@ from fedcxr.vocab import AUX_TASKS, CLASSES, aux_column, label_column
 SPLIT_CYCLE = ["train", "train", "val", "train", "test"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny networks run faster on one thread, and far faster when other jobs share the cores."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def write_toy_site(tmp_path, n: int = 20, name: str = "toy", shape=(40, 36)):

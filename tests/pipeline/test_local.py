@@ -29,13 +29,7 @@ from fedcxr.vocab import aux_column, label_column
 CLASSES = ["edema", "atelectasis"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny networks run faster on one thread, and far faster when other jobs share the cores."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def toy_dataset(n: int = 32, size: int = 16, seed: int = 0) -> SiteDataset:
