@@ -41,21 +41,6 @@ def derive_seed(base: int, *parts: object) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
-class _AllClassesMask(Dataset):
-    """Vanilla FL / Central: classes a site does not label count as negatives (mask = 1)."""
-
-    def __init__(self, base: Dataset):
-        self.base = base
-
-    def __len__(self) -> int:
-        return len(self.base)
-
-    def __getitem__(self, i):
-        item = dict(self.base[i])
-        item["label_mask"] = torch.ones_like(torch.as_tensor(item["label_mask"]))
-        return item
-
-
 class SiteRunner:
     """The client-side logic of one site, independent of the transport that calls it."""
 
@@ -87,6 +72,7 @@ class SiteRunner:
         self.local_state: StateDict = {}
         self._models: dict[tuple, torch.nn.Module] = {}
         self._datasets: dict[tuple, Dataset] = {}
+        self._labeled: dict[tuple, list[int]] = {}
 
     # ------------------------------------------------------------------ facts about the site
     @property
@@ -185,29 +171,36 @@ class SiteRunner:
         return model, head_classes, aux_tasks, local_keys
 
     def dataset(self, split: str, classes: list[str], aux_tasks: list[str], *, augment: bool,
-                loss_classes: Optional[list[str]] = None) -> Dataset:
+                loss_classes: Optional[list[str]] = None, missing_as_negative: bool = False) -> Dataset:
         from torch.utils.data import ConcatDataset
 
         from fedcxr.pipeline.data import make_dataset
 
-        key = (split, tuple(classes), tuple(aux_tasks), augment, tuple(loss_classes or ()))
+        key = (split, tuple(classes), tuple(aux_tasks), augment, tuple(loss_classes or ()), missing_as_negative)
         if key not in self._datasets:
             parts = [
                 make_dataset(
                     site, split, classes=classes, aux_tasks=aux_tasks, image_size=self.image_size,
                     cache_dir=self.cache_dir, augment=augment, loss_classes=loss_classes,
+                    missing_as_negative=missing_as_negative,
                 )
                 for site in self.sites
             ]
             self._datasets[key] = parts[0] if len(parts) == 1 else ConcatDataset(parts)
         return self._datasets[key]
 
-    def labeled_rows(self, dataset: Dataset, split: str, classes: list[str], labeled) -> list[int]:
+    def labeled_rows(self, split: str, classes: list[str], labeled) -> list[int]:
         """Indices of rows with a label among ``classes``; ``labeled`` caps them (count or fraction).
 
         The cap keeps whole patients in a stable hash order, so the same rows are chosen in
-        every round and every run.
+        every round and every run (computed once per site and asked for from the cache after).
         """
+        key = (split, tuple(classes), labeled)
+        if key not in self._labeled:
+            self._labeled[key] = self._select_labeled(split, classes, labeled)
+        return self._labeled[key]
+
+    def _select_labeled(self, split: str, classes: list[str], labeled) -> list[int]:
         frames = [s.manifest.loc[s.manifest["split"] == split].reset_index(drop=True) for s in self.sites]
         import pandas as pd
 
@@ -230,15 +223,14 @@ class SiteRunner:
 
         model, head_classes, aux_tasks, local_keys = self.prepared_model(params, config)
         loss_classes = [c for c in head_classes if c in self.class_set]
-        base = self.dataset("train", head_classes, aux_tasks, augment=self.augment, loss_classes=loss_classes)
-        if config.get("missing_as_negative"):
-            base = _AllClassesMask(base)
+        negatives = bool(config.get("missing_as_negative"))  # Vanilla FL / Central: unlabeled = negative
+        base = self.dataset("train", head_classes, aux_tasks, augment=self.augment,
+                            loss_classes=head_classes if negatives else loss_classes, missing_as_negative=negatives)
         if config.get("role") != "target" and cfg_uses_aux(config, aux_tasks):
             # AuxInfo: rows without a finding label still teach the aux heads (masked main loss).
             rows = list(range(len(base)))
         else:
-            rows = self.labeled_rows(base, "train", head_classes if config.get("missing_as_negative")
-                                     else loss_classes, config.get("labeled"))
+            rows = self.labeled_rows("train", head_classes if negatives else loss_classes, config.get("labeled"))
         if config.get("max_rows"):
             rows = rows[: int(config["max_rows"])]
         data = Subset(base, rows)
