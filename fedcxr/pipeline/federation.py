@@ -205,16 +205,17 @@ def _validate(ctx: Context, protocol: Protocol, state: dict, r: int) -> dict:
     if not cfg.eval_every or (r + 1) % cfg.eval_every and r != cfg.rounds - 1:
         return {}
     models = protocol.final_models(ctx, state)
-    out = {}
-    for site in eval_sites(ctx, protocol):
-        params = models["per_site"].get(site, models["global"])
-        config = {"head_classes": ctx.classes, "param_classes": ctx.classes, "aux_tasks": ctx.aux_tasks,
-                  "split": "val", "local_keys": protocol.eval_local_keys(ctx)}
-        replies = ctx.transport.run("evaluate", [site], params, config)
-        if site in replies:
-            m = replies[site].metrics
-            out[site] = {"mean_auroc": m.get("mean_auroc"), "auroc": m.get("auroc", {}), "n": m.get("n")}
-    return out
+    sites = eval_sites(ctx, protocol)
+    config = {"head_classes": ctx.classes, "param_classes": ctx.classes, "aux_tasks": ctx.aux_tasks,
+              "split": "val", "local_keys": protocol.eval_local_keys(ctx)}
+    # one request to all evaluated sites (FLARE runs them at once), each with the model it keeps
+    per_site = {s: (models["per_site"][s], config) for s in sites if s in models["per_site"]}
+    replies = ctx.transport.run("evaluate", sites, models["global"], config, per_site=per_site or None)
+    return {
+        site: {"mean_auroc": rep.metrics.get("mean_auroc"), "auroc": rep.metrics.get("auroc", {}),
+               "n": rep.metrics.get("n")}
+        for site, rep in replies.items()
+    }
 
 
 def eval_sites(ctx: Context, protocol: Protocol) -> list[str]:
