@@ -33,8 +33,8 @@ NIH = CLASSES[:14]
 def synthetic(n_images: int, n_patients: int, seed: int = 0) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     patients = np.sort(rng.integers(0, n_patients, n_images))
-    cols: dict = {"site": ["nih"] * n_images, "image_path": [f"i{i}.png" for i in range(n_images)],
-                  "patient_id": patients.astype(str)}
+    cols: dict = {"site": ["nih"] * n_images, "row_key": [f"i{i}.png" for i in range(n_images)],
+                  "patient_key": patients.astype(str)}
     prevalence = rng.uniform(0.002, 0.15, len(NIH))
     for cls, prev in zip(NIH, prevalence):
         y = (rng.random(n_images) < prev).astype(float)
@@ -46,7 +46,7 @@ def synthetic(n_images: int, n_patients: int, seed: int = 0) -> pd.DataFrame:
 
 
 def sklearn_loop(frame: pd.DataFrame, n_boot: int, seed: int = 0) -> float:
-    codes, uniques = pd.factorize(frame["patient_id"])
+    codes, uniques = pd.factorize(frame["patient_key"])
     rows_of = [np.flatnonzero(codes == g) for g in range(len(uniques))]
     y = frame[[f"label__{c}" for c in NIH]].to_numpy()
     p = frame[[f"prob__{c}" for c in NIH]].to_numpy()
@@ -74,13 +74,13 @@ def main() -> None:
 
     loop = sklearn_loop(frame, args.loop_boot) * args.boot / args.loop_boot
     start = time.perf_counter()
-    bootstrap_aurocs(y, p, frame["patient_id"].to_numpy(), n_boot=args.boot)
+    bootstrap_aurocs(y, p, frame["patient_key"].to_numpy(), n_boot=args.boot)
     vectorised = time.perf_counter() - start
     start = time.perf_counter()
     build_report(frame, {"method": "bench", "seed": 0, "classes": NIH}, split="test", n_boot=args.boot, seed=0)
     report = time.perf_counter() - start
 
-    print(f"{args.images} images, {frame['patient_id'].nunique()} patients, {len(NIH)} classes, "
+    print(f"{args.images} images, {frame['patient_key'].nunique()} patients, {len(NIH)} classes, "
           f"{args.boot} resamples")
     print(f"{'sklearn loop (scaled)':>24} {'bootstrap_aurocs':>18} {'ratio':>7} {'build_report':>14}")
     print(f"{loop:>23.1f}s {vectorised:>17.1f}s {loop / vectorised:>6.1f}× {report:>13.1f}s")

@@ -6,4 +6,4 @@ canonical per-site manifests), ``models`` (MONAI backbones + class-named heads),
 ``evaluation`` (per-class AUROC reports and comparisons).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

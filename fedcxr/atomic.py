@@ -63,3 +63,17 @@ def json_safe(value: Any) -> Any:
     if value is pd.NA:
         return None
     return value
+
+
+def atomic_torch_save(obj: Any, path: Path | str) -> None:
+    """``torch.save`` to ``path`` atomically (checkpoints, final models, site state).
+
+    torch is imported here, not at module level: ingest uses this module and never needs torch.
+    """
+    import torch
+
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as handle:
+            torch.save(obj, handle)
+            handle.flush()
+            os.fsync(handle.fileno())

@@ -20,12 +20,12 @@ from fedcxr.errors import RunFailed, UserError
 HANDLERS: dict[str, str] = {
     "ingest": "fedcxr.cli:_ingest",
     "synth": "fedcxr.synth:cli_synth",
-    "train": "fedcxr.pipeline.federation:cli_train",
-    "evaluate": "fedcxr.evaluation.cli:cli_evaluate",
-    "report": "fedcxr.evaluation.cli:cli_report",
-    "demo": "fedcxr.demo:cli_demo",
-    "sweep": "fedcxr.pipeline.sweep:cli_sweep",
-    "flare": "fedcxr.pipeline.flare_app:cli_flare",
+    "train": "fedcxr.commands.train:cli_train",
+    "evaluate": "fedcxr.commands.evaluate:cli_evaluate",
+    "report": "fedcxr.commands.report:cli_report",
+    "demo": "fedcxr.commands.demo:cli_demo",
+    "sweep": "fedcxr.commands.sweep:cli_sweep",
+    "flare": "fedcxr.pipeline.flare.cli:cli_flare",
 }
 
 
@@ -134,13 +134,7 @@ def _ingest(args: argparse.Namespace) -> int:
 
 def _resolve(name: str) -> Callable[[argparse.Namespace], int]:
     module_name, func_name = HANDLERS[name].split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith("fedcxr"):
-            raise UserError(f"`fedcxr {name}` is not yet available in this version") from None
-        raise
-    return getattr(module, func_name)
+    return getattr(importlib.import_module(module_name), func_name)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -365,9 +365,9 @@ def per_class_auroc(
     split: str = "test",
     return_bootstrap: bool = False,
 ):
-    """Per-class AUROC table of a prediction frame (``label__<c>``, ``prob__<c>``, ``patient_id``).
+    """Per-class AUROC table of a prediction frame (``label__<c>``, ``prob__<c>``, ``patient_key``).
 
-    CIs: patient-level bootstrap (``n_boot`` > 0, needs ``patient_id``) or DeLong (``n_boot`` = 0).
+    CIs: patient-level bootstrap (``n_boot`` > 0, needs ``patient_key``) or DeLong (``n_boot`` = 0).
     Columns: :data:`PER_CLASS_COLUMNS` plus ``ci_skipped`` (bootstrap resamples left out).
     ``reason`` explains a NaN AUROC or CI. With ``return_bootstrap`` also returns the
     (n_boot, C) bootstrap matrix (for the mean-AUROC CI), ``None`` under DeLong.
@@ -386,9 +386,9 @@ def per_class_auroc(
             p[:, j] = pd.to_numeric(frame[f"prob__{cls}"], errors="raise").to_numpy(dtype=float, na_value=np.nan)
     boot = None
     if n_boot > 0:
-        if "patient_id" not in frame:
-            raise ValueError("a patient-level bootstrap needs a patient_id column")
-        boot = bootstrap_aurocs(y, p, frame["patient_id"].to_numpy(dtype=object), n_boot, seed)
+        if "patient_key" not in frame:
+            raise ValueError("a patient-level bootstrap needs a patient_key column")
+        boot = bootstrap_aurocs(y, p, frame["patient_key"].to_numpy(dtype=object), n_boot, seed)
     rows = [_class_row(cls, y[:, j], p[:, j], missing.get(j), boot, j, alpha, split)
             for j, cls in enumerate(classes)]
     table = pd.DataFrame(rows, columns=PER_CLASS_COLUMNS + ["ci_skipped"])

@@ -4,11 +4,11 @@ Contract (written by the training side)::
 
     RUN_DIR/run.json                      method, seed, target, classes, sites, eval_sites, config
     RUN_DIR/predictions/<split>.parquet   one row per image per evaluated site:
-        site, image_path, patient_id, label__<c> (1/0/NaN), prob__<c> (sigmoid), aux__<task>
+        site, row_key, patient_key, label__<c> (1/0/NaN), prob__<c> (sigmoid), aux__<task>
 
 Everything here turns a malformed run directory into a :class:`~fedcxr.errors.UserError` that
 names the file and the key or column at fault, so ``fedcxr evaluate``/``report`` exit with 2.
-``patient_id`` is read only to resample patients; nothing here logs or returns it elsewhere.
+``patient_key`` is read only to resample patients; nothing here logs or returns it elsewhere.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pandas as pd
 from fedcxr.errors import UserError
 
 REQUIRED_RUN_KEYS = ("method", "seed", "classes")
-ID_COLUMNS = ("site", "image_path", "patient_id")
+ID_COLUMNS = ("site", "row_key", "patient_key")
 
 
 def check_run_dir(run_dir: Path | str) -> Path:
@@ -79,20 +79,10 @@ def load_predictions(
     run_dir: Path | str,
     split: str,
     classes: list[str],
-    *,
-    create: bool = False,
-    device: Optional[str] = None,
 ) -> pd.DataFrame:
-    """Read and check ``predictions/<split>.parquet``.
-
-    With ``create`` a missing table is written first by the training side's
-    ``fedcxr.pipeline.predict.write_predictions`` (imported lazily: evaluation of existing
-    predictions never imports torch).
-    """
+    """Read and check ``predictions/<split>.parquet`` (written by ``fedcxr evaluate``'s command layer)."""
     run_dir = check_run_dir(run_dir)
     path = predictions_path(run_dir, split)
-    if not path.is_file() and create:
-        _write_predictions(run_dir, split, device)
     if not path.is_file():
         raise UserError(f"{run_dir}: predictions for split {split!r} are missing ({path.relative_to(run_dir)}); "
                         f"run `fedcxr evaluate {run_dir} --split {split}` to write them")
@@ -101,15 +91,6 @@ def load_predictions(
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise UserError(f"{path}: cannot read predictions ({exc})") from None
     return check_predictions(frame, classes, path)
-
-
-def _write_predictions(run_dir: Path, split: str, device: Optional[str]) -> None:
-    try:
-        from fedcxr.pipeline.predict import write_predictions
-    except ImportError:
-        raise UserError(f"{run_dir}: predictions/{split}.parquet is missing and this version of fedcxr "
-                        "cannot write predictions (fedcxr.pipeline.predict is not available)") from None
-    write_predictions(run_dir, split, device=device)
 
 
 def check_predictions(frame: pd.DataFrame, classes: list[str], source: Path | str) -> pd.DataFrame:
@@ -136,8 +117,8 @@ def check_predictions(frame: pd.DataFrame, classes: list[str], source: Path | st
         converted[f"label__{cls}"], converted[f"prob__{cls}"] = labels, probs
     if frame["site"].isna().any():
         raise UserError(f"{source}: column site is empty on {int(frame['site'].isna().sum())} row(s)")
-    if frame["patient_id"].isna().any():
-        raise UserError(f"{source}: column patient_id is empty on {int(frame['patient_id'].isna().sum())} "
+    if frame["patient_key"].isna().any():
+        raise UserError(f"{source}: column patient_key is empty on {int(frame['patient_key'].isna().sum())} "
                         "row(s); the patient-level bootstrap needs it")
     frame = frame.reset_index(drop=True)
     # plain float64 label/prob columns (NaN = unlabeled) whatever dtype the writer used

@@ -321,22 +321,6 @@ def backbone_keys(model: nn.Module) -> list[str]:
     return [k for k in model.state_dict() if not k.startswith(("head.", "aux_heads."))]
 
 
-def flat_keys(state: Mapping[str, torch.Tensor]) -> list[str]:
-    """Entries that take part in flattened update vectors: every non-0-dim entry, in order.
-
-    ``num_batches_tracked`` is 0-dim and so excluded (DESIGN §5).
-    """
-    return [k for k, v in state.items() if v.dim() > 0]
-
-
-def flatten_state(state: Mapping[str, torch.Tensor], keys: Optional[Sequence[str]] = None) -> torch.Tensor:
-    """Concatenate ``state[k].reshape(-1)`` (float32) over :func:`flat_keys` → ``(M,)``."""
-    keys = flat_keys(state) if keys is None else keys
-    if not keys:
-        return torch.zeros(0)
-    return torch.cat([state[k].detach().reshape(-1).float() for k in keys])
-
-
 # --------------------------------------------------------------------------- head rows by class
 
 

@@ -1,0 +1,24 @@
+"""Training: data, local training, aggregation rules, round protocols and their transports.
+
+Imports flow one way, from the bottom of this table to the top (no module imports one above it):
+
+====================  ========================================================================
+layer / module        what it holds
+====================  ========================================================================
+commands              ``federation`` (run / resume one experiment, checkpoints, run.json),
+                      ``predict`` (a finished run's predictions), ``checkpoints``
+transports            ``inprocess`` (every site in this process, the default), ``flare/``
+                      (NVIDIA FLARE: server controller, client, job, simulator/POC)
+protocols             ``protocols/`` (one module per family of methods, by the papers' names)
+protocol framework    ``protocols/base`` (context, asking sites, reply checks), ``transport``
+                      (the interface), ``site_tasks`` (site-side tasks registered with the
+                      runner), ``combine`` (GP/FedDA/FedGP applied from a round's spec)
+site side             ``site_runner`` (one site: its data, model, tasks), ``local`` (local
+                      training + prediction), ``data`` (decode-once cache, datasets, loaders)
+rules and helpers     ``aggregate`` (pure aggregation rules), ``state`` (state-dict plumbing,
+                      the one flatten), ``messages`` (the reply type and payload layouts),
+                      ``config`` (the experiment YAML)
+====================  ========================================================================
+
+``evaluation`` never imports this package; :mod:`fedcxr.commands` joins the two.
+"""

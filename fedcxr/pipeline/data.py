@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -103,6 +104,18 @@ def load_site(site_dir: Path | str, export_root: Path | str | None = None) -> Si
 
 
 # --------------------------------------------------------------------------- decode-once cache
+
+
+def default_cache_dir() -> Path:
+    """Decoded-image cache shared by runs (keyed by manifest content hash and image size).
+
+    ``$FEDCXR_CACHE``, else ``$XDG_CACHE_HOME/fedcxr``, else ``~/.cache/fedcxr``.
+    """
+    env = os.environ.get("FEDCXR_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "fedcxr"
 
 
 def cache_path(site: SiteInfo, size: int, cache_dir: Path | str) -> Path:

@@ -5,8 +5,13 @@ Run directory::
     RUN_DIR/config.yaml           the resolved config
     RUN_DIR/run.json              method, seed, target, classes, sites, status, missed rounds
     RUN_DIR/metrics.jsonl         one line per round: per-site training losses, val AUROC
-    RUN_DIR/checkpoints/round_NNNN.pt   atomic; the last two are kept
+    RUN_DIR/checkpoints/round_NNNN.pt   atomic, with a .sha256 beside it; the last two are kept
     RUN_DIR/final_model.pt        global model (+ per-site models/state where the method has them)
+
+Only tensors, numbers, class names and pseudonymous counts are written here: no patient
+identifier and no image path (SECURITY.md). Resume checks every site's manifest hash against
+the one recorded when the run started, and falls back to the previous checkpoint when the
+newest is damaged (:mod:`fedcxr.pipeline.checkpoints`).
 
 Every random draw is derived from (seed, round, site, task), and Adam restarts every round as
 in the papers, so a run killed after round r and resumed with ``--resume`` ends with exactly
@@ -17,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -25,42 +29,22 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-from fedcxr.atomic import atomic_path
+from fedcxr.atomic import atomic_write_json
 from fedcxr.errors import UserError
-from fedcxr.pipeline.local import resolve_device  # noqa: F401  (one device rule; re-exported)
-from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint, dump_config, load_config
-from fedcxr.pipeline.site_runner import SiteRunner, derive_seed
-from fedcxr.pipeline.strategies import CENTRAL_SITE, Context, Protocol, get_protocol
-from fedcxr.pipeline.transport import InProcessTransport, StateDict, Transport
+from fedcxr.pipeline.checkpoints import latest_checkpoint, load_latest_intact, save_checkpoint, save_final
+from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint, dump_config
+from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
+from fedcxr.pipeline.local import resolve_device
+from fedcxr.pipeline.messages import StateDict
+from fedcxr.pipeline.protocols import CENTRAL_SITE, Context, RoundProtocol, get_protocol
+from fedcxr.pipeline.site_runner import derive_seed
+from fedcxr.pipeline.transport import Transport
 from fedcxr.vocab import CLASSES
 
 log = logging.getLogger(__name__)
-KEEP_CHECKPOINTS = 2
-
-
-def default_cache_dir() -> Path:
-    """Decoded-image cache shared by runs (keyed by manifest content hash and image size)."""
-    env = os.environ.get("FEDCXR_CACHE")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "fedcxr"
 
 
 # --------------------------------------------------------------------------- setup
-
-
-def build_runners(cfg: ExperimentConfig, protocol: Protocol, device: torch.device,
-                  progress: bool) -> dict[str, SiteRunner]:
-    """One SiteRunner per site (plus the pooled one for Central)."""
-    cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
-    model_cfg = cfg.model.model_dump(mode="json")
-    common = dict(model_cfg=model_cfg, image_size=cfg.image_size, cache_dir=cache, device=device,
-                  augment=cfg.augment, num_workers=cfg.num_workers, progress=progress)
-    runners = {cfg.site_name(s): SiteRunner(cfg.site_name(s), cfg.site_dir(s), **common) for s in cfg.all_sites()}
-    if protocol.name == "Central":
-        runners[CENTRAL_SITE] = SiteRunner(CENTRAL_SITE, [cfg.site_dir(s) for s in cfg.all_sites()], **common)
-    return runners
 
 
 def head_classes(cfg: ExperimentConfig, meta: dict) -> list[str]:
@@ -80,7 +64,7 @@ def head_classes(cfg: ExperimentConfig, meta: dict) -> list[str]:
     return classes
 
 
-def build_context(cfg: ExperimentConfig, protocol: Protocol, transport: Transport) -> Context:
+def build_context(cfg: ExperimentConfig, protocol: RoundProtocol, transport: Transport) -> Context:
     sites = [cfg.site_name(s) for s in cfg.all_sites()]
     meta = transport.run("metadata", sites, None, {})
     missing = [s for s in sites if s not in meta]
@@ -114,46 +98,30 @@ def initial_model(cfg: ExperimentConfig, ctx: Context) -> StateDict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-# --------------------------------------------------------------------------- checkpoints
-
-
-def atomic_torch_save(obj, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
-
-
-def save_checkpoint(run_dir: Path, r: int, payload: dict) -> None:
-    folder = run_dir / "checkpoints"
-    atomic_torch_save(payload, folder / f"round_{r:04d}.pt")
-    for old in sorted(folder.glob("round_*.pt"))[:-KEEP_CHECKPOINTS]:
-        old.unlink(missing_ok=True)
-
-
-def latest_checkpoint(run_dir: Path) -> Optional[Path]:
-    found = sorted((run_dir / "checkpoints").glob("round_*.pt"))
-    return found[-1] if found else None
-
-
 # --------------------------------------------------------------------------- the run
 
 
 def run_experiment(cfg: ExperimentConfig, run_dir: Path | str, *, resume: bool = False,
                    device: Optional[str] = None, progress: bool = True,
                    transport: Optional[Transport] = None) -> dict:
-    """Run (or resume) one experiment in-process; returns the run.json payload."""
+    """Run (or resume) one experiment; returns the run.json payload.
+
+    ``transport`` defaults to the in-process simulation of every site; the FLARE controller
+    passes its own, so both run exactly this loop.
+    """
     run_dir = Path(run_dir)
     protocol = get_protocol(cfg.strategy)
-    dev = resolve_device(device or cfg.device)
     if transport is None:
-        transport = InProcessTransport(build_runners(cfg, protocol, dev, progress))
+        transport = InProcessTransport(build_runners(cfg, resolve_device(device or cfg.device), progress))
     ctx = build_context(cfg, protocol, transport)
     theta = initial_model(cfg, ctx)
     state, start, history = protocol.init_state(ctx, theta), 0, []
     fingerprint = config_fingerprint(cfg)
+    hashes = data_hashes(ctx)
     if (run_dir / "final_model.pt").exists() and not resume:
         raise UserError(f"{run_dir} already holds a finished run; choose another --out or pass --resume")
     if resume:
-        state, start, history = _resume(run_dir, fingerprint, transport, ctx, state)
+        state, start, history = _resume(run_dir, fingerprint, hashes, transport, ctx, state)
     elif latest_checkpoint(run_dir):
         raise UserError(f"{run_dir} holds checkpoints of an earlier run; pass --resume to continue it")
     else:
@@ -169,38 +137,48 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | str, *, resume: bool =
         history.append(metrics)
         _append_metrics(run_dir, metrics)
         save_checkpoint(run_dir, r, {
-            "round": r, "fingerprint": fingerprint, "state": state, "missed": ctx.missed,
-            "local_states": getattr(transport, "local_states", lambda: {})(),
+            "round": r, "fingerprint": fingerprint, "data_hashes": hashes, "state": state,
+            "missed": ctx.missed, "local_states": transport.local_states(),
         })
         bar.set_postfix(_postfix(metrics))
     final = protocol.final_models(ctx, state)
-    local_states = getattr(transport, "local_states", lambda: {})()
-    atomic_torch_save({
-        "global": final["global"], "per_site": final["per_site"], "local_states": local_states,
+    save_final(run_dir, {
+        "global": final["global"], "per_site": final["per_site"], "local_states": transport.local_states(),
         "eval_local_keys": protocol.eval_local_keys(ctx), "classes": ctx.classes, "aux_tasks": ctx.aux_tasks,
         "model": cfg.model.model_dump(mode="json"), "image_size": cfg.image_size,
-    }, run_dir / "final_model.pt")
+    })
     return _write_run_files(run_dir, cfg, ctx, protocol, status="finished")
 
 
-def _resume(run_dir: Path, fingerprint: str, transport: Transport, ctx: Context, state: dict):
-    path = latest_checkpoint(run_dir)
-    if path is None:
+def data_hashes(ctx: Context) -> dict[str, str]:
+    """Each site's manifest content hash, as its metadata reply reported it (no data, no ids)."""
+    return {site: str(reply.metrics.get("manifest_hash", "")) for site, reply in sorted(ctx.meta.items())}
+
+
+def _resume(run_dir: Path, fingerprint: str, hashes: dict[str, str], transport: Transport, ctx: Context,
+            state: dict):
+    """State after the newest intact checkpoint; refuses a changed config or re-ingested sites."""
+    found = load_latest_intact(run_dir)
+    if found is None:
         log.info("no checkpoint in %s: starting from round 0", run_dir)
         return state, 0, []
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    path, ckpt = found
     if ckpt["fingerprint"] != fingerprint:
         raise UserError(f"{run_dir}: the config differs from the one this run was started with; "
                         "resume needs the same config (use a new --out for a new run)")
-    if hasattr(transport, "load_local_states"):
-        transport.load_local_states(ckpt.get("local_states", {}))
+    recorded = ckpt.get("data_hashes") or {}
+    changed = sorted(s for s in hashes if s in recorded and recorded[s] != hashes[s])
+    if changed:
+        raise UserError(f"{run_dir}: site(s) {changed} were re-ingested since this run started (their manifests "
+                        "changed); resuming would mix two versions of the data — start a new run with a new --out")
+    transport.load_local_states(ckpt.get("local_states", {}))
     ctx.missed[:] = ckpt.get("missed", [])
     history = _read_metrics(run_dir, upto=ckpt["round"])
-    log.info("resuming %s after round %d", run_dir, ckpt["round"])
+    log.info("resuming %s after round %d (%s)", run_dir, ckpt["round"], path.name)
     return ckpt["state"], ckpt["round"] + 1, history
 
 
-def _validate(ctx: Context, protocol: Protocol, state: dict, r: int) -> dict:
+def _validate(ctx: Context, protocol: RoundProtocol, state: dict, r: int) -> dict:
     cfg = ctx.cfg
     if not cfg.eval_every or (r + 1) % cfg.eval_every and r != cfg.rounds - 1:
         return {}
@@ -218,7 +196,7 @@ def _validate(ctx: Context, protocol: Protocol, state: dict, r: int) -> dict:
     }
 
 
-def eval_sites(ctx: Context, protocol: Protocol) -> list[str]:
+def eval_sites(ctx: Context, protocol: RoundProtocol) -> list[str]:
     if ctx.cfg.eval_sites:
         return [ctx.cfg.site_name(s) for s in ctx.cfg.eval_sites]
     return protocol.default_eval_sites(ctx)
@@ -253,10 +231,8 @@ def _json_default(value):
     return str(value)
 
 
-def _write_run_files(run_dir: Path, cfg: ExperimentConfig, ctx: Context, protocol: Protocol, *,
+def _write_run_files(run_dir: Path, cfg: ExperimentConfig, ctx: Context, protocol: RoundProtocol, *,
                      status: str) -> dict:
-    from fedcxr.site_adapters.manifest import atomic_write_json
-
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     payload = {
@@ -267,21 +243,7 @@ def _write_run_files(run_dir: Path, cfg: ExperimentConfig, ctx: Context, protoco
         "missed": ctx.missed, "class_sets": {s: ctx.meta[s].class_set for s in ctx.meta},
         "n_train": {s: ctx.meta[s].metrics.get("n_train") for s in ctx.meta},
         "config": cfg.model_dump(mode="json"), "fingerprint": config_fingerprint(cfg),
+        "data_hashes": data_hashes(ctx),
     }
     atomic_write_json(run_dir / "run.json", payload)
     return payload
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def cli_train(args) -> int:
-    """``fedcxr train CONFIG.yaml [--out RUN_DIR] [--resume] [--device ...] [--set k=v ...]``."""
-    cfg = load_config(args.config, overrides=args.overrides)
-    run_dir = Path(args.out) if args.out else Path("runs") / f"{cfg.name}-{cfg.strategy}-seed{cfg.seed}"
-    payload = run_experiment(cfg, run_dir, resume=args.resume, device=args.device, progress=not args.quiet)
-    print(f"{payload['method']}: finished {cfg.rounds} rounds; run directory {run_dir}")
-    if payload["missed"]:
-        print(f"  {len(payload['missed'])} site replies missing or rejected (see run.json 'missed')")
-    print(f"  next: fedcxr evaluate {run_dir}")
-    return 0

@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedcxr.errors import UserError
-from fedcxr.models.network import flat_keys, flatten_state
+from fedcxr.pipeline.state import flatten_state, update_keys
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ def train_local(
     * ``record_batch_updates``: return ``(n_batches, M)`` float32: row ``j`` = state after step
       ``j`` − state before it, over every non-0-dim ``state_dict`` entry in order (parameters
       and buffers such as BN running stats; ``num_batches_tracked`` excluded) — the ``g_j``
-      of FedDA/FedGP auto-weighting (:func:`fedcxr.models.network.flatten_state` order).
+      of FedDA/FedGP auto-weighting (:func:`fedcxr.pipeline.state.flatten_state` order).
     * Randomness inside the step (dropout) is seeded from ``seed`` in a forked RNG, so global
       RNG state is neither used nor changed; the batches' order and augmentation are the
       loader's (:func:`fedcxr.pipeline.data.make_loader`, seeded separately).
@@ -264,11 +264,11 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
     _train_mode(model)
     bn_training = _has_training_bn(model)
 
-    keys = flat_keys(model.state_dict()) if record else []
+    keys = update_keys(model.state_dict()) if record else []
     planned = _planned_steps(loader, cfg) if record else None
     updates: Optional[torch.Tensor] = None
     rows: list[torch.Tensor] = []
-    before = flatten_state(model.state_dict(), keys) if record else None
+    before = _flat(model, keys) if record else None
     if record and planned is not None:
         updates = torch.empty((planned, before.numel()), dtype=torch.float32)
 
@@ -298,7 +298,7 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
         scaler.update()
         sums += torch.stack([loss.detach(), main.detach(), aux.detach()])
         if record:
-            after = flatten_state(model.state_dict(), keys)
+            after = _flat(model, keys)
             delta = (after - before).cpu()
             if updates is not None and steps < updates.shape[0]:
                 updates[steps] = delta
@@ -332,6 +332,11 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
         skipped_batches=skipped,
         seconds=time.perf_counter() - started,
     )
+
+
+def _flat(model: nn.Module, keys: list[str]) -> torch.Tensor:
+    """The model's state as one float32 vector over ``keys`` (the recorded g_j's units)."""
+    return flatten_state(model.state_dict(), keys)[0].float()
 
 
 def _dataset_len(loader: Any) -> int:

@@ -4,30 +4,46 @@ Writes ``RUN_DIR/predictions/<split>.parquet``: one row per image of every evalu
 its labels (``label__<class>``), the model's probabilities (``prob__<class>``) and the aux codes
 used for subgroup analysis. Each site is scored with the model it would deploy: its own model
 where the method keeps one (Individual, PFL heads, FedBN statistics), the global one otherwise.
+
+No identifier and no image path is written (SECURITY.md): a row is named by ``row_key``, a
+hash of the manifest's content hash and the row's position (the site that holds the manifest
+can find the row again with :func:`row_keys`; nobody else can), and the patient-level
+bootstrap groups rows by ``patient_key``, a hash of the manifest's pseudonymous patient id
+salted with the manifest hash (so keys of two runs on different data cannot be linked).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import pandas as pd
-import torch
 
 from fedcxr.atomic import atomic_path
 from fedcxr.errors import UserError
+from fedcxr.pipeline.checkpoints import load_final_model
+from fedcxr.pipeline.data import default_cache_dir, make_loader
+from fedcxr.pipeline.local import predict, resolve_device
+from fedcxr.pipeline.site_runner import SiteRunner
+from fedcxr.site_adapters.manifest import content_hash
 from fedcxr.vocab import AUX_TASKS, aux_column, label_column
 
 
 def load_final(run_dir: Path) -> tuple[dict, dict]:
+    """``(run.json, final_model.pt)`` of a finished run (the model loaded safely)."""
     run_dir = Path(run_dir)
     run_path, model_path = run_dir / "run.json", run_dir / "final_model.pt"
     if not run_path.is_file() or not model_path.is_file():
         raise UserError(f"{run_dir}: not a finished run (run.json and final_model.pt are needed; "
                         "run `fedcxr train` to completion first)")
-    return json.loads(run_path.read_text()), torch.load(model_path, map_location="cpu", weights_only=False)
+    try:
+        run = json.loads(run_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{run_path}: not valid JSON ({exc})") from None
+    return run, load_final_model(run_dir)
 
 
 def site_params(final: dict, site: str) -> dict:
@@ -40,13 +56,25 @@ def site_params(final: dict, site: str) -> dict:
     return params
 
 
+def _key(salt: str, value: str) -> str:
+    return hashlib.sha256(f"{salt}:{value}".encode()).hexdigest()[:16]
+
+
+def row_keys(manifest: pd.DataFrame) -> pd.Series:
+    """The pseudonymous key of every manifest row (position-based, salted with the content hash)."""
+    salt = content_hash(manifest)
+    return pd.Series([_key(salt, f"row{i}") for i in range(len(manifest))], index=manifest.index)
+
+
+def patient_keys(manifest: pd.DataFrame, patient_ids: pd.Series) -> pd.Series:
+    """Per-patient keys for the bootstrap: the manifest's pseudonymous ids hashed once more."""
+    salt = "patient:" + content_hash(manifest)
+    uniq = {pid: _key(salt, pid) for pid in patient_ids.astype(str).unique()}
+    return patient_ids.astype(str).map(uniq)
+
+
 def write_predictions(run_dir: Path | str, split: str = "test", device: Optional[str] = None) -> Path:
     """Score every evaluated site's ``split`` and write ``predictions/<split>.parquet``."""
-    from fedcxr.pipeline.data import make_loader
-    from fedcxr.pipeline.federation import default_cache_dir
-    from fedcxr.pipeline.local import predict, resolve_device
-    from fedcxr.pipeline.site_runner import SiteRunner
-
     run_dir = Path(run_dir)
     run, final = load_final(run_dir)
     dev = resolve_device(device or run["config"].get("device"))
@@ -59,13 +87,19 @@ def write_predictions(run_dir: Path | str, split: str = "test", device: Optional
         model = runner.model(classes, aux_tasks)
         model.load_state_dict(site_params(final, site))
         data = runner.dataset(split, classes, aux_tasks, augment=False)
-        rows = runner.sites[0].manifest.loc[runner.sites[0].manifest["split"] == split].reset_index(drop=True)
+        manifest = runner.sites[0].manifest
+        in_split = (manifest["split"] == split).to_numpy()
+        rows = manifest.loc[in_split].reset_index(drop=True)
         if len(rows) == 0:
             continue
+        keys = row_keys(manifest).to_numpy()[in_split]
         out = predict(model, make_loader(data, batch_size=64, shuffle=False, seed=0, augment=False), device=dev)
         order = np.asarray(out["index"], dtype=int)
-        frame = rows.iloc[order][["image_path", "patient_id"]].reset_index(drop=True)
-        frame.insert(0, "site", site)
+        frame = pd.DataFrame({
+            "site": site,
+            "row_key": keys[order],
+            "patient_key": patient_keys(manifest, rows["patient_id"]).to_numpy()[order],
+        })
         for j, cls in enumerate(classes):
             frame[label_column(cls)] = rows[label_column(cls)].to_numpy()[order]
             frame[f"prob__{cls}"] = out["probs"][:, j]

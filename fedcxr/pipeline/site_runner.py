@@ -16,6 +16,10 @@ Task configs (plain JSON-able dicts, built by the round protocols):
               ``record_batch_updates``, ``labeled`` (target: labeled rows used), and the
               training hyper-parameters ``lr``, ``batch_size``, ``epochs``, ``steps``.
 ``evaluate``  → per-class validation AUROC of the received model on ``split``.
+
+Tasks beyond these three (``train_combine`` of GP/FedDA/FedGP, ``fact_target`` of FACT) are
+registered with :func:`register_task` by :mod:`fedcxr.pipeline.site_tasks`; the runner never
+imports the protocols that need them.
 """
 
 from __future__ import annotations
@@ -23,16 +27,33 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset
 
-from fedcxr.pipeline.transport import Reply, StateDict
-from fedcxr.vocab import AUX_VOCAB, label_column
+from fedcxr.pipeline.messages import Reply, StateDict
+from fedcxr.pipeline.state import cpu_state
+from fedcxr.site_adapters.manifest import content_hash, patient_bucket
+from fedcxr.vocab import AUX_VOCAB, CLASSES, label_column
 
 log = logging.getLogger(__name__)
+
+#: A site-side task: ``handler(runner, params, config) -> Reply``.
+TaskHandler = Callable[["SiteRunner", Optional[StateDict], dict], Reply]
+#: Tasks registered beyond the built-in ``metadata``/``train``/``evaluate`` (name → handler).
+TASKS: dict[str, TaskHandler] = {}
+
+
+def register_task(name: str) -> Callable[[TaskHandler], TaskHandler]:
+    """Decorator: make ``name`` a task every :class:`SiteRunner` answers with the decorated function."""
+    def decorate(handler: TaskHandler) -> TaskHandler:
+        if name in ("metadata", "train", "evaluate"):
+            raise ValueError(f"task {name!r} is built into SiteRunner")
+        TASKS[name] = handler
+        return handler
+    return decorate
 
 
 def derive_seed(base: int, *parts: object) -> int:
@@ -80,9 +101,16 @@ class SiteRunner:
         seen: list[str] = []
         for site in self.sites:
             seen += [c for c in site.class_set if c not in seen]
-        from fedcxr.vocab import CLASSES
-
         return [c for c in CLASSES if c in seen]
+
+    @property
+    def manifest_hash(self) -> str:
+        """A hash of this site's manifest content: lets a resume notice a re-ingested site.
+
+        It says nothing about the rows (a SHA-256 over their hashes), so it may leave the site.
+        """
+        parts = [content_hash(site.manifest) for site in self.sites]
+        return parts[0] if len(parts) == 1 else hashlib.sha256(":".join(parts).encode()).hexdigest()
 
     def _rows(self, split: str) -> int:
         return sum(int((s.manifest["split"] == split).sum()) for s in self.sites)
@@ -96,14 +124,12 @@ class SiteRunner:
 
     # ------------------------------------------------------------------ tasks
     def handle(self, task: str, params: Optional[StateDict], config: dict) -> Reply:
-        handler = {"metadata": self._metadata, "train": self._train, "evaluate": self._evaluate}.get(task)
-        if handler is None:
-            from fedcxr.pipeline import fact, target_combine
-
-            handler = {**fact.site_handlers(self), **target_combine.site_handlers(self)}.get(task)
-        if handler is None:
-            raise ValueError(f"site {self.name}: unknown task {task!r}")
-        return handler(params, config)
+        built_in = {"metadata": self._metadata, "train": self._train, "evaluate": self._evaluate}
+        if task in built_in:
+            return built_in[task](params, config)
+        if task not in TASKS:
+            raise ValueError(f"site {self.name}: unknown task {task!r} (registered: {sorted(TASKS)})")
+        return TASKS[task](self, params, config)
 
     def _metadata(self, params, config) -> Reply:
         labeled, per_class = 0, {}
@@ -120,6 +146,7 @@ class SiteRunner:
             metrics={
                 "n_train": self._rows("train"), "n_val": self._rows("val"), "n_test": self._rows("test"),
                 "n_labeled_train": labeled, "labeled_per_class": per_class,
+                "manifest_hash": self.manifest_hash,
             },
         )
 
@@ -211,8 +238,6 @@ class SiteRunner:
         if labeled is None or len(rows) == 0:
             return rows.tolist()
         limit = int(round(labeled * len(frame))) if isinstance(labeled, float) and labeled <= 1 else int(labeled)
-        from fedcxr.site_adapters.manifest import patient_bucket
-
         order = np.argsort(patient_bucket(frame["patient_id"].iloc[rows], salt="fedcxr-labeled"), kind="stable")
         return sorted(rows[order][: max(1, limit)].tolist())
 
@@ -245,7 +270,7 @@ class SiteRunner:
         if len(data) == 0:
             log.warning("site %s: no labeled training rows for %s; returning the model unchanged",
                         self.name, head_classes)
-            return Reply(site=self.name, params=_cpu_state(model), n_samples=0, n_batches=0,
+            return Reply(site=self.name, params=cpu_state(model), n_samples=0, n_batches=0,
                          class_set=head_classes, metrics={"loss": float("nan")})
         loader = make_loader(
             data, batch_size=cfg.batch_size, shuffle=True, seed=seed, augment=self.augment,
@@ -255,7 +280,7 @@ class SiteRunner:
             model, loader, cfg, device=self.device, seed=seed, trainable=config.get("trainable", "all"),
             record_batch_updates=bool(config.get("record_batch_updates", False)),
         )
-        state = _cpu_state(model)
+        state = cpu_state(model)
         for key in local_keys:
             self.local_state[key] = state[key].clone()
         extra = {}
@@ -293,6 +318,3 @@ class SiteRunner:
 def cfg_uses_aux(config: dict, aux_tasks: list[str]) -> bool:
     return bool(config.get("use_aux", False)) and bool(aux_tasks)
 
-
-def _cpu_state(model: torch.nn.Module) -> StateDict:
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}

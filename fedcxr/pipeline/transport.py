@@ -1,39 +1,19 @@
 """The transport interface round protocols are written against (DESIGN §8).
 
 A protocol says "send this model to these sites for this task and give me their replies";
-a transport carries that out. Two implementations exist: :class:`InProcessTransport` (every
-site is a :class:`~fedcxr.pipeline.site_runner.SiteRunner` in this process) and the NVIDIA
-FLARE transport in :mod:`fedcxr.pipeline.flare_app`. Only parameters, counts, class names
-and metrics travel in a :class:`Reply` — never images, labels or identifiers.
+a transport carries that out. Two implementations exist: :class:`~fedcxr.pipeline.inprocess.
+InProcessTransport` (every site is a :class:`~fedcxr.pipeline.site_runner.SiteRunner` in this
+process) and the NVIDIA FLARE transport (:mod:`fedcxr.pipeline.flare.controller`). Only what
+:class:`~fedcxr.pipeline.messages.Reply` carries comes back: parameters, counts, class names
+and metrics — never images, labels or identifiers.
 """
 
 from __future__ import annotations
 
-import logging
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import Mapping, Optional
 
-import torch
-
-if TYPE_CHECKING:  # pragma: no cover
-    from fedcxr.pipeline.site_runner import SiteRunner
-
-StateDict = dict[str, torch.Tensor]
-log = logging.getLogger(__name__)
-
-
-@dataclass
-class Reply:
-    """What one site sends back for one task."""
-
-    site: str
-    params: Optional[StateDict] = None
-    n_samples: int = 0
-    n_batches: int = 0
-    class_set: list[str] = field(default_factory=list)
-    metrics: dict = field(default_factory=dict)
-    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+from fedcxr.pipeline.messages import Reply, StateDict
 
 
 class Transport(ABC):
@@ -58,27 +38,12 @@ class Transport(ABC):
         the protocol decides whether the round can go on (``min_sites``).
         """
 
-
-class InProcessTransport(Transport):
-    """Every site is a Python object in this process (the default, and the tests' transport)."""
-
-    def __init__(self, runners: Mapping[str, "SiteRunner"]):
-        self.runners = dict(runners)
-        self.site_names = list(self.runners)
-
-    def run(self, task, targets, params, config, *, per_site=None):
-        replies = {}
-        for site in targets:
-            site_params, site_config = (per_site or {}).get(site, (params, config))
-            replies[site] = self.runners[site].handle(task, site_params, dict(site_config))
-        return replies
-
-    # In-process runs checkpoint the sites' local state with the server's (FLARE clients keep
-    # their own in their workspaces).
     def local_states(self) -> dict[str, dict]:
-        return {name: runner.get_local_state() for name, runner in self.runners.items()}
+        """The sites' local state to checkpoint with the server's (in-process runs only).
+
+        FLARE clients keep their own local state in their workspaces: nothing to return.
+        """
+        return {}
 
     def load_local_states(self, states: Mapping[str, dict]) -> None:
-        for name, state in states.items():
-            if name in self.runners:
-                self.runners[name].set_local_state(state)
+        """Restore what :meth:`local_states` returned (resume); a no-op where sites keep their own."""

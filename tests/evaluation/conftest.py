@@ -37,8 +37,8 @@ def synthetic_predictions(
         n = patients_per_site * images_per_patient
         patient = np.repeat(np.arange(patients_per_site), images_per_patient)
         cols = {"site": [site] * n,
-                "image_path": [f"{site}/img{i:05d}.png" for i in range(n)],
-                "patient_id": [f"PX{s}{p:05d}QZ" for p in patient]}
+                "row_key": [f"{site}/img{i:05d}.png" for i in range(n)],
+                "patient_key": [f"PX{s}{p:05d}QZ" for p in patient]}
         for cls in classes:
             y = (data_rng.random(n) < prevalence).astype(float)
             if cls in all_negative:

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from fedcxr.cli import main
-from fedcxr.evaluation.cli import evaluate_run
+from fedcxr.commands.evaluate import evaluate_run
 
 
 def test_evaluate_writes_report_and_prints_mean_auroc(tmp_path, make_predictions, make_run, capsys):
@@ -44,14 +44,6 @@ def test_evaluate_asks_training_for_missing_predictions(tmp_path, make_predictio
     assert main(["evaluate", str(run), "--split", "val", "--bootstrap", "0", "--device", "cpu"]) == 0
     assert calls == [(run, "val", "cpu")]
     assert json.loads((run / "report.json").read_text())["split"] == "val"
-
-
-def test_evaluate_without_prediction_writer_is_a_user_error(tmp_path, make_run, monkeypatch, capsys):
-    run = make_run(tmp_path / "run", None)
-    monkeypatch.setitem(sys.modules, "fedcxr.pipeline.predict", None)  # import fails
-    assert main(["evaluate", str(run)]) == 2
-    err = capsys.readouterr().err
-    assert "predictions/test.parquet is missing" in err and "cannot write predictions" in err
 
 
 def test_evaluate_bad_run_dirs_exit_2_with_clear_message(tmp_path, make_predictions, make_run, capsys):

@@ -15,8 +15,6 @@ from fedcxr.models.network import (
     backbone_keys,
     bn_keys,
     build_model,
-    flat_keys,
-    flatten_state,
     head_keys,
     is_bn_key,
     resize_head,
@@ -120,14 +118,6 @@ def test_resize_head_keeps_rows_of_shared_classes():
     assert model(torch.randn(2, 1, 32, 32))["main"].shape == (2, 3)
     assert torch.equal(model.head.weight[0], before["head.weight"][1])
     assert torch.equal(model.head.bias[2], before["head.bias"][0])
-
-
-def test_flatten_state_excludes_zero_dim_entries():
-    model = tiny()
-    state = model.state_dict()
-    keys = flat_keys(state)
-    assert not any(k.endswith("num_batches_tracked") for k in keys)
-    assert flatten_state(state).numel() == sum(state[k].numel() for k in keys)
 
 
 def test_own_checkpoint_round_trip(tmp_path):

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from fedcxr.pipeline import aggregate as A
+from fedcxr.pipeline import state as S
 
 # --------------------------------------------------------------------------- helpers
 
@@ -615,9 +616,9 @@ def test_auto_betas_rejects_bad_input(g, s, rule, message):
 def test_auto_betas_end_to_end_with_the_flattening_helpers():
     theta0 = tiny_state(0)
     batch_states = [perturbed(theta0, 50 + j, size=0.01) for j in range(4)]
-    g = torch.stack([A.flatten_state(A.delta(b, theta0))[0] for b in batch_states])
+    g = torch.stack([S.flatten_state(S.delta(b, theta0))[0] for b in batch_states])
     source = perturbed(theta0, 60, size=0.05)
-    flat, spec = A.flatten_state(A.delta(source, theta0))
+    flat, spec = S.flatten_state(S.delta(source, theta0))
     s = A.source_step_update(flat, 5)
     assert g.shape == (4, spec.numel) and s.shape == (spec.numel,)
     assert "1.num_batches_tracked" not in spec.keys
@@ -628,28 +629,6 @@ def test_auto_betas_end_to_end_with_the_flattening_helpers():
 # --------------------------------------------------------------------------- helpers
 
 
-def test_flatten_and_unflatten_round_trip():
-    state = tiny_state(2)
-    state["half"] = torch.arange(6, dtype=torch.float16).reshape(2, 3)
-    flat, spec = A.flatten_state(state)
-    assert flat.dtype == torch.float32 and flat.dim() == 1
-    assert list(spec.keys) == [k for k, v in state.items() if v.dim() > 0]
-    assert flat.numel() == spec.numel == sum(state[k].numel() for k in spec.keys)
-    back = A.unflatten(flat, spec)
-    assert_close(back, {k: state[k] for k in spec.keys})
-    assert back["half"].dtype == torch.float16
-    back["0.weight"].add_(1)  # fresh tensors: the flat vector is untouched
-    torch.testing.assert_close(A.unflatten(flat, spec)["0.weight"], state["0.weight"])
-    only, spec2 = A.flatten_state(state, keys=["3.bias", "0.bias"])
-    torch.testing.assert_close(only, torch.cat([state["3.bias"], state["0.bias"]]))
-    with pytest.raises(ValueError, match="expected a vector of"):
-        A.unflatten(only[:-1], spec2)
-    with pytest.raises(ValueError, match="unknown entries"):
-        A.flatten_state(state, keys=["nope"])
-    f64, _ = A.flatten_state({"a": t(1.0, 2.0)})
-    assert f64.dtype == torch.float64
-
-
 def test_source_step_update_divides_by_the_number_of_batches():
     torch.testing.assert_close(A.source_step_update(torch.tensor([4.0, 8.0]), 4), torch.tensor([1.0, 2.0]))
     out = A.source_step_update({"w": t(3.0), "n": torch.tensor(6)}, 3)
@@ -658,54 +637,6 @@ def test_source_step_update_divides_by_the_number_of_batches():
     for bad in (0, -1, 1.5):
         with pytest.raises(ValueError, match="positive integer"):
             A.source_step_update(torch.ones(2), bad)
-
-
-def test_delta_and_apply_delta_round_trip():
-    theta0 = tiny_state(1)
-    later = perturbed(theta0, 9)
-    d = A.delta(later, theta0)
-    assert int(d["1.num_batches_tracked"]) == 7
-    assert_close(A.apply_delta(theta0, d), later, rtol=1e-6, atol=1e-6)
-    half = A.apply_delta(theta0, d, scale=0.5)
-    torch.testing.assert_close(half["0.weight"], (theta0["0.weight"] + later["0.weight"]) / 2)
-    assert int(half["1.num_batches_tracked"]) == round(1 + 3.5)  # round-half-to-even: 4
-    with pytest.raises(ValueError, match="missing entries"):
-        A.apply_delta(theta0, {"0.weight": d["0.weight"]})
-
-
-def test_split_merge_and_keep_keys():
-    state = {"a": t(1.0), "bn.w": t(2.0), "b": t(3.0)}
-    chosen, rest = A.split_state(state, ["bn.w"])
-    assert list(chosen) == ["bn.w"] and list(rest) == ["a", "b"]
-    assert chosen["bn.w"] is state["bn.w"]  # shallow, documented
-    merged = A.merge_states(rest, chosen, {"b": t(9.0)})
-    assert list(merged) == ["a", "b", "bn.w"] and float(merged["b"]) == 9.0
-    with pytest.raises(ValueError, match="unknown entries"):
-        A.split_state(state, ["zz"])
-    initial = {"a": t(0.0), "bn.w": t(-1.0), "b": t(0.0)}
-    kept = A.keep_keys(rest, initial, ["bn.w"])  # FedBN+: BN statistics from the initial model
-    assert list(kept) == ["a", "bn.w", "b"]
-    assert float(kept["bn.w"]) == -1.0 and float(kept["a"]) == 1.0
-    kept["bn.w"].add_(5)
-    assert float(initial["bn.w"]) == -1.0  # copied, not shared
-    with pytest.raises(ValueError, match="not in the reference"):
-        A.keep_keys(state, initial, ["zz"])
-    with pytest.raises(ValueError, match="has shape"):
-        A.keep_keys({"bn.w": t(1.0, 2.0)}, initial, ["bn.w"])
-
-
-def test_check_update_reports_each_problem():
-    ref = {"w": torch.zeros(2, 2), "n": torch.tensor(0)}
-    assert A.check_update({"w": torch.ones(2, 2), "n": torch.tensor(3)}, ref) is None
-    nan = A.check_update({"w": torch.tensor([[0.0, float("nan")], [0.0, 0.0]]), "n": torch.tensor(0)}, ref)
-    assert "'w'" in nan and "1 NaN" in nan
-    inf = A.check_update({"w": torch.tensor([[0.0, float("-inf")], [float("inf"), 0.0]]), "n": torch.tensor(0)}, ref)
-    assert "2 infinite" in inf and "NaN" not in inf
-    assert "shape (3,)" in A.check_update({"w": torch.zeros(3), "n": torch.tensor(0)}, ref)
-    assert "missing entries: 'n'" in A.check_update({"w": torch.zeros(2, 2)}, ref)
-    assert "unexpected entries: 'x'" in A.check_update({**ref, "x": torch.zeros(1)}, ref)
-    assert "dtype" in A.check_update({"w": torch.zeros(2, 2, dtype=torch.long), "n": torch.tensor(0)}, ref)
-    assert "not a tensor" in A.check_update({"w": [[0.0]], "n": torch.tensor(0)}, ref)
 
 
 def test_idd_is_the_mean_absolute_difference_and_differentiable():

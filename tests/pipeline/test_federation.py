@@ -23,7 +23,7 @@ from .conftest import tiny_config
 
 
 def _weights(run_dir: Path) -> dict:
-    return torch.load(run_dir / "final_model.pt", map_location="cpu", weights_only=False)["global"]
+    return torch.load(run_dir / "final_model.pt", map_location="cpu", weights_only=True)["global"]
 
 
 def _same(a: dict, b: dict) -> bool:

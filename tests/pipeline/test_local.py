@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from sklearn.metrics import roc_auc_score
 
 from fedcxr.errors import UserError
-from fedcxr.models.network import CXRNet, flatten_state
+from fedcxr.models.network import CXRNet
+from fedcxr.pipeline.state import flatten_state
 from fedcxr.pipeline.data import AugmentConfig, SiteDataset, make_loader
 from fedcxr.pipeline.local import (
     LocalConfig,
@@ -140,13 +141,13 @@ def test_loss_decreases_and_the_model_learns():
 def test_recorded_batch_updates_sum_to_the_total_change():
     ds = toy_dataset(n=20)
     model = toy_model()
-    start = flatten_state(model.state_dict())
+    start = flatten_state(model.state_dict())[0]
     result = train_local(model, loader(ds), LocalConfig(epochs=2), device="cpu", seed=0,
                          record_batch_updates=True)
     updates = result.batch_updates
     assert result.n_batches == 6  # 3 batches (8, 8, 4) x 2 epochs
     assert updates.shape == (6, start.numel()) and updates.dtype == torch.float32
-    total = flatten_state(model.state_dict()) - start
+    total = flatten_state(model.state_dict())[0] - start
     assert torch.allclose(updates.sum(0), total, atol=1e-5)
     # buffers take part: BN running means move with every training step
     keys = [k for k, v in model.state_dict().items() if v.dim() > 0]

@@ -40,7 +40,7 @@ def demo_config(manifests: Path, sites: list[str], target: str, *, quick: bool) 
 
 def run_demo(out: Path, *, device: str = "auto", quick: bool = False, progress: bool = True) -> dict:
     """Run the whole demo into ``out``; returns paths and the target's mean test AUROC."""
-    from fedcxr.evaluation.cli import evaluate_run
+    from fedcxr.commands.evaluate import evaluate_run
     from fedcxr.pipeline.config import load_config
     from fedcxr.pipeline.federation import run_experiment
     from fedcxr.synth import ingest_synthetic, write_synthetic_export

@@ -1,7 +1,7 @@
 """``fedcxr flare export|simulate|poc``: write a FLARE job, run it in the simulator or in POC mode.
 
 * ``export`` writes a job folder for a provisioned (production) FLARE system; each hospital
-  reads its own manifest path from its own configuration (:mod:`fedcxr.pipeline.flare_client`).
+  reads its own manifest path from its own configuration (:mod:`fedcxr.pipeline.flare.client`).
 * ``simulate`` runs the job in FLARE's simulator (one client process per site, named as the
   config's sites) on this machine.
 * ``poc`` provisions a POC system for the sites (mTLS startup kits, server on a free loopback
@@ -32,8 +32,13 @@ from typing import Callable, Iterator, Optional
 
 import yaml
 
+from fedcxr.atomic import atomic_write_json
 from fedcxr.errors import UserError
-from fedcxr.pipeline.flare_app import build_job, check_flare_sites, mark_submitted, read_status
+from fedcxr.pipeline.checkpoints import latest_checkpoint
+from fedcxr.pipeline.config import load_config
+from fedcxr.pipeline.data import default_cache_dir
+from fedcxr.pipeline.flare.controller import mark_submitted, read_status
+from fedcxr.pipeline.flare.job import CONTROLLER_PATH, check_flare_sites, export_job
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +46,6 @@ ADMIN = "admin@fedcxr.local"
 PROJECT = "fedcxr"
 LOG_SUFFIXES = (".txt", ".log", ".json")
 NEVER_COPY = ("startup", "transfer", "local")  # keys, certificates, uploaded jobs
-CONTROLLER_PATH = "fedcxr.pipeline.flare_app.FedcxrController"
 
 
 # --------------------------------------------------------------------------- config and run directory
@@ -49,8 +53,6 @@ CONTROLLER_PATH = "fedcxr.pipeline.flare_app.FedcxrController"
 
 def load_flare_config(path: Path, overrides: list[str], *, need_manifests: bool):
     """The experiment config; ``export`` does not need the manifests on this machine."""
-    from fedcxr.pipeline.config import load_config
-
     return load_config(path, overrides=overrides, check_sites=need_manifests)
 
 
@@ -60,8 +62,6 @@ def default_run_dir(cfg) -> Path:
 
 def check_run_dir(run_dir: Path, resume: bool) -> None:
     """The refusals of ``fedcxr train``: never overwrite a finished or interrupted run by accident."""
-    from fedcxr.pipeline.federation import latest_checkpoint
-
     if resume:
         return
     if (run_dir / "final_model.pt").exists():
@@ -72,9 +72,6 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
 
 def write_site_configs(cfgs: list, flare_dir: Path, *, device: Optional[str]) -> dict[str, Path]:
     """One ``fedcxr_site.json`` per site (its manifest, cache, device, state folder)."""
-    from fedcxr.pipeline.federation import default_cache_dir
-    from fedcxr.site_adapters.manifest import atomic_write_json
-
     entries: dict[str, dict] = {}
     for cfg in cfgs:
         cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
@@ -89,23 +86,6 @@ def write_site_configs(cfgs: list, flare_dir: Path, *, device: Optional[str]) ->
         out[name] = flare_dir / "sites" / name / "fedcxr_site.json"
         atomic_write_json(out[name], entry)
     return out
-
-
-def export_job(experiments: list, job_dir: Path, *, task_timeout: int = 0, site_configs=None,
-               client_script: Optional[Path] = None) -> Path:
-    """Write the FLARE job folder itself at ``job_dir`` (``nvflare job submit -j JOB_DIR``).
-
-    ``experiments``: ``[(ExperimentConfig, server run dir or "", resume)]``.
-    """
-    job = build_job(experiments, task_timeout=task_timeout, site_configs=site_configs, client_script=client_script)
-    job_dir = Path(job_dir)
-    if job_dir.exists():
-        shutil.rmtree(job_dir)
-    job_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=job_dir.parent) as tmp:
-        job.export_job(tmp)
-        shutil.move(str(Path(tmp) / job.name), str(job_dir))
-    return job_dir
 
 
 def _prepare(runs: list, *, resume: bool, task_timeout: int, device: Optional[str], client_script: Optional[Path],
@@ -484,43 +464,3 @@ def _stop_poc(env: dict, out, tree: Optional[ProcessTree], workspace: Path, logs
 
 
 # --------------------------------------------------------------------------- CLI
-
-
-def _summary(payload: dict, run_dir: Path, what: str) -> None:
-    print(f"{payload['method']} on {what}: finished {payload['rounds']} rounds; run directory {run_dir}")
-    if payload.get("missed"):
-        print(f"  {len(payload['missed'])} site replies missing or rejected (see run.json 'missed')")
-    print(f"  FLARE job and logs: {run_dir / 'flare'}")
-    print(f"  next: fedcxr evaluate {run_dir}")
-
-
-def _cli_run(args, runner, what: str) -> int:
-    cfg = load_flare_config(args.config, args.overrides, need_manifests=True)
-    run_dir = Path(args.out) if args.out else default_run_dir(cfg)
-    payload = runner(cfg, run_dir, resume=args.resume, task_timeout=args.timeout, device=args.device,
-                     progress=not args.quiet)
-    _summary(payload, run_dir, what)
-    return 0
-
-
-def cli_simulate(args) -> int:
-    return _cli_run(args, simulate, "the FLARE simulator")
-
-
-def cli_poc(args) -> int:
-    return _cli_run(args, poc, "FLARE POC")
-
-
-def cli_export(args) -> int:
-    cfg = load_flare_config(args.config, args.overrides, need_manifests=False)  # a bad config is named first
-    if not args.out:
-        raise UserError("fedcxr flare export needs --out JOB_DIR (the job folder to write)")
-    # the server never reads the manifests or the image cache: keep this machine's paths out of the job
-    cfg = cfg.model_copy(update={"manifests": None, "cache_dir": None})
-    job_dir = export_job([(cfg, args.run_dir or "", True)], Path(args.out), task_timeout=args.timeout)
-    sites = ", ".join(check_flare_sites(cfg))
-    print(f"FLARE job written to {job_dir} (clients: {sites})")
-    print("  each site needs fedcxr[flare] installed and its own local/fedcxr_site.json "
-          '({"manifest_dir": ...}) or FEDCXR_SITE_CONFIG')
-    print(f"  submit: nvflare job submit -j {job_dir}")
-    return 0

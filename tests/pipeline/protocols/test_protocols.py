@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from fedcxr.evaluation.cli import evaluate_run
+from fedcxr.commands.evaluate import evaluate_run
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.federation import run_experiment
-from fedcxr.pipeline.strategies import REGISTRY
+from fedcxr.pipeline.protocols import REGISTRY
 
-from .conftest import tiny_config
+from ..conftest import tiny_config
 
 ALL_METHODS = sorted(REGISTRY)
 
@@ -28,7 +28,7 @@ def test_every_method_trains_and_evaluates(method, tiny_manifests, tmp_path):
     data = tiny_config(tiny_manifests, tmp_path / "cache", strategy=method, rounds=2, **extra)
     run = run_experiment(load_config(data=data), tmp_path / "run", progress=False)
     assert run["status"] == "finished"
-    final = torch.load(tmp_path / "run" / "final_model.pt", map_location="cpu", weights_only=False)
+    final = torch.load(tmp_path / "run" / "final_model.pt", map_location="cpu", weights_only=True)
     for tensor in final["global"].values():
         assert torch.isfinite(tensor.float()).all()
     report = evaluate_run(tmp_path / "run", split="test", n_boot=20)
@@ -76,12 +76,11 @@ class _PoisonTransport:
 
 
 def _poisoned_run(tiny_manifests, tmp_path, poisoned, **overrides):
-    from fedcxr.pipeline.federation import build_runners, resolve_device
-    from fedcxr.pipeline.strategies import get_protocol
-    from fedcxr.pipeline.transport import InProcessTransport
+    from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
+    from fedcxr.pipeline.local import resolve_device
 
     cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", rounds=1, **overrides))
-    runners = build_runners(cfg, get_protocol(cfg.strategy), resolve_device("cpu"), progress=False)
+    runners = build_runners(cfg, resolve_device("cpu"), progress=False)
     transport = _PoisonTransport(InProcessTransport(runners), poisoned)
     return run_experiment(cfg, tmp_path / "run", progress=False, transport=transport)
 
@@ -89,19 +88,19 @@ def _poisoned_run(tiny_manifests, tmp_path, poisoned, **overrides):
 def test_a_source_update_with_nan_is_rejected_and_recorded(tiny_manifests, tmp_path):
     run = _poisoned_run(tiny_manifests, tmp_path, "nih_style", strategy="FedAvg_Finetune_GP")
     assert any(m["site"] == "nih_style" and "rejected" in m.get("reason", "") for m in run["missed"])
-    final = torch.load(tmp_path / "run" / "final_model.pt", map_location="cpu", weights_only=False)
+    final = torch.load(tmp_path / "run" / "final_model.pt", map_location="cpu", weights_only=True)
     assert all(torch.isfinite(t.float()).all() for t in final["global"].values())
 
 
 def test_a_target_update_with_nan_fails_the_round(tiny_manifests, tmp_path):
-    from fedcxr.pipeline.strategies import RoundFailed
+    from fedcxr.pipeline.protocols import RoundFailed
 
     with pytest.raises(RoundFailed, match="dicom_style"):
         _poisoned_run(tiny_manifests, tmp_path, "dicom_style", strategy="FedAvg_Finetune")
 
 
 def _final_state(run_dir):
-    return torch.load(run_dir / "final_model.pt", map_location="cpu", weights_only=False)
+    return torch.load(run_dir / "final_model.pt", map_location="cpu", weights_only=True)
 
 
 def test_surgical_keeps_the_row_of_a_class_no_site_has(tiny_manifests, tmp_path):

@@ -29,14 +29,15 @@ import torch
 
 pytest.importorskip("nvflare")
 
+import fedcxr  # noqa: E402
 from fedcxr.cli import main  # noqa: E402
 from fedcxr.pipeline.config import config_fingerprint, load_config  # noqa: E402
 from fedcxr.pipeline.federation import run_experiment  # noqa: E402
-from fedcxr.pipeline.flare_run import poc_many, simulate_many  # noqa: E402
-from fedcxr.pipeline.flare_wire import REPLY_KEYS  # noqa: E402
+from fedcxr.pipeline.flare.run import poc_many, simulate_many  # noqa: E402
+from fedcxr.pipeline.flare.wire import REPLY_KEYS  # noqa: E402
 from fedcxr.vocab import CLASSES  # noqa: E402
 
-from .conftest import tiny_config  # noqa: E402
+from ..conftest import tiny_config  # noqa: E402
 
 ALL = ["nih_style", "chexpert_style", "midrc_style", "dicom_style"]
 
@@ -48,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import nvflare.client as flare
 
-from fedcxr.pipeline import flare_client
+from fedcxr.pipeline.flare import client as flare_client
 
 FAULTS = json.loads(os.environ.get("FEDCXR_TEST_FAULTS", "{}"))  # {run fingerprint: {site: {round: fault}}}
 RECORD = os.environ.get("FEDCXR_TEST_RECORD")
@@ -89,7 +90,7 @@ def _cfg(manifests, cache, **overrides):
 
 
 def _final(run_dir: Path) -> dict:
-    return torch.load(run_dir / "final_model.pt", map_location="cpu", weights_only=False)
+    return torch.load(run_dir / "final_model.pt", map_location="cpu", weights_only=True)
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -245,7 +246,8 @@ def test_only_parameters_counts_class_names_and_metrics_leave_a_site(flare_runs)
     assert len(entries) > 50
     words = set(CLASSES) | set(REPLY_KEYS) | {"reply", "loss", "main_loss", "aux_loss", "n_train", "n_val", "n_test",
                                               "n_labeled_train", "labeled_per_class", "split", "val", "n", "auroc",
-                                              "mean_auroc", "idd_train", "idd_after", "fedcxr", "error", "betas"}
+                                              "mean_auroc", "idd_train", "idd_after", "fedcxr", "error", "betas",
+                                                  "manifest_hash"}
     for entry in entries:
         assert set(entry["param_keys"]) <= allowed_keys, set(entry["param_keys"]) - allowed_keys
         assert set(entry["dtype_kinds"]) <= {"f", "i", "u", "b"}
@@ -257,6 +259,9 @@ def _strings(value):
     if isinstance(value, dict):
         for k, v in value.items():
             yield k
+            if k == "manifest_hash":  # a SHA-256 of the manifest: 64 hex digits, nothing else
+                assert isinstance(v, str) and len(v) == 64 and set(v) <= set("0123456789abcdef"), v
+                continue
             yield from _strings(v)
     elif isinstance(value, list):
         for v in value:
@@ -302,13 +307,23 @@ def test_export_writes_a_portable_job(tiny_manifests, tmp_path):
     assert set(meta["deploy_map"]) == {"app_server", "app_nih_style", "app_chexpert_style", "app_dicom_style"}
     server = json.loads((job / "app_server" / "config" / "config_fed_server.json").read_text())
     controller = server["workflows"][0]
-    assert controller["path"] == "fedcxr.pipeline.flare_app.FedcxrController"
+    assert controller["path"] == "fedcxr.pipeline.flare.controller.FedcxrController"
     spec = controller["args"]["experiments"][0]
     assert spec["run_dir"] == "fedcxr-runs/tiny" and spec["config"]["strategy"] == "FedAvg_Finetune"
     assert spec["config"]["manifests"] is None and spec["config"]["cache_dir"] is None
     assert controller["args"]["task_timeout"] == 600
-    assert sorted(p.name for p in (job / "app_nih_style" / "custom").iterdir()) == ["flare_client.py"]
+    assert controller["args"]["fedcxr_version"] == fedcxr.__version__
+    assert sorted(p.name for p in (job / "app_nih_style" / "custom").iterdir()) == ["fedcxr_client.py"]
     assert str(tmp_path) not in "".join(p.read_text() for p in job.rglob("*.json"))
+
+
+def test_a_job_written_by_another_fedcxr_version_is_refused_by_name():
+    from fedcxr.pipeline.flare.controller import version_problem
+
+    assert version_problem(fedcxr.__version__) is None and version_problem("") is None
+    major, minor = fedcxr.__version__.split(".")[:2]
+    problem = version_problem(f"{major}.{int(minor) + 1}.0")
+    assert f"fedcxr {major}.{int(minor) + 1}.0" in problem and "re-export" in problem
 
 
 def test_flare_run_refuses_to_overwrite_a_run_like_train(tiny_manifests, tmp_path):

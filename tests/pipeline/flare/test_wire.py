@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedcxr.pipeline.flare_wire import (
+from fedcxr.pipeline.flare.wire import (
     META_KEY,
     WireError,
     decode_reply,
@@ -17,7 +17,7 @@ from fedcxr.pipeline.flare_wire import (
     encode_reply,
     encode_task,
 )
-from fedcxr.pipeline.transport import Reply
+from fedcxr.pipeline.messages import Reply
 
 
 def _state() -> dict:

@@ -1,9 +1,9 @@
-"""``fedcxr evaluate`` and ``fedcxr report`` (DESIGN §10); argument parsing lives in fedcxr/cli.py.
+"""``fedcxr evaluate RUN_DIR``: predictions from the training side, the report from evaluation.
 
-``evaluate RUN_DIR`` reads (or first asks training to write) ``predictions/<split>.parquet`` and
-writes ``report.json``, ``per_class.csv``, ``report.md`` and ``roc_<site>.png`` into RUN_DIR.
-``report RUN_DIR... --out DIR`` writes the method-comparison table of several runs.
-A missing or malformed run directory raises :class:`~fedcxr.errors.UserError` (exit code 2).
+Writes ``predictions/<split>.parquet`` when missing (:mod:`fedcxr.pipeline.predict`: the model
+scores every evaluated site's split), then ``report.json``, ``per_class.csv``, ``report.md`` and
+``roc_<site>.png`` (:mod:`fedcxr.evaluation.report`). A missing or malformed run directory
+raises :class:`~fedcxr.errors.UserError` (exit code 2).
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Optional
 
 from fedcxr.errors import UserError
-from fedcxr.evaluation.compare import compare_runs, write_comparison
 from fedcxr.evaluation.report import build_report, fmt, fmt_ci, write_report
-from fedcxr.evaluation.runs import check_run_dir, load_predictions, load_run_info
+from fedcxr.evaluation.runs import check_run_dir, load_predictions, load_run_info, predictions_path
 
 
 def evaluate_run(run_dir: Path | str, *, split: str = "test", n_boot: int = 1000, seed: int = 0,
@@ -26,7 +25,11 @@ def evaluate_run(run_dir: Path | str, *, split: str = "test", n_boot: int = 1000
     if n_boot < 0:
         raise UserError(f"--bootstrap must be 0 (DeLong CIs) or a positive number of resamples, got {n_boot}")
     info = load_run_info(run_dir)
-    predictions = load_predictions(run_dir, split, info["classes"], create=True, device=device)
+    if not predictions_path(run_dir, split).is_file():
+        from fedcxr.pipeline.predict import write_predictions  # torch only when a model must run
+
+        write_predictions(run_dir, split, device=device)
+    predictions = load_predictions(run_dir, split, info["classes"])
     report = build_report(predictions, info, split=split, n_boot=n_boot, seed=seed)
     write_report(run_dir, report, predictions)
     return report
@@ -46,14 +49,4 @@ def cli_evaluate(args: argparse.Namespace) -> int:
         print(line)
     for item in report["sites_without_predictions"]:
         print(f"  {item['site']}: not evaluated ({item['reason']})")
-    return 0
-
-
-def cli_report(args: argparse.Namespace) -> int:
-    """Compare runs; prints where comparison.md is."""
-    result = compare_runs(list(args.run_dirs), baseline=getattr(args, "baseline", None),
-                          split=getattr(args, "split", "test") or "test",
-                          n_boot=int(getattr(args, "bootstrap", 1000)))
-    paths = write_comparison(result, args.out)
-    print(f"comparison of {len(result['runs'])} runs, {len(result['table'])} methods: {paths[0]}")
     return 0

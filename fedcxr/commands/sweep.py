@@ -20,11 +20,12 @@ log = logging.getLogger(__name__)
 def run_sweep(config: Path, methods: Sequence[str], *, seeds: int, out: Path, baseline: Optional[str] = None,
               device: Optional[str] = None, overrides: Sequence[str] = (), progress: bool = True) -> dict:
     """Train and evaluate every (method, seed), then compare; returns the comparison result."""
-    from fedcxr.evaluation.cli import evaluate_run
+    from fedcxr.commands.evaluate import evaluate_run
     from fedcxr.evaluation.compare import compare_runs, write_comparison
+    from fedcxr.pipeline.checkpoints import latest_checkpoint
     from fedcxr.pipeline.config import load_config
-    from fedcxr.pipeline.federation import latest_checkpoint, run_experiment
-    from fedcxr.pipeline.strategies import get_protocol
+    from fedcxr.pipeline.federation import run_experiment
+    from fedcxr.pipeline.protocols import get_protocol
 
     for method in methods:
         get_protocol(method)  # fail fast on a typo, before hours of training

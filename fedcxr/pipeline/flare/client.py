@@ -1,9 +1,10 @@
 """The hospital's side of a FLARE run: a Client API script around :class:`SiteRunner` (DESIGN §8).
 
-FLARE copies this file into the job and runs it once per client job. It loops
+FLARE runs the job's client script (:mod:`fedcxr.pipeline.flare.fedcxr_client`, which calls
+:func:`main`) once per client job. It loops
 ``flare.receive()`` → :meth:`SiteRunner.handle` → ``flare.send(FLModel(...))``; the training
 code is the same :mod:`fedcxr.pipeline.local` every in-process run uses. Only parameters,
-counts, class names and metrics leave the site (:mod:`fedcxr.pipeline.flare_wire` checks the
+counts, class names and metrics leave the site (:mod:`fedcxr.pipeline.flare.wire` checks the
 format); a task that fails is answered with the exception's type name only, the traceback
 stays in this site's log.
 
@@ -11,7 +12,7 @@ Where a site finds its data — its **own** configuration, first found wins:
 
 1. ``--site-config PATH`` (script argument),
 2. the environment variable ``FEDCXR_SITE_CONFIG``,
-3. ``fedcxr_site.json`` beside this script (a job written by ``fedcxr flare simulate|poc``
+3. ``fedcxr_site.json`` beside the client script (a job written by ``fedcxr flare simulate|poc``
    ships one per site app),
 4. ``local/fedcxr_site.json`` in the client's workspace (the hospital's startup kit: the
    production place, written by the hospital's admin).
@@ -41,7 +42,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-log = logging.getLogger("fedcxr.flare_client")
+import fedcxr.pipeline.site_tasks  # noqa: F401  (registers train_combine and fact_target)
+from fedcxr.atomic import atomic_torch_save
+from fedcxr.pipeline.checkpoints import load_tensors
+from fedcxr.pipeline.data import default_cache_dir
+from fedcxr.pipeline.local import resolve_device
+from fedcxr.pipeline.messages import Reply
+from fedcxr.pipeline.site_runner import SiteRunner
+
+log = logging.getLogger(__name__)
 
 SITE_CONFIG_ENV = "FEDCXR_SITE_CONFIG"
 SITE_CONFIG_NAME = "fedcxr_site.json"
@@ -129,9 +138,6 @@ class FlareSite:
     # ------------------------------------------------------------------ runner
     def runner_for(self, settings: dict, run: str):
         """The SiteRunner of one experiment (built on its first task: decoded-image cache, model)."""
-        from fedcxr.pipeline.federation import default_cache_dir, resolve_device
-        from fedcxr.pipeline.site_runner import SiteRunner
-
         key = run + json.dumps(settings, sort_keys=True)
         if key not in self.runners:
             cfg = self.site_cfg
@@ -162,8 +168,6 @@ class FlareSite:
 
     def _restore(self, runner, task: str, config: dict, run: str) -> None:
         """After a (re)start: load the local state as it was at the end of the right round, once."""
-        import torch
-
         if run in self._restored:
             return
         r = config.get("round")
@@ -177,12 +181,10 @@ class FlareSite:
         usable = [(k, p) for k, p in self._saved_rounds(run) if upto is None or k <= upto]
         if usable:
             k, path = usable[-1]
-            runner.set_local_state(torch.load(path, map_location="cpu", weights_only=True))
+            runner.set_local_state(load_tensors(path, "site state file"))
             log.info("site %s: restored local state saved after round %d", self.name, k)
 
     def _save(self, runner, config: dict, run: str) -> None:
-        from fedcxr.pipeline.federation import atomic_torch_save
-
         state = runner.get_local_state()
         r = config.get("round")
         if not state or not isinstance(r, int):
@@ -194,8 +196,6 @@ class FlareSite:
     # ------------------------------------------------------------------ one task
     def handle(self, task: str, params, config: dict, runner_settings: dict, run: str):
         """Run one task; returns the :class:`Reply` (``local_state`` is answered here, not by SiteRunner)."""
-        from fedcxr.pipeline.transport import Reply
-
         runner = self.runner_for(runner_settings, run)
         self._restore(runner, task, config, run)
         if task == "local_state":
@@ -213,7 +213,7 @@ def serve(flare_api: Any, site: FlareSite) -> int:
     """``receive → handle → send`` until the job ends; returns the number of tasks answered."""
     from nvflare.app_common.abstract.fl_model import FLModel
 
-    from fedcxr.pipeline.flare_wire import decode_task, encode_error, encode_reply
+    from fedcxr.pipeline.flare.wire import decode_task, encode_error, encode_reply
 
     answered = 0
     while flare_api.is_running():
@@ -251,7 +251,3 @@ def main(argv: Optional[list[str]] = None) -> int:
     served = serve(flare, FlareSite(name, site_cfg, workspace))
     log.info("site %s: answered %d tasks", name, served)
     return 0
-
-
-if __name__ == "__main__":
-    main()

@@ -2,8 +2,8 @@
 
 Both directions carry an ``FLModel``: ``params`` (a flat dict of numpy arrays) and ``meta``
 (plain JSON-like values). This module turns a task or a :class:`Reply` into those two parts
-and back, so the server (:mod:`fedcxr.pipeline.flare_app`) and the client script
-(:mod:`fedcxr.pipeline.flare_client`) agree on one format, and it refuses anything a site
+and back, so the server (:mod:`fedcxr.pipeline.flare.controller`) and the client script
+(:mod:`fedcxr.pipeline.flare.client`) agree on one format, and it refuses anything a site
 should never send.
 
 Layout (``meta["fedcxr"]`` holds our part; FLARE may add its own keys beside it)::
@@ -17,7 +17,7 @@ Tensors go as numpy arrays (FLARE's serializer carries them natively, large ones
 no pickled objects, no strings in ``params``. A reply is accepted only if its counts are
 non-negative integers, its class set is a list of class names, its metrics are JSON-like
 scalars/dicts/lists, and every floating array is finite (the shared check of
-:func:`fedcxr.pipeline.aggregate.check_update`). Shapes are the protocol's business: it knows
+:func:`fedcxr.pipeline.state.check_update`). Shapes are the protocol's business: it knows
 what it sent (a surgical head has the site's classes, not the global ones).
 """
 
@@ -28,8 +28,8 @@ from typing import Any, Mapping, Optional
 import numpy as np
 import torch
 
-from fedcxr.pipeline import aggregate as agg
-from fedcxr.pipeline.transport import Reply, StateDict
+from fedcxr.pipeline.messages import Reply, StateDict
+from fedcxr.pipeline.state import check_update
 
 META_KEY = "fedcxr"
 WIRE_VERSION = 1
@@ -72,7 +72,7 @@ def to_torch(arrays: Mapping[str, Any], prefix: str) -> StateDict:
 
 
 def _finite_problem(state: StateDict, what: str) -> Optional[str]:
-    reason = agg.check_update(state, state)  # same keys → only the NaN/Inf part can fail
+    reason = check_update(state, state)  # same keys → only the NaN/Inf part can fail
     return f"{what}: {reason}" if reason else None
 
 

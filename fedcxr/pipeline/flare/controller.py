@@ -1,16 +1,16 @@
-"""The same round protocols on NVIDIA FLARE: server controller, transport, job (DESIGN §8).
+"""The same round protocols on NVIDIA FLARE: the server's controller and transport (DESIGN §8).
 
 On the FLARE server, :class:`FedcxrController` (a ``ModelController``) runs
 :func:`fedcxr.pipeline.federation.run_experiment` — the very function ``fedcxr train`` runs —
 with a :class:`FlareTransport` instead of the in-process one. Every protocol in
-:mod:`fedcxr.pipeline.strategies` therefore runs unchanged: "send this model to these sites
+:mod:`fedcxr.pipeline.protocols` therefore runs unchanged: "send this model to these sites
 for this task" becomes ``send_model_and_wait(task_name=..., targets=[...], data=FLModel(...))``
 (or one FLARE task per site when sites get different payloads), and the replies come back as
-:class:`~fedcxr.pipeline.transport.Reply`. Each hospital runs :mod:`fedcxr.pipeline.flare_client`.
+:class:`~fedcxr.pipeline.messages.Reply`. Each hospital runs :mod:`fedcxr.pipeline.flare.client`.
 
 Failure handling: a task waits for every target, at most ``task_timeout`` seconds (0: no
 limit; FLARE still ends the wait for clients it declares dead). Sites that did not answer,
-answered with an error, or sent a payload :mod:`fedcxr.pipeline.flare_wire` refuses (NaN/Inf,
+answered with an error, or sent a payload :mod:`fedcxr.pipeline.flare.wire` refuses (NaN/Inf,
 unknown fields) are absent from the replies, with the reason logged; the protocol records
 them in ``run.json["missed"]`` and fails the round below ``min_sites``.
 
@@ -18,10 +18,10 @@ Persistence: the run directory (config, ``metrics.jsonl``, per-round checkpoints
 ``final_model.pt``) is written by the server exactly as in-process runs write it. A server
 killed mid-run is resumed by submitting the same job again: the controller continues from the
 last checkpoint in its run directory (``resume=True``, the default); sites restore their own
-local state (:class:`~fedcxr.pipeline.flare_client.FlareSite`).
+local state (:class:`~fedcxr.pipeline.flare.client.FlareSite`).
 
-``fedcxr flare export|simulate|poc`` is :func:`cli_flare`; the process handling of the
-simulator and of POC mode lives in :mod:`fedcxr.pipeline.flare_run`.
+The job that places this controller on the server is built by :mod:`fedcxr.pipeline.flare.job`;
+``fedcxr flare export|simulate|poc`` is :mod:`fedcxr.pipeline.flare.cli`.
 """
 
 from __future__ import annotations
@@ -32,8 +32,14 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from fedcxr.atomic import atomic_write_json
 from fedcxr.errors import UserError
-from fedcxr.pipeline.transport import Reply, Transport
+from fedcxr.pipeline.checkpoints import load_final_model, save_final
+from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint
+from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.flare.wire import WireError, decode_reply, encode_task
+from fedcxr.pipeline.messages import Reply
+from fedcxr.pipeline.transport import Transport
 
 try:  # the server class needs FLARE; the rest of fedcxr does not
     from nvflare.app_common.workflows.model_controller import ModelController as _ControllerBase
@@ -70,8 +76,6 @@ class FlareTransport(Transport):
         self.rejected: list[dict] = []  # {"round", "task", "site", "reason"} of refused replies (status file)
 
     def run(self, task, targets, params, config, *, per_site=None):
-        from fedcxr.pipeline.flare_wire import encode_task
-
         per_site = dict(per_site or {})
         unknown = [s for s in targets if s not in self.site_names]
         if unknown:
@@ -92,8 +96,6 @@ class FlareTransport(Transport):
         return self._decode(task, targets, raw, round_)
 
     def _decode(self, task: str, targets: list[str], raw: Mapping[str, Any], round_) -> dict[str, Reply]:
-        from fedcxr.pipeline.flare_wire import WireError, decode_reply
-
         replies = {}
         for site in targets:
             if site not in raw:
@@ -123,18 +125,25 @@ class FedcxrController(_ControllerBase):
             experiments (a sweep) share one deployment; a failed one does not stop the next.
         task_timeout: seconds a task waits for its sites (0: no limit).
         task_check_period: seconds between the controller's checks of running tasks.
+        fedcxr_version: the fedcxr version that wrote the job; a server with another
+            major.minor version refuses the job (its task formats may differ) and says so.
 
     FLARE client names are the config's site names.
     """
 
-    def __init__(self, experiments: Optional[list] = None, task_timeout: int = 0, task_check_period: float = 0.1):
+    def __init__(self, experiments: Optional[list] = None, task_timeout: int = 0, task_check_period: float = 0.1,
+                 fedcxr_version: str = ""):
         require_nvflare()
         super().__init__(persistor_id="", ignore_result_error=True, task_check_period=task_check_period)
         self.experiments = [dict(e) for e in experiments or []]
         self.task_timeout = int(task_timeout)
+        self.fedcxr_version = str(fedcxr_version or "")
 
     # ------------------------------------------------------------------ the workflow
     def run(self) -> None:
+        problem = version_problem(self.fedcxr_version)
+        if problem:
+            raise RuntimeError(problem)
         failed = []
         for i, spec in enumerate(self.experiments):
             default = "fedcxr_run" if len(self.experiments) == 1 else f"fedcxr_run_{i}"
@@ -146,9 +155,6 @@ class FedcxrController(_ControllerBase):
 
     def run_one(self, config: dict, run_dir: Path, *, resume: bool) -> bool:
         """One experiment, exactly as ``fedcxr train`` runs it, over FLARE; False when it failed."""
-        from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint
-        from fedcxr.pipeline.federation import run_experiment
-
         cfg = ExperimentConfig.model_validate(config)
         sites = [cfg.site_name(s) for s in cfg.all_sites()]
         transport = FlareTransport(self, sites, runner=runner_settings(cfg), run=config_fingerprint(cfg))
@@ -169,17 +175,12 @@ class FedcxrController(_ControllerBase):
 
     def _collect_local_states(self, run_dir: Path, transport: FlareTransport, sites: list[str]) -> None:
         """FedBN/PFL: evaluation needs each site's local entries; ask the sites for them once, at the end."""
-        import torch
-
-        from fedcxr.pipeline.federation import atomic_torch_save
-
-        path = run_dir / "final_model.pt"
-        final = torch.load(path, map_location="cpu", weights_only=False)
+        final = load_final_model(run_dir)
         if not final.get("eval_local_keys"):
             return
         replies = transport.run("local_state", sites, None, {})
         final["local_states"] = {s: rep.params or {} for s, rep in replies.items()}
-        atomic_torch_save(final, path)
+        save_final(run_dir, final)
 
     # ------------------------------------------------------------------ one task, many sites
     def dispatch(self, task: str, groups: list[tuple[list[str], tuple[dict, dict]]],
@@ -235,6 +236,19 @@ class FedcxrController(_ControllerBase):
         return answers
 
 
+def version_problem(job_version: str) -> Optional[str]:
+    """Why this server's fedcxr cannot run a job written by ``job_version`` (None when it can)."""
+    import fedcxr
+
+    def major_minor(text: str) -> tuple[str, ...]:
+        return tuple(text.split(".")[:2])
+
+    if job_version and major_minor(job_version) != major_minor(fedcxr.__version__):
+        return (f"this FLARE job was written by fedcxr {job_version} but the server runs fedcxr "
+                f"{fedcxr.__version__}; re-export it with `fedcxr flare export` of the installed version")
+    return None
+
+
 def runner_settings(cfg) -> dict:
     """What a site needs from the experiment to build its network and data (no paths, no data)."""
     return {"model": cfg.model.model_dump(mode="json"), "image_size": cfg.image_size, "augment": cfg.augment,
@@ -242,8 +256,6 @@ def runner_settings(cfg) -> dict:
 
 
 def _write_status(run_dir: Path, status: str, **extra) -> None:
-    from fedcxr.site_adapters.manifest import atomic_write_json
-
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(run_dir / STATUS_FILE, {"status": status, "time": time.time(), **extra})
 
@@ -259,86 +271,3 @@ def mark_submitted(run_dir: Path, *, keep: bool) -> None:
     previous = read_status(run_dir) if keep else {}
     if previous or not keep:
         _write_status(Path(run_dir), "submitted", rejected=previous.get("rejected", []))
-
-
-# --------------------------------------------------------------------------- the job
-
-
-def check_flare_sites(cfg) -> list[str]:
-    """The config's site names as FLARE client names (refused when FLARE cannot use them)."""
-    import re
-
-    from fedcxr.pipeline.strategies import CENTRAL_SITE
-
-    if cfg.strategy == "Central":
-        raise UserError("strategy Central pools every site's images in one place; it cannot run federated "
-                        "on FLARE (run it with `fedcxr train`)")
-    sites = [cfg.site_name(s) for s in cfg.all_sites()]
-    bad = [s for s in sites if not re.match(CLIENT_NAME, s) or s == CENTRAL_SITE]
-    if bad:
-        raise UserError(f"site names {bad} cannot be FLARE client names (letters, digits, '-' and '_' only); "
-                        "rename the site folders")
-    return sites
-
-
-def client_script_path() -> Path:
-    """The client script FLARE copies into the job (this package's flare_client.py)."""
-    return Path(__file__).with_name("flare_client.py")
-
-
-def build_job(experiments: list[tuple[Any, str, bool]], *, name: Optional[str] = None, task_timeout: int = 0,
-              site_configs: Optional[Mapping[str, Path]] = None, client_script: Optional[Path] = None):
-    """A FLARE ``FedJob``: the controller on the server, the client script on every site.
-
-    ``experiments``: ``[(ExperimentConfig, server run dir or "", resume)]``; the job's clients are
-    the union of their sites. ``site_configs`` (``{site: path of a fedcxr_site.json}``) ships each
-    site's own configuration inside its app (simulator and POC on one machine); without it each
-    hospital finds its configuration itself (see :mod:`fedcxr.pipeline.flare_client`).
-    """
-    require_nvflare()
-    from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
-    from nvflare.client.config import ExchangeFormat
-    from nvflare.job_config.api import FedJob
-
-    if not experiments:
-        raise ValueError("a FLARE job needs at least one experiment")
-    sites = list(dict.fromkeys(s for cfg, _, _ in experiments for s in check_flare_sites(cfg)))
-    min_sites = min(cfg.min_sites for cfg, _, _ in experiments)
-    job = FedJob(name=name or job_name(experiments[0][0]), min_clients=max(1, min(min_sites, len(sites))))
-    job.set_app_packages(["fedcxr"])  # sites import the installed fedcxr; no fedcxr code is copied
-    specs = [{"config": cfg.model_dump(mode="json"), "run_dir": str(run_dir or ""), "resume": bool(resume)}
-             for cfg, run_dir, resume in experiments]
-    job.to_server(FedcxrController(experiments=specs, task_timeout=task_timeout))
-    # FLARE tells idle clients to come back after task_request_interval (default 2 s: +2 s per task)
-    job.to({"server": {"task_request_interval": TASK_REQUEST_INTERVAL}}, "server")
-    script = Path(client_script or client_script_path())
-    for site in sites:
-        # the script travels in the site's app (custom/) and is found there by name: no machine path in the job
-        executor = ClientAPIExecutor(execution_mode="in_process", task_script_path=script.name,
-                                     params_exchange_format=ExchangeFormat.RAW,
-                                     server_expected_format=ExchangeFormat.RAW)
-        job.to(executor, site, tasks=["*"])
-        job.add_file_to(str(script), site)
-        if site_configs and site in site_configs:
-            job.add_file_to(str(site_configs[site]), site)
-    return job
-
-
-def job_name(cfg) -> str:
-    import re
-
-    return re.sub(r"[^a-z0-9-]+", "-", f"fedcxr-{cfg.name}-{cfg.strategy}".lower()).strip("-")[:60]
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def cli_flare(args) -> int:
-    """``fedcxr flare export|simulate|poc CONFIG.yaml [--out DIR] [--set k=v] ...``."""
-    require_nvflare()
-    from fedcxr.pipeline import flare_run
-
-    if not getattr(args, "verbose", False):  # FLARE's own INFO lines are in RUN_DIR/flare/logs
-        logging.getLogger("nvflare").setLevel(logging.WARNING)
-    handler = {"export": flare_run.cli_export, "simulate": flare_run.cli_simulate, "poc": flare_run.cli_poc}
-    return handler[args.flare_command](args)

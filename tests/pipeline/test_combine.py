@@ -1,4 +1,4 @@
-"""The target-side combination: payload packing and the same pure rules as the server would call."""
+"""GP/FedDA/FedGP applied from a round's spec (fedcxr.pipeline.combine) and the train_combine payload."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import torch
 
 from fedcxr.errors import UserError
 from fedcxr.pipeline import aggregate as agg
-from fedcxr.pipeline.target_combine import combine, pack, unpack
+from fedcxr.pipeline.combine import combine
+from fedcxr.pipeline.messages import pack_combine as pack
+from fedcxr.pipeline.messages import unpack_combine as unpack
+from fedcxr.pipeline.state import delta
 
 
 def _state(seed: int) -> dict:
@@ -32,7 +35,7 @@ def test_pack_and_unpack_round_trip():
 def test_combine_calls_the_pure_rule_with_the_sources_rebuilt(rule):
     theta0, target = _state(0), _state(3)
     sources = [_state(1), _state(2)]
-    deltas = [agg.delta(s, theta0) for s in sources]
+    deltas = [delta(s, theta0) for s in sources]
     got, betas = combine(theta0, target, deltas, {**SPEC, "rule": rule}, n_target=15, batch_updates=None)
     scale = dict(n_sources=[30, 10], n_target=15, bs_source=10, bs_target=5, lr_source=1e-3, lr_target=5e-4,
                  epochs_source=1, epochs_target=1)
@@ -50,5 +53,5 @@ def test_combine_calls_the_pure_rule_with_the_sources_rebuilt(rule):
 def test_auto_weighting_needs_two_target_batches():
     theta0 = _state(0)
     with pytest.raises(UserError, match="two target batches"):
-        combine(theta0, _state(3), [agg.delta(_state(1), theta0)], {**SPEC, "n_sources": [30], "n_batches": [3],
+        combine(theta0, _state(3), [delta(_state(1), theta0)], {**SPEC, "n_sources": [30], "n_batches": [3],
                 "rule": "fedgp", "auto": True}, n_target=15, batch_updates=torch.zeros(1, 9))

@@ -1,0 +1,18 @@
+"""The command layer: what ``fedcxr <command>`` runs, joining training and evaluation.
+
+The packages below never import each other across the train/evaluate divide
+(``evaluation`` never imports ``pipeline``); the commands here are the only place both meet.
+
+=============  ===============================================================================
+module         command
+=============  ===============================================================================
+``train``      ``fedcxr train`` — one experiment in-process (:mod:`fedcxr.pipeline.federation`)
+``evaluate``   ``fedcxr evaluate`` — predictions (pipeline) → per-class AUROC report (evaluation)
+``report``     ``fedcxr report`` — method-comparison table across runs (evaluation only)
+``sweep``      ``fedcxr sweep`` — methods × seeds, each trained, evaluated, then compared
+``demo``       ``fedcxr demo`` — synth → ingest → train → evaluate on the embedded default
+=============  ===============================================================================
+
+``fedcxr ingest`` and ``fedcxr synth`` need no training side (``fedcxr.cli``,
+:mod:`fedcxr.synth`); ``fedcxr flare`` lives with FLARE (:mod:`fedcxr.pipeline.flare.cli`).
+"""

@@ -1,0 +1,62 @@
+"""GP / FedDA / FedGP applied from a round's spec: the glue between a task config and the pure rules.
+
+The round protocol (:mod:`fedcxr.pipeline.protocols.target_combine`) describes the sources in
+a ``combine`` spec — counts, learning rates, batch sizes, epochs, the rule and β — and the
+party that combines (today the target site, DESIGN §8) calls :func:`combine` with its own
+fine-tuned model. Only the pure functions of :mod:`fedcxr.pipeline.aggregate` do arithmetic.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from fedcxr.errors import UserError
+from fedcxr.pipeline import aggregate as agg
+from fedcxr.pipeline.state import StateDict, apply_delta, flatten_state, update_keys
+
+RULES = ("gp", "fedda", "fedgp")
+
+
+def combine(theta0: StateDict, target: StateDict, deltas: list[StateDict], spec: dict, *,
+            n_target: int, batch_updates: Optional[torch.Tensor]) -> tuple[StateDict, list[float]]:
+    """Apply the round's rule (``spec["rule"]``: gp | fedda | fedgp) to the target's update.
+
+    ``spec`` holds the sources' sample and batch counts, the learning rates, batch sizes and
+    epochs, and either a fixed ``beta`` or ``auto: true`` (β_i from ``batch_updates``).
+    Returns the combined model and the β used per source.
+    """
+    sources = [apply_delta(theta0, d) for d in deltas]
+    n_sources = [max(int(n), 1) for n in spec["n_sources"]]
+    if spec.get("auto"):
+        betas = auto_betas(theta0, deltas, spec, batch_updates)
+    else:
+        betas = [float(spec["beta"])] * len(sources)
+    scale = dict(
+        n_sources=n_sources, n_target=max(int(n_target), 1), bs_source=spec["bs_source"],
+        bs_target=spec["bs_target"], lr_source=spec["lr_source"], lr_target=spec["lr_target"],
+        epochs_source=spec["epochs_source"], epochs_target=spec["epochs_target"],
+    )
+    rule = spec["rule"]
+    if rule == "gp":
+        return agg.gp(theta0, target, sources, beta=betas[0], **scale), betas
+    if rule == "fedda":
+        return agg.fedda(theta0, target, sources, betas=betas, n_sources=n_sources), betas
+    if rule == "fedgp":
+        return agg.fedgp(theta0, target, sources, betas=betas, **scale), betas
+    raise ValueError(f"unknown combination rule {rule!r}; known: {', '.join(RULES)}")
+
+
+def auto_betas(theta0: StateDict, deltas: list[StateDict], spec: dict,
+               batch_updates: Optional[torch.Tensor]) -> list[float]:
+    """Auto-weighting (DESIGN §5): the target's per-batch updates vs each source's per-batch update."""
+    if batch_updates is None or batch_updates.shape[0] < 2:
+        raise UserError("auto-weighting (FedDA_Auto/FedGP_Auto) needs at least two target batches per "
+                        "round: raise target_train.steps/epochs or labeled, or lower target_train.batch_size")
+    g = batch_updates.float() * (float(spec["lr_target"]) / float(spec["lr_source"]))
+    keys = update_keys(theta0)
+    flat = [agg.source_step_update(flatten_state(d, keys)[0], max(int(b), 1))
+            for d, b in zip(deltas, spec["n_batches"])]
+    result = agg.auto_betas(g, torch.stack(flat), rule=spec["rule"])
+    return [float(b) for b in result["betas"]]

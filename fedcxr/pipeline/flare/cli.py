@@ -1,0 +1,67 @@
+"""``fedcxr flare export|simulate|poc CONFIG.yaml``: the command line of the FLARE transport.
+
+* ``export`` writes a job folder for a provisioned (production) FLARE system;
+* ``simulate`` runs the job in FLARE's simulator on this machine;
+* ``poc`` runs it in a POC system on loopback (mTLS), started and stopped here.
+
+Both runs write the run directory of ``fedcxr train`` (so ``fedcxr evaluate RUN_DIR`` works).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from fedcxr.errors import UserError
+from fedcxr.pipeline.flare.controller import require_nvflare
+from fedcxr.pipeline.flare.job import check_flare_sites, export_job
+from fedcxr.pipeline.flare.run import default_run_dir, load_flare_config, poc, simulate
+
+
+def cli_flare(args) -> int:
+    """Dispatch ``fedcxr flare <command>``; FLARE's own INFO lines stay in RUN_DIR/flare/logs."""
+    require_nvflare()
+    if not getattr(args, "verbose", False):
+        logging.getLogger("nvflare").setLevel(logging.WARNING)
+    handler = {"export": cli_export, "simulate": cli_simulate, "poc": cli_poc}
+    return handler[args.flare_command](args)
+
+
+def _summary(payload: dict, run_dir: Path, what: str) -> None:
+    print(f"{payload['method']} on {what}: finished {payload['rounds']} rounds; run directory {run_dir}")
+    if payload.get("missed"):
+        print(f"  {len(payload['missed'])} site replies missing or rejected (see run.json 'missed')")
+    print(f"  FLARE job and logs: {run_dir / 'flare'}")
+    print(f"  next: fedcxr evaluate {run_dir}")
+
+
+def _cli_run(args, runner, what: str) -> int:
+    cfg = load_flare_config(args.config, args.overrides, need_manifests=True)
+    run_dir = Path(args.out) if args.out else default_run_dir(cfg)
+    payload = runner(cfg, run_dir, resume=args.resume, task_timeout=args.timeout, device=args.device,
+                     progress=not args.quiet)
+    _summary(payload, run_dir, what)
+    return 0
+
+
+def cli_simulate(args) -> int:
+    return _cli_run(args, simulate, "the FLARE simulator")
+
+
+def cli_poc(args) -> int:
+    return _cli_run(args, poc, "FLARE POC")
+
+
+def cli_export(args) -> int:
+    cfg = load_flare_config(args.config, args.overrides, need_manifests=False)  # a bad config is named first
+    if not args.out:
+        raise UserError("fedcxr flare export needs --out JOB_DIR (the job folder to write)")
+    # the server never reads the manifests or the image cache: keep this machine's paths out of the job
+    cfg = cfg.model_copy(update={"manifests": None, "cache_dir": None})
+    job_dir = export_job([(cfg, args.run_dir or "", True)], Path(args.out), task_timeout=args.timeout)
+    sites = ", ".join(check_flare_sites(cfg))
+    print(f"FLARE job written to {job_dir} (clients: {sites})")
+    print("  each site needs fedcxr[flare] installed and its own local/fedcxr_site.json "
+          '({"manifest_dir": ...}) or FEDCXR_SITE_CONFIG')
+    print(f"  submit: nvflare job submit -j {job_dir}")
+    return 0

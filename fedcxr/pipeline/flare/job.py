@@ -1,0 +1,111 @@
+"""The FLARE job of a fedcxr run: the controller on the server, the client script on every site.
+
+A job names two fedcxr things only: the controller class (:data:`CONTROLLER_PATH`, with the
+fedcxr version that wrote the job, checked when the server starts it) and the client script
+(:data:`CLIENT_SCRIPT`, copied into each site's app). Every other module is imported from the
+fedcxr installed at the server and at each hospital.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import fedcxr
+from fedcxr.errors import UserError
+from fedcxr.pipeline.flare.controller import (
+    CLIENT_NAME,
+    TASK_REQUEST_INTERVAL,
+    FedcxrController,
+    require_nvflare,
+)
+from fedcxr.pipeline.protocols import CENTRAL_SITE
+
+#: The dotted path FLARE's server configuration names (see ``allow_controller`` in POC mode).
+CONTROLLER_PATH = "fedcxr.pipeline.flare.controller.FedcxrController"
+#: The client script's file name inside each site's app.
+CLIENT_SCRIPT = "fedcxr_client.py"
+
+
+def check_flare_sites(cfg) -> list[str]:
+    """The config's site names as FLARE client names (refused when FLARE cannot use them)."""
+    if cfg.strategy == "Central":
+        raise UserError("strategy Central pools every site's images in one place; it cannot run federated "
+                        "on FLARE (run it with `fedcxr train`)")
+    sites = [cfg.site_name(s) for s in cfg.all_sites()]
+    bad = [s for s in sites if not re.match(CLIENT_NAME, s) or s == CENTRAL_SITE]
+    if bad:
+        raise UserError(f"site names {bad} cannot be FLARE client names (letters, digits, '-' and '_' only); "
+                        "rename the site folders")
+    return sites
+
+
+def client_script_path() -> Path:
+    """The client script FLARE copies into each site's app: a two-line entry point.
+
+    It only calls :func:`fedcxr.pipeline.flare.client.main`, so a job keeps working whatever
+    the installed fedcxr's module layout (the job names no other fedcxr module).
+    """
+    return Path(__file__).with_name(CLIENT_SCRIPT)
+
+
+def build_job(experiments: list[tuple[Any, str, bool]], *, name: Optional[str] = None, task_timeout: int = 0,
+              site_configs: Optional[Mapping[str, Path]] = None, client_script: Optional[Path] = None):
+    """A FLARE ``FedJob``: the controller on the server, the client script on every site.
+
+    ``experiments``: ``[(ExperimentConfig, server run dir or "", resume)]``; the job's clients are
+    the union of their sites. ``site_configs`` (``{site: path of a fedcxr_site.json}``) ships each
+    site's own configuration inside its app (simulator and POC on one machine); without it each
+    hospital finds its configuration itself (see :mod:`fedcxr.pipeline.flare.client`).
+    """
+    require_nvflare()
+    from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
+    from nvflare.client.config import ExchangeFormat
+    from nvflare.job_config.api import FedJob
+
+    if not experiments:
+        raise ValueError("a FLARE job needs at least one experiment")
+    sites = list(dict.fromkeys(s for cfg, _, _ in experiments for s in check_flare_sites(cfg)))
+    min_sites = min(cfg.min_sites for cfg, _, _ in experiments)
+    job = FedJob(name=name or job_name(experiments[0][0]), min_clients=max(1, min(min_sites, len(sites))))
+    job.set_app_packages(["fedcxr"])  # sites import the installed fedcxr; no fedcxr code is copied
+    specs = [{"config": cfg.model_dump(mode="json"), "run_dir": str(run_dir or ""), "resume": bool(resume)}
+             for cfg, run_dir, resume in experiments]
+    job.to_server(FedcxrController(experiments=specs, task_timeout=task_timeout, fedcxr_version=fedcxr.__version__))
+    # FLARE tells idle clients to come back after task_request_interval (default 2 s: +2 s per task)
+    job.to({"server": {"task_request_interval": TASK_REQUEST_INTERVAL}}, "server")
+    script = Path(client_script or client_script_path())
+    for site in sites:
+        # the script travels in the site's app (custom/) and is found there by name: no machine path in the job
+        executor = ClientAPIExecutor(execution_mode="in_process", task_script_path=script.name,
+                                     params_exchange_format=ExchangeFormat.RAW,
+                                     server_expected_format=ExchangeFormat.RAW)
+        job.to(executor, site, tasks=["*"])
+        job.add_file_to(str(script), site)
+        if site_configs and site in site_configs:
+            job.add_file_to(str(site_configs[site]), site)
+    return job
+
+
+def job_name(cfg) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", f"fedcxr-{cfg.name}-{cfg.strategy}".lower()).strip("-")[:60]
+
+
+def export_job(experiments: list, job_dir: Path, *, task_timeout: int = 0, site_configs=None,
+               client_script: Optional[Path] = None) -> Path:
+    """Write the FLARE job folder itself at ``job_dir`` (``nvflare job submit -j JOB_DIR``).
+
+    ``experiments``: ``[(ExperimentConfig, server run dir or "", resume)]``.
+    """
+    job = build_job(experiments, task_timeout=task_timeout, site_configs=site_configs, client_script=client_script)
+    job_dir = Path(job_dir)
+    if job_dir.exists():
+        shutil.rmtree(job_dir)
+    job_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=job_dir.parent) as tmp:
+        job.export_job(tmp)
+        shutil.move(str(Path(tmp) / job.name), str(job_dir))
+    return job_dir

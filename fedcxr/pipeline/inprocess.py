@@ -1,0 +1,55 @@
+"""The in-process transport: every site simulated as a :class:`SiteRunner` in this process.
+
+The default transport of ``fedcxr train`` and of the tests (DESIGN §8): "send this model to
+these sites" becomes a method call on each site's runner, one after the other. The sites'
+local state (FedBN statistics, PFL heads) is checkpointed with the server's, since both
+live in this process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+import fedcxr.pipeline.site_tasks  # noqa: F401  (registers train_combine and fact_target)
+from fedcxr.pipeline.config import ExperimentConfig
+from fedcxr.pipeline.data import default_cache_dir
+from fedcxr.pipeline.protocols import CENTRAL_SITE
+from fedcxr.pipeline.site_runner import SiteRunner
+from fedcxr.pipeline.transport import Transport
+
+
+class InProcessTransport(Transport):
+    """Every site is a Python object in this process (the default, and the tests' transport)."""
+
+    def __init__(self, runners: Mapping[str, SiteRunner]):
+        self.runners = dict(runners)
+        self.site_names = list(self.runners)
+
+    def run(self, task, targets, params, config, *, per_site=None):
+        replies = {}
+        for site in targets:
+            site_params, site_config = (per_site or {}).get(site, (params, config))
+            replies[site] = self.runners[site].handle(task, site_params, dict(site_config))
+        return replies
+
+    def local_states(self) -> dict[str, dict]:
+        return {name: runner.get_local_state() for name, runner in self.runners.items()}
+
+    def load_local_states(self, states: Mapping[str, dict]) -> None:
+        for name, state in states.items():
+            if name in self.runners:
+                self.runners[name].set_local_state(state)
+
+
+def build_runners(cfg: ExperimentConfig, device: torch.device, progress: bool) -> dict[str, SiteRunner]:
+    """One SiteRunner per site of the config (plus the pooled one for the Central baseline)."""
+    cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+    common = dict(model_cfg=cfg.model.model_dump(mode="json"), image_size=cfg.image_size, cache_dir=cache,
+                  device=device, augment=cfg.augment, num_workers=cfg.num_workers, progress=progress)
+    runners = {cfg.site_name(s): SiteRunner(cfg.site_name(s), cfg.site_dir(s), **common) for s in cfg.all_sites()}
+    if cfg.strategy == "Central":
+        runners[CENTRAL_SITE] = SiteRunner(CENTRAL_SITE, [cfg.site_dir(s) for s in cfg.all_sites()], **common)
+    return runners

@@ -1,0 +1,81 @@
+"""FedAvg and its fine-tuning variants (AuxInfo+GP paper Alg. 1; FedGP paper baselines).
+
+* ``FedAvg`` — sources train from θ0, the server averages (FedAvg/FedBN/FedBN+ backbone).
+* ``FedAvg_Finetune`` (``_AuxInfo``) — then the target fine-tunes the averaged model.
+* ``Source_Only`` — FedAvg of the sources, evaluated on the target (no target labels).
+* ``Finetune_Offline`` — FedAvg for every round, the target fine-tunes after the last one.
+"""
+
+from __future__ import annotations
+
+from fedcxr.pipeline.messages import StateDict
+from fedcxr.pipeline.protocols.base import (
+    Context,
+    RoundProtocol,
+    aggregate_backbone,
+    ask,
+    ask_one,
+    task_config,
+    valid_replies,
+)
+from fedcxr.pipeline.state import keep_keys
+
+
+class FedAvgProtocol(RoundProtocol):
+    """Sources train from θ0, the server averages; optionally the target fine-tunes (Alg. 1)."""
+
+    def __init__(self, name: str, *, finetune: bool, aux_info: bool):
+        super().__init__(name)
+        self.finetune = finetune
+        self.aux_info = aux_info
+        self.needs_target_labels = finetune
+
+    def _local_keys(self, ctx: Context) -> list[str]:
+        return ctx.bn_keys if ctx.cfg.backbone_aggregation != "fedavg" else []
+
+    def eval_local_keys(self, ctx: Context) -> list[str]:
+        return self._local_keys(ctx)
+
+    def fedavg_round(self, ctx: Context, r: int, theta0: StateDict) -> tuple[StateDict, dict]:
+        cfg = task_config(ctx, r, "source", local_keys=self._local_keys(ctx))
+        replies = ask(ctx, "train", ctx.sources, theta0, cfg, r=r)
+        replies = valid_replies(ctx, replies, theta0, r)
+        theta = aggregate_backbone(ctx, replies, theta0)
+        if ctx.cfg.backbone_aggregation == "fedbn_plus":
+            theta = keep_keys(theta, theta0, ctx.bn_keys)
+        return theta, {"train": {s: rep.metrics for s, rep in replies.items()},
+                       "n_samples": {s: rep.n_samples for s, rep in replies.items()}}
+
+    def finetune_target(self, ctx: Context, r: int, theta: StateDict) -> tuple[StateDict, dict]:
+        cfg = task_config(ctx, r, "target")
+        reply = ask_one(ctx, "train", ctx.target, theta, cfg, r=r)
+        return reply.params, {"target": reply.metrics}
+
+    def run_round(self, ctx, r, state):
+        theta, metrics = self.fedavg_round(ctx, r, state["global"])
+        if self.finetune:
+            theta, more = self.finetune_target(ctx, r, theta)
+            metrics.update(more)
+        return {**state, "global": theta}, metrics
+
+
+class SourceOnlyProtocol(FedAvgProtocol):
+    """Source_Only: FedAvg of the sources, evaluated on the target (no target labels)."""
+
+    def __init__(self, name: str):
+        super().__init__(name, finetune=False, aux_info=False)
+
+
+class FinetuneOfflineProtocol(FedAvgProtocol):
+    """Finetune_Offline: FedAvg of the sources for all rounds, then the target fine-tunes once."""
+
+    def __init__(self, name: str):
+        super().__init__(name, finetune=True, aux_info=False)
+        self.needs_target = True
+
+    def run_round(self, ctx, r, state):
+        theta, metrics = self.fedavg_round(ctx, r, state["global"])
+        if r == ctx.cfg.rounds - 1:
+            theta, more = self.finetune_target(ctx, r, theta)
+            metrics.update(more)
+        return {**state, "global": theta}, metrics

@@ -1,0 +1,93 @@
+"""The surgical aggregation paper's methods: FL, FL_PartialLoss, FL_Surgical and PFL (DESIGN §5)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from fedcxr.pipeline import aggregate as agg
+from fedcxr.pipeline.messages import Reply, StateDict
+from fedcxr.pipeline.protocols.base import (
+    Context,
+    RoundProtocol,
+    aggregate_backbone,
+    ask,
+    task_config,
+    valid_replies,
+)
+from fedcxr.pipeline.state import keep_keys
+
+
+class SurgicalFamilyProtocol(RoundProtocol):
+    """FL / FL_PartialLoss / FL_Surgical / PFL of the surgical aggregation paper.
+
+    * ``FL``: one global head over every class; classes a site does not label are negatives.
+    * ``FL_PartialLoss``: global head; each site's loss only over its own classes.
+    * ``FL_Surgical``: each site trains a head of its own classes; head rows are averaged per
+      class over the sites having it, by name (:func:`aggregate.surgical_heads`); backbone
+      averaged unweighted by default (``surgical_weighting``).
+    * ``PFL``: shared backbone, heads stay local.
+    """
+
+    def __init__(self, name: str, *, mode: str):
+        super().__init__(name)
+        self.mode = mode
+
+    def _local_keys(self, ctx: Context) -> list[str]:
+        keys = list(ctx.bn_keys) if ctx.cfg.backbone_aggregation != "fedavg" else []
+        if self.mode == "pfl":
+            keys += ctx.head_keys
+        return keys
+
+    def eval_local_keys(self, ctx):
+        return self._local_keys(ctx)
+
+    def default_eval_sites(self, ctx):
+        if self.mode == "pfl":
+            return list(ctx.sources)  # only the clients hold a (local) head
+        return super().default_eval_sites(ctx)
+
+    def _site_config(self, ctx: Context, r: int, site: str) -> dict:
+        trainable = "head" if r < ctx.cfg.head_warmup_rounds else "all"
+        cfg = task_config(ctx, r, "source", trainable=trainable, local_keys=self._local_keys(ctx))
+        if self.mode == "fl":
+            cfg["missing_as_negative"] = True
+        if self.mode == "surgical":
+            cfg["head_classes"] = ctx.class_set(site)
+        return cfg
+
+    def run_round(self, ctx, r, state):
+        theta0 = state["global"]
+        per_site = {s: (theta0, self._site_config(ctx, r, s)) for s in ctx.sources}
+        replies = ask(ctx, "train", ctx.sources, theta0, {}, r=r, per_site=per_site)
+        if self.mode == "surgical":
+            replies = valid_replies(ctx, replies, self._site_reference(ctx, theta0), r)
+            theta = self._surgical(ctx, replies, theta0)
+        else:
+            replies = valid_replies(ctx, replies, theta0, r)
+            exclude = tuple(ctx.head_keys) if self.mode == "pfl" else ()
+            theta = aggregate_backbone(ctx, replies, theta0, exclude=exclude)
+        if ctx.cfg.backbone_aggregation == "fedbn_plus":
+            theta = keep_keys(theta, state["initial_bn"], ctx.bn_keys)
+        return {**state, "global": theta}, {"train": {s: rep.metrics for s, rep in replies.items()}}
+
+    @staticmethod
+    def _site_reference(ctx: Context, theta0: StateDict) -> Callable[[Reply], StateDict]:
+        """θ0 with the head cut to the rows of the replying site's own classes."""
+        def reference(reply: Reply) -> StateDict:
+            rows = [ctx.classes.index(c) for c in reply.class_set if c in ctx.classes]
+            if len(rows) != len(reply.class_set):
+                return {}  # a class outside the model: check_update reports the mismatch
+            return {**theta0, "head.weight": theta0["head.weight"][rows], "head.bias": theta0["head.bias"][rows]}
+        return reference
+
+    def _surgical(self, ctx: Context, replies: dict[str, Reply], theta0: StateDict) -> StateDict:
+        sites = list(replies)
+        uniform = ctx.cfg.surgical_weighting == "uniform"
+        theta = aggregate_backbone(ctx, replies, theta0, uniform=uniform, exclude=tuple(ctx.head_keys))
+        heads = [{"weight": replies[s].params["head.weight"], "bias": replies[s].params["head.bias"]}
+                 for s in sites]
+        previous = {"weight": theta0["head.weight"], "bias": theta0["head.bias"]}
+        global_head, _ = agg.surgical_heads(heads, [replies[s].class_set for s in sites], ctx.classes,
+                                            previous=previous)
+        theta["head.weight"], theta["head.bias"] = global_head["weight"], global_head["bias"]
+        return theta
