@@ -1,9 +1,21 @@
 """fedcxr: federated chest X-ray classification across hospitals without moving images.
 
-Subpackages follow the data's journey (DESIGN §1): ``site_adapters`` (vendor exports →
-canonical per-site manifests), ``models`` (MONAI backbones + class-named heads), ``pipeline``
-(data, local training, pure aggregation rules, round protocols, federation and FLARE), and
-``evaluation`` (per-class AUROC reports and comparisons).
+Subpackages follow the data's journey (DESIGN §1); imports point down this list, never up:
+
+==================  ==========================================================================
+package             what it holds
+==================  ==========================================================================
+``commands``        what each ``fedcxr`` command runs; the only place training and
+                    evaluation meet (``cli`` parses the options and hands over to it)
+``flare``           the same round protocols on NVIDIA FLARE, one client per hospital
+``evaluation``      per-class AUROC with CIs, subgroups, reports, comparisons (no torch)
+``pipeline``        data cache, local training, pure aggregation rules, round protocols,
+                    the in-process federation, checkpoints, predictions
+``models``          MONAI backbones with class-named main heads and aux heads
+``site_adapters``   vendor exports → canonical per-site manifests
+``synth``           the synthetic hospitals of the demo and the tests
+``vocab``, ``atomic``, ``errors``   vocabularies, crash-safe writes, the user-error type
+==================  ==========================================================================
 """
 
 __version__ = "0.2.0"

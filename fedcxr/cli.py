@@ -25,7 +25,7 @@ HANDLERS: dict[str, str] = {
     "report": "fedcxr.commands.report:cli_report",
     "demo": "fedcxr.commands.demo:cli_demo",
     "sweep": "fedcxr.commands.sweep:cli_sweep",
-    "flare": "fedcxr.pipeline.flare.cli:cli_flare",
+    "flare": "fedcxr.flare.cli:cli_flare",
 }
 
 

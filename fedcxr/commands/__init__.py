@@ -14,5 +14,5 @@ module         command
 =============  ===============================================================================
 
 ``fedcxr ingest`` and ``fedcxr synth`` need no training side (``fedcxr.cli``,
-:mod:`fedcxr.synth`); ``fedcxr flare`` lives with FLARE (:mod:`fedcxr.pipeline.flare.cli`).
+:mod:`fedcxr.synth`); ``fedcxr flare`` lives with FLARE (:mod:`fedcxr.flare.cli`).
 """

@@ -7,8 +7,8 @@ layer / module        what it holds
 ====================  ========================================================================
 commands              ``federation`` (run / resume one experiment, checkpoints, run.json),
                       ``predict`` (a finished run's predictions), ``checkpoints``
-transports            ``inprocess`` (every site in this process, the default), ``flare/``
-                      (NVIDIA FLARE: server controller, client, job, simulator/POC)
+transports            ``inprocess`` (every site in this process, the default); NVIDIA FLARE
+                      lives one level up in :mod:`fedcxr.flare` (it imports this package)
 protocols             ``protocols/`` (one module per family of methods, by the papers' names)
 protocol framework    ``protocols/base`` (context, asking sites, reply checks), ``transport``
                       (the interface), ``site_tasks`` (site-side tasks registered with the
@@ -20,5 +20,6 @@ rules and helpers     ``aggregate`` (pure aggregation rules), ``state`` (state-d
                       ``config`` (the experiment YAML)
 ====================  ========================================================================
 
-``evaluation`` never imports this package; :mod:`fedcxr.commands` joins the two.
+``evaluation`` never imports this package and this package never imports ``evaluation``:
+:mod:`fedcxr.commands` (and, at a FLARE site, :mod:`fedcxr.flare`) join the two.
 """

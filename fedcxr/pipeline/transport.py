@@ -3,7 +3,7 @@
 A protocol says "send this model to these sites for this task and give me their replies";
 a transport carries that out. Two implementations exist: :class:`~fedcxr.pipeline.inprocess.
 InProcessTransport` (every site is a :class:`~fedcxr.pipeline.site_runner.SiteRunner` in this
-process) and the NVIDIA FLARE transport (:mod:`fedcxr.pipeline.flare.controller`). Only what
+process) and the NVIDIA FLARE transport (:mod:`fedcxr.flare.controller`). Only what
 :class:`~fedcxr.pipeline.messages.Reply` carries comes back: parameters, counts, class names
 and metrics — never images, labels or identifiers.
 """

@@ -19,7 +19,7 @@ from fedcxr.errors import UserError
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.federation import run_experiment
 
-from .conftest import tiny_config
+from ..conftest import tiny_config
 
 
 def _weights(run_dir: Path) -> dict:

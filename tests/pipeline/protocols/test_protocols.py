@@ -12,7 +12,7 @@ from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.federation import run_experiment
 from fedcxr.pipeline.protocols import REGISTRY
 
-from ..conftest import tiny_config
+from ...conftest import tiny_config
 
 ALL_METHODS = sorted(REGISTRY)
 

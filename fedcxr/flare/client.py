@@ -1,10 +1,10 @@
 """The hospital's side of a FLARE run: a Client API script around :class:`SiteRunner` (DESIGN §8).
 
-FLARE runs the job's client script (:mod:`fedcxr.pipeline.flare.fedcxr_client`, which calls
+FLARE runs the job's client script (:mod:`fedcxr.flare.fedcxr_client`, which calls
 :func:`main`) once per client job. It loops
 ``flare.receive()`` → :meth:`SiteRunner.handle` → ``flare.send(FLModel(...))``; the training
 code is the same :mod:`fedcxr.pipeline.local` every in-process run uses. Only parameters,
-counts, class names and metrics leave the site (:mod:`fedcxr.pipeline.flare.wire` checks the
+counts, class names and metrics leave the site (:mod:`fedcxr.flare.wire` checks the
 format); a task that fails is answered with the exception's type name only, the traceback
 stays in this site's log.
 
@@ -213,7 +213,7 @@ def serve(flare_api: Any, site: FlareSite) -> int:
     """``receive → handle → send`` until the job ends; returns the number of tasks answered."""
     from nvflare.app_common.abstract.fl_model import FLModel
 
-    from fedcxr.pipeline.flare.wire import decode_task, encode_error, encode_reply
+    from fedcxr.flare.wire import decode_task, encode_error, encode_reply
 
     answered = 0
     while flare_api.is_running():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedcxr.pipeline.flare.wire import (
+from fedcxr.flare.wire import (
     META_KEY,
     WireError,
     decode_reply,

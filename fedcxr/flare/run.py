@@ -1,7 +1,7 @@
 """``fedcxr flare export|simulate|poc``: write a FLARE job, run it in the simulator or in POC mode.
 
 * ``export`` writes a job folder for a provisioned (production) FLARE system; each hospital
-  reads its own manifest path from its own configuration (:mod:`fedcxr.pipeline.flare.client`).
+  reads its own manifest path from its own configuration (:mod:`fedcxr.flare.client`).
 * ``simulate`` runs the job in FLARE's simulator (one client process per site, named as the
   config's sites) on this machine.
 * ``poc`` provisions a POC system for the sites (mTLS startup kits, server on a free loopback
@@ -37,8 +37,8 @@ from fedcxr.errors import UserError
 from fedcxr.pipeline.checkpoints import latest_checkpoint
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.data import default_cache_dir
-from fedcxr.pipeline.flare.controller import mark_submitted, read_status
-from fedcxr.pipeline.flare.job import CONTROLLER_PATH, check_flare_sites, export_job
+from fedcxr.flare.controller import mark_submitted, read_status
+from fedcxr.flare.job import CONTROLLER_PATH, check_flare_sites, export_job
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional
 
 import fedcxr
 from fedcxr.errors import UserError
-from fedcxr.pipeline.flare.controller import (
+from fedcxr.flare.controller import (
     CLIENT_NAME,
     TASK_REQUEST_INTERVAL,
     FedcxrController,
@@ -25,7 +25,7 @@ from fedcxr.pipeline.flare.controller import (
 from fedcxr.pipeline.protocols import CENTRAL_SITE
 
 #: The dotted path FLARE's server configuration names (see ``allow_controller`` in POC mode).
-CONTROLLER_PATH = "fedcxr.pipeline.flare.controller.FedcxrController"
+CONTROLLER_PATH = "fedcxr.flare.controller.FedcxrController"
 #: The client script's file name inside each site's app.
 CLIENT_SCRIPT = "fedcxr_client.py"
 
@@ -46,7 +46,7 @@ def check_flare_sites(cfg) -> list[str]:
 def client_script_path() -> Path:
     """The client script FLARE copies into each site's app: a two-line entry point.
 
-    It only calls :func:`fedcxr.pipeline.flare.client.main`, so a job keeps working whatever
+    It only calls :func:`fedcxr.flare.client.main`, so a job keeps working whatever
     the installed fedcxr's module layout (the job names no other fedcxr module).
     """
     return Path(__file__).with_name(CLIENT_SCRIPT)
@@ -59,7 +59,7 @@ def build_job(experiments: list[tuple[Any, str, bool]], *, name: Optional[str] =
     ``experiments``: ``[(ExperimentConfig, server run dir or "", resume)]``; the job's clients are
     the union of their sites. ``site_configs`` (``{site: path of a fedcxr_site.json}``) ships each
     site's own configuration inside its app (simulator and POC on one machine); without it each
-    hospital finds its configuration itself (see :mod:`fedcxr.pipeline.flare.client`).
+    hospital finds its configuration itself (see :mod:`fedcxr.flare.client`).
     """
     require_nvflare()
     from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor

@@ -13,9 +13,9 @@ import logging
 from pathlib import Path
 
 from fedcxr.errors import UserError
-from fedcxr.pipeline.flare.controller import require_nvflare
-from fedcxr.pipeline.flare.job import check_flare_sites, export_job
-from fedcxr.pipeline.flare.run import default_run_dir, load_flare_config, poc, simulate
+from fedcxr.flare.controller import require_nvflare
+from fedcxr.flare.job import check_flare_sites, export_job
+from fedcxr.flare.run import default_run_dir, load_flare_config, poc, simulate
 
 
 def cli_flare(args) -> int:

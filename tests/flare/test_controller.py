@@ -33,8 +33,8 @@ import fedcxr  # noqa: E402
 from fedcxr.cli import main  # noqa: E402
 from fedcxr.pipeline.config import config_fingerprint, load_config  # noqa: E402
 from fedcxr.pipeline.federation import run_experiment  # noqa: E402
-from fedcxr.pipeline.flare.run import poc_many, simulate_many  # noqa: E402
-from fedcxr.pipeline.flare.wire import REPLY_KEYS  # noqa: E402
+from fedcxr.flare.run import poc_many, simulate_many  # noqa: E402
+from fedcxr.flare.wire import REPLY_KEYS  # noqa: E402
 from fedcxr.vocab import CLASSES  # noqa: E402
 
 from ..conftest import tiny_config  # noqa: E402
@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import nvflare.client as flare
 
-from fedcxr.pipeline.flare import client as flare_client
+from fedcxr.flare import client as flare_client
 
 FAULTS = json.loads(os.environ.get("FEDCXR_TEST_FAULTS", "{}"))  # {run fingerprint: {site: {round: fault}}}
 RECORD = os.environ.get("FEDCXR_TEST_RECORD")
@@ -307,7 +307,7 @@ def test_export_writes_a_portable_job(tiny_manifests, tmp_path):
     assert set(meta["deploy_map"]) == {"app_server", "app_nih_style", "app_chexpert_style", "app_dicom_style"}
     server = json.loads((job / "app_server" / "config" / "config_fed_server.json").read_text())
     controller = server["workflows"][0]
-    assert controller["path"] == "fedcxr.pipeline.flare.controller.FedcxrController"
+    assert controller["path"] == "fedcxr.flare.controller.FedcxrController"
     spec = controller["args"]["experiments"][0]
     assert spec["run_dir"] == "fedcxr-runs/tiny" and spec["config"]["strategy"] == "FedAvg_Finetune"
     assert spec["config"]["manifests"] is None and spec["config"]["cache_dir"] is None
@@ -318,7 +318,7 @@ def test_export_writes_a_portable_job(tiny_manifests, tmp_path):
 
 
 def test_a_job_written_by_another_fedcxr_version_is_refused_by_name():
-    from fedcxr.pipeline.flare.controller import version_problem
+    from fedcxr.flare.controller import version_problem
 
     assert version_problem(fedcxr.__version__) is None and version_problem("") is None
     major, minor = fedcxr.__version__.split(".")[:2]

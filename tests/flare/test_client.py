@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedcxr.pipeline.flare.client import FlareSite, find_site_config, load_site_config
+from fedcxr.flare.client import FlareSite, find_site_config, load_site_config
 
 SETTINGS = {"model": {"backbone": "resnet_tiny", "hidden": 16, "weights": None, "classes": None},
             "image_size": 32, "augment": False, "num_workers": 0, "device": "cpu"}
@@ -79,7 +79,7 @@ def _train_config(r, classes, local_keys):
 
 def test_restarted_site_restores_local_state_of_the_right_round(tiny_manifests, tmp_path):
     """FedBN: a site killed after round 1 (before the server checkpointed it) resumes round 1 from round 0."""
-    from fedcxr.pipeline.flare.client import SiteConfig
+    from fedcxr.flare.client import SiteConfig
 
     site_cfg = SiteConfig(manifest_dir=tiny_manifests / "nih_style", cache_dir=tmp_path / "cache",
                           state_dir=tmp_path / "state")

@@ -13,5 +13,7 @@ module              what it holds
 ``cli``             ``fedcxr flare export|simulate|poc``
 ==================  ==========================================================================
 
+A package of its own above :mod:`fedcxr.pipeline` (whose protocols, site runner and
+federation loop it reuses unchanged) so that it may also use :mod:`fedcxr.evaluation` at a site.
 Install with ``pip install 'fedcxr[flare]'`` (never ``nvflare[pt]``: it pulls torchvision).
 """

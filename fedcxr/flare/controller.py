@@ -6,11 +6,11 @@ with a :class:`FlareTransport` instead of the in-process one. Every protocol in
 :mod:`fedcxr.pipeline.protocols` therefore runs unchanged: "send this model to these sites
 for this task" becomes ``send_model_and_wait(task_name=..., targets=[...], data=FLModel(...))``
 (or one FLARE task per site when sites get different payloads), and the replies come back as
-:class:`~fedcxr.pipeline.messages.Reply`. Each hospital runs :mod:`fedcxr.pipeline.flare.client`.
+:class:`~fedcxr.pipeline.messages.Reply`. Each hospital runs :mod:`fedcxr.flare.client`.
 
 Failure handling: a task waits for every target, at most ``task_timeout`` seconds (0: no
 limit; FLARE still ends the wait for clients it declares dead). Sites that did not answer,
-answered with an error, or sent a payload :mod:`fedcxr.pipeline.flare.wire` refuses (NaN/Inf,
+answered with an error, or sent a payload :mod:`fedcxr.flare.wire` refuses (NaN/Inf,
 unknown fields) are absent from the replies, with the reason logged; the protocol records
 them in ``run.json["missed"]`` and fails the round below ``min_sites``.
 
@@ -18,10 +18,10 @@ Persistence: the run directory (config, ``metrics.jsonl``, per-round checkpoints
 ``final_model.pt``) is written by the server exactly as in-process runs write it. A server
 killed mid-run is resumed by submitting the same job again: the controller continues from the
 last checkpoint in its run directory (``resume=True``, the default); sites restore their own
-local state (:class:`~fedcxr.pipeline.flare.client.FlareSite`).
+local state (:class:`~fedcxr.flare.client.FlareSite`).
 
-The job that places this controller on the server is built by :mod:`fedcxr.pipeline.flare.job`;
-``fedcxr flare export|simulate|poc`` is :mod:`fedcxr.pipeline.flare.cli`.
+The job that places this controller on the server is built by :mod:`fedcxr.flare.job`;
+``fedcxr flare export|simulate|poc`` is :mod:`fedcxr.flare.cli`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from fedcxr.errors import UserError
 from fedcxr.pipeline.checkpoints import load_final_model, save_final
 from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint
 from fedcxr.pipeline.federation import run_experiment
-from fedcxr.pipeline.flare.wire import WireError, decode_reply, encode_task
+from fedcxr.flare.wire import WireError, decode_reply, encode_task
 from fedcxr.pipeline.messages import Reply
 from fedcxr.pipeline.transport import Transport
 

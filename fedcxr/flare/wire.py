@@ -2,8 +2,8 @@
 
 Both directions carry an ``FLModel``: ``params`` (a flat dict of numpy arrays) and ``meta``
 (plain JSON-like values). This module turns a task or a :class:`Reply` into those two parts
-and back, so the server (:mod:`fedcxr.pipeline.flare.controller`) and the client script
-(:mod:`fedcxr.pipeline.flare.client`) agree on one format, and it refuses anything a site
+and back, so the server (:mod:`fedcxr.flare.controller`) and the client script
+(:mod:`fedcxr.flare.client`) agree on one format, and it refuses anything a site
 should never send.
 
 Layout (``meta["fedcxr"]`` holds our part; FLARE may add its own keys beside it)::
