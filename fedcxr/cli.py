@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+import fedcxr
 from fedcxr.errors import RunFailed, UserError
+from fedcxr.logs import configure as configure_logging
+from fedcxr.logs import progress_wanted, verbosity
 
 #: subcommand → "module:function(args) -> int"
 HANDLERS: dict[str, str] = {
@@ -29,86 +31,124 @@ HANDLERS: dict[str, str] = {
 }
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every option's default; keeps option lists readable."""
+
+    def __init__(self, prog: str):
+        super().__init__(prog, max_help_position=32, width=100)
+
+
+def _common() -> argparse.ArgumentParser:
+    """``-v``/``--quiet`` on every subcommand (they may come before or after the subcommand)."""
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_mutually_exclusive_group()
+    group.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help="also print debug messages")
+    group.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                       help="print warnings and results only: no progress bars, no info messages")
+    return common
+
+
+def _device(p: argparse.ArgumentParser, default: Optional[str] = None, what: str = "the config's `device`") -> None:
+    p.add_argument("--device", default=default, choices=["auto", "cpu", "cuda"],
+                   help=f"where the network runs (auto: CUDA when present); unset: {what}")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    common = _common()
     parser = argparse.ArgumentParser(
-        prog="fedcxr",
+        prog="fedcxr", parents=[common], formatter_class=_HelpFormatter,
         description="Federated chest X-ray classification: ingest hospital exports, train, evaluate.",
+        epilog="Run `fedcxr COMMAND --help` for a command's options. Exit codes: 0 success, 2 bad input "
+               "or usage (the message names the file/row/key), 1 a run that stopped (resume it with --resume).",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"fedcxr {fedcxr.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("ingest", help="hospital export → canonical per-site manifests")
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_text, description=help_text, parents=[common],
+                              formatter_class=_HelpFormatter)
+
+    p = command("ingest", "hospital export → canonical per-site manifests")
     p.add_argument("source", metavar="SOURCE", help="nih | chexpert | mimic | midrc | dicom | csv | medmnist")
     p.add_argument("--input", required=True, type=Path, help="export root folder")
     p.add_argument("--out", required=True, type=Path, help="output folder (one subfolder per site)")
     p.add_argument("--site-by", default=None,
                    help="COLUMN | conditions:c1,c2,... | chexpert-conditions | iid:K[:shared=S|:classes=..] "
-                        "| skew:K[:alpha=A][:seed=N]")
-    p.add_argument("--site-name", default=None, help="site name when the whole source is one site")
+                        "| skew:K[:alpha=A][:seed=N]; unset: the whole export is one site")
+    p.add_argument("--site-name", default=None, help="site name when the whole export is one site; unset: SOURCE")
     p.add_argument("--uncertain", default="ignore", choices=["zeros", "ones", "ignore"],
-                   help="policy for uncertain (-1) labels (default: ignore → NaN, masked)")
+                   help="policy for uncertain (-1) labels (ignore → NaN, masked out of the loss)")
     p.add_argument("--mapping", type=Path, default=None, help="YAML column mapping (csv source)")
     p.add_argument("--labels", type=Path, default=None,
                    help="label csv keyed by SOPInstanceUID/StudyInstanceUID/file name (dicom source)")
-    p.add_argument("--verify-pixels", action="store_true", help="fully decode every image")
+    p.add_argument("--verify-pixels", action="store_true", help="fully decode every image (slower; finds corrupt pixels)")
     p.add_argument("--workers", type=int, default=1, help="parallel processes for image checks")
-    p.add_argument("--val-fraction", type=float, default=0.1)
-    p.add_argument("--test-fraction", type=float, default=0.2)
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--val-fraction", type=float, default=0.1,
+                   help="share of patients in val when the source has no official split")
+    p.add_argument("--test-fraction", type=float, default=0.2,
+                   help="share of patients in test when the source has no official split")
 
-    p = sub.add_parser("synth", help="write a synthetic multi-hospital export in native formats")
-    p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--sites", nargs="*", default=None, help="which synthetic hospitals (default: all)")
-    p.add_argument("--images-per-site", type=int, default=120)
-    p.add_argument("--image-size", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
+    p = command("synth", "write a synthetic multi-hospital export in native formats")
+    p.add_argument("--out", required=True, type=Path, help="folder to write the exports into")
+    p.add_argument("--sites", nargs="*", default=None,
+                   help="which synthetic hospitals: nih_style chexpert_style midrc_style dicom_style; unset: all")
+    p.add_argument("--images-per-site", type=int, default=120, help="images per hospital")
+    p.add_argument("--image-size", type=int, default=64, help="base image size in pixels")
+    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same export)")
 
-    p = sub.add_parser("train", help="run a federated experiment from a YAML config")
-    p.add_argument("config", type=Path)
-    p.add_argument("--out", type=Path, default=None, help="run directory")
+    p = command("train", "run a federated experiment from a YAML config")
+    p.add_argument("config", type=Path, help="experiment YAML (see README: Configuration)")
+    p.add_argument("--out", type=Path, default=None, help="run directory; unset: runs/<name>-<strategy>-seed<seed>")
     p.add_argument("--resume", action="store_true", help="continue from the last complete round")
-    p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
+    _device(p)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key (dotted keys allowed); repeatable")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+                   help="override a config key (dotted keys allowed, YAML values); repeatable")
 
-    p = sub.add_parser("evaluate", help="per-class AUROC report of a run")
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--split", default="test", choices=["train", "val", "test"])
-    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for 95%% CIs")
-    p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
+    p = command("evaluate", "per-class AUROC report of a run")
+    p.add_argument("run_dir", type=Path, help="a finished run directory")
+    p.add_argument("--split", default="test", choices=["train", "val", "test"], help="split to evaluate")
+    p.add_argument("--bootstrap", type=int, default=1000,
+                   help="patient-level bootstrap resamples for 95%% CIs (0: DeLong CIs)")
+    _device(p, what="the run's device")
 
-    p = sub.add_parser("report", help="method-comparison table across runs")
-    p.add_argument("run_dirs", nargs="+", type=Path)
-    p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--baseline", default=None, help="method to test the others against")
+    p = command("report", "method-comparison table across runs")
+    p.add_argument("run_dirs", nargs="+", type=Path, help="evaluated run directories")
+    p.add_argument("--out", required=True, type=Path, help="folder for comparison.md/csv/json")
+    p.add_argument("--baseline", default=None, help="method the others are tested against; unset: no tests")
 
-    p = sub.add_parser("demo", help="synth → ingest → train → evaluate on the embedded default")
-    p.add_argument("--out", type=Path, default=Path("fedcxr-demo"))
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p = command("demo", "synth → ingest → train → evaluate on the embedded default")
+    p.add_argument("--out", type=Path, default=Path("fedcxr-demo"), help="folder for everything the demo writes")
+    _device(p, default="auto")
     p.add_argument("--quick", action="store_true", help="an even smaller run (tests, smoke checks)")
 
-    p = sub.add_parser("sweep", help="run methods × seeds and write the comparison table")
-    p.add_argument("config", type=Path)
-    p.add_argument("--methods", nargs="+", required=True)
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--baseline", default=None)
-    p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p = command("sweep", "run methods × seeds and write the comparison table")
+    p.add_argument("config", type=Path, help="experiment YAML shared by every run")
+    p.add_argument("--methods", nargs="+", required=True, help="method names (see README: Methods)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per method")
+    p.add_argument("--out", type=Path, required=True, help="folder: runs/<method>-seed<k>, comparison files")
+    p.add_argument("--baseline", default=None, help="method the others are tested against; unset: no tests")
+    _device(p)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key for every run; repeatable")
 
-    p = sub.add_parser("flare", help="the same run on NVIDIA FLARE (export | simulate | poc)")
-    p.add_argument("flare_command", choices=["export", "simulate", "poc"])
-    p.add_argument("config", type=Path)
-    p.add_argument("--out", type=Path, default=None, help="run directory (simulate, poc) or job folder (export)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p = command("flare", "the same run on NVIDIA FLARE (export | simulate | poc)")
+    p.add_argument("flare_command", choices=["export", "simulate", "poc"],
+                   help="export: write a job folder; simulate: FLARE simulator here; poc: POC system on loopback")
+    p.add_argument("config", type=Path, help="experiment YAML")
+    p.add_argument("--out", type=Path, default=None,
+                   help="run directory (simulate, poc; unset: runs/<name>-<strategy>-seed<seed>-flare) "
+                        "or job folder (export, required)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key; repeatable")
     p.add_argument("--resume", action="store_true", help="continue from the last complete round")
     p.add_argument("--timeout", type=int, default=0, metavar="SECONDS",
                    help="how long a round waits for a site before going on without it (0: no limit)")
-    p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"], help="the sites' device")
-    p.add_argument("--run-dir", default=None, help="export: the server's run directory (stable path: resumable)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _device(p, what="the config's `device`, at every site")
+    p.add_argument("--run-dir", default=None,
+                   help="export: the server's run directory (a stable path makes the run resumable); "
+                        "unset: a folder in the FLARE job workspace")
     return parser
 
 
@@ -120,7 +160,7 @@ def _ingest(args: argparse.Namespace) -> int:
         site_by=args.site_by, site_name=args.site_name, uncertain=args.uncertain,
         mapping=args.mapping, labels_csv=args.labels, verify_pixels=args.verify_pixels,
         workers=args.workers, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
-        progress=not args.quiet,
+        progress=progress_wanted(args),
     )
     print(f"read {report['rows_read']} rows: kept {report['rows_kept']}, set aside {report['rows_set_aside']}")
     for reason, count in report["set_aside_by_reason"].items():
@@ -140,10 +180,7 @@ def _resolve(name: str) -> Callable[[argparse.Namespace], int]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(verbosity(args))
     try:
         return int(_resolve(args.command)(args) or 0)
     except UserError as exc:

@@ -91,3 +91,54 @@ def test_console_exit_code_from_a_fresh_process(tmp_path):
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2 and "unknown SOURCE" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- a helpful CLI
+
+
+def test_version_is_printed(capsys):
+    import fedcxr
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fedcxr {fedcxr.__version__}"
+
+
+COMMANDS = ["ingest", "synth", "train", "evaluate", "report", "demo", "sweep", "flare"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_option_has_help_and_every_command_has_verbose_and_quiet(command, capsys):
+    from fedcxr.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction))
+    actions = [a for a in sub.choices[command]._actions if a.option_strings or a.dest != "help"]
+    undocumented = [a.dest for a in actions if not a.help]
+    assert not undocumented, f"fedcxr {command}: options without help {undocumented}"
+    flags = {s for a in actions for s in a.option_strings}
+    assert {"-v", "--verbose", "-q", "--quiet"} <= flags
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = capsys.readouterr().out
+    defaults = [a for a in actions if a.option_strings and a.default not in (None, False, [], __import__("argparse").SUPPRESS)
+                and a.help]
+    for action in defaults:  # a default is shown next to the option that has one
+        assert f"(default: {action.default})" in " ".join(text.split()), (command, action.dest)
+
+
+def test_quiet_ingest_prints_no_info_lines(csv_export, tmp_path, capsys):
+    input_dir, mapping = csv_export(ROWS, MAPPING)
+    code, stdout, stderr = _run(["ingest", "csv", "--input", input_dir, "--mapping", mapping, "--out", tmp_path / "o",
+                                 "-q"], capsys)
+    assert code == 0 and "kept 12" in stdout and "INFO" not in stderr
+
+
+def test_third_party_info_lines_stay_off_the_console(tmp_path):
+    """A fresh `fedcxr synth` (pylibjpeg/openjpeg encoders log at INFO) prints only fedcxr's own lines."""
+    proc = subprocess.run([sys.executable, "-c", "import sys; from fedcxr.cli import main; sys.exit(main())",
+                           "synth", "--out", str(tmp_path / "s"), "--sites", "midrc_style", "--images-per-site", "6"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "openjpeg" not in proc.stderr and "pylibjpeg" not in proc.stderr

@@ -9,10 +9,10 @@ Both runs write the run directory of ``fedcxr train`` (so ``fedcxr evaluate RUN_
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from fedcxr.errors import UserError
+from fedcxr.logs import progress_wanted
 from fedcxr.flare.controller import require_nvflare
 from fedcxr.flare.job import check_flare_sites, export_job
 from fedcxr.flare.run import default_run_dir, load_flare_config, poc, simulate
@@ -21,8 +21,6 @@ from fedcxr.flare.run import default_run_dir, load_flare_config, poc, simulate
 def cli_flare(args) -> int:
     """Dispatch ``fedcxr flare <command>``; FLARE's own INFO lines stay in RUN_DIR/flare/logs."""
     require_nvflare()
-    if not getattr(args, "verbose", False):
-        logging.getLogger("nvflare").setLevel(logging.WARNING)
     handler = {"export": cli_export, "simulate": cli_simulate, "poc": cli_poc}
     return handler[args.flare_command](args)
 
@@ -39,7 +37,7 @@ def _cli_run(args, runner, what: str) -> int:
     cfg = load_flare_config(args.config, args.overrides, need_manifests=True)
     run_dir = Path(args.out) if args.out else default_run_dir(cfg)
     payload = runner(cfg, run_dir, resume=args.resume, task_timeout=args.timeout, device=args.device,
-                     progress=not args.quiet)
+                     progress=progress_wanted(args))
     _summary(payload, run_dir, what)
     return 0
 

@@ -34,6 +34,7 @@ import yaml
 
 from fedcxr.atomic import atomic_write_json
 from fedcxr.errors import UserError
+from fedcxr.logs import bar_disabled
 from fedcxr.pipeline.checkpoints import latest_checkpoint
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.data import default_cache_dir
@@ -209,7 +210,7 @@ def _wait_with_progress(proc: Optional[subprocess.Popen], runs: list, progress: 
 
     start = time.time()
     with tqdm(total=sum(cfg.rounds for cfg, _ in runs), desc="FLARE rounds", unit="round",
-              disable=not progress) as bar:
+              disable=bar_disabled(progress)) as bar:
         while (proc is None or proc.poll() is None) and not done():
             if timeout and time.time() - start > timeout:
                 raise TimeoutError(f"the FLARE run did not finish within {timeout:.0f} s")

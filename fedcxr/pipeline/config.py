@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedcxr.errors import UserError
 from fedcxr.vocab import AUX_TASKS, CLASS_SET
@@ -125,6 +125,14 @@ class ExperimentConfig(_Strict):
             out.append(self.target)
         return out
 
+    @model_validator(mode="after")
+    def _target_not_a_source(self) -> "ExperimentConfig":
+        """A site is a source or the target, never both (a target listed in ``sites`` was silently dropped)."""
+        if self.target is not None and self.site_name(self.target) in {self.site_name(s) for s in self.sites}:
+            raise ValueError(f"target {self.target!r} is also listed under `sites`; a site is either a source "
+                             "or the target: remove it from `sites`")
+        return self
+
     def source_sites(self) -> list[str]:
         return [s for s in self.sites if s != self.target]
 
@@ -149,7 +157,16 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         if "=" not in item:
             raise UserError(f"--set {item!r}: expected KEY=VALUE")
         key, raw = item.split("=", 1)
-        _set_dotted(out, key.strip(), yaml.safe_load(raw))
+        key = key.strip()
+        if not key or any(not part.strip() for part in key.split(".")):
+            raise UserError(f"--set {item!r}: the key is empty (expected KEY=VALUE, e.g. rounds=10 or source.lr=1e-3)")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            reason = str(getattr(exc, "problem", "") or "not valid YAML")
+            raise UserError(f"--set {key}: cannot read the value {raw!r} ({reason}); quote strings, "
+                            "write lists as [a, b]") from None
+        _set_dotted(out, key, value)
     return out
 
 
@@ -178,11 +195,18 @@ def load_config(path: Path | str | None = None, *, data: Optional[dict] = None,
         cfg = ExperimentConfig.model_validate(data)
     except ValidationError as exc:
         where = f"{path}: " if path else ""
-        lines = [f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()]
+        lines = [_error_line(err) for err in exc.errors()]
         raise UserError(where + "invalid config:\n  " + "\n  ".join(lines)) from None
     if check_sites:
         check_sites_exist(cfg)
     return cfg
+
+
+def _error_line(err: dict) -> str:
+    """One pydantic error as ``key.path: message`` (no "Value error," prefix, no empty key)."""
+    message = str(err["msg"]).removeprefix("Value error, ")
+    where = ".".join(str(p) for p in err["loc"])
+    return f"{where}: {message}" if where else message
 
 
 def check_sites_exist(cfg: ExperimentConfig) -> None:

@@ -46,6 +46,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from fedcxr.atomic import atomic_path
 from fedcxr.errors import UserError
+from fedcxr.logs import bar_disabled
 from fedcxr.site_adapters.images import read_image_resized
 from fedcxr.site_adapters.manifest import (
     SPLITS,
@@ -188,7 +189,7 @@ def _decode_into(site: SiteInfo, size: int, tmp: Path, *, progress: bool, worker
         tmp.write_bytes(b"")
         return
     out = np.memmap(tmp, dtype=np.uint8, mode="w+", shape=(n, size, size))
-    bar = tqdm(total=n, desc=f"caching {site.name} at {size}px", unit="img", disable=not progress)
+    bar = tqdm(total=n, desc=f"caching {site.name} at {size}px", unit="img", disable=bar_disabled(progress))
     try:
         chunk = 64
         starts = range(0, n, chunk)

@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from fedcxr.atomic import atomic_write_json
 from fedcxr.errors import UserError
+from fedcxr.logs import bar_disabled
 from fedcxr.pipeline.checkpoints import latest_checkpoint, load_latest_intact, save_checkpoint, save_final
 from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint, dump_config
 from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
@@ -128,7 +129,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | str, *, resume: bool =
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     _write_run_files(run_dir, cfg, ctx, protocol, status="running")
     bar = tqdm(range(start, cfg.rounds), desc=f"{protocol.name} rounds", unit="round",
-               disable=not progress, initial=start, total=cfg.rounds)
+               disable=bar_disabled(progress), initial=start, total=cfg.rounds)
     for r in bar:
         t0 = time.perf_counter()
         state, metrics = protocol.run_round(ctx, r, state)

@@ -308,7 +308,7 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
         steps += 1
         seen += int(x.shape[0])
     if skipped:
-        log.warning("skipped %d batch(es) of one sample (BatchNorm cannot train on them)", skipped)
+        _note_skipped(skipped)
     batch_updates = None
     if record:
         parts = [] if updates is None else [updates[: min(steps, updates.shape[0])]]
@@ -337,6 +337,17 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
 def _flat(model: nn.Module, keys: list[str]) -> torch.Tensor:
     """The model's state as one float32 vector over ``keys`` (the recorded g_j's units)."""
     return flatten_state(model.state_dict(), keys)[0].float()
+
+
+_SKIP_NOTED = []  # the one-sample-batch notice is said once per process, then at debug level
+
+
+def _note_skipped(skipped: int) -> None:
+    """A last batch of one sample is common (n mod batch size = 1): say it once, not every round."""
+    level = logging.DEBUG if _SKIP_NOTED else logging.INFO
+    _SKIP_NOTED.append(skipped)
+    log.log(level, "skipped %d batch(es) of one sample (BatchNorm cannot train on them; said once per run)",
+            skipped)
 
 
 def _dataset_len(loader: Any) -> int:

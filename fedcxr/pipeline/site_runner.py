@@ -268,8 +268,9 @@ class SiteRunner:
             weight_decay=float(config.get("weight_decay", 0.0)),
         )
         if len(data) == 0:
-            log.warning("site %s: no labeled training rows for %s; returning the model unchanged",
-                        self.name, head_classes)
+            # the server says so once per run (protocols.base.valid_replies); here only at debug level
+            log.debug("site %s: no labeled training rows for %s; returning the model unchanged",
+                      self.name, head_classes)
             return Reply(site=self.name, params=cpu_state(model), n_samples=0, n_batches=0,
                          class_set=head_classes, metrics={"loss": float("nan")})
         loader = make_loader(

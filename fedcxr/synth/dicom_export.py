@@ -169,7 +169,7 @@ def _date(rng: np.random.Generator, year: int) -> str:
 DICOM_LABELS = {
     "atelectasis": "Atelectasis", "cardiomegaly": "Cardiomegaly", "consolidation": "Consolidation",
     "edema": "Edema", "pleural_effusion": "Pleural Effusion", "pneumonia": "Pneumonia",
-    "pneumothorax": "Pneumothorax", "no_finding": "No Finding",
+    "pneumothorax": "Pneumothorax", "no_finding": "No Finding", "covid19": "COVID-19",
 }
 LABELS_FILE = "labels.csv"
 

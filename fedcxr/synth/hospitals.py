@@ -16,7 +16,8 @@ hospital           SOURCE    look and case mix
 ``midrc_style``    midrc     larger 12-bit DICOMs (96×80 / 80×96 at 64 px), low contrast,
                              COVID-19 prevalence ~40 %, race + ethnicity, two states
 ``dicom_style``    dicom     noisy, blurred CR/DX of mixed sizes and bit depths, strong
-                             positioning variation, a local label csv
+                             positioning variation, a local label csv (eight findings and
+                             COVID-19, so the COVID-only ``midrc_style`` helps it too)
 =================  ========  ==========================================================
 
 Randomness: every draw comes from ``numpy.random.SeedSequence([seed, hospital.stream,
@@ -51,7 +52,7 @@ CHEXPERT_CLASSES = [
 ]
 DICOM_CLASSES = [
     "atelectasis", "cardiomegaly", "consolidation", "edema", "pleural_effusion", "pneumonia",
-    "pneumothorax", "no_finding",
+    "pneumothorax", "no_finding", "covid19",
 ]
 
 
@@ -109,7 +110,7 @@ HOSPITALS: dict[str, Hospital] = {
         Hospital(
             "dicom_style", "dicom", 14,
             CohortProfile(female_fraction=0.47, age_mean=62, age_sd=18, prevalence_shift=0.1, ap_bias=0.0,
-                          extra_studies=0.2),
+                          covid_prevalence=0.2, extra_studies=0.2),
             SiteStyle(contrast=0.95, gamma=1.1, offset=0.0, noise=0.03, blur=0.9, max_rotation=7.0,
                       max_shift=0.08, zoom=(0.9, 1.1)),
             ((0.5, 1.0, 1.0), (0.5, 1.25, 1.5)),

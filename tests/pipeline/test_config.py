@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -65,3 +66,21 @@ def test_fingerprint_ignores_device_but_not_lr(tmp_path):
     base = load_config(path)
     assert config_fingerprint(load_config(path, overrides=["device=cpu"])) == config_fingerprint(base)
     assert config_fingerprint(load_config(path, overrides=["source.lr=0.5"])) != config_fingerprint(base)
+
+
+@pytest.mark.parametrize("item, message", [
+    ("rounds=[1,", "--set rounds: cannot read the value '[1,'"),
+    ("=3", "the key is empty"),
+    ("source..lr=1", "the key is empty"),
+    ("rounds", "expected KEY=VALUE"),
+])
+def test_malformed_set_values_are_named_without_a_traceback(item, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        apply_overrides({"rounds": 1}, [item])
+
+
+def test_a_target_listed_as_a_source_is_refused_not_dropped(tmp_path):
+    data = {"sites": ["a", "b"], "target": "b"}
+    with pytest.raises(UserError, match="target 'b' is also listed under `sites`") as info:
+        load_config(data=data, check_sites=False)
+    assert "Value error" not in str(info.value)

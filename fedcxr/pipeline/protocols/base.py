@@ -46,9 +46,17 @@ class Context:
     bn_keys: list[str] = field(default_factory=list)
     head_keys: list[str] = field(default_factory=list)
     missed: list[dict] = field(default_factory=list)  # {"round", "task", "site"} for absent replies
+    said: set = field(default_factory=set)  # notices already logged this run (see :meth:`once`)
 
     def class_set(self, site: str) -> list[str]:
         return [c for c in self.classes if c in self.meta[site].class_set]
+
+    def once(self, key: tuple) -> bool:
+        """True the first time ``key`` is seen in this run: a per-site notice is logged once, not every round."""
+        if key in self.said:
+            return False
+        self.said.add(key)
+        return True
 
 
 # --------------------------------------------------------------------------- task configs
@@ -116,7 +124,9 @@ def valid_replies(ctx: Context, replies: dict[str, Reply], reference: StateDict 
         if reply.n_samples == 0:
             # A site with no training rows for the model's classes returned θ0 unchanged;
             # averaging it in would only shrink the others' updates.
-            log.info("round %d: %s had no training rows for the model's classes; not aggregated", r, site)
+            if ctx.once(("no rows", site)):
+                log.warning("site %s has no training rows for the model's classes %s: its replies are not "
+                            "aggregated (said once per run)", site, ctx.classes)
             continue
         expected = reference(reply) if callable(reference) else reference
         reason = check_update(reply.params, expected) if reply.params is not None else "no parameters"
