@@ -230,8 +230,9 @@ def dump_config(cfg: ExperimentConfig) -> str:
 
 
 def config_fingerprint(cfg: ExperimentConfig) -> str:
-    """Hash of everything that changes a run's result (device, workers and cache do not)."""
+    """Hash of everything that changes a run's result (device, workers, cache and where the manifests
+    folder lies do not: the sites' content is checked separately, by manifest hash, on resume)."""
     data = cfg.model_dump(mode="json")
-    for key in ("device", "num_workers", "cache_dir"):
+    for key in ("device", "num_workers", "cache_dir", "manifests"):
         data.pop(key, None)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
