@@ -1,0 +1,129 @@
+"""One site's side of every task (fedcxr.pipeline.site_runner) and the in-process transport."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
+from fedcxr.pipeline.config import load_config
+from fedcxr.pipeline.local import resolve_device
+from fedcxr.pipeline.messages import Reply
+from fedcxr.pipeline.site_runner import TASKS, SiteRunner, derive_seed, register_task
+from fedcxr.pipeline.state import check_update
+
+from ..conftest import tiny_config
+
+
+@pytest.fixture(scope="module")
+def runners(tiny_manifests, tmp_path_factory):
+    cfg = load_config(data=tiny_config(tiny_manifests, tmp_path_factory.mktemp("cache")))
+    return cfg, build_runners(cfg, resolve_device("cpu"), progress=False)
+
+
+def _train_config(runner: SiteRunner, **extra) -> dict:
+    classes = runner.class_set
+    return {"round": 0, "seed": 0, "role": "source", "head_classes": classes, "param_classes": classes,
+            "aux_tasks": [], "lr": 1e-3, "batch_size": 8, "steps": 2, **extra}
+
+
+def test_metadata_reports_counts_classes_and_a_manifest_hash_only(runners):
+    _, sites = runners
+    reply = sites["nih_style"].handle("metadata", None, {})
+    assert reply.class_set == sites["nih_style"].class_set and reply.params is None
+    m = reply.metrics
+    assert m["n_train"] + m["n_val"] + m["n_test"] == len(sites["nih_style"].sites[0].manifest)
+    assert 0 < m["n_labeled_train"] <= m["n_train"]
+    assert set(m["labeled_per_class"]) == set(reply.class_set)
+    assert len(m["manifest_hash"]) == 64
+
+
+def test_train_returns_a_checked_update_with_counts(runners):
+    _, sites = runners
+    runner = sites["chexpert_style"]
+    model = runner.model(runner.class_set, [])
+    theta0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    reply = runner.handle("train", theta0, _train_config(runner))
+    assert check_update(reply.params, theta0) is None
+    assert reply.n_batches == 2 and reply.n_samples > 0 and reply.class_set == runner.class_set
+    assert any(not torch.equal(reply.params[k], theta0[k]) for k in theta0)
+
+
+def test_train_is_reproducible_from_the_seed_round_and_site(runners):
+    _, sites = runners
+    runner = sites["nih_style"]
+    theta0 = {k: v.detach().clone() for k, v in runner.model(runner.class_set, []).state_dict().items()}
+    a = runner.handle("train", theta0, _train_config(runner))
+    b = runner.handle("train", theta0, _train_config(runner))
+    c = runner.handle("train", theta0, _train_config(runner, round=1))
+    assert all(torch.equal(a.params[k], b.params[k]) for k in a.params)
+    assert any(not torch.equal(a.params[k], c.params[k]) for k in a.params)
+    assert derive_seed(0, "train", "x", 0) != derive_seed(0, "train", "x", 1)
+
+
+def test_received_head_rows_are_matched_by_class_name(runners):
+    _, sites = runners
+    runner = sites["dicom_style"]
+    classes = runner.class_set
+    model = runner.model(classes, [])
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    reversed_classes = list(reversed(classes))
+    sent = dict(state, **{"head.weight": state["head.weight"].flip(0), "head.bias": state["head.bias"].flip(0)})
+    runner.load_params(model, sent, reversed_classes, [])
+    assert torch.equal(model.head.weight.detach(), state["head.weight"])
+
+
+def test_local_keys_stay_at_the_site(runners):
+    _, sites = runners
+    runner = sites["nih_style"]
+    model = runner.model(runner.class_set, [])
+    theta0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    bn = [k for k in theta0 if "running_mean" in k][:1]
+    runner.handle("train", theta0, _train_config(runner, local_keys=bn))
+    kept = runner.get_local_state()[bn[0]].clone()
+    poisoned = dict(theta0, **{bn[0]: torch.full_like(theta0[bn[0]], 99.0)})
+    runner.load_params(model, poisoned, runner.class_set, bn)
+    assert torch.equal(model.state_dict()[bn[0]], kept), "the site's own BN statistics, not the server's"
+    runner.set_local_state({})
+
+
+def test_evaluate_returns_per_class_auroc_of_the_split(runners):
+    _, sites = runners
+    runner = sites["dicom_style"]
+    theta0 = {k: v.detach().clone() for k, v in runner.model(runner.class_set, []).state_dict().items()}
+    reply = runner.handle("evaluate", theta0, {"head_classes": runner.class_set, "split": "val"})
+    assert reply.metrics["split"] == "val" and reply.metrics["n"] == reply.n_samples > 0
+    assert set(reply.metrics["auroc"]) == set(runner.class_set)
+
+
+def test_unknown_tasks_are_refused_and_registered_tasks_answered(runners):
+    _, sites = runners
+    with pytest.raises(ValueError, match="unknown task 'steal'"):
+        sites["nih_style"].handle("steal", None, {})
+    with pytest.raises(ValueError, match="built into SiteRunner"):
+        register_task("train")(lambda runner, params, config: Reply(site=runner.name))
+
+    @register_task("echo_for_test")
+    def echo(runner, params, config):
+        return Reply(site=runner.name, metrics={"echo": config["x"]})
+
+    try:
+        assert sites["nih_style"].handle("echo_for_test", None, {"x": 3}).metrics == {"echo": 3}
+    finally:
+        TASKS.pop("echo_for_test")
+
+
+def test_in_process_transport_runs_each_site_with_its_own_payload_and_keeps_local_state(runners):
+    _, sites = runners
+    transport = InProcessTransport(sites)
+    replies = transport.run("metadata", ["nih_style", "dicom_style"], None, {})
+    assert set(replies) == {"nih_style", "dicom_style"}
+    runner = sites["nih_style"]
+    theta0 = {k: v.detach().clone() for k, v in runner.model(runner.class_set, []).state_dict().items()}
+    per_site = {"nih_style": (theta0, {"head_classes": runner.class_set, "split": "val"})}
+    out = transport.run("evaluate", ["nih_style"], None, {}, per_site=per_site)
+    assert out["nih_style"].metrics["split"] == "val"
+    transport.load_local_states({"nih_style": {"x": torch.ones(2)}, "unknown_site": {"y": torch.ones(1)}})
+    states = transport.local_states()
+    assert torch.equal(states["nih_style"]["x"], torch.ones(2)) and "unknown_site" not in states
+    runner.set_local_state({})
