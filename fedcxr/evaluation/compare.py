@@ -6,7 +6,7 @@ accuracy for binary tasks. One run in a cell: 95% CI by patient-level bootstrap.
 sharing (method, target), i.e. seeds: mean ± SD over seeds (SD with ddof=1), as the papers
 report. The best cell per column is flagged (bold in markdown).
 
-Tests against ``baseline`` (per column, on the same test rows, joined on (site, image_path)):
+Tests against ``baseline`` (per column, on the same test rows, joined on (site, row_key)):
 
 * DeLong paired test per class, on the first seed pair (see below);
 * paired t-test over class AUROCs (surgical-aggregation paper, "granular class-level AUROC"):
@@ -71,9 +71,9 @@ def _load_runs(run_dirs: Sequence[Path | str], split: str) -> list[_Run]:
             raise UserError(f"{run_dir} and {seen[key]} are both method {key[0]!r}, target {key[1]!r}, "
                             f"seed {key[2]}: pass one of them")
         seen[key] = run_dir
-        if frame.duplicated(["site", "image_path"]).any():
-            raise UserError(f"{predictions_path(run_dir, split)}: an image appears twice for one site "
-                            "(rows must be unique per (site, image_path))")
+        if frame.duplicated(["site", "row_key"]).any():
+            raise UserError(f"{predictions_path(run_dir, split)}: a row_key appears twice for one site "
+                            "(rows must be unique per (site, row_key))")
         present = list(dict.fromkeys(frame["site"]))
         wanted = [s for s in info.get("eval_sites") or [] if s in present]
         runs.append(_Run(Path(run_dir), info, frame, wanted + [s for s in present if s not in wanted]))
@@ -230,8 +230,8 @@ def _delong_per_class(run_m: _Run, run_b: _Run, site: str) -> dict[str, Any]:
     fm = run_m.predictions[run_m.predictions["site"] == site]
     fb = run_b.predictions[run_b.predictions["site"] == site]
     classes = [c for c in run_m.info["classes"] if c in run_b.info["classes"]]
-    keep_m = ["image_path"] + [f"{k}__{c}" for c in classes for k in ("label", "prob")]
-    joined = fm[keep_m].merge(fb[keep_m], on="image_path", how="inner", suffixes=("", "__base"))
+    keep_m = ["row_key"] + [f"{k}__{c}" for c in classes for k in ("label", "prob")]
+    joined = fm[keep_m].merge(fb[keep_m], on="row_key", how="inner", suffixes=("", "__base"))
     rows = []
     for cls in classes:
         y = joined[f"label__{cls}"].to_numpy(dtype=float, na_value=np.nan)

@@ -181,7 +181,7 @@ def resample_weights(groups, n_boot: int, seed: int = 0):
 def bootstrap_aurocs(y, p, groups, n_boot: int = 1000, seed: int = 0) -> np.ndarray:
     """Per-class AUROC of every patient-level bootstrap resample.
 
-    ``y``, ``p``: (n,) or (n, C); ``groups``: (n,) patient ids. Returns (n_boot, C) with NaN
+    ``y``, ``p``: (n,) or (n, C); ``groups``: (n,) patient keys. Returns (n_boot, C) with NaN
     where a resample leaves a class with one label value. All classes share the same
     resamples, so a row of the result is one resampled test set (for the mean-AUROC CI).
     """
@@ -365,9 +365,9 @@ def per_class_auroc(
     split: str = "test",
     return_bootstrap: bool = False,
 ):
-    """Per-class AUROC table of a prediction frame (``label__<c>``, ``prob__<c>``, ``patient_id``).
+    """Per-class AUROC table of a prediction frame (``label__<c>``, ``prob__<c>``, ``patient_key``).
 
-    CIs: patient-level bootstrap (``n_boot`` > 0, needs ``patient_id``) or DeLong (``n_boot`` = 0).
+    CIs: patient-level bootstrap (``n_boot`` > 0, needs ``patient_key``) or DeLong (``n_boot`` = 0).
     Columns: :data:`PER_CLASS_COLUMNS` plus ``ci_skipped`` (bootstrap resamples left out).
     ``reason`` explains a NaN AUROC or CI. With ``return_bootstrap`` also returns the
     (n_boot, C) bootstrap matrix (for the mean-AUROC CI), ``None`` under DeLong.
@@ -386,9 +386,9 @@ def per_class_auroc(
             p[:, j] = pd.to_numeric(frame[f"prob__{cls}"], errors="raise").to_numpy(dtype=float, na_value=np.nan)
     boot = None
     if n_boot > 0:
-        if "patient_id" not in frame:
-            raise ValueError("a patient-level bootstrap needs a patient_id column")
-        boot = bootstrap_aurocs(y, p, frame["patient_id"].to_numpy(dtype=object), n_boot, seed)
+        if "patient_key" not in frame:
+            raise ValueError("a patient-level bootstrap needs a patient_key column")
+        boot = bootstrap_aurocs(y, p, frame["patient_key"].to_numpy(dtype=object), n_boot, seed)
     rows = [_class_row(cls, y[:, j], p[:, j], missing.get(j), boot, j, alpha, split)
             for j, cls in enumerate(classes)]
     table = pd.DataFrame(rows, columns=PER_CLASS_COLUMNS + ["ci_skipped"])

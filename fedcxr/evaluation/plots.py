@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from sklearn.metrics import roc_curve  # noqa: E402
 
-from fedcxr.site_adapters.manifest import atomic_write_bytes  # noqa: E402
+from fedcxr.atomic import atomic_write_bytes  # noqa: E402
 
 _STYLES = ["-", "--", "-.", ":"]
 

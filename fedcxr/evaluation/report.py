@@ -11,7 +11,7 @@
     sites_without_predictions: [{site, reason}]
 
 Undefined numbers are NaN in the dict and ``null`` in JSON, always next to a ``reason``.
-``patient_id`` and ``image_path`` never appear in any output.
+``patient_key`` and ``row_key`` never appear in any output.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pandas as pd
 
 import fedcxr
 from fedcxr.evaluation import metrics
-from fedcxr.site_adapters.manifest import atomic_write_bytes
+from fedcxr.atomic import atomic_write_bytes
 from fedcxr.vocab import AUX_VOCAB
 
 SCHEMA_VERSION = 1
@@ -62,7 +62,7 @@ def evaluate_rows(
     defined = np.isfinite(table["auroc"].to_numpy(dtype=float))
     out: dict[str, Any] = {
         "n_rows": int(len(frame)),
-        "n_patients": int(frame["patient_id"].nunique()),
+        "n_patients": int(frame["patient_key"].nunique()),
         "per_class": _records(table),
         "mean_auroc": metrics.mean_auroc(table["auroc"]),
         "mean_auroc_ci_low": float("nan"),
@@ -92,7 +92,7 @@ def _accuracy(frame, cls, *, n_boot, seed, alpha) -> dict[str, Any]:
     if not np.isfinite(out["accuracy"]):
         out["accuracy_reason"] = f"no labeled rows of {cls}"
     elif n_boot > 0:
-        ci = metrics.bootstrap_accuracy_ci(y, p, frame["patient_id"].to_numpy(dtype=object), n_boot, seed,
+        ci = metrics.bootstrap_accuracy_ci(y, p, frame["patient_key"].to_numpy(dtype=object), n_boot, seed,
                                            alpha, ACCURACY_THRESHOLD)
         out.update(accuracy_ci_low=ci.low, accuracy_ci_high=ci.high)
     return out

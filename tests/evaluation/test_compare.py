@@ -92,9 +92,9 @@ def test_written_comparison(tmp_path, result):
     assert saved["table"][0]["cells"]["site-a"]["auroc_ci_low"] is None
     tests_csv = pd.read_csv(tmp_path / "cmp" / "comparison_tests.csv")
     assert set(tests_csv["test"]) == {"paired t-test over class AUROCs", "DeLong"}
-    # no patient identifier or image path in any output
+    # no patient key or row key in any output
     for path in paths:
-        assert "PX0" not in path.read_text() and "img0" not in path.read_text()
+        assert "PX0" not in path.read_text() and "RK0" not in path.read_text()
 
 
 def test_binary_task_columns_with_accuracy_and_targets(tmp_path, make_predictions, make_run):

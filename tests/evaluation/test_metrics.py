@@ -140,7 +140,7 @@ def test_per_class_auroc_table_reasons_and_cis():
     n = 200
     y = (rng.random(n) < 0.3).astype(float)
     frame = pd.DataFrame({
-        "patient_id": np.repeat(np.arange(100), 2).astype(str),
+        "patient_key": np.repeat(np.arange(100), 2).astype(str),
         "label__edema": y, "prob__edema": 0.3 * y + 0.7 * rng.random(n),
         "label__hernia": np.zeros(n), "prob__hernia": rng.random(n),
     })

@@ -39,7 +39,7 @@ def test_report_per_site_per_class_and_mean(report, predictions):
     assert list(report["sites"]) == ["site-a", "site-b"]
     site = report["sites"]["site-a"]
     rows = predictions[predictions["site"] == "site-a"]
-    assert site["n_rows"] == len(rows) and site["n_patients"] == rows["patient_id"].nunique()
+    assert site["n_rows"] == len(rows) and site["n_patients"] == rows["patient_key"].nunique()
     by_class = {r["class"]: r for r in site["per_class"]}
     assert by_class["edema"]["auroc"] == pytest.approx(metrics.auroc(rows["label__edema"], rows["prob__edema"]))
     assert by_class["edema"]["ci_low"] < by_class["edema"]["auroc"] < by_class["edema"]["ci_high"]
@@ -128,14 +128,14 @@ def test_markdown_says_when_bootstrap_resamples_were_skipped(tmp_path, make_pred
     assert f"CI from {100 - edema['ci_skipped']} of 100 resamples (rest had one label value)" in md
 
 
-def test_no_patient_identifier_in_any_output(tmp_path, report, predictions):
+def test_no_patient_or_row_key_in_any_output(tmp_path, report, predictions):
     write_report(tmp_path, report, predictions)
-    identifiers = set(predictions["patient_id"]) | set(predictions["image_path"])
+    identifiers = set(predictions["patient_key"]) | set(predictions["row_key"])
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert len(files) == 5
     for path in files:
         data = path.read_bytes()
         leaked = [i for i in identifiers if i.encode() in data]
         assert not leaked, f"{path.name} contains identifiers, e.g. {leaked[0]}"
-    # the probe is sensitive: patient ids do show up if written
+    # the probe is sensitive: patient keys do show up if written
     assert "PX000000QZ".encode() in predictions.to_csv().encode()
