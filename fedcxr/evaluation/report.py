@@ -425,7 +425,7 @@ def _site_section(report, site, entry, figures: dict[str, str]) -> list[str]:
     if "calibration" in entry:
         lines += _calibration_section(site, entry["calibration"], figures.get("calibration"))
     if entry.get("operating_points") is not None and report.get("operating_points"):
-        lines += _operating_section(report["operating_points"], entry["operating_points"])
+        lines += _operating_section(report["operating_points"], entry["operating_points"], report["ci"]["n_boot"])
     for task, sub in entry["subgroups"].items():
         lines += _subgroup_section(report, task, sub)
     return lines
@@ -455,8 +455,8 @@ def _calibration_section(site: str, cal: dict, figure: Optional[str]) -> list[st
     return lines
 
 
-def _operating_section(info: dict, points: list[dict]) -> list[str]:
-    ci = "95% CI by patient-level bootstrap" if "bootstrap (" in info["ci"] else "no CIs (n_boot = 0)"
+def _operating_section(info: dict, points: list[dict], n_boot: int) -> list[str]:
+    ci = f"95% CI by patient-level bootstrap, {n_boot} resamples" if n_boot > 0 else "no CIs (n_boot = 0)"
     rules = "; ".join(f"**{name}**: {text}" for name, text in info["rules"].items())
     lines = ["### Operating points", "",
              f"Thresholds chosen per class on the {info['selected_on']} split, measured on the "

@@ -237,3 +237,4 @@ def test_operating_points_edge_cases(predictions, val_predictions):
     assert same["operating_points"]["same_rows"] is True
     from fedcxr.evaluation.report import render_markdown
     assert "so these numbers are optimistic" in render_markdown(same)
+    assert "measured on the test split (no CIs (n_boot = 0))" in render_markdown(report)
