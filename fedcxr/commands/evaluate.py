@@ -1,8 +1,11 @@
 """``fedcxr evaluate RUN_DIR``: predictions from the training side, the report from evaluation.
 
-Writes ``predictions/<split>.parquet`` when missing (:mod:`fedcxr.pipeline.predict`: the model
-scores every evaluated site's split), then ``report.json``, ``per_class.csv``, ``report.md`` and
-``roc_<site>.png`` (:mod:`fedcxr.evaluation.report`). A missing or malformed run directory
+Writes ``predictions/<split>.parquet`` (and ``predictions/val.parquet``) when missing
+(:mod:`fedcxr.pipeline.predict`: the model scores every evaluated site's split), chooses the
+operating points on the validation split (Youden, 90% sensitivity, 90% specificity) and stores
+them in ``operating_points.json`` (``fedcxr predict`` applies them to new images), then writes
+``report.json``, ``per_class.csv``, ``report.md``, ``roc_<site>.png`` and
+``calibration_<site>.png`` (:mod:`fedcxr.evaluation.report`). A missing or malformed run directory
 raises :class:`~fedcxr.errors.UserError` (exit code 2).
 """
 
@@ -12,9 +15,16 @@ import argparse
 from pathlib import Path
 from typing import Optional
 
+import pandas as pd
+
+from fedcxr.atomic import atomic_write_json
 from fedcxr.errors import UserError
+from fedcxr.evaluation.operating import operating_point_thresholds
 from fedcxr.evaluation.report import build_report, fmt, fmt_ci, write_report
 from fedcxr.evaluation.runs import check_run_dir, load_predictions, load_run_info, predictions_path
+
+#: thresholds chosen on the validation split, per site and class (read by ``fedcxr predict``)
+OPERATING_POINTS = "operating_points.json"
 
 
 def evaluate_run(run_dir: Path | str, *, split: str = "test", n_boot: int = 1000, seed: int = 0,
@@ -25,14 +35,33 @@ def evaluate_run(run_dir: Path | str, *, split: str = "test", n_boot: int = 1000
     if n_boot < 0:
         raise UserError(f"--bootstrap must be 0 (DeLong CIs) or a positive number of resamples, got {n_boot}")
     info = load_run_info(run_dir)
+    predictions = _predictions(run_dir, split, info["classes"], device)
+    val = _predictions(run_dir, "val", info["classes"], device, optional=True)
+    if val is not None:
+        thresholds = operating_point_thresholds(val, info["classes"])
+        atomic_write_json(run_dir / OPERATING_POINTS, thresholds)
+    report = build_report(predictions, info, split=split, n_boot=n_boot, seed=seed, val_predictions=val)
+    write_report(run_dir, report, predictions)
+    return report
+
+
+def _predictions(run_dir: Path, split: str, classes: list[str], device: Optional[str], *,
+                 optional: bool = False) -> Optional[pd.DataFrame]:
+    """``predictions/<split>.parquet``, written first by the training side when missing.
+
+    ``optional``: a split with no rows at the evaluated sites gives None (no operating points)
+    instead of an error.
+    """
     if not predictions_path(run_dir, split).is_file():
         from fedcxr.pipeline.predict import write_predictions  # torch only when a model must run
 
-        write_predictions(run_dir, split, device=device)
-    predictions = load_predictions(run_dir, split, info["classes"])
-    report = build_report(predictions, info, split=split, n_boot=n_boot, seed=seed)
-    write_report(run_dir, report, predictions)
-    return report
+        try:
+            write_predictions(run_dir, split, device=device)
+        except UserError:
+            if optional:
+                return None
+            raise
+    return load_predictions(run_dir, split, classes)
 
 
 def cli_evaluate(args: argparse.Namespace) -> int:

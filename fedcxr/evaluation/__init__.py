@@ -1,9 +1,18 @@
 """Evaluation of runs (DESIGN §6): per-class AUROC with CIs, subgroups, reports, comparisons.
 
-* ``metrics``  AUROC on labeled rows (NaN + reason when undefined), patient-level bootstrap,
-               fast DeLong, paired tests; pure numpy/scipy/scikit-learn.
-* ``runs``     reading ``run.json`` and ``predictions/<split>.parquet`` with clear user errors.
-* ``report``   one run → ``report.json``, ``per_class.csv``, ``report.md``; ``plots``: ROC PNGs.
-* ``compare``  several runs → the method-comparison table and tests against a baseline.
-* ``cli``      ``fedcxr evaluate`` and ``fedcxr report``.
+* ``metrics``      AUROC on labeled rows (NaN + reason when undefined), patient-level bootstrap,
+                   fast DeLong and patient-clustered DeLong (Obuchowski 1997), paired tests;
+                   pure numpy/scipy/scikit-learn.
+* ``operating``    decision thresholds chosen on the val split (Youden, target sensitivity,
+                   target specificity) and sensitivity/specificity/PPV/NPV with bootstrap CIs.
+* ``calibration``  Brier score, expected calibration error (10 equal-width bins), reliability bins.
+* ``runs``         reading ``run.json`` and ``predictions/<split>.parquet`` (site, row_key,
+                   patient_key, label__/prob__/aux__ columns) with clear user errors.
+* ``report``       one run → ``report.json``, ``per_class.csv``, ``report.md``; ``plots``: ROC and
+                   reliability PNGs.
+* ``compare``      several runs → the method-comparison table and tests against a baseline
+                   (clustered DeLong per class with Benjamini–Hochberg q-values, paired t-test).
+* ``cli``          ``fedcxr evaluate`` and ``fedcxr report``.
+
+No module here imports ``fedcxr.pipeline`` or torch.
 """

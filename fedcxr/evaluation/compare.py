@@ -8,9 +8,13 @@ report. The best cell per column is flagged (bold in markdown).
 
 Tests against ``baseline`` (per column, on the same test rows, joined on (site, row_key)):
 
-* DeLong paired test per class, on the first seed pair (see below);
+* DeLong paired test per class, on the first seed pair (see below), **clustered by patient**
+  (Obuchowski 1997, clusters = ``patient_key``): a patient's images are not independent
+  evidence. Across the classes of one (method, column) the p-values are adjusted for the
+  false-discovery rate (Benjamini–Hochberg, ``q_value``); stars and ``significant`` use q;
 * paired t-test over class AUROCs (surgical-aggregation paper, "granular class-level AUROC"):
-  with several seeds every (seed pair, class) is one pair of the test.
+  with several seeds every (seed pair, class) is one pair of the test; one test per cell, so
+  its stars use its p-value.
 
 Seed pairing: runs of the two methods with the same seed are paired; when the two methods
 share no seed, the lowest seed of each is paired (recorded as ``paired_by``). The DeLong
@@ -25,13 +29,19 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
+from scipy import sparse, stats
+from scipy.sparse.csgraph import connected_components
 
 from fedcxr.errors import UserError
 from fedcxr.evaluation import metrics
 from fedcxr.evaluation.report import evaluate_rows, fmt, fmt_ci, is_binary_task, write_json, write_text
 from fedcxr.evaluation.runs import load_predictions, load_run_info, predictions_path
 
-SCHEMA_VERSION = 1
+#: 2: DeLong clustered by patient_key; per-class q_value (BH), significant, n_patients.
+SCHEMA_VERSION = 2
+SIGNIFICANCE_LEVEL = 0.05
+DELONG_METHOD = "patient-clustered DeLong (Obuchowski 1997), clusters = patient_key"
+FDR_METHOD = "Benjamini-Hochberg over the classes of one (method, column) comparison"
 
 
 @dataclass
@@ -72,7 +82,7 @@ def _load_runs(run_dirs: Sequence[Path | str], split: str) -> list[_Run]:
                             f"seed {key[2]}: pass one of them")
         seen[key] = run_dir
         if frame.duplicated(["site", "row_key"]).any():
-            raise UserError(f"{predictions_path(run_dir, split)}: an image appears twice for one site "
+            raise UserError(f"{predictions_path(run_dir, split)}: a row_key appears twice for one site "
                             "(rows must be unique per (site, row_key))")
         present = list(dict.fromkeys(frame["site"]))
         wanted = [s for s in info.get("eval_sites") or [] if s in present]
@@ -119,6 +129,7 @@ def compare_runs(
         "ci": {"level": 0.95, "method": "patient-level bootstrap (percentile), one run per cell",
                "n_boot": int(n_boot), "seed": int(seed)},
         "spread": "mean ± SD (ddof=1) over seeds when several runs share (method, target)",
+        "delong": {"method": DELONG_METHOD, "fdr": FDR_METHOD, "significance_level": SIGNIFICANCE_LEVEL},
         "runs": [{"run_dir": str(r.path), "method": r.method, "seed": r.seed, "target": r.target,
                   "sites": r.sites} for r in runs],
         "columns": columns,
@@ -226,45 +237,90 @@ def _tests(groups, method: str, baseline: str, column: dict) -> Optional[dict[st
 
 
 def _delong_per_class(run_m: _Run, run_b: _Run, site: str) -> dict[str, Any]:
-    """DeLong test per common class on the rows both runs predicted for ``site``."""
+    """Patient-clustered DeLong test per common class on the rows both runs predicted for ``site``,
+    with Benjamini–Hochberg q-values across those classes."""
     fm = run_m.predictions[run_m.predictions["site"] == site]
     fb = run_b.predictions[run_b.predictions["site"] == site]
     classes = [c for c in run_m.info["classes"] if c in run_b.info["classes"]]
-    keep_m = ["row_key"] + [f"{k}__{c}" for c in classes for k in ("label", "prob")]
+    keep_m = ["row_key", "patient_key"] + [f"{k}__{c}" for c in classes for k in ("label", "prob")]
     joined = fm[keep_m].merge(fb[keep_m], on="row_key", how="inner", suffixes=("", "__base"))
-    rows = []
-    for cls in classes:
-        y = joined[f"label__{cls}"].to_numpy(dtype=float, na_value=np.nan)
-        y_base = joined[f"label__{cls}__base"].to_numpy(dtype=float, na_value=np.nan)
-        agree = (y == y_base) | (np.isnan(y) & np.isnan(y_base))
-        y = np.where(agree, y, np.nan)
-        auc1, auc2, z, p = metrics.delong_paired_test(
-            y, joined[f"prob__{cls}"].to_numpy(dtype=float), joined[f"prob__{cls}__base"].to_numpy(dtype=float))
-        labeled = ~np.isnan(y)
-        rows.append({"class": cls, "auroc": auc1, "auroc_baseline": auc2, "z": z, "p_value": p,
-                     "n": int(labeled.sum()), "n_pos": int((y[labeled] == 1).sum()),
-                     "n_label_mismatch": int((~agree).sum()),
-                     "reason": metrics.auroc_reason(y) or (None if np.isfinite(p) else
-                                                         "fewer than 2 positive or 2 negative rows")})
+    clusters = patient_clusters(joined["patient_key"].to_numpy(dtype=object),
+                                joined["patient_key__base"].to_numpy(dtype=object))
+    rows = [_delong_row(joined, cls, clusters) for cls in classes]
+    q_values = bh_adjust([r["p_value"] for r in rows])
+    for row, q in zip(rows, q_values):
+        row["q_value"] = q
+        row["significant"] = bool(np.isfinite(q) and q < SIGNIFICANCE_LEVEL)
     return {"delong_seeds": [run_m.seed, run_b.seed], "n_rows_joined": int(len(joined)),
             "n_rows_only_method": int(len(fm) - len(joined)), "n_rows_only_baseline": int(len(fb) - len(joined)),
             "delong": rows}
+
+
+def _delong_row(joined: pd.DataFrame, cls: str, clusters: np.ndarray) -> dict[str, Any]:
+    """One class: labels the two runs agree on, clustered paired test, counts and a reason."""
+    y = joined[f"label__{cls}"].to_numpy(dtype=float, na_value=np.nan)
+    y_base = joined[f"label__{cls}__base"].to_numpy(dtype=float, na_value=np.nan)
+    agree = (y == y_base) | (np.isnan(y) & np.isnan(y_base))
+    y = np.where(agree, y, np.nan)
+    auc1, auc2, z, p = metrics.clustered_delong_paired_test(
+        y, joined[f"prob__{cls}"].to_numpy(dtype=float), joined[f"prob__{cls}__base"].to_numpy(dtype=float),
+        clusters)
+    labeled = ~np.isnan(y)
+    reason = metrics.auroc_reason(y) or (None if np.isfinite(p) else
+                                         "fewer than 2 patients with a positive or 2 with a negative row")
+    return {"class": cls, "auroc": auc1, "auroc_baseline": auc2, "z": z, "p_value": p,
+            "n": int(labeled.sum()), "n_pos": int((y[labeled] == 1).sum()),
+            "n_patients": int(np.unique(clusters[labeled]).size), "n_label_mismatch": int((~agree).sum()),
+            "reason": reason}
+
+
+def patient_clusters(keys_a: np.ndarray, keys_b: np.ndarray) -> np.ndarray:
+    """Cluster codes of joined rows whose two runs each give a ``patient_key``.
+
+    Two rows are in one cluster when either run puts them with the same patient (connected
+    components of the "same patient in run a or in run b" graph). When the runs agree, as they
+    do on the same data, these are simply the patients; when they do not, merging is the
+    conservative choice (it never treats possibly-correlated rows as independent).
+    """
+    code_a = pd.factorize(pd.Series(keys_a, dtype=object), use_na_sentinel=False)[0]
+    code_b = pd.factorize(pd.Series(keys_b, dtype=object), use_na_sentinel=False)[0]
+    n_a = int(code_a.max()) + 1 if code_a.size else 0
+    n_b = int(code_b.max()) + 1 if code_b.size else 0
+    size = n_a + n_b
+    graph = sparse.coo_matrix((np.ones(code_a.size), (code_a, n_a + code_b)), shape=(size, size))
+    _, labels = connected_components(graph, directed=False)
+    return labels[code_a] if code_a.size else code_a
+
+
+def bh_adjust(p_values: Sequence[float]) -> list[float]:
+    """Benjamini–Hochberg q-values of the finite ``p_values`` (NaN stays NaN, not counted).
+
+    q_(i) = min_{j ≥ i} min(1, m · p_(j) / j) over the m finite p-values sorted ascending
+    (``scipy.stats.false_discovery_control``, method ``"bh"``). Controls the expected share of
+    false discoveries among the classes called significant at q < α.
+    """
+    p = np.asarray(p_values, dtype=float)
+    q = np.full(p.shape, np.nan)
+    finite = np.isfinite(p)
+    if finite.any():
+        q[finite] = stats.false_discovery_control(p[finite], method="bh")
+    return [float(v) for v in q]
 
 
 # --------------------------------------------------------------------------- write
 
 
 def stars(p: Optional[float]) -> str:
-    """Significance marks as in the surgical-aggregation paper's tables."""
+    """Significance marks as in the surgical-aggregation paper's tables (of a p- or q-value)."""
     if p is None or not np.isfinite(p):
         return ""
     return "***" if p < 0.001 else "**" if p < 0.01 else "*" if p < 0.05 else "ns"
 
 
-def _fmt_p(p: Optional[float]) -> str:
+def _fmt_p(p: Optional[float], name: str = "p") -> str:
     if p is None or not np.isfinite(p):
-        return "p n/a"
-    return "p<0.001" if p < 0.001 else f"p={p:.3f}"
+        return f"{name} n/a"
+    return f"{name}<0.001" if p < 0.001 else f"{name}={p:.3f}"
 
 
 def _cell_text(cell: Optional[dict], name: str) -> str:
@@ -303,13 +359,16 @@ def tests_frame(result: dict) -> pd.DataFrame:
     for test in result["tests"]:
         base = {"method": test["method"], "baseline": test["baseline"], "column": test["column"],
                 "paired_by": test["paired_by"]}
+        t_p = test["ttest"]["p_value"]
         rows.append({**base, "test": "paired t-test over class AUROCs", "class": None,
-                     "statistic": test["ttest"]["t"], "p_value": test["ttest"]["p_value"],
+                     "statistic": test["ttest"]["t"], "p_value": t_p, "q_value": np.nan,
+                     "significant": bool(np.isfinite(t_p) and t_p < SIGNIFICANCE_LEVEL),
                      "n": test["ttest"]["n_pairs"], "difference": test["ttest"]["mean_difference"],
                      "seeds": ";".join(f"{a}/{b}" for a, b in test["seed_pairs"]), "reason": None})
         for d in test["delong"]:
             rows.append({**base, "test": "DeLong", "class": d["class"], "statistic": d["z"],
-                         "p_value": d["p_value"], "n": d["n"], "difference": d["auroc"] - d["auroc_baseline"],
+                         "p_value": d["p_value"], "q_value": d["q_value"], "significant": d["significant"],
+                         "n": d["n"], "difference": d["auroc"] - d["auroc_baseline"],
                          "seeds": "{}/{}".format(*test["delong_seeds"]), "reason": d["reason"]})
     return pd.DataFrame(rows)
 
@@ -361,8 +420,10 @@ def _tests_markdown(result: dict) -> list[str]:
             cells.append(f"{tt['mean_difference']:+.3f}, {_fmt_p(tt['p_value'])} {stars(tt['p_value'])}")
         rows.append([m] + cells)
     lines += _md_table(["Method"] + labels, rows) + [""]
-    lines += ["DeLong paired test per class on the same test images (first seed pair). "
-              "Cell: AUROC of the method vs the baseline, p-value.", ""]
+    lines += ["DeLong paired test per class on the same test images (first seed pair), clustered by "
+              "patient (Obuchowski 1997). Cell: AUROC of the method vs the baseline, raw p-value, "
+              "q-value (Benjamini–Hochberg false-discovery-rate adjustment across the classes of the "
+              "column); significance marks use q (*** q<0.001, ** q<0.01, * q<0.05, ns).", ""]
     rows = []
     for m in methods:
         classes = list(dict.fromkeys(d["class"] for label in labels if (m, label) in by_key
@@ -377,8 +438,8 @@ def _tests_markdown(result: dict) -> list[str]:
                 elif not np.isfinite(d["auroc"]):
                     cells.append(f"n/a ({d['reason']})")
                 else:
-                    cells.append(f"{fmt(d['auroc'])} vs {fmt(d['auroc_baseline'])}, {_fmt_p(d['p_value'])} "
-                                 f"{stars(d['p_value'])}".rstrip())
+                    cells.append(f"{fmt(d['auroc'])} vs {fmt(d['auroc_baseline'])}, {_fmt_p(d['p_value'])}, "
+                                 f"{_fmt_p(d['q_value'], 'q')} {stars(d['q_value'])}".rstrip())
             rows.append([m, cls] + cells)
     lines += _md_table(["Method", "Class"] + labels, rows) + [""]
     for t in tests:

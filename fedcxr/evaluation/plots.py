@@ -1,8 +1,16 @@
-"""ROC curve figures (matplotlib, Agg backend: works on headless servers and in CI).
+"""ROC curves and reliability diagrams (matplotlib, Agg backend: headless servers and CI).
 
-One figure per evaluated site, every class with a defined AUROC as one curve (AUROC in the
+ROC: one figure per evaluated site, every class with a defined AUROC as one curve (AUROC in the
 legend, sorted best first), the chance diagonal, and the undefined classes named under the
 plot so a missing curve is never silently missing.
+
+Reliability: one figure per evaluated site; top panel the observed positive fraction against
+the mean predicted probability in 10 equal-width bins (:mod:`fedcxr.evaluation.calibration`),
+one thin line per class and a bold line for all classes pooled, the diagonal = perfect
+calibration; bottom panel how many (row, class) entries fall in each bin (pooled).
+
+Figure sizes are fixed (pixels = inches × dpi), so reports lay out the same every time:
+:func:`figure_size` gives them.
 """
 
 from __future__ import annotations
@@ -20,9 +28,37 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from sklearn.metrics import roc_curve  # noqa: E402
 
-from fedcxr.site_adapters.manifest import atomic_write_bytes  # noqa: E402
+from fedcxr.atomic import atomic_write_bytes  # noqa: E402
 
 _STYLES = ["-", "--", "-.", ":"]
+DPI = 120
+#: Above this many curves the legend moves out of the axes and the figure widens.
+MAX_INSIDE_LEGEND = 8
+
+
+def figure_size(kind: str, n_curves: int) -> tuple[int, int]:
+    """(width, height) in pixels of a ``"roc"`` or ``"reliability"`` figure with ``n_curves`` classes."""
+    inches = {"roc": (7.5, 6.0), "reliability": (7.5, 7.0)}[kind]
+    width = 9.5 if n_curves > MAX_INSIDE_LEGEND else inches[0]
+    return int(round(width * DPI)), int(round(inches[1] * DPI))
+
+
+def _figsize(kind: str, n_curves: int) -> tuple[float, float]:
+    width, height = figure_size(kind, n_curves)
+    return width / DPI, height / DPI
+
+
+def _style(i: int, cmap) -> str:
+    """tab20 pairs a dark and a light shade: dash the light one so neighbours stay apart."""
+    return _STYLES[(i // cmap.N) % len(_STYLES)] if cmap.N == 10 else ("-" if i % 2 == 0 else "--")
+
+
+def _save(fig, path: Path) -> Path:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    atomic_write_bytes(Path(path), buffer.getvalue())
+    return Path(path)
 
 
 def plot_roc(
@@ -53,13 +89,11 @@ def plot_roc(
         curves.append((value, cls, fpr, tpr))
     curves.sort(key=lambda c: -c[0])
 
-    many = len(curves) > 8
-    fig, ax = plt.subplots(figsize=(9.5, 6.0) if many else (7.5, 6.0), dpi=120)
+    many = len(curves) > MAX_INSIDE_LEGEND
+    fig, ax = plt.subplots(figsize=_figsize("roc", len(curves)), dpi=DPI)
     cmap = plt.get_cmap("tab10" if len(curves) <= 10 else "tab20")
     for i, (value, cls, fpr, tpr) in enumerate(curves):
-        # tab20 pairs a dark and a light shade: dash the light one so neighbours stay apart
-        style = _STYLES[(i // cmap.N) % len(_STYLES)] if cmap.N == 10 else ("-" if i % 2 == 0 else "--")
-        ax.plot(fpr, tpr, lw=1.6, color=cmap(i % cmap.N), linestyle=style, label=f"{cls} ({value:.3f})")
+        ax.plot(fpr, tpr, lw=1.6, color=cmap(i % cmap.N), linestyle=_style(i, cmap), label=f"{cls} ({value:.3f})")
     ax.plot([0, 1], [0, 1], color="0.6", lw=1, linestyle="--", label="chance (0.500)")
     ax.set(xlim=(0, 1), ylim=(0, 1.005), xlabel="False positive rate (1 − specificity)",
            ylabel="True positive rate (sensitivity)", title=title)
@@ -74,8 +108,62 @@ def plot_roc(
         fig.text(0.01, 0.01, "AUROC undefined (one label value): " + ", ".join(undefined),
                  fontsize=8, color="0.3", ha="left", va="bottom", wrap=True)
     fig.tight_layout(rect=(0, 0.04 if undefined else 0, 1, 1))
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    atomic_write_bytes(Path(path), buffer.getvalue())
-    return Path(path)
+    return _save(fig, path)
+
+
+def plot_reliability(
+    frame: pd.DataFrame,
+    classes: Sequence[str],
+    path: Path,
+    *,
+    title: str,
+    n_bins: int = 10,
+) -> Path:
+    """Write the reliability diagram of ``classes`` (``label__<c>`` vs ``prob__<c>``) to ``path``.
+
+    Bins with no rows are left out of a line (not drawn at 0); classes with no labeled rows
+    get no line and are named under the plot.
+    """
+    from fedcxr.evaluation.calibration import reliability_bins
+
+    lines, undefined, ys, ps = [], [], [], []
+    for cls in classes:
+        y = frame[f"label__{cls}"].to_numpy(dtype=float, na_value=np.nan)
+        p = frame[f"prob__{cls}"].to_numpy(dtype=float, na_value=np.nan)
+        keep = ~np.isnan(y)
+        if not keep.any():
+            undefined.append(cls)
+            continue
+        lines.append((cls, reliability_bins(y[keep], p[keep], n_bins)))
+        ys.append(y[keep])
+        ps.append(p[keep])
+    pooled = reliability_bins(np.concatenate(ys) if ys else np.empty(0),
+                              np.concatenate(ps) if ps else np.empty(0), n_bins)
+
+    many = len(lines) > MAX_INSIDE_LEGEND
+    fig, (ax, hist) = plt.subplots(2, 1, figsize=_figsize("reliability", len(lines)), dpi=DPI, sharex=True,
+                                   gridspec_kw={"height_ratios": [3, 1]})
+    cmap = plt.get_cmap("tab10" if len(lines) <= 10 else "tab20")
+    ax.plot([0, 1], [0, 1], color="0.6", lw=1, linestyle="--", label="perfectly calibrated")
+    for i, (cls, bins) in enumerate(lines):
+        filled = bins.count > 0
+        ax.plot(bins.mean_predicted[filled], bins.observed[filled], lw=1.0, marker="o", markersize=3,
+                color=cmap(i % cmap.N), linestyle=_style(i, cmap), alpha=0.8, label=cls)
+    filled = pooled.count > 0
+    if filled.any():
+        ax.plot(pooled.mean_predicted[filled], pooled.observed[filled], lw=2.6, marker="s", markersize=5,
+                color="black", label="all classes pooled")
+    ax.set(xlim=(0, 1), ylim=(0, 1.005), ylabel="Observed fraction positive", title=title)
+    ax.grid(alpha=0.3)
+    legend = dict(loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False) if many else dict(loc="upper left")
+    ax.legend(title="class", fontsize=8, title_fontsize=9, **legend)
+    width = 1.0 / n_bins
+    hist.bar(pooled.edges[:-1], pooled.count, width=width, align="edge", color="0.55", edgecolor="white")
+    hist.set(xlim=(0, 1), xlabel=f"Mean predicted probability ({n_bins} equal-width bins)",
+             ylabel="entries")
+    hist.grid(alpha=0.3, axis="y")
+    if undefined:
+        fig.text(0.01, 0.01, "no labeled rows: " + ", ".join(undefined),
+                 fontsize=8, color="0.3", ha="left", va="bottom", wrap=True)
+    fig.tight_layout(rect=(0, 0.03 if undefined else 0, 1, 1))
+    return _save(fig, path)

@@ -6,16 +6,21 @@ Contract (written by the training side)::
     RUN_DIR/predictions/<split>.parquet   one row per image per evaluated site:
         site, row_key, patient_key, label__<c> (1/0/NaN), prob__<c> (sigmoid), aux__<task>
 
+Prediction tables hold no identifiers (no image path, no patient id). ``row_key`` is a
+pseudonymous per-row key: it must be the same for the same image in every run on the same data,
+because the comparison of two runs pairs their rows by ``(site, row_key)``. ``patient_key`` is a
+pseudonymous per-patient key, used only to resample or cluster rows by patient (patient-level
+bootstrap, patient-clustered DeLong); no report writes either key.
+
 Everything here turns a malformed run directory into a :class:`~fedcxr.errors.UserError` that
 names the file and the key or column at fault, so ``fedcxr evaluate``/``report`` exit with 2.
-``patient_key`` is read only to resample patients; nothing here logs or returns it elsewhere.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -24,6 +29,8 @@ from fedcxr.errors import UserError
 
 REQUIRED_RUN_KEYS = ("method", "seed", "classes")
 ID_COLUMNS = ("site", "row_key", "patient_key")
+#: Columns of the previous contract; named in the error when a table still has them.
+LEGACY_ID_COLUMNS = ("image_path", "patient_id")
 
 
 def check_run_dir(run_dir: Path | str) -> Path:
@@ -98,7 +105,11 @@ def check_predictions(frame: pd.DataFrame, classes: list[str], source: Path | st
     required = list(ID_COLUMNS) + [f"label__{c}" for c in classes] + [f"prob__{c}" for c in classes]
     missing = [c for c in required if c not in frame.columns]
     if missing:
-        raise UserError(f"{source}: missing column(s) {', '.join(missing)}")
+        legacy = [c for c in LEGACY_ID_COLUMNS if c in frame.columns]
+        hint = (f" (it has {'/'.join(legacy)} columns of the old contract: predictions now carry "
+                "pseudonymous row_key/patient_key instead; write them again)"
+                if legacy and any(c in ID_COLUMNS for c in missing) else "")
+        raise UserError(f"{source}: missing column(s) {', '.join(missing)}{hint}")
     if frame.empty:
         raise UserError(f"{source}: no prediction rows")
     converted = {}
@@ -117,9 +128,12 @@ def check_predictions(frame: pd.DataFrame, classes: list[str], source: Path | st
         converted[f"label__{cls}"], converted[f"prob__{cls}"] = labels, probs
     if frame["site"].isna().any():
         raise UserError(f"{source}: column site is empty on {int(frame['site'].isna().sum())} row(s)")
+    if frame["row_key"].isna().any():
+        raise UserError(f"{source}: column row_key is empty on {int(frame['row_key'].isna().sum())} "
+                        "row(s); comparisons pair rows of two runs by it")
     if frame["patient_key"].isna().any():
         raise UserError(f"{source}: column patient_key is empty on {int(frame['patient_key'].isna().sum())} "
-                        "row(s); the patient-level bootstrap needs it")
+                        "row(s); the patient-level bootstrap and the patient-clustered DeLong test need it")
     frame = frame.reset_index(drop=True)
     # plain float64 label/prob columns (NaN = unlabeled) whatever dtype the writer used
     return frame.assign(site=frame["site"].astype(str), **converted)

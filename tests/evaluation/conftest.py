@@ -36,8 +36,9 @@ def synthetic_predictions(
     for s, site in enumerate(sites):
         n = patients_per_site * images_per_patient
         patient = np.repeat(np.arange(patients_per_site), images_per_patient)
+        # pseudonymous keys in a recognisable shape, so tests can probe outputs for leaks
         cols = {"site": [site] * n,
-                "row_key": [f"{site}/img{i:05d}.png" for i in range(n)],
+                "row_key": [f"RK{s}{i:05d}ZW" for i in range(n)],
                 "patient_key": [f"PX{s}{p:05d}QZ" for p in patient]}
         for cls in classes:
             y = (data_rng.random(n) < prevalence).astype(float)

@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 
 from fedcxr.errors import UserError
-from fedcxr.evaluation.compare import compare_runs, write_comparison
+from fedcxr.evaluation import metrics
+from fedcxr.evaluation import compare
+from fedcxr.evaluation.compare import bh_adjust, compare_runs, patient_clusters, render_markdown, write_comparison
 
 
 @pytest.fixture
@@ -88,13 +90,13 @@ def test_written_comparison(tmp_path, result):
     csv = pd.read_csv(tmp_path / "cmp" / "comparison.csv")
     assert csv.loc[csv["best_auroc"], "method"].tolist() == ["Surgical", "Surgical"]
     saved = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
-    assert saved["baseline"] == "FedAvg" and saved["schema_version"] == 1
+    assert saved["baseline"] == "FedAvg" and saved["schema_version"] == 2  # 2: clustered DeLong, q-values
     assert saved["table"][0]["cells"]["site-a"]["auroc_ci_low"] is None
     tests_csv = pd.read_csv(tmp_path / "cmp" / "comparison_tests.csv")
     assert set(tests_csv["test"]) == {"paired t-test over class AUROCs", "DeLong"}
-    # no patient identifier or image path in any output
+    # no patient key or row key in any output
     for path in paths:
-        assert "PX0" not in path.read_text() and "img0" not in path.read_text()
+        assert "PX0" not in path.read_text() and "RK0" not in path.read_text()
 
 
 def test_binary_task_columns_with_accuracy_and_targets(tmp_path, make_predictions, make_run):
@@ -122,3 +124,84 @@ def test_bad_inputs(tmp_path, runs, make_predictions, make_run):
     empty = make_run(tmp_path / "nopred", None, method="X")
     with pytest.raises(UserError, match="predictions for split 'test' are missing"):
         compare_runs([empty], n_boot=0)
+
+
+# --------------------------------------------------------------------------- clustered DeLong, FDR
+
+
+def test_bh_adjust_by_hand_and_against_scipy():
+    # sorted finite p: 0.01, 0.03, 0.04, 0.2 (m = 4); m·p/rank: 0.04, 0.06, 0.0533, 0.2;
+    # running minimum from the largest: 0.04, 0.0533, 0.0533, 0.2
+    q = bh_adjust([0.01, 0.04, 0.03, np.nan, 0.2])
+    assert q[:3] == pytest.approx([0.04, 0.16 / 3, 0.16 / 3]) and np.isnan(q[3]) and q[4] == pytest.approx(0.2)
+    from scipy.stats import false_discovery_control
+    p = np.random.default_rng(0).random(9)
+    assert bh_adjust(p) == pytest.approx(false_discovery_control(p, method="bh").tolist())
+    assert np.isnan(bh_adjust([np.nan])[0])  # NaN stays NaN and is not counted
+    assert bh_adjust([]) == []
+
+
+def test_per_class_delong_is_patient_clustered_with_q_values(result, runs):
+    from fedcxr.evaluation.runs import load_predictions
+    tests = {(t["method"], t["column"]): t for t in result["tests"]}
+    better = tests[("Surgical", "site-a")]
+    classes = ["atelectasis", "cardiomegaly", "edema", "pleural_effusion", "hernia"]
+    method = load_predictions(runs[1], "test", classes)  # Surgical seed 0
+    base = load_predictions(runs[0], "test", classes)  # FedAvg seed 0
+    method, base = method[method["site"] == "site-a"], base[base["site"] == "site-a"]
+    base = base.sample(frac=1.0, random_state=0)  # rows are paired by row_key, not by position
+    joined = method.merge(base, on="row_key", suffixes=("", "__b"))
+    edema = next(d for d in better["delong"] if d["class"] == "edema")
+    want = metrics.clustered_delong_paired_test(joined["label__edema"], joined["prob__edema"],
+                                                joined["prob__edema__b"], joined["patient_key"])
+    assert (edema["auroc"], edema["auroc_baseline"], edema["z"], edema["p_value"]) == pytest.approx(want)
+    assert edema["n_patients"] == joined.loc[joined["label__edema"].notna(), "patient_key"].nunique()
+    # two images per patient: the clustered test is not the naive one
+    naive = metrics.delong_paired_test(joined["label__edema"], joined["prob__edema"], joined["prob__edema__b"])
+    assert naive[3] != pytest.approx(edema["p_value"], rel=1e-3)
+    p = [d["p_value"] for d in better["delong"]]
+    assert [d["q_value"] for d in better["delong"]] == pytest.approx(bh_adjust(p), nan_ok=True)
+    assert all(d["significant"] == (np.isfinite(d["q_value"]) and d["q_value"] < 0.05) for d in better["delong"])
+    hernia = next(d for d in better["delong"] if d["class"] == "hernia")
+    assert np.isnan(hernia["q_value"]) and hernia["significant"] is False
+    assert "Obuchowski" in result["delong"]["method"] and "Benjamini-Hochberg" in result["delong"]["fdr"]
+
+
+def test_patient_clusters_follow_patients_and_merge_disagreements():
+    a = np.array(["p1", "p1", "p2", "p3", "p3"], dtype=object)
+    codes = patient_clusters(a, a.copy())
+    assert codes[0] == codes[1] and codes[3] == codes[4] and len({codes[0], codes[2], codes[3]}) == 3
+    # run b puts rows 1 and 2 together: p1 and p2 become one cluster, p3 stays apart
+    b = np.array(["q1", "q2", "q2", "q3", "q3"], dtype=object)
+    merged = patient_clusters(a, b)
+    assert merged[0] == merged[1] == merged[2] and merged[3] == merged[4] != merged[0]
+    assert patient_clusters(np.array([], dtype=object), np.array([], dtype=object)).size == 0
+
+
+def _tiny_result(delong_rows):
+    column = {"label": "site-a", "target": None, "site": "site-a", "binary": False}
+    cell = {"n_runs": 1, "seeds": [0], "auroc_mean": 0.8, "auroc_sd": np.nan, "auroc_ci_low": 0.7,
+            "auroc_ci_high": 0.9, "auroc_n": 1, "best_auroc": True}
+    test = {"method": "New", "baseline": "Old", "column": "site-a", "site": "site-a", "target": None,
+            "paired_by": "seed", "seed_pairs": [[0, 0]],
+            "ttest": {"t": 2.5, "p_value": 0.04, "n_pairs": 3, "mean_difference": 0.02},
+            "delong_seeds": [0, 0], "n_rows_joined": 10, "n_rows_only_method": 0, "n_rows_only_baseline": 0,
+            "delong": delong_rows}
+    return {"split": "test", "baseline": "Old", "ci": {"n_boot": 10}, "columns": [column],
+            "runs": [{"method": m, "seed": 0, "target": None} for m in ("Old", "New")],
+            "table": [{"method": "Old", "cells": {"site-a": cell}}, {"method": "New", "cells": {"site-a": cell}}],
+            "tests": [test]}
+
+
+def test_markdown_stars_use_q_and_say_so():
+    rows = [{"class": c, "auroc": 0.8, "auroc_baseline": 0.75, "z": 2.0, "p_value": p, "q_value": q,
+             "significant": q < 0.05, "n": 10, "n_pos": 3, "n_patients": 5, "n_label_mismatch": 0, "reason": None}
+            for c, p, q in (("edema", 0.04, 0.16 / 3), ("effusion", 0.0004, 0.0008))]
+    md = render_markdown(_tiny_result(rows))
+    assert "| New | edema | 0.800 vs 0.750, p=0.040, q=0.053 ns |" in md  # p < 0.05 but q is not
+    assert "| New | effusion | 0.800 vs 0.750, p<0.001, q<0.001 *** |" in md
+    assert "Benjamini–Hochberg" in md and "significance marks use q" in md and "clustered by patient" in md
+    assert "+0.020, p=0.040 *" in md  # the single t-test per cell keeps its p-value stars
+    frame = compare.tests_frame(_tiny_result(rows))
+    assert frame["q_value"].iloc[1:].tolist() == pytest.approx([0.16 / 3, 0.0008])
+    assert frame["significant"].tolist() == [True, False, True]

@@ -34,7 +34,7 @@ def report(predictions):
 
 
 def test_report_per_site_per_class_and_mean(report, predictions):
-    assert report["schema_version"] == 1
+    assert report["schema_version"] == 2  # 2: calibration and operating points
     assert (report["method"], report["seed"], report["split"]) == ("FedAvg", 3, "test")
     assert list(report["sites"]) == ["site-a", "site-b"]
     site = report["sites"]["site-a"]
@@ -89,7 +89,8 @@ def test_missing_eval_site_is_listed(predictions):
 def test_written_files(tmp_path, report, predictions):
     paths = write_report(tmp_path, report, predictions)
     names = sorted(p.name for p in paths)
-    assert names == ["per_class.csv", "report.json", "report.md", "roc_site-a.png", "roc_site-b.png"]
+    assert names == ["calibration_site-a.png", "calibration_site-b.png", "per_class.csv", "report.json",
+                     "report.md", "roc_site-a.png", "roc_site-b.png"]
 
     saved = _strict_json(tmp_path / "report.json")
     hernia = saved["sites"]["site-b"]["per_class"][4]
@@ -109,7 +110,7 @@ def test_written_files(tmp_path, report, predictions):
     assert "| hernia | n/a |" in md and "no positive rows in test split" in md
     assert "### Sex" in md and "| AUROC | F | M |" in md
 
-    for name in ("roc_site-a.png", "roc_site-b.png"):
+    for name in ("roc_site-a.png", "roc_site-b.png", "calibration_site-a.png", "calibration_site-b.png"):
         with Image.open(tmp_path / name) as image:
             image.verify()
         with Image.open(tmp_path / name) as image:
@@ -128,14 +129,112 @@ def test_markdown_says_when_bootstrap_resamples_were_skipped(tmp_path, make_pred
     assert f"CI from {100 - edema['ci_skipped']} of 100 resamples (rest had one label value)" in md
 
 
-def test_no_patient_keyentifier_in_any_output(tmp_path, report, predictions):
+def test_no_patient_or_row_key_in_any_output(tmp_path, report, predictions):
     write_report(tmp_path, report, predictions)
     identifiers = set(predictions["patient_key"]) | set(predictions["row_key"])
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert len(files) == 5
+    assert len(files) == 7
     for path in files:
         data = path.read_bytes()
         leaked = [i for i in identifiers if i.encode() in data]
         assert not leaked, f"{path.name} contains identifiers, e.g. {leaked[0]}"
-    # the probe is sensitive: patient ids do show up if written
+    # the probe is sensitive: patient keys do show up if written
     assert "PX000000QZ".encode() in predictions.to_csv().encode()
+
+
+# --------------------------------------------------------------------------- calibration, operating points
+
+
+@pytest.fixture
+def val_predictions(make_predictions):
+    """Other rows of the same sites (a different draw), as the run's val split."""
+    return make_predictions(patients_per_site=50, data_seed=1)
+
+
+def test_calibration_in_every_report(report, predictions):
+    from fedcxr.evaluation import calibration
+    assert report["calibration"]["n_bins"] == 10 and report["operating_points"] is None
+    site = report["sites"]["site-a"]
+    rows = predictions[predictions["site"] == "site-a"]
+    from fedcxr.evaluation.report import json_safe  # NaN → None, so empty bins compare equal
+    assert json_safe(site["calibration"]) == json_safe(calibration.calibration_summary(rows, INFO["classes"]))
+    edema = next(r for r in site["calibration"]["per_class"] if r["class"] == "edema")
+    assert edema["brier"] == pytest.approx(calibration.brier_score(rows["label__edema"], rows["prob__edema"]))
+    assert edema["ece"] == pytest.approx(calibration.expected_calibration_error(rows["label__edema"],
+                                                                                rows["prob__edema"]))
+    assert "operating_points" not in site
+
+
+def test_operating_points_from_val_predictions(predictions, val_predictions):
+    from fedcxr.evaluation import operating
+    report = build_report(predictions, INFO, split="test", n_boot=200, seed=0, val_predictions=val_predictions)
+    info = report["operating_points"]
+    assert info["selected_on"] == "val" and info["evaluated_on"] == "test" and info["same_rows"] is False
+    assert info["targets"] == {"sensitivity": 0.9, "specificity": 0.9}
+    assert list(info["rules"]) == ["youden", "sens90", "spec90"]
+    thresholds = operating.operating_point_thresholds(val_predictions, INFO["classes"])
+    for site in ("site-a", "site-b"):
+        points = report["sites"][site]["operating_points"]
+        assert len(points) == 5 * 3
+        want = operating.operating_point_rows(predictions[predictions["site"] == site],
+                                              val_predictions[val_predictions["site"] == site], INFO["classes"],
+                                              n_boot=200, seed=0)
+        assert [p["sensitivity"] for p in points] == pytest.approx([w["sensitivity"] for w in want], nan_ok=True)
+        for p in points:
+            stored = thresholds[site][p["class"]][p["rule"]]
+            assert (stored is None and np.isnan(p["threshold"])) or stored == p["threshold"]
+    hernia = [p for p in report["sites"]["site-a"]["operating_points"] if p["class"] == "hernia"]
+    assert all(np.isnan(p["threshold"]) and p["reason"] == "no positive rows in val split" for p in hernia)
+    edema = next(p for p in report["sites"]["site-a"]["operating_points"]
+                 if p["class"] == "edema" and p["rule"] == "youden")
+    assert edema["sensitivity_ci_low"] <= edema["sensitivity"] <= edema["sensitivity_ci_high"]
+    assert edema["reason"] is None
+
+
+def test_operating_points_written_to_json_csv_and_markdown(tmp_path, predictions, val_predictions):
+    report = build_report(predictions, INFO, split="test", n_boot=100, seed=0, val_predictions=val_predictions,
+                          target_sensitivity=0.95, target_specificity=0.8)
+    write_report(tmp_path, report, predictions)
+    saved = _strict_json(tmp_path / "report.json")
+    assert saved["schema_version"] == 2 and list(saved["operating_points"]["rules"]) == ["youden", "sens95", "spec80"]
+    hernia = next(p for p in saved["sites"]["site-b"]["operating_points"] if p["class"] == "hernia")
+    assert hernia["threshold"] is None and hernia["sensitivity"] is None and hernia["reason"]
+    csv = pd.read_csv(tmp_path / "per_class.csv")
+    base = ["site", "class", "auroc", "ci_low", "ci_high", "n", "n_pos", "prevalence", "reason"]
+    assert list(csv.columns[:9]) == base
+    for rule in ("youden", "sens95", "spec80"):
+        assert f"{rule}_threshold" in csv.columns
+        for m in ("sensitivity", "specificity", "ppv", "npv"):
+            assert {f"{rule}_{m}", f"{rule}_{m}_ci_low", f"{rule}_{m}_ci_high"} <= set(csv.columns)
+    row = csv[(csv["site"] == "site-a") & (csv["class"] == "edema")].iloc[0]
+    point = next(p for p in saved["sites"]["site-a"]["operating_points"]
+                 if p["class"] == "edema" and p["rule"] == "sens95")
+    assert row["sens95_threshold"] == pytest.approx(point["threshold"], rel=1e-5)
+    assert row["sens95_ppv_ci_high"] == pytest.approx(point["ppv_ci_high"], rel=1e-5)
+    md = (tmp_path / "report.md").read_text()
+    assert "### Operating points" in md and "### Calibration" in md
+    assert "| Class | Rule | Threshold | Sensitivity | Specificity | PPV | NPV | Note |" in md
+    assert (f"| edema | sens95 | {point['threshold']:.3f} | {point['sensitivity']:.3f} "
+            f"({point['sensitivity_ci_low']:.3f}–{point['sensitivity_ci_high']:.3f}) |") in md
+    assert "chosen per class on the val split, measured on the test split" in md
+    assert "![Reliability diagram, site site-a](calibration_site-a.png)" in md
+    # keys of neither split leak into any file
+    keys = set(predictions["patient_key"]) | set(predictions["row_key"]) | set(val_predictions["row_key"])
+    for path in tmp_path.iterdir():
+        data = path.read_bytes()
+        assert not [k for k in keys if k.encode() in data], path.name
+
+
+def test_operating_points_edge_cases(predictions, val_predictions):
+    only_a = val_predictions[val_predictions["site"] == "site-a"]
+    report = build_report(predictions, INFO, split="test", n_boot=0, seed=0, val_predictions=only_a)
+    assert {p["reason"] for p in report["sites"]["site-b"]["operating_points"]} == {
+        "no val predictions for this site"}
+    edema = next(p for p in report["sites"]["site-a"]["operating_points"] if p["class"] == "edema")
+    assert np.isfinite(edema["sensitivity"]) and np.isnan(edema["sensitivity_ci_low"])
+    assert report["operating_points"]["ci"].startswith("none")
+    same = build_report(val_predictions, INFO, split="val", n_boot=0, seed=0, val_predictions=val_predictions)
+    assert same["operating_points"]["same_rows"] is True
+    from fedcxr.evaluation.report import render_markdown
+    assert "so these numbers are optimistic" in render_markdown(same)
+    assert "measured on the test split (no CIs (n_boot = 0))" in render_markdown(report)

@@ -24,6 +24,9 @@ from fedcxr.pipeline.federation import run_experiment
 
 from ..conftest import tiny_config
 
+# torch warns that a hand-made pickle uses protocol 4 before refusing it: expected here
+pytestmark = pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")
+
 
 class _RunsCode:
     """Unpickling this object runs ``touch MARKER`` (a tampered checkpoint)."""
