@@ -1,0 +1,36 @@
+"""``fedcxr sweep``: methods × seeds trained, evaluated and compared; a re-run skips finished runs."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from fedcxr.cli import main
+
+from ..conftest import tiny_config
+
+
+def test_sweep_trains_evaluates_compares_and_skips_finished_runs(tiny_manifests, tmp_path, capsys):
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump(tiny_config(tiny_manifests, tmp_path / "cache", rounds=1)))
+    argv = ["sweep", str(config), "--methods", "Target_Only", "FedAvg_Finetune", "--seeds", "2",
+            "--out", str(tmp_path / "sweep"), "--baseline", "Target_Only", "--device", "cpu", "-q"]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert first.count(": training") == 4
+    comparison = json.loads((tmp_path / "sweep" / "comparison.json").read_text())
+    assert {row["method"] for row in comparison["table"]} == {"Target_Only", "FedAvg_Finetune"}
+    cell = next(iter(comparison["table"][1]["cells"].values()))
+    assert cell["n_runs"] == 2 and cell["seeds"] == [0, 1]  # mean ± SD over the two seeds
+    assert len(comparison["tests"]) == 1 and comparison["tests"][0]["method"] == "FedAvg_Finetune"
+    assert main(argv) == 0
+    assert ": training" not in capsys.readouterr().out  # finished runs are kept, not trained again
+
+
+def test_sweep_refuses_an_unknown_method_before_training(tiny_manifests, tmp_path, capsys):
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump(tiny_config(tiny_manifests, tmp_path / "cache")))
+    assert main(["sweep", str(config), "--methods", "FedAvg", "FedMagic", "--out", str(tmp_path / "s")]) == 2
+    assert "unknown strategy 'FedMagic'" in capsys.readouterr().err
+    assert not (tmp_path / "s" / "runs").exists()
