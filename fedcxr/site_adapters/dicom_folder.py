@@ -42,12 +42,13 @@ that cannot be mapped (an age of ``0XYZ`` or ``150Y``, a sex of ``X``) becomes u
 (null): the row is kept, the count is noted, and it shows as missing in ``site.json``'s aux
 availability. DICOM has no race.
 
-Identifiers: ``patient_id`` = first 16 hex digits of sha256(fixed salt + ``PatientID``), since
-PatientID may be a real medical record number; ``study_id`` likewise from
-``StudyInstanceUID``. A file with no PatientID falls back to its study (then its SOP UID or
-path) as its own patient, and the count is noted. This is pseudonymisation, not
-anonymisation: a short MRN can be recovered by hashing candidates with the public salt, so
-the manifests stay inside the hospital like the images. Site column for ``--site-by``:
+Identifiers: the adapter's ``patient_id`` is the first 16 hex digits of sha256(fixed salt +
+``PatientID``) and ``study_id`` likewise from ``StudyInstanceUID``: a fixed-length source id,
+**not** the pseudonym. ``fedcxr ingest`` replaces both by HMAC-SHA256 pseudonyms under the
+site's secret key (:mod:`fedcxr.site_adapters.sitekey`) before anything is written, because
+a public salt alone lets anyone recover a short MRN by hashing candidates. A file with no
+PatientID falls back to its study (then its SOP UID or path) as its own patient, and the
+count is noted. The manifests stay inside the hospital like the images. Site column for ``--site-by``:
 ``folder`` (the top-level subfolder of the file; files at the top level have none).
 """
 
@@ -99,7 +100,11 @@ _SPLITS = {"train": "train", "val": "val", "validate": "val", "validation": "val
 
 
 def pseudonym(value: str) -> str:
-    """First 16 hex digits of sha256(salt + value): stable, not reversible without guessing."""
+    """First 16 hex digits of sha256(public salt + value): the adapter's source id.
+
+    Not a pseudonym on its own (anyone can hash candidate MRNs with the public salt); ingest
+    keys it with the site's secret (:func:`fedcxr.site_adapters.ingest.pseudonymise`).
+    """
     return hashlib.sha256(f"{PSEUDONYM_SALT}:{value}".encode()).hexdigest()[:16]
 
 

@@ -1,8 +1,13 @@
 """``fedcxr ingest``: one export → per-site manifests, with every set-aside row accounted for.
 
-Flow: adapter (vendor format → canonical rows) → duplicate check → image check (exists +
+Flow: adapter (vendor format → canonical rows) → keyed pseudonyms for patient and study ids
+(:mod:`fedcxr.site_adapters.sitekey`) → duplicate check → image check (exists +
 header; full decode with ``verify_pixels``) → uncertain-label policy → partition into sites →
 patient-disjoint splits → one manifest per site → ``ingest_report.json``.
+
+The adapters return the export's own patient/study ids; they are replaced by HMAC pseudonyms
+under the site's secret key before anything else looks at them, so no later step (partitions,
+splits, reports, manifests) ever sees or writes a raw id.
 
 Invariant checked before anything is written: rows kept + rows set aside == rows read.
 """
@@ -26,10 +31,14 @@ from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, Sou
 from fedcxr.site_adapters.manifest import (
     apply_uncertain_policy,
     assign_splits,
+    atomic_write_bytes,
     atomic_write_json,
     write_site,
 )
+from fedcxr.site_adapters.paths import printable
 from fedcxr.site_adapters.partition import partition
+from fedcxr.site_adapters.sitekey import ENV_VAR as KEY_ENV
+from fedcxr.site_adapters.sitekey import SiteKey, load_site_key
 from fedcxr.vocab import label_column
 
 log = logging.getLogger(__name__)
@@ -70,13 +79,21 @@ def run_ingest(
     val_fraction: float = 0.1,
     test_fraction: float = 0.2,
     progress: bool = True,
+    site_key: Optional[Path | str] = None,
 ) -> dict:
-    """Ingest one export; return the ``ingest_report.json`` payload (also written to OUT)."""
+    """Ingest one export; return the ``ingest_report.json`` payload (also written to OUT).
+
+    ``site_key``: the secret key file for pseudonyms (see :func:`fedcxr.site_adapters.sitekey.load_site_key`;
+    unset: ``$FEDCXR_SITE_KEY``, else ``OUT/.fedcxr_site_key``, created on first use).
+    """
     started = time.perf_counter()
     input_dir, out_dir = Path(input_dir), Path(out_dir)
     if not input_dir.exists():
         raise IngestError(f"--input {input_dir}: no such directory")
     adapter = get_adapter(source)
+    # A key given by the user is checked before the (possibly long) adapter run; the default key
+    # in OUT is created only after the adapter succeeded, so a failed ingest leaves OUT alone.
+    key = load_site_key(site_key, out_dir) if site_key is not None or os.environ.get(KEY_ENV) else None
     options = AdapterOptions(
         uncertain=uncertain,
         mapping=Path(mapping) if mapping else None,
@@ -91,6 +108,8 @@ def run_ingest(
         raise IngestError(
             f"adapter {source!r} bug: {len(frame)} rows + {len(set_aside)} set aside != {table.rows_read} read"
         )
+    key = key or load_site_key(None, out_dir)
+    frame = pseudonymise(frame, key)
 
     frame, dupes = drop_duplicate_images(frame)
     set_aside += dupes
@@ -135,7 +154,7 @@ def run_ingest(
             out_dir, site, rows,
             classes=[c for c in parts.class_sets.get(site, table.classes) if c in table.classes],
             source=source, adapter_version=table.adapter_version, export_root=table.root,
-            set_aside=site_rows_aside, options=run_options,
+            set_aside=site_rows_aside, options=run_options, key_id=key.key_id,
         )
         site_summaries[site] = {
             "rows": payload["rows"], "rows_per_split": payload["rows_per_split"],
@@ -155,11 +174,47 @@ def run_ingest(
         "set_aside": [s.as_dict() for s in set_aside],
         "sites": site_summaries,
         "options": run_options,
+        "pseudonym_key_id": key.key_id,
         "notes": table.notes,
         "seconds": round(time.perf_counter() - started, 3),
     }
     atomic_write_json(out_dir / "ingest_report.json", report)
+    write_set_aside_csv(out_dir / "set_aside.csv", set_aside, key)
     return report
+
+
+def write_set_aside_csv(path: Path, rows: list[SetAside], key: SiteKey) -> None:
+    """``OUT/set_aside.csv``: one line per set-aside row: file, row, image_path, image_key, reason.
+
+    ``file``/``row`` point into the export's own metadata (the csv and its 1-based data row, or
+    the DICOM file), ``image_path`` is the path relative to the export root as the export named
+    it, ``image_key`` its keyed hash (the manifest's pseudonymous row name). No patient or study
+    id is written: reasons never quote one, and the file stays at the site with the manifests.
+    """
+    frame = pd.DataFrame(
+        [{"file": printable(str(s.file)), "row": s.row if s.row is not None else "",
+          "image_path": printable(s.image_path) if s.image_path else "",
+          "image_key": key.pseudonym("image", s.image_path) if s.image_path else "",
+          "reason": printable(s.reason)} for s in rows],
+        columns=["file", "row", "image_path", "image_key", "reason"],
+    )
+    atomic_write_bytes(path, frame.to_csv(index=False).encode("utf-8"))
+
+
+def pseudonymise(frame: pd.DataFrame, key: SiteKey) -> pd.DataFrame:
+    """Replace ``patient_id``/``study_id`` by keyed pseudonyms and add ``image_key``.
+
+    The study pseudonym is keyed by patient and study together, so two patients whose exports
+    reuse a study number (csv sources number studies per patient) never share a study id.
+    ``image_key`` is the keyed hash of the image's relative path: a stable pseudonymous name
+    for the row (same key, same path → same value) that does not reveal the path.
+    """
+    out = frame.copy()
+    patient = out["patient_id"].astype(str)
+    out["study_id"] = key.pseudonyms("study", patient + "\x00" + out["study_id"].astype(str))
+    out["patient_id"] = key.pseudonyms("patient", patient)
+    out["image_key"] = key.pseudonyms("image", out["image_path"].astype(str))
+    return out
 
 
 def _reason_family(reason: str) -> str:
@@ -232,4 +287,4 @@ def _map_chunks(func, items: Sequence[str], *, decode: bool, workers: int, progr
     return results
 
 
-__all__ = ["ADAPTERS", "run_ingest", "get_adapter", "check_images", "drop_duplicate_images"]
+__all__ = ["ADAPTERS", "run_ingest", "get_adapter", "check_images", "drop_duplicate_images", "pseudonymise"]

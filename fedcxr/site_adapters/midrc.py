@@ -49,7 +49,8 @@ unsupported transfer syntax...), and every image of a case with an unknown
 Age is the study's ``age_at_imaging`` when given (the age at the X-ray), else the case's
 ``age_at_index``; ``*_gt89 = Yes`` → 90. Unmappable sex/race/age values become unknown (null,
 rows kept, counted in the notes). ``patient_id`` and ``study_id`` are salted hashes of the case
-submitter id and the study UID (:func:`fedcxr.site_adapters.dicom_folder.pseudonym`).
+submitter id and the study UID (:func:`fedcxr.site_adapters.dicom_folder.pseudonym`), which
+ingest keys with the site's secret before writing anything.
 ``--site-by`` columns: ``state``, ``site_id``, ``race``.
 """
 
