@@ -67,6 +67,7 @@ import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable
 from fedcxr.site_adapters.images import KIND_DICOM, read_headers
+from fedcxr.site_adapters.paths import Container
 from fedcxr.site_adapters.tables import failed_note, label_columns, map_distinct, read_table, to_codes
 from fedcxr.vocab import (
     CLASSES,
@@ -148,15 +149,23 @@ def skipped_note(skipped: Counter) -> Optional[str]:
 def read_dicom_headers(
     input_dir: Path, files: list[str], options: AdapterOptions
 ) -> tuple[list[Optional[dict]], list[Optional[str]]]:
-    """Header dict (or None) and reason (or None) per file; PNG/JPEG get a reason too."""
-    results = read_headers([str(input_dir / f) for f in files], workers=options.workers,
+    """Header dict (or None) and reason (or None) per file; PNG/JPEG get a reason too.
+
+    A file whose path leaves the export (a symbolic link out, unless ``follow_links``) or whose
+    name is not valid UTF-8 is never opened: it gets the reason from
+    :mod:`fedcxr.site_adapters.paths` instead.
+    """
+    box = Container(input_dir, follow_links=bool(options.extra.get("follow_links", False)))
+    reasons: list[Optional[str]] = [box.contain(f)[2] for f in files]
+    to_read = [i for i, r in enumerate(reasons) if r is None]
+    results = read_headers([str(input_dir / files[i]) for i in to_read], workers=options.workers,
                            progress=bool(options.extra.get("progress", True)))
-    headers, reasons = [], []
-    for header, reason in results:
+    headers: list[Optional[dict]] = [None] * len(files)
+    for i, (header, reason) in zip(to_read, results):
         if reason is None and header["kind"] != KIND_DICOM:
             reason = f"not a DICOM file (a {header['kind'].upper()} image in a DICOM export)"
-        headers.append(header if reason is None else None)
-        reasons.append(reason)
+        headers[i] = header if reason is None else None
+        reasons[i] = reason
     return headers, reasons
 
 
@@ -451,6 +460,7 @@ def read_dicom_folder(input_dir: Path, options: AdapterOptions) -> SourceTable:
         "group__folder": pd.Series([f.split("/", 1)[0] if "/" in f else None for f in kept_files], dtype=object),
         "source_file": paths,
         "source_row": pd.Series([i + 1 for i in keep], dtype="int64"),
+        "instance_uid": tags["SOPInstanceUID"],
     })
     bad = np.array([p is not None for p in problems], dtype=bool)
     set_aside += [SetAside(f, int(r), p, f) for f, r, p in

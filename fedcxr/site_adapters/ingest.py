@@ -1,7 +1,9 @@
 """``fedcxr ingest``: one export → per-site manifests, with every set-aside row accounted for.
 
-Flow: adapter (vendor format → canonical rows) → keyed pseudonyms for patient and study ids
-(:mod:`fedcxr.site_adapters.sitekey`) → duplicate check → image check (exists +
+Flow: adapter (vendor format → canonical rows) → image paths kept inside the export root
+(:mod:`fedcxr.site_adapters.paths`) → keyed pseudonyms for patient and study ids
+(:mod:`fedcxr.site_adapters.sitekey`) → duplicate check (same path, same file, same DICOM
+instance) → image check (exists +
 header; full decode with ``verify_pixels``) → uncertain-label policy → partition into sites →
 patient-disjoint splits → one manifest per site → ``ingest_report.json``.
 
@@ -35,7 +37,7 @@ from fedcxr.site_adapters.manifest import (
     atomic_write_json,
     write_site,
 )
-from fedcxr.site_adapters.paths import printable
+from fedcxr.site_adapters.paths import contain_all, printable
 from fedcxr.site_adapters.partition import partition
 from fedcxr.site_adapters.sitekey import ENV_VAR as KEY_ENV
 from fedcxr.site_adapters.sitekey import SiteKey, load_site_key
@@ -80,11 +82,14 @@ def run_ingest(
     test_fraction: float = 0.2,
     progress: bool = True,
     site_key: Optional[Path | str] = None,
+    follow_links: bool = False,
 ) -> dict:
     """Ingest one export; return the ``ingest_report.json`` payload (also written to OUT).
 
     ``site_key``: the secret key file for pseudonyms (see :func:`fedcxr.site_adapters.sitekey.load_site_key`;
     unset: ``$FEDCXR_SITE_KEY``, else ``OUT/.fedcxr_site_key``, created on first use).
+    ``follow_links``: accept image paths whose symbolic links lead out of the export root
+    (:mod:`fedcxr.site_adapters.paths`; by default such rows are set aside).
     """
     started = time.perf_counter()
     input_dir, out_dir = Path(input_dir), Path(out_dir)
@@ -99,7 +104,9 @@ def run_ingest(
         mapping=Path(mapping) if mapping else None,
         labels_csv=Path(labels_csv) if labels_csv else None,
         workers=max(1, int(workers)),
-        extra={"out_dir": out_dir},  # adapters that must write files (medmnist PNGs) write under OUT
+        # adapters that must write files (medmnist PNGs) write under OUT; adapters that read
+        # images themselves (dicom, midrc) keep them inside the export unless follow_links
+        extra={"out_dir": out_dir, "follow_links": follow_links, "progress": progress},
     )
     table: SourceTable = adapter(input_dir, options)
     frame = ensure_columns(table.frame, table.classes)
@@ -109,10 +116,13 @@ def run_ingest(
             f"adapter {source!r} bug: {len(frame)} rows + {len(set_aside)} set aside != {table.rows_read} read"
         )
     key = key or load_site_key(None, out_dir)
+    frame, outside = contain_paths(frame, table.root, follow_links=follow_links)
+    set_aside += outside
     frame = pseudonymise(frame, key)
 
     frame, dupes = drop_duplicate_images(frame)
     set_aside += dupes
+    frame = frame.drop(columns=[c for c in ("real_path", "instance_uid") if c in frame])
     frame, bad_images = check_images(
         frame, table.root, decode=verify_pixels, skip_headers=table.headers_checked,
         workers=options.workers, progress=progress,
@@ -143,7 +153,7 @@ def run_ingest(
         raise IngestError(f"internal error: {kept} kept + {len(set_aside)} set aside != {table.rows_read} read")
 
     run_options = {
-        "site_by": site_by, "uncertain": uncertain, "verify_pixels": verify_pixels,
+        "site_by": site_by, "uncertain": uncertain, "verify_pixels": verify_pixels, "follow_links": follow_links,
         "mapping": str(mapping) if mapping else None, "val_fraction": val_fraction,
         "test_fraction": test_fraction,
     }
@@ -201,6 +211,27 @@ def write_set_aside_csv(path: Path, rows: list[SetAside], key: SiteKey) -> None:
     atomic_write_bytes(path, frame.to_csv(index=False).encode("utf-8"))
 
 
+def contain_paths(frame: pd.DataFrame, root: Path, *, follow_links: bool = False) -> tuple[pd.DataFrame, list[SetAside]]:
+    """Normalise every ``image_path`` inside ``root``; set aside the ones that leave it.
+
+    See :mod:`fedcxr.site_adapters.paths`: absolute paths, ``..`` escapes, NUL bytes, non-UTF-8
+    names and (unless ``follow_links``) symbolic links out of the export are set aside with
+    the reason. Adds ``real_path`` (every link resolved), used to find the same file under
+    two names.
+    """
+    norms, reals, reasons = contain_all(root, frame["image_path"].astype(str).tolist(), follow_links=follow_links)
+    bad = np.array([r is not None for r in reasons], dtype=bool)
+    aside = [
+        SetAside(f, int(r), reasons[i], p)
+        for i, f, r, p in zip(np.flatnonzero(bad), frame.loc[bad, "source_file"], frame.loc[bad, "source_row"],
+                              frame.loc[bad, "image_path"])
+    ]
+    out = frame.copy()
+    out["image_path"] = [n if n is not None else p for n, p in zip(norms, out["image_path"])]
+    out["real_path"] = reals
+    return out.loc[~bad].copy(), aside
+
+
 def pseudonymise(frame: pd.DataFrame, key: SiteKey) -> pd.DataFrame:
     """Replace ``patient_id``/``study_id`` by keyed pseudonyms and add ``image_key``.
 
@@ -223,16 +254,53 @@ def _reason_family(reason: str) -> str:
 
 
 def drop_duplicate_images(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[SetAside]]:
-    """Keep the first row of each image; later rows pointing at the same file are set aside."""
+    """Keep the first row of each image; later rows showing the same image are set aside.
+
+    The same image is found three ways: the same relative path; the same file under another
+    name (``real_path`` when present: a symbolic link, or a hard link with the same device and
+    inode); and, for DICOM, the same SOPInstanceUID (``instance_uid`` when present: one
+    instance copied into two folders). A copy under another patient gets a reason saying so:
+    it could otherwise put one image in two splits. Reasons name rows and paths, never ids.
+    """
     dup = frame.duplicated(subset=["image_path"], keep="first")
-    if not dup.any():
-        return frame, []
-    first_row = frame.loc[~dup].set_index("image_path")["source_row"]
-    aside = [
-        SetAside(f, int(r), f"duplicate row: same image as row {int(first_row[p])}", p)
-        for f, r, p in zip(frame.loc[dup, "source_file"], frame.loc[dup, "source_row"], frame.loc[dup, "image_path"])
-    ]
-    return frame.loc[~dup].copy(), aside
+    aside: list[SetAside] = []
+    if dup.any():
+        first_row = frame.loc[~dup].set_index("image_path")["source_row"]
+        aside = [
+            SetAside(f, int(r), f"duplicate row: same image as row {int(first_row[p])}", p)
+            for f, r, p in zip(frame.loc[dup, "source_file"], frame.loc[dup, "source_row"],
+                               frame.loc[dup, "image_path"])
+        ]
+        frame = frame.loc[~dup]
+    for column, what in (("real_path", "same file as"), ("instance_uid", "same SOPInstanceUID as")):
+        if column not in frame:
+            continue
+        identity = _file_identity(frame[column]) if column == "real_path" else frame[column]
+        known = identity.notna() & (identity.astype(str) != "")
+        dup = known & identity.duplicated(keep="first")
+        if not dup.any():
+            continue
+        first = frame.loc[known & ~dup].assign(_id=identity[known & ~dup]).set_index("_id")
+        for f, r, p, pid, ident in zip(frame.loc[dup, "source_file"], frame.loc[dup, "source_row"],
+                                       frame.loc[dup, "image_path"], frame.loc[dup, "patient_id"], identity[dup]):
+            keeper = first.loc[ident]
+            other = " under another patient" if keeper["patient_id"] != pid else ""
+            aside.append(SetAside(f, int(r), f"duplicate image{other}: {what} row {int(keeper['source_row'])} "
+                                              f"({keeper['image_path']})", p))
+        frame = frame.loc[~dup]
+    return frame.copy(), aside
+
+
+def _file_identity(real_paths: pd.Series) -> pd.Series:
+    """``dev:inode`` of each existing file (hard links agree), else its real path."""
+    out = []
+    for real in real_paths.tolist():
+        try:
+            info = os.stat(real)
+            out.append(f"{info.st_dev}:{info.st_ino}")
+        except (OSError, TypeError, ValueError):
+            out.append(real)
+    return pd.Series(out, index=real_paths.index, dtype=object)
 
 
 def check_images(
@@ -287,4 +355,5 @@ def _map_chunks(func, items: Sequence[str], *, decode: bool, workers: int, progr
     return results
 
 
-__all__ = ["ADAPTERS", "run_ingest", "get_adapter", "check_images", "drop_duplicate_images", "pseudonymise"]
+__all__ = ["ADAPTERS", "run_ingest", "get_adapter", "check_images", "contain_paths", "drop_duplicate_images",
+           "pseudonymise"]

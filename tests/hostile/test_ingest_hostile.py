@@ -200,3 +200,244 @@ def test_real_hannover_patient_ids_never_reach_any_output(shared_data, tmp_path,
     assert_no_raw_ids(out, patients)
     frame = read_manifest(out / "csv")
     assert frame["patient_id"].nunique() == 71 and frame.groupby("patient_id")["split"].nunique().max() == 1
+
+
+# --------------------------------------------------------------------------- 2. paths stay inside
+
+
+def path_export(tmp_path: Path, paths: list[str]) -> tuple[Path, Path]:
+    """A csv export whose ``path`` column is taken as is, plus a valid PNG OUTSIDE the export.
+
+    The outside file is a good image: had ingest followed the path, the row would be kept.
+    """
+    export = tmp_path / "export"
+    png(export / "images" / "ok.png", seed=1)
+    png(tmp_path / "outside" / "secret.png", seed=2)
+    rows = [{"path": "images/ok.png", "pid": "p-ok", "edema": "1"}]
+    rows += [{"path": p, "pid": f"p{i}", "edema": str(i % 2)} for i, p in enumerate(paths)]
+    pd.DataFrame(rows).to_csv(export / "data.csv", index=False)
+    mapping = tmp_path / "mapping.yaml"
+    mapping.write_text(yaml.safe_dump({"csv": "data.csv", "image": "path", "patient": "pid",
+                                       "classes": ["edema"], "labels": {"edema": "edema"}}))
+    return export, mapping
+
+
+def ingest_paths(tmp_path, paths, **kwargs):
+    export, mapping = path_export(tmp_path, paths)
+    out = tmp_path / "out"
+    report = run_ingest("csv", export, out, mapping=mapping, progress=False, **kwargs)
+    accounted(report, out)
+    return report, out
+
+
+ESCAPES = {
+    "absolute to a real file": "{outside}/secret.png",
+    "dot-dot": "../outside/secret.png",
+    "dot-dot after a folder": "images/../../outside/secret.png",
+    "dot-dot deep": "images/a/b/../../../../outside/secret.png",
+    "backslashes": "images\\..\\..\\outside\\secret.png",
+    "windows drive": "C:/outside/secret.png",
+    "unc share": "//server/share/secret.png",
+    "missing file outside": "../outside/nothing.png",
+    "just dot-dot": "..",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ESCAPES))
+def test_paths_leaving_the_export_are_set_aside_never_read(tmp_path, name):
+    raw = ESCAPES[name].format(outside=tmp_path / "outside")
+    report, out = ingest_paths(tmp_path, [raw])
+    assert report["rows_kept"] == 1 and report["rows_set_aside"] == 1
+    reason = report["set_aside"][0]["reason"]
+    assert reason.startswith("image path outside the export folder"), reason
+    listed = pd.read_csv(out / "set_aside.csv", dtype=str, keep_default_na=False)
+    assert listed.loc[0, "row"] == "2" and listed.loc[0, "reason"] == reason
+
+
+@pytest.mark.parametrize("raw", ["images/../images/ok2.png", "./images/ok2.png", "images//ok2.png",
+                                 "images/./ok2.png"])
+def test_dot_segments_that_stay_inside_are_kept_and_normalised(tmp_path, raw):
+    png(tmp_path / "export" / "images" / "ok2.png", seed=3)
+    report, out = ingest_paths(tmp_path, [raw])
+    assert report["rows_set_aside"] == 0 and report["rows_kept"] == 2
+    assert set(read_manifest(out / "csv")["image_path"]) == {"images/ok.png", "images/ok2.png"}
+
+
+def _link_file(tmp_path):
+    (tmp_path / "export" / "images").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "export" / "images" / "link.png").symlink_to(tmp_path / "outside" / "secret.png")
+    return "images/link.png"
+
+
+def _link_folder(tmp_path):
+    (tmp_path / "export").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "export" / "mounted").symlink_to(tmp_path / "outside", target_is_directory=True)
+    return "mounted/secret.png"
+
+
+@pytest.mark.parametrize("make_link", [_link_file, _link_folder], ids=["file link", "folder link"])
+@pytest.mark.parametrize("follow", [False, True], ids=["default", "--follow-links"])
+def test_symlinks_out_of_the_export_need_follow_links(tmp_path, make_link, follow):
+    png(tmp_path / "outside" / "secret.png", seed=2)
+    raw = make_link(tmp_path)
+    report, out = ingest_paths(tmp_path, [raw], follow_links=follow)
+    if follow:
+        assert report["rows_kept"] == 2 and report["rows_set_aside"] == 0
+    else:
+        assert report["rows_kept"] == 1
+        assert "symbolic link" in report["set_aside"][0]["reason"] and "--follow-links" in report["set_aside"][0]["reason"]
+
+
+def test_symlink_inside_the_export_is_kept(tmp_path):
+    png(tmp_path / "export" / "store" / "real.png", seed=4)
+    (tmp_path / "export" / "images").mkdir(parents=True)
+    (tmp_path / "export" / "images" / "alias.png").symlink_to(tmp_path / "export" / "store" / "real.png")
+    report, _ = ingest_paths(tmp_path, ["images/alias.png"])
+    assert report["rows_kept"] == 2 and report["rows_set_aside"] == 0
+
+
+@pytest.mark.parametrize("follow", [False, True], ids=["default", "--follow-links"])
+def test_dicom_file_linked_from_outside_is_not_opened(tmp_path, key, follow):
+    export = tmp_path / "export"
+    for i in range(4):
+        write_dicom(export / f"f{i}.dcm", seed=i, PatientID=f"P{i}", StudyDescription="No Finding")
+    write_dicom(tmp_path / "outside" / "other_site.dcm", PatientID="OTHER-SITE-MRN", StudyDescription="No Finding")
+    (export / "linked.dcm").symlink_to(tmp_path / "outside" / "other_site.dcm")
+    (export / "linked_dir").symlink_to(tmp_path / "outside", target_is_directory=True)  # os.walk: not followed
+    out = tmp_path / "out"
+    report = run_ingest("dicom", export, out, site_key=key, follow_links=follow, progress=False)
+    accounted(report, out)
+    assert report["rows_read"] == 5
+    if follow:
+        assert report["rows_kept"] == 5
+    else:
+        assert report["rows_kept"] == 4 and "symbolic link" in reasons_by_path(report)["linked.dcm"]
+    assert_no_raw_ids(out, ["OTHER-SITE-MRN"])
+
+
+def test_midrc_file_name_leaving_the_export_is_not_opened(tmp_path, key):
+    from ..site_adapters.test_midrc import build_midrc_export
+
+    root = tmp_path / "midrc"
+    build_midrc_export(root)
+    write_dicom(tmp_path / "outside.dcm", PatientID="OTHER-SITE-MRN")
+    series = pd.read_csv(root / "cr_series_file.tsv", sep="\t", dtype=str, keep_default_na=False)
+    series.loc[0, "*file_name"] = "../outside.dcm"
+    series.to_csv(root / "cr_series_file.tsv", sep="\t", index=False)
+    out = tmp_path / "out"
+    report = run_ingest("midrc", root, out, site_key=key, progress=False)
+    accounted(report, out)
+    outside = [r for r in report["set_aside"] if r["reason"].startswith("image path outside")]
+    assert len(outside) == 1 and outside[0]["file"] == "cr_series_file.tsv"
+    assert_no_raw_ids(out, ["OTHER-SITE-MRN"])
+
+
+def test_nih_image_index_escaping_the_export_is_set_aside(tmp_path, key):
+    from ..site_adapters.test_nih import ROWS, write_export
+
+    rows = list(ROWS) + [("../../outside.png", "No Finding", 0, 9, "40", "M", "PA")]
+    root = write_export(tmp_path / "in", rows=rows)
+    png(tmp_path / "outside.png")
+    out = tmp_path / "out"
+    report = run_ingest("nih", root, out, site_key=key, progress=False)
+    accounted(report, out)
+    assert reasons_by_path(report)["images/../../outside.png"].startswith("image path outside the export folder")
+
+
+def test_chexpert_path_escaping_the_export_is_set_aside(tmp_path, key):
+    from ..site_adapters.test_chexpert import RELEASE, TRAIN, row, write_export
+
+    train = TRAIN + [{**row(7, 1, 1), "Path": f"{RELEASE}/train/patient00007/study1/../../../../../x.jpg"}]
+    root = write_export(tmp_path / "in", train)
+    out = tmp_path / "out"
+    report = run_ingest("chexpert", root, out, site_key=key, progress=False)
+    accounted(report, out)
+    reasons = [r["reason"] for r in report["set_aside"]]
+    assert len(reasons) == 1 and reasons[0].startswith("image path outside the export folder")
+
+
+def test_mimic_files_folder_linked_out_of_the_export_needs_follow_links(tmp_path, key):
+    from ..site_adapters.test_mimic import RELEASE, write_export
+
+    root = write_export(tmp_path / "in")
+    files = root / RELEASE / "files"
+    files.rename(tmp_path / "elsewhere")
+    files.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    report = run_ingest("mimic", root, tmp_path / "out", site_key=key, progress=False)
+    assert report["rows_read"] == 8 and report["set_aside_by_reason"] == {"image path outside the export folder": 8}
+    assert all("symbolic link" in r["reason"] for r in report["set_aside"])
+    followed = run_ingest("mimic", root, tmp_path / "out2", site_key=key, follow_links=True, progress=False)
+    accounted(followed, tmp_path / "out2")
+    assert followed["rows_kept"] == 8
+
+
+# --------------------------------------------------------------------------- 3. one image, one row
+
+
+def _hardlink(tmp_path):
+    a = png(tmp_path / "export" / "images" / "a.png", seed=5)
+    (tmp_path / "export" / "images" / "b.png").hardlink_to(a)
+    return "images/a.png", "images/b.png", "same file as"
+
+
+def _symlink(tmp_path):
+    png(tmp_path / "export" / "images" / "a.png", seed=5)
+    (tmp_path / "export" / "images" / "b.png").symlink_to("a.png")
+    return "images/a.png", "images/b.png", "same file as"
+
+
+def _dot_dot(tmp_path):
+    png(tmp_path / "export" / "images" / "a.png", seed=5)
+    return "images/a.png", "images/../images/a.png", "duplicate row"
+
+
+def _linked_folder(tmp_path):
+    png(tmp_path / "export" / "store" / "a.png", seed=5)
+    (tmp_path / "export" / "images").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "export" / "images" / "store").symlink_to(tmp_path / "export" / "store", target_is_directory=True)
+    return "store/a.png", "images/store/a.png", "same file as"
+
+
+@pytest.mark.parametrize("make", [_hardlink, _symlink, _dot_dot, _linked_folder],
+                         ids=["hard link", "symbolic link", "dot-dot alias", "linked folder"])
+@pytest.mark.parametrize("same_patient", [True, False], ids=["same patient", "two patients"])
+def test_same_image_under_two_names_is_kept_once(tmp_path, make, same_patient):
+    first, second, reason = make(tmp_path)
+    export = tmp_path / "export"
+    rows = [{"path": first, "pid": "p1", "edema": "1"}, {"path": second, "pid": "p1" if same_patient else "p2",
+                                                         "edema": "1"}]
+    rows += [{"path": f"images/x{i}.png", "pid": f"q{i}", "edema": str(i % 2)} for i in range(10)]
+    for i in range(10):
+        png(export / "images" / f"x{i}.png", seed=10 + i)
+    pd.DataFrame(rows).to_csv(export / "data.csv", index=False)
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump({"csv": "data.csv", "image": "path", "patient": "pid",
+                                                     "classes": ["edema"], "labels": {"edema": "edema"}}))
+    out = tmp_path / "out"
+    report = run_ingest("csv", export, out, mapping=tmp_path / "m.yaml", progress=False)
+    accounted(report, out)
+    assert report["rows_kept"] == 11 and [r["row"] for r in report["set_aside"]] == [2]
+    text = report["set_aside"][0]["reason"]
+    assert reason in text and "row 1" in text
+    if reason != "duplicate row":
+        assert ("under another patient" in text) is (not same_patient)
+
+
+def test_dicom_instance_copied_under_two_patients_lands_in_one_split_only(tmp_path, key):
+    export = tmp_path / "export"
+    uids = [write_dicom(export / "a" / f"f{i}.dcm", seed=i, PatientID=f"MRN-A{i}", StudyDescription="Effusion")
+            for i in range(12)]
+    # the same instance re-exported under another patient id (a merge gone wrong) and a plain copy
+    write_dicom(export / "b" / "copy0.dcm", seed=0, PatientID="MRN-B0", SOPInstanceUID=uids[0]["sop"],
+                StudyInstanceUID=uids[0]["study"], StudyDescription="Effusion")
+    (export / "c").mkdir()
+    (export / "c" / "copy1.dcm").write_bytes((export / "a" / "f1.dcm").read_bytes())
+    out = tmp_path / "out"
+    report = run_ingest("dicom", export, out, site_key=key, progress=False)
+    accounted(report, out)
+    reasons = reasons_by_path(report)
+    assert report["rows_read"] == 14 and report["rows_kept"] == 12
+    assert reasons["b/copy0.dcm"] == "duplicate image under another patient: same SOPInstanceUID as row 1 (a/f0.dcm)"
+    assert reasons["c/copy1.dcm"].startswith("duplicate image: same SOPInstanceUID as row")
+    frame = read_manifest(out / "dicom")
+    assert frame.groupby("patient_id")["split"].nunique().max() == 1 and len(frame) == 12
+    assert_no_raw_ids(out, [u["sop"] for u in uids] + ["MRN-A", "MRN-B"])

@@ -163,9 +163,13 @@ def test_real_dicom_folder_with_file_name_labels(shared_data, tmp_path):
     out = tmp_path / "out"
     report = run_ingest("dicom", shared_data / "dicom", out, labels_csv=labels, verify_pixels=True,
                         progress=False)
-    assert report["rows_read"] == 8 and report["rows_kept"] == 8 and report["rows_set_aside"] == 0
+    # the FAKE file is the mono2 file with one tag changed: the same SOPInstanceUID, so one image
+    assert report["rows_read"] == 8 and report["rows_kept"] == 7 and report["rows_set_aside"] == 1
+    assert report["set_aside"][0]["image_path"] == "rsna_pneumonia_cr_chest_pa_jpegbaseline_mono2.dcm"
+    assert report["set_aside"][0]["reason"] == (
+        "duplicate image: same SOPInstanceUID as row 5 (rsna_pneumonia_cr_chest_pa_jpegbaseline_FAKE_mono1_tag.dcm)")
     manifest = read_manifest(out / "dicom").set_index("image_path")
-    rsna = manifest.loc["rsna_pneumonia_cr_chest_pa_jpegbaseline_mono2.dcm"]
+    rsna = manifest.loc["rsna_pneumonia_cr_chest_pa_jpegbaseline_FAKE_mono1_tag.dcm"]
     assert rsna["age"] == 62.0 and rsna["aux__sex"] == 1 and rsna["aux__view"] == 0
     nih = manifest.loc["nih_cxr14_gcp_dx_chest_implicit_le_mono2.dcm"]
     assert nih["age"] == 81.0 and pd.isna(nih["aux__view"])
@@ -177,7 +181,7 @@ def test_real_dicom_folder_with_file_name_labels(shared_data, tmp_path):
 def test_real_folder_without_labels_is_set_aside_with_a_note(shared_data, tmp_path):
     report = run_ingest("dicom", shared_data / "dicom", tmp_path / "out", progress=False)
     assert report["rows_kept"] == 0 and report["rows_set_aside"] == 8
-    assert report["set_aside_by_reason"] == {"site 'dicom' has no labeled class": 8}
+    assert report["set_aside_by_reason"] == {"site 'dicom' has no labeled class": 7, "duplicate image": 1}
     assert any("StudyDescription of 7 of 8" in n for n in report["notes"])
 
 
