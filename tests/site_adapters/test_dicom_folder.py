@@ -179,7 +179,10 @@ def test_real_dicom_folder_with_file_name_labels(shared_data, tmp_path):
 
 
 def test_real_folder_without_labels_is_set_aside_with_a_note(shared_data, tmp_path):
-    report = run_ingest("dicom", shared_data / "dicom", tmp_path / "out", progress=False)
+    with pytest.raises(IngestError, match=r"no row kept: all 8 row\(s\) read were set aside \(7 site 'dicom' has no "
+                                          r"labeled class; 1 duplicate image\).*set_aside.csv"):
+        run_ingest("dicom", shared_data / "dicom", tmp_path / "out", progress=False)
+    report = json.loads((tmp_path / "out" / "ingest_report.json").read_text())  # written before the error
     assert report["rows_kept"] == 0 and report["rows_set_aside"] == 8
     assert report["set_aside_by_reason"] == {"site 'dicom' has no labeled class": 7, "duplicate image": 1}
     assert any("StudyDescription of 7 of 8" in n for n in report["notes"])
