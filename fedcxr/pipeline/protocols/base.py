@@ -75,6 +75,8 @@ def task_config(ctx: Context, r: int, role: str, **overrides) -> dict:
         "weight_decay": local.weight_decay, "max_rows": local.max_rows,
         "trainable": "all", "local_keys": [], "record_batch_updates": False,
         "missing_as_negative": False,
+        # FedBN+ (surgical aggregation paper): BN frozen in eval mode during local training
+        "freeze_bn": cfg.backbone_aggregation == "fedbn_plus",
         "labeled": cfg.target_train.labeled if role == "target" else None,
     }
     out.update(overrides)
