@@ -33,6 +33,13 @@ from fedcxr.errors import UserError
 from fedcxr.vocab import AUX_TASKS, CLASS_SET
 
 
+#: Keys of older configs that were replaced, with what to write instead (exit 2 naming it).
+RENAMED_KEYS = {
+    "surgical_weighting": "use `backbone_weighting: uniform|samples` (it now applies to every method's "
+                          "backbone average, not only FL_Surgical)",
+}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -88,7 +95,11 @@ class ExperimentConfig(_Strict):
     aux_tasks: list[str] = Field(default_factory=lambda: list(AUX_TASKS))
     aux_info: Optional[bool] = Field(None, description="force AuxInfo on/off; default from the strategy name")
     backbone_aggregation: Literal["fedavg", "fedbn", "fedbn_plus"] = "fedavg"
-    surgical_weighting: Literal["uniform", "samples"] = "uniform"
+    backbone_weighting: Optional[Literal["uniform", "samples"]] = Field(
+        None, description="how the server weights sites when it averages the shared entries: `uniform` "
+        "(1/K) or `samples` (n_i/Σn). Default per method: uniform for FL, FL_PartialLoss, FL_Surgical, PFL "
+        "(surgical aggregation paper Eq. 1 and its code's np.mean over clients); samples for FedAvg and the "
+        "GP/FedDA/FedGP family (AuxInfo+GP and AutoFedGP code: clients_size_frac)")
     head_warmup_rounds: int = Field(0, ge=0, description="surgical/FL: rounds training heads only first")
     min_sites: int = Field(1, ge=1, description="a round needs at least this many source replies")
     model: ModelConfig = ModelConfig()
@@ -101,6 +112,16 @@ class ExperimentConfig(_Strict):
     eval_sites: Optional[list[str]] = Field(None, description="sites evaluated; default target or all")
     eval_every: int = Field(1, ge=0, description="validation AUROC every N rounds (0: never)")
     num_workers: int = Field(0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        """An old config using a key that was replaced stops naming the new key (never silently ignored)."""
+        if isinstance(data, dict):
+            for old, new in RENAMED_KEYS.items():
+                if old in data:
+                    raise ValueError(f"`{old}` was replaced: {new}")
+        return data
 
     @field_validator("aux_tasks")
     @classmethod

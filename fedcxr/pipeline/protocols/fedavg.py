@@ -40,7 +40,7 @@ class FedAvgProtocol(RoundProtocol):
         cfg = task_config(ctx, r, "source", local_keys=self._local_keys(ctx))
         replies = ask(ctx, "train", ctx.sources, theta0, cfg, r=r)
         replies = valid_replies(ctx, replies, theta0, r)
-        theta = aggregate_backbone(ctx, replies, theta0)
+        theta = aggregate_backbone(ctx, replies, theta0, uniform=self.uniform_backbone(ctx))
         if ctx.cfg.backbone_aggregation == "fedbn_plus":
             theta = keep_keys(theta, theta0, ctx.bn_keys)
         return theta, {"train": {s: rep.metrics for s, rep in replies.items()},

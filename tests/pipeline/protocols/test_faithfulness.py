@@ -38,3 +38,55 @@ def test_fedbn_plus_carries_the_initial_batchnorm_through_local_training(tiny_ma
     moved = [k for k in initial if k not in bn and initial[k].is_floating_point()
              and not torch.equal(initial[k], final["global"][k])]
     assert moved  # everything else trained
+
+
+# --------------------------------------------------------------------------- backbone weighting
+
+
+class _FixedTransport:
+    """Answers ``train`` with fixed parameters and sample counts per site (no data involved)."""
+
+    def __init__(self, answers: dict):
+        self.answers = answers
+        self.site_names = list(answers)
+
+    def run(self, task, targets, params, config, *, per_site=None):
+        from fedcxr.pipeline.messages import Reply
+
+        return {s: Reply(site=s, params={"w": torch.tensor(self.answers[s][0])}, n_samples=self.answers[s][1],
+                         n_batches=1, class_set=["edema"]) for s in targets}
+
+    def local_states(self):
+        return {}
+
+
+def _one_round(strategy: str, **cfg) -> torch.Tensor:
+    from fedcxr.pipeline.config import ExperimentConfig
+    from fedcxr.pipeline.protocols import Context, get_protocol
+
+    config = ExperimentConfig(sites=["a", "b"], strategy=strategy, **cfg)
+    transport = _FixedTransport({"a": ([4.0, 4.0], 1), "b": ([0.0, 0.0], 3)})
+    ctx = Context(cfg=config, transport=transport, meta={}, classes=["edema"], aux_tasks=[], sources=["a", "b"],
+                  target=None)
+    protocol = get_protocol(strategy)
+    state, _ = protocol.run_round(ctx, 0, {"global": {"w": torch.zeros(2)}, "initial_bn": {}})
+    return state["global"]["w"]
+
+
+@pytest.mark.parametrize("strategy", ["FL", "FL_PartialLoss", "PFL"])
+def test_surgical_papers_methods_average_the_backbone_unweighted_by_default(strategy):
+    """1/K (paper Eq. 1, code np.mean): sites of 1 and 3 samples count the same."""
+    assert torch.allclose(_one_round(strategy), torch.tensor([2.0, 2.0]))
+    assert torch.allclose(_one_round(strategy, backbone_weighting="samples"), torch.tensor([1.0, 1.0]))
+
+
+def test_fedavg_keeps_sample_weights_by_default_and_can_go_uniform():
+    assert torch.allclose(_one_round("FedAvg"), torch.tensor([1.0, 1.0]))
+    assert torch.allclose(_one_round("FedAvg", backbone_weighting="uniform"), torch.tensor([2.0, 2.0]))
+
+
+def test_the_replaced_surgical_weighting_key_names_its_successor(tmp_path):
+    from fedcxr.errors import UserError
+
+    with pytest.raises(UserError, match="backbone_weighting"):
+        load_config(data={"sites": ["a"], "surgical_weighting": "uniform"}, check_sites=False)
