@@ -20,11 +20,14 @@ RULES = ("gp", "fedda", "fedgp")
 
 
 def combine(theta0: StateDict, target: StateDict, deltas: list[StateDict], spec: dict, *,
-            n_target: int, batch_updates: Optional[torch.Tensor]) -> tuple[StateDict, list[float]]:
+            n_target: int, batch_updates: Optional[torch.Tensor],
+            target_steps: Optional[int] = None) -> tuple[StateDict, list[float]]:
     """Apply the round's rule (``spec["rule"]``: gp | fedda | fedgp) to the target's update.
 
     ``spec`` holds the sources' sample and batch counts, the learning rates, batch sizes and
     epochs, and either a fixed ``beta`` or ``auto: true`` (β_i from ``batch_updates``).
+    ``target_steps`` (the target's optimiser steps) with ``spec["n_batches"]`` (each source's)
+    makes the GP magnitude scale use the real step counts.
     Returns the combined model and the β used per source.
     """
     sources = [apply_delta(theta0, d) for d in deltas]
@@ -38,6 +41,8 @@ def combine(theta0: StateDict, target: StateDict, deltas: list[StateDict], spec:
         bs_target=spec["bs_target"], lr_source=spec["lr_source"], lr_target=spec["lr_target"],
         epochs_source=spec["epochs_source"], epochs_target=spec["epochs_target"],
     )
+    if target_steps and all(int(b) > 0 for b in spec.get("n_batches") or [0]):
+        scale.update(steps_source=[int(b) for b in spec["n_batches"]], steps_target=int(target_steps))
     rule = spec["rule"]
     if rule == "gp":
         return agg.gp(theta0, target, sources, beta=betas[0], **scale), betas

@@ -55,3 +55,14 @@ def test_auto_weighting_needs_two_target_batches():
     with pytest.raises(UserError, match="two target batches"):
         combine(theta0, _state(3), [delta(_state(1), theta0)], {**SPEC, "n_sources": [30], "n_batches": [3],
                 "rule": "fedgp", "auto": True}, n_target=15, batch_updates=torch.zeros(1, 9))
+
+
+def test_combine_scales_gp_by_the_real_step_counts():
+    """The target's step count reaches the rule: twice the target steps, twice the sources' part (β=1)."""
+    theta0, target = _state(0), _state(3)
+    deltas = [delta(_state(1), theta0), delta(_state(2), theta0)]
+    spec = {**SPEC, "rule": "gp", "beta": 1.0}
+    one, _ = combine(theta0, target, deltas, spec, n_target=15, batch_updates=None, target_steps=3)
+    two, _ = combine(theta0, target, deltas, spec, n_target=15, batch_updates=None, target_steps=6)
+    key = "conv.weight"
+    assert torch.allclose(two[key] - theta0[key], 2 * (one[key] - theta0[key]), atol=1e-6)
