@@ -550,7 +550,9 @@ def fedgp(
     scales = _magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source,
                                epochs_target, steps_source, steps_target)
     total = sum(float(n) for n in n_sources)
-    target_coef = sum((1.0 - b) * float(n) / total for b, n in zip(betas, n_sources))
+    # summed, then divided once: with every β_i = 0 the coefficient is exactly 1.0, so the
+    # result is the target's own model bit for bit (lerp with weight 1 returns its end)
+    target_coef = sum((1.0 - b) * float(n) for b, n in zip(betas, n_sources)) / total
     return _combine(theta0, target, sources, target_coef=target_coef, source_coefs=[b * s for b, s in zip(betas, scales)], project=True)
 
 
@@ -575,7 +577,7 @@ def fedda(
     if any(not math.isfinite(v) or v < 0 for v in n) or sum(n) <= 0:
         raise ValueError(f"fedda: n_sources must be >= 0 with a positive sum, got {n}")
     total = sum(n)
-    target_coef = sum((1.0 - b) * v / total for b, v in zip(betas, n))
+    target_coef = sum((1.0 - b) * v for b, v in zip(betas, n)) / total  # exactly 1.0 when every β_i = 0
     return _combine(theta0, target, sources, target_coef=target_coef, source_coefs=[b * v / total for b, v in zip(betas, n)], project=False)
 
 

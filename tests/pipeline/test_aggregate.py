@@ -683,3 +683,18 @@ def test_a_target_taking_more_steps_scales_the_sources_up_in_proportion():
     three = A.gp(theta0, target, sources, steps_source=[6, 3], steps_target=12, **common)["w"]
     assert torch.allclose(three, 3 * one)
     assert not torch.allclose(A.gp(theta0, target, sources, **common)["w"], three)
+
+
+@pytest.mark.parametrize("n_sources", [[1, 1, 1], [7, 3, 11], [0.1, 0.2, 0.3]])
+def test_beta_zero_returns_the_target_bit_for_bit(n_sources):
+    """FedDA/FedGP with every β_i = 0 are Target_Only: the target's floating entries, exactly."""
+    g = torch.Generator().manual_seed(3)
+    f64 = torch.float64  # float32 would hide a coefficient of 1 − 1e-16
+    theta0 = {"w": torch.randn(50, generator=g, dtype=f64), "big": torch.randn(5000, generator=g, dtype=f64)}
+    target = {k: v + 0.37 * torch.randn(v.shape, generator=g, dtype=f64) for k, v in theta0.items()}
+    sources = [{k: v + torch.randn(v.shape, generator=g, dtype=f64) for k, v in theta0.items()} for _ in n_sources]
+    scale = dict(n_target=10, bs_source=2, bs_target=2, lr_source=1e-3, lr_target=1e-4)
+    for got in (A.fedda(theta0, target, sources, betas=[0.0] * 3, n_sources=n_sources),
+                A.fedgp(theta0, target, sources, betas=[0.0] * 3, n_sources=n_sources, **scale),
+                A.gp(theta0, target, sources, beta=0.0, n_sources=n_sources, **scale)):
+        assert all(torch.equal(got[k], target[k]) for k in target)

@@ -90,3 +90,20 @@ def test_the_replaced_surgical_weighting_key_names_its_successor(tmp_path):
 
     with pytest.raises(UserError, match="backbone_weighting"):
         load_config(data={"sites": ["a"], "surgical_weighting": "uniform"}, check_sites=False)
+
+
+# --------------------------------------------------------------------------- β = 0
+
+
+@pytest.mark.parametrize("strategy", ["FedDA", "FedGP"])
+def test_beta_zero_is_target_only_exactly(strategy, tiny_manifests, tmp_path):
+    """β = 0 weighs only the target's update: the run ends with Target_Only's weights, bit for bit
+    (``num_batches_tracked`` aside: 0-dim counters keep θ0 under the GP rules, DESIGN §5)."""
+    common = dict(rounds=2, warmup_rounds=0, beta=0.0)
+    run_experiment(load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", strategy="Target_Only",
+                                                **common)), tmp_path / "alone", progress=False)
+    run_experiment(load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", strategy=strategy, **common)),
+                   tmp_path / "fed", progress=False)
+    alone, fed = _final(tmp_path / "alone")["global"], _final(tmp_path / "fed")["global"]
+    floating = [k for k, v in alone.items() if v.is_floating_point()]
+    assert floating and all(torch.equal(alone[k], fed[k]) for k in floating)
