@@ -599,8 +599,10 @@ def auto_betas(target_batch_updates: torch.Tensor, source_updates: torch.Tensor,
     :func:`source_step_update`, and the g_j rescaled by the learning-rate ratio so that a
     target batch update and a source step are in the same units (steps taken at the same lr):
 
-    .. note:: with plain SGD a step is ``−lr·∇``, so that means ``g_j·lr_S/lr_T``; DESIGN §5
-       writes "g_j scaled by lr_T/lr_S". Which one the caller uses changes d² and β.
+    .. note:: a step moves the weights by about its lr, so that means ``g_j·lr_S/lr_T``
+       (:func:`fedcxr.pipeline.combine.aligned_target_updates`, BN running statistics left
+       unscaled); the authors' DomainBed script uses lr_T/lr_S. The factor changes FedDA's d²
+       and β; FedGP's β does not depend on it.
 
     * ``target_batch_updates``: ``(B, M)``, the target's B per-batch updates g_j (B ≥ 2);
     * ``source_updates``: ``(N, M)``, one mean per-step update s_i per source.
