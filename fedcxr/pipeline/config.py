@@ -87,7 +87,16 @@ class ExperimentConfig(_Strict):
     target: Optional[str] = None
     strategy: str = "FedAvg"
     rounds: int = Field(5, ge=0)
-    warmup_rounds: int = Field(0, ge=0, description="FedAvg rounds before GP/FedGP/FedDA")
+    warmup_rounds: Optional[int] = Field(
+        None, ge=0, description="GP/FedDA/FedGP: the first rounds (counted in `rounds`) are warm-up rounds. "
+        "Default per method as the authors' code: 2 plain FedAvg rounds for FedDA, FedGP, FedDA_Auto, "
+        "FedGP_Auto (AutoFedGP main_domain_bed*.py: 'do fedavg for 2 epochs'); 5 rounds for "
+        "FedAvg_Finetune_GP and FedAvg_Finetune_AuxInfo_GP, in which θ0 of the projection is the FedAvg of "
+        "the sources (AuxInfo+GP federated_*_multi.py: `if i < 5: average_weights`)")
+    post_warmup_lr_scale: Optional[float] = Field(
+        None, gt=0, description="multiplies source and target learning rates after the warm-up rounds. "
+        "Default per method: 0.1 for FedDA_Auto and FedGP_Auto (AutoFedGP main_domain_bed_auto_beta.py: "
+        "hparams['lr'] *= 0.1 after warm-up), 1 otherwise")
     source: LocalTrainingConfig = LocalTrainingConfig()
     target_train: TargetTrainingConfig = TargetTrainingConfig()
     alpha: float = Field(1.0, ge=0, description="weight of auxiliary losses (AuxInfo)")

@@ -107,3 +107,62 @@ def test_beta_zero_is_target_only_exactly(strategy, tiny_manifests, tmp_path):
     alone, fed = _final(tmp_path / "alone")["global"], _final(tmp_path / "fed")["global"]
     floating = [k for k, v in alone.items() if v.is_floating_point()]
     assert floating and all(torch.equal(alone[k], fed[k]) for k in floating)
+
+
+# --------------------------------------------------------------------------- warm-up and schedule
+
+
+class _Recorder:
+    """Wraps the in-process transport and records (round, task, site, lr) of every training task."""
+
+    def __init__(self, inner):
+        self.inner, self.site_names, self.calls = inner, inner.site_names, []
+
+    def run(self, task, targets, params, config, *, per_site=None):
+        for site in targets:
+            cfg = (per_site or {}).get(site, (params, config))[1]
+            if task not in ("metadata", "evaluate"):
+                self.calls.append((cfg.get("round"), task, site, cfg.get("lr")))
+        return self.inner.run(task, targets, params, config, per_site=per_site)
+
+    def local_states(self):
+        return self.inner.local_states()
+
+    def load_local_states(self, states):
+        self.inner.load_local_states(states)
+
+
+def _recorded_run(tiny_manifests, tmp_path, **overrides):
+    from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
+    from fedcxr.pipeline.local import resolve_device
+
+    cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", eval_every=0, **overrides))
+    recorder = _Recorder(InProcessTransport(build_runners(cfg, resolve_device("cpu"), progress=False)))
+    run_experiment(cfg, tmp_path / "run", progress=False, transport=recorder)
+    return recorder.calls
+
+
+def test_fedgp_auto_warms_up_two_fedavg_rounds_then_runs_at_a_tenth_of_the_lr(tiny_manifests, tmp_path):
+    """AutoFedGP code: 2 FedAvg rounds, then hparams['lr'] *= 0.1 for sources and target."""
+    calls = _recorded_run(tiny_manifests, tmp_path, strategy="FedGP_Auto", rounds=3)
+    by_round = {r: [(task, site, lr) for rr, task, site, lr in calls if rr == r] for r in range(3)}
+    for r in (0, 1):  # plain FedAvg: sources only, full lr
+        assert {t for t, _, _ in by_round[r]} == {"train"}
+        assert {s for _, s, _ in by_round[r]} == {"nih_style", "chexpert_style"}
+        assert all(lr == pytest.approx(2e-3) for _, _, lr in by_round[r])
+    assert ("train_combine", "dicom_style", pytest.approx(1e-4)) in by_round[2]
+    assert all(lr == pytest.approx(2e-4) for t, _, lr in by_round[2] if t == "train")
+
+
+def test_gp_warms_up_five_rounds_projecting_from_the_sources_average(tiny_manifests, tmp_path):
+    """AuxInfo+GP code: for i < 5 the global is the FedAvg of the sources, then GP on top; no lr change."""
+    calls = _recorded_run(tiny_manifests, tmp_path, strategy="FedAvg_Finetune_GP", rounds=1)
+    assert ("train_combine", "dicom_style", 1e-3) in [(t, s, lr) for _, t, s, lr in calls]
+    rows = _metrics(tmp_path / "run")
+    assert rows[0]["warmup"] is True and set(rows[0]["betas"]) == {"nih_style", "chexpert_style"}
+
+
+def test_warmup_and_lr_scale_defaults_can_be_overridden(tiny_manifests, tmp_path):
+    calls = _recorded_run(tiny_manifests, tmp_path, strategy="FedDA", rounds=1, warmup_rounds=0,
+                          post_warmup_lr_scale=0.5)
+    assert ("train_combine", "dicom_style", pytest.approx(5e-4)) in [(t, s, lr) for _, t, s, lr in calls]
