@@ -99,6 +99,10 @@ class ExperimentConfig(_Strict):
         "hparams['lr'] *= 0.1 after warm-up), 1 otherwise")
     source: LocalTrainingConfig = LocalTrainingConfig()
     target_train: TargetTrainingConfig = TargetTrainingConfig()
+    finetune_offline_epochs: int = Field(
+        50, ge=1, description="Finetune_Offline: target fine-tuning passes after the last FedAvg round, each "
+        "one `target_train` budget with a fresh optimiser (FedGP paper App. C: 'the same number of 50 epochs "
+        "of fine-tuning after FedAvg'; AutoFedGP main_domain_bed_offline.py calls train() once per epoch)")
     alpha: float = Field(1.0, ge=0, description="weight of auxiliary losses (AuxInfo)")
     beta: float = Field(0.5, ge=0, le=1, description="GP: weight of the source projection")
     aux_tasks: list[str] = Field(default_factory=lambda: list(AUX_TASKS))

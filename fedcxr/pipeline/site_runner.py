@@ -261,7 +261,7 @@ class SiteRunner:
             rows = rows[: int(config["max_rows"])]
         data = Subset(base, rows)
         seed = derive_seed(int(config.get("seed", 0)), "train", self.name, config.get("round", 0),
-                           config.get("role", "source"))
+                           config.get("role", "source"), *([config["repeat"]] if config.get("repeat") else []))
         cfg = LocalConfig(
             lr=float(config["lr"]), batch_size=int(config["batch_size"]), epochs=int(config.get("epochs", 1)),
             steps=config.get("steps"), alpha=float(config.get("alpha", 1.0)),

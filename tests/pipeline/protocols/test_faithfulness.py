@@ -166,3 +166,16 @@ def test_warmup_and_lr_scale_defaults_can_be_overridden(tiny_manifests, tmp_path
     calls = _recorded_run(tiny_manifests, tmp_path, strategy="FedDA", rounds=1, warmup_rounds=0,
                           post_warmup_lr_scale=0.5)
     assert ("train_combine", "dicom_style", pytest.approx(5e-4)) in [(t, s, lr) for _, t, s, lr in calls]
+
+
+def test_finetune_offline_fine_tunes_the_configured_number_of_passes_after_the_last_round(tiny_manifests, tmp_path):
+    calls = _recorded_run(tiny_manifests, tmp_path, strategy="Finetune_Offline", rounds=2, finetune_offline_epochs=3)
+    target = [(r, t) for r, t, s, _ in calls if s == "dicom_style"]
+    assert target == [(1, "train")] * 3
+    assert _metrics(tmp_path / "run")[-1]["target"]["passes"] == 3
+
+
+def test_finetune_offline_defaults_to_fifty_passes_as_the_fedgp_paper():
+    from fedcxr.pipeline.config import ExperimentConfig
+
+    assert ExperimentConfig(sites=["a"]).finetune_offline_epochs == 50
