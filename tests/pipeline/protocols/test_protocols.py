@@ -22,6 +22,8 @@ def test_every_method_trains_and_evaluates(method, tiny_manifests, tmp_path):
     extra = {}
     if method in {"FedGP_Auto", "FedDA_Auto", "FedDA", "FedGP", "FedAvg_Finetune_GP", "FedAvg_Finetune_AuxInfo_GP"}:
         extra["warmup_rounds"] = 1  # one FedAvg warm-up round, then the projection round
+    if method == "Finetune_Offline":
+        extra["finetune_offline_epochs"] = 2  # the default 50 passes is the paper's, too slow here
     if method.startswith("FL") or method in {"PFL", "Individual", "Central"}:
         extra["backbone_aggregation"] = "fedbn" if method == "FL_Surgical" else "fedavg"
         extra["class_source"] = "union"
