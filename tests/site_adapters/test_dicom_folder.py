@@ -121,6 +121,16 @@ def test_adapter_rows_reasons_and_demographics(folder):
     assert any("README" not in n and "skipped 1 non-image" in n for n in table.notes)
 
 
+def test_unusable_window_is_set_aside_with_its_reason(tmp_path):
+    root = tmp_path / "export"
+    write_dicom(root / "good.dcm", seed=1, PatientID="P1", WindowCenter="2048", WindowWidth="4096")
+    write_dicom(root / "bad.dcm", seed=2, PatientID="P2", WindowCenter="2048", WindowWidth="0")
+    table = read_dicom_folder(root, AdapterOptions())
+    reasons = {s.image_path: s.reason for s in table.set_aside}
+    assert list(table.frame["image_path"]) == ["good.dcm"]
+    assert reasons["bad.dcm"].startswith("unusable VOI LUT / window (WindowCenter='2048', WindowWidth='0')")
+
+
 def test_unparseable_age_is_unknown_and_noted(tmp_path):
     write_dicom(tmp_path / "x.dcm", PatientID="P1", PatientAge="0XYZ", PatientSex="X")
     write_dicom(tmp_path / "y.dcm", PatientID="P2", PatientAge="150Y")
