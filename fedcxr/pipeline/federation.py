@@ -139,7 +139,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | str, *, resume: bool =
         _append_metrics(run_dir, metrics)
         save_checkpoint(run_dir, r, {
             "round": r, "fingerprint": fingerprint, "data_hashes": hashes, "state": state,
-            "missed": ctx.missed, "local_states": transport.local_states(),
+            "missed": ctx.missed, "local_states": transport.local_states(), "classes": ctx.classes,
         })
         bar.set_postfix(_postfix(metrics))
     final = protocol.final_models(ctx, state)
