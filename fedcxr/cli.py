@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                               formatter_class=_HelpFormatter)
 
     p = command("ingest", "hospital export → canonical per-site manifests")
-    p.add_argument("source", metavar="SOURCE", help="nih | chexpert | mimic | midrc | dicom | csv | medmnist")
+    p.add_argument("source", metavar="SOURCE",
+                   help="nih | chexpert | mimic | midrc | dicom | images (DICOM/PNG/JPEG folder) | csv | medmnist")
     p.add_argument("--input", required=True, type=Path, help="export root folder")
     p.add_argument("--out", required=True, type=Path, help="output folder (one subfolder per site)")
     p.add_argument("--site-by", default=None,
@@ -167,6 +168,10 @@ def _ingest(args: argparse.Namespace) -> int:
         print(f"  set aside {count}: {reason}")
     for site, info in report["sites"].items():
         splits = ", ".join(f"{k} {v}" for k, v in info["rows_per_split"].items())
+        if info.get("unlabeled"):
+            print(f"  site {site}: unlabeled site: {info['rows']} images, no finding labels ({splits}); "
+                  "usable by `fedcxr predict` and as FACT's unlabeled target, not as a labeled source")
+            continue
         print(f"  site {site}: {info['rows']} rows ({splits}); classes: {', '.join(info['class_set'])}")
     print(f"manifests and ingest_report.json in {args.out}")
     return 0
