@@ -202,16 +202,21 @@ def load_weights(model: CXRNet, path: str | Path) -> dict[str, Any]:
     missing, unreadable, not plain tensors (the file is loaded with ``weights_only=True``: code
     in a pickle is never run), or matches no backbone entry at all (wrong file).
     """
-    from fedcxr.pipeline.checkpoints import UnsafeFile, load_tensors
+    import pickle
 
     path = Path(path)
     if not path.is_file():
         raise UserError(f"model.weights: {path} does not exist")
-    try:
-        raw = load_tensors(path, "weights file")
-    except UnsafeFile as exc:
-        raise UserError(f"model.weights: {exc}; expected a fedcxr final_model.pt, a fedcxr checkpoint "
-                        "or a PyTorch state dict of tensors") from None
+    expected = "expected a fedcxr final_model.pt, a fedcxr checkpoint or a PyTorch state dict of tensors"
+    try:  # weights_only: tensors and plain containers only, a crafted pickle cannot run code
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise UserError(f"model.weights: {path}: refused to load this file: it holds more than tensors and "
+                        f"plain values ({first}); fedcxr never runs code from a file; {expected}") from None
+    except Exception as exc:  # noqa: BLE001 - any other failure is the user's file (truncated, not torch)
+        raise UserError(f"model.weights: cannot read {path} as a PyTorch checkpoint "
+                        f"({type(exc).__name__}: {str(exc)[:200]}); {expected}") from None
     state, file_classes = _unwrap_run_file(raw, path)
     if state is None:
         state = _unwrap(raw, path)
