@@ -220,10 +220,13 @@ def write_site(
     export_root: Path,
     set_aside: list[SetAside],
     options: dict,
+    unlabeled: bool = False,
     key_id: Optional[str] = None,
 ) -> dict:
     """Write ``OUT/<site>/manifest.parquet`` and ``site.json``; return the site.json payload.
 
+    ``unlabeled``: the source labels no finding (``site.json`` ``"unlabeled": true``, empty
+    class set); such a site can be scored or be FACT's target, never a labeled source.
     ``key_id`` is the fingerprint of the site key the pseudonyms were made with (never the key).
     """
     ordered = frame[manifest_columns(frame)].reset_index(drop=True)
@@ -248,6 +251,7 @@ def write_site(
             "rows": [s.as_dict() for s in set_aside],
         },
         "options": options,
+        "unlabeled": bool(unlabeled),
         "pseudonyms": {"method": "hmac-sha256", "key_id": key_id},
         "content_hash": content_hash(ordered),
     }

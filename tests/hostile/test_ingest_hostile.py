@@ -155,6 +155,20 @@ def test_same_key_same_pseudonyms_and_splits_other_key_other_pseudonyms(tmp_path
     assert rerun["patient_id"].equals(runs["c"]["patient_id"]) and rerun["split"].equals(runs["c"]["split"])
 
 
+def test_synthetic_exports_get_a_fixed_key_so_splits_repeat_on_every_machine(tmp_path):
+    from fedcxr.synth import ingest_synthetic, write_synthetic_export
+
+    write_synthetic_export(tmp_path / "export", sites=["nih_style", "chexpert_style"], images_per_site=24,
+                           image_size=32, seed=3)
+    frames = []
+    for name in ("a", "b"):
+        sites = ingest_synthetic(tmp_path / "export", tmp_path / name)
+        frames.append({s: read_manifest(d)[["image_key", "patient_id", "split"]] for s, d in sites.items()})
+        assert not (tmp_path / name / KEY_FILE_NAME).exists()  # no secret needed, none written
+        assert all((d / "set_aside.csv").is_file() for d in sites.values())
+    assert all(frames[0][s].equals(frames[1][s]) for s in frames[0])
+
+
 def test_dicom_patient_and_study_uids_never_reach_any_output(tmp_path, key):
     export = tmp_path / "export"
     ids = []
