@@ -216,8 +216,6 @@ class FlareSite:
 
 def serve(flare_api: Any, site: FlareSite) -> int:
     """``receive → handle → send`` until the job ends; returns the number of tasks answered."""
-    from nvflare.app_common.abstract.fl_model import FLModel
-
     from fedcxr.flare.wire import decode_task, encode_error, encode_reply
 
     answered = 0
@@ -229,13 +227,25 @@ def serve(flare_api: Any, site: FlareSite) -> int:
         try:
             task = decode_task(incoming.params, incoming.meta)
             reply = site.handle(task["task"] or task_name, task["params"], task["config"], task["runner"], task["run"])
-            params, meta = encode_reply(reply)
+            diff = task["diff"] and task["params"] is not None and reply.params is not None
+            params, meta = encode_reply(reply, reference=task["params"] if diff else None)
         except Exception as exc:  # answer, and keep serving the next rounds
             log.exception("site %s: task %s failed", site.name, task_name)
-            params, meta = encode_error(exc)
-        flare_api.send(FLModel(params=params, meta=meta))
+            params, meta, diff = *encode_error(exc), False
+        flare_api.send(reply_model(params, meta, diff=diff, steps=reply.n_batches if diff else 0))
         answered += 1
     return answered
+
+
+def reply_model(params: dict, meta: dict, *, diff: bool, steps: int):
+    """The ``FLModel`` sent back: a reply of differences is marked ``DIFF`` (FLARE's ``WEIGHT_DIFF``)
+    with its optimizer steps, which NVFLARE's ``PercentilePrivacy`` reads to work per step."""
+    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+    if not diff:
+        return FLModel(params=params, meta=meta)
+    return FLModel(params=params, params_type=ParamsType.DIFF,
+                   meta={**meta, "NUM_STEPS_CURRENT_ROUND": max(int(steps), 1)})
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -80,6 +81,71 @@ class ModelConfig(_Strict):
         return value
 
 
+class DPConfig(_Strict):
+    """DP-SGD (Opacus) for every site's local training: per-sample clipping plus Gaussian noise.
+
+    Needs ``pip install 'fedcxr[dp]'`` and a GroupNorm backbone (``model.norm: group``):
+    Opacus refuses BatchNorm, whose statistics mix the samples of a batch. Each site's ε
+    (for ``delta``) is accumulated over rounds and reported per site in ``run.json``.
+    """
+
+    noise_multiplier: float = Field(1.0, gt=0, description="σ: noise std / max_grad_norm")
+    max_grad_norm: float = Field(1.0, gt=0, description="per-sample gradient clipping norm C")
+    delta: float = Field(1e-5, gt=0, lt=1, description="δ of the reported (ε, δ)")
+
+
+class PrivacyConfig(_Strict):
+    """Who sees which update in the GP-family methods, FLARE output filters and DP (README "Privacy modes").
+
+    * ``combine_at`` — fixed-β GP, FedDA, FedGP: ``server`` (default; the target sends its
+      fine-tuned model, the server combines, no source update reaches a peer hospital) or
+      ``target`` (the server sends every source update to the target, which combines).
+    * ``auto_weights_at`` — FedDA_Auto/FedGP_Auto: ``server`` (default; the target also sends
+      its per-batch updates, B × model size, to the server) or ``target`` (the sources'
+      updates go to the target, which estimates β_i and combines).
+    * ``filters`` — NVFLARE result filters every site applies to what it sends (FLARE runs only):
+      ``{exclude_vars: REGEX | [names]}`` (those entries keep the global value) and
+      ``{percentile_privacy: {percentile: 10, gamma: 0.01}}`` (Shokri & Shmatikov). With any
+      filter, sites send updates as differences from the model they received.
+    * ``dp`` — DP-SGD local training (:class:`DPConfig`); null: off.
+    """
+
+    combine_at: Literal["server", "target"] = "server"
+    auto_weights_at: Literal["server", "target"] = "server"
+    filters: list[dict[str, Any]] = Field(default_factory=list)
+    dp: Optional[DPConfig] = None
+
+    @field_validator("filters")
+    @classmethod
+    def _known_filters(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, item in enumerate(value):
+            if not isinstance(item, dict) or len(item) != 1 or next(iter(item)) not in FILTERS:
+                raise ValueError(f"filters[{i}]: each filter is one of {{{', '.join(FILTERS)}: ...}}, got {item!r}")
+            kind, args = next(iter(item.items()))
+            if kind == "exclude_vars":
+                ok = isinstance(args, str) and args or (isinstance(args, list) and args
+                                                        and all(isinstance(a, str) for a in args))
+                if not ok:
+                    raise ValueError(f"filters[{i}].exclude_vars: a regular expression or a list of entry names")
+                if isinstance(args, str):
+                    try:
+                        re.compile(args)
+                    except re.error as exc:
+                        raise ValueError(f"filters[{i}].exclude_vars: not a regular expression ({exc})") from None
+            else:
+                unknown = sorted(set(args or {}) - {"percentile", "gamma"}) if isinstance(args, dict) else ["?"]
+                if unknown:
+                    raise ValueError(f"filters[{i}].percentile_privacy: a mapping of percentile and gamma, "
+                                     f"got {args!r}")
+                if not 0 <= float(args.get("percentile", 10)) <= 100 or float(args.get("gamma", 0.01)) <= 0:
+                    raise ValueError(f"filters[{i}].percentile_privacy: percentile in 0..100, gamma > 0")
+        return value
+
+
+#: FLARE result filters ``privacy.filters`` may name (mapped in :mod:`fedcxr.flare.job`).
+FILTERS = ("exclude_vars", "percentile_privacy")
+
+
 class ExperimentConfig(_Strict):
     name: str = "experiment"
     manifests: Optional[Path] = Field(None, description="base folder of the site folders")
@@ -125,6 +191,7 @@ class ExperimentConfig(_Strict):
     eval_sites: Optional[list[str]] = Field(None, description="sites evaluated; default target or all")
     eval_every: int = Field(1, ge=0, description="validation AUROC every N rounds (0: never)")
     num_workers: int = Field(0, ge=0)
+    privacy: PrivacyConfig = PrivacyConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -269,4 +336,9 @@ def config_fingerprint(cfg: ExperimentConfig) -> str:
     data = cfg.model_dump(mode="json")
     for key in ("device", "num_workers", "cache_dir", "manifests"):
         data.pop(key, None)
+    privacy = data.pop("privacy", {})
+    for key in ("combine_at", "auto_weights_at"):  # where a rule is computed does not change its result
+        privacy.pop(key, None)
+    if privacy != {"filters": [], "dp": None}:  # no privacy options: the fingerprint of earlier versions
+        data["privacy"] = privacy
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

@@ -8,6 +8,7 @@ live in this process.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Mapping
 
@@ -19,6 +20,8 @@ from fedcxr.pipeline.data import default_cache_dir
 from fedcxr.pipeline.protocols import CENTRAL_SITE
 from fedcxr.pipeline.site_runner import SiteRunner
 from fedcxr.pipeline.transport import Transport
+
+log = logging.getLogger(__name__)
 
 
 class InProcessTransport(Transport):
@@ -46,6 +49,9 @@ class InProcessTransport(Transport):
 
 def build_runners(cfg: ExperimentConfig, device: torch.device, progress: bool) -> dict[str, SiteRunner]:
     """One SiteRunner per site of the config (plus the pooled one for the Central baseline)."""
+    if cfg.privacy.filters:
+        log.warning("privacy.filters are NVIDIA FLARE result filters: they act in `fedcxr flare` runs only, "
+                    "not in this in-process run")
     cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
     common = dict(model_cfg=cfg.model.model_dump(mode="json"), image_size=cfg.image_size, cache_dir=cache,
                   device=device, augment=cfg.augment, num_workers=cfg.num_workers, progress=progress)

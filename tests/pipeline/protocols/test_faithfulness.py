@@ -143,21 +143,22 @@ def _recorded_run(tiny_manifests, tmp_path, **overrides):
 
 
 def test_fedgp_auto_warms_up_two_fedavg_rounds_then_runs_at_a_tenth_of_the_lr(tiny_manifests, tmp_path):
-    """AutoFedGP code: 2 FedAvg rounds, then hparams['lr'] *= 0.1 for sources and target."""
+    """AutoFedGP code: 2 FedAvg rounds, then hparams['lr'] *= 0.1 for sources and target
+    (the target fine-tunes with a plain ``train`` task: the server combines by default)."""
     calls = _recorded_run(tiny_manifests, tmp_path, strategy="FedGP_Auto", rounds=3)
     by_round = {r: [(task, site, lr) for rr, task, site, lr in calls if rr == r] for r in range(3)}
     for r in (0, 1):  # plain FedAvg: sources only, full lr
         assert {t for t, _, _ in by_round[r]} == {"train"}
         assert {s for _, s, _ in by_round[r]} == {"nih_style", "chexpert_style"}
         assert all(lr == pytest.approx(2e-3) for _, _, lr in by_round[r])
-    assert ("train_combine", "dicom_style", pytest.approx(1e-4)) in by_round[2]
-    assert all(lr == pytest.approx(2e-4) for t, _, lr in by_round[2] if t == "train")
+    assert ("train", "dicom_style", pytest.approx(1e-4)) in by_round[2]
+    assert all(lr == pytest.approx(2e-4) for t, s, lr in by_round[2] if s != "dicom_style")
 
 
 def test_gp_warms_up_five_rounds_projecting_from_the_sources_average(tiny_manifests, tmp_path):
     """AuxInfo+GP code: for i < 5 the global is the FedAvg of the sources, then GP on top; no lr change."""
     calls = _recorded_run(tiny_manifests, tmp_path, strategy="FedAvg_Finetune_GP", rounds=1)
-    assert ("train_combine", "dicom_style", 1e-3) in [(t, s, lr) for _, t, s, lr in calls]
+    assert ("train", "dicom_style", 1e-3) in [(t, s, lr) for _, t, s, lr in calls]
     rows = _metrics(tmp_path / "run")
     assert rows[0]["warmup"] is True and set(rows[0]["betas"]) == {"nih_style", "chexpert_style"}
 
@@ -165,7 +166,7 @@ def test_gp_warms_up_five_rounds_projecting_from_the_sources_average(tiny_manife
 def test_warmup_and_lr_scale_defaults_can_be_overridden(tiny_manifests, tmp_path):
     calls = _recorded_run(tiny_manifests, tmp_path, strategy="FedDA", rounds=1, warmup_rounds=0,
                           post_warmup_lr_scale=0.5)
-    assert ("train_combine", "dicom_style", pytest.approx(5e-4)) in [(t, s, lr) for _, t, s, lr in calls]
+    assert ("train", "dicom_style", pytest.approx(5e-4)) in [(t, s, lr) for _, t, s, lr in calls]
 
 
 def test_finetune_offline_fine_tunes_the_configured_number_of_passes_after_the_last_round(tiny_manifests, tmp_path):
