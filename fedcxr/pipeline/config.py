@@ -35,6 +35,9 @@ from fedcxr.vocab import AUX_TASKS, CLASS_SET
 
 #: Keys of older configs that were replaced, with what to write instead (exit 2 naming it).
 RENAMED_KEYS = {
+    "head_warmup_rounds": "use `head_warmup: {epochs: N, lr: 1e-3}` (head-only local epochs before the first "
+                          "round, the best-validation head kept, as the surgical aggregation code; epochs: 0 "
+                          "turns it off)",
     "surgical_weighting": "use `backbone_weighting: uniform|samples` (it now applies to every method's "
                           "backbone average, not only FL_Surgical)",
 }
@@ -45,13 +48,17 @@ class _Strict(BaseModel):
 
 
 class LocalTrainingConfig(_Strict):
-    """How one site trains in one round (Adam, fresh each round as in the papers)."""
+    """How one site trains in one round (optimiser and whether its state carries over: per method)."""
 
     lr: float = Field(1e-3, gt=0)
     batch_size: int = Field(32, ge=1)
     epochs: int = Field(1, ge=0)
     steps: Optional[int] = Field(None, ge=1, description="optimizer steps per round; overrides epochs")
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: Optional[float] = Field(
+        None, ge=0, description="default per method: 5e-4 for FACT (its code's SGD), 0 otherwise")
+    optimizer: Optional[Literal["adam", "adamw", "sgd"]] = Field(
+        None, description="default per method: sgd (momentum 0.9) for FACT/FACT_NF (FACT client.py), adam "
+        "otherwise (AuxInfo+GP, AutoFedGP and surgical aggregation code)")
     max_rows: Optional[int] = Field(None, ge=1, description="use at most this many training rows (speed)")
 
 
@@ -62,6 +69,16 @@ class TargetTrainingConfig(LocalTrainingConfig):
     labeled: Optional[Union[int, float]] = Field(
         None, description="labeled target rows used: a count (int) or a fraction of train rows (float ≤ 1)"
     )
+
+
+class HeadWarmupConfig(_Strict):
+    """FL, FL_PartialLoss, FL_Surgical, PFL: head-only local epochs before round 0 (surgical aggregation code)."""
+
+    epochs: int = Field(15, ge=0, description="head-only epochs on the frozen backbone, the head with the lowest "
+                        "validation loss kept; each client starts round 0 from its own warmed model (surgical "
+                        "aggregation code: warmup_epochs=15, ModelCheckpoint on val_loss); 0: no warm-up")
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate of the warm-up (its __train_local default 1e-3)")
+    batch_size: Optional[int] = Field(None, ge=1, description="default: source.batch_size")
 
 
 class ModelConfig(_Strict):
@@ -113,7 +130,13 @@ class ExperimentConfig(_Strict):
         "(1/K) or `samples` (n_i/Σn). Default per method: uniform for FL, FL_PartialLoss, FL_Surgical, PFL "
         "(surgical aggregation paper Eq. 1 and its code's np.mean over clients); samples for FedAvg and the "
         "GP/FedDA/FedGP family (AuxInfo+GP and AutoFedGP code: clients_size_frac)")
-    head_warmup_rounds: int = Field(0, ge=0, description="surgical/FL: rounds training heads only first")
+    head_warmup: HeadWarmupConfig = Field(HeadWarmupConfig(), description=HeadWarmupConfig.__doc__)
+    optimizer_state: Optional[Literal["fresh", "kept"]] = Field(
+        None, description="`kept`: each site's optimiser state carries over from round to round (saved in "
+        "checkpoints); `fresh`: a new optimiser every round. Default per method as the authors' code: kept "
+        "for FL, FL_PartialLoss, FL_Surgical, PFL (surgical aggregation: one compiled Keras Adam per client) "
+        "and FACT/FACT_NF (one SGD per client); fresh for the rest (AuxInfo+GP and AutoFedGP build a new "
+        "Adam in every train() call)")
     min_sites: int = Field(1, ge=1, description="a round needs at least this many source replies")
     model: ModelConfig = ModelConfig()
     class_source: Literal["target", "union", "sources"] = "target"
