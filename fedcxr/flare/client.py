@@ -154,6 +154,7 @@ class FlareSite:
                 cache_dir=cfg.cache_dir or default_cache_dir(),
                 device=resolve_device(cfg.device or settings.get("device")),
                 augment=bool(settings.get("augment", True)), num_workers=workers, progress=False,
+                task=settings.get("task"),
             )
         return self.runners[key]
 

@@ -81,6 +81,35 @@ class HeadWarmupConfig(_Strict):
     batch_size: Optional[int] = Field(None, ge=1, description="default: source.batch_size")
 
 
+class SharedTaskConfig(_Strict):
+    """One binary output shared by every site, each site mapping its own condition onto it
+    (AuxInfo+GP paper's CheXpert domains; :mod:`fedcxr.pipeline.shared_task`)."""
+
+    output: str = Field(..., description="the one output, a canonical class (the head's row is named by it; "
+                        "e.g. the target's condition)")
+    site_labels: dict[str, str] = Field(..., description="site → the class that site labels, mapped onto `output`")
+    balance: bool = Field(True, description="per site and split: all positives and as many negatives "
+                          "(AuxInfo+GP: 2,000 positive / 2,000 negative per domain)")
+    negatives: Literal["zero", "unmentioned"] = Field(
+        "zero", description="zero: rows labeled 0 for the site's condition (the paper's text); unmentioned: "
+        "rows where it is blank (the authors' preprocessing code)")
+
+    @field_validator("site_labels")
+    @classmethod
+    def _known(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted({c for c in value.values() if c not in CLASS_SET})
+        if unknown:
+            raise ValueError(f"unknown class(es) {unknown}; canonical classes: {sorted(CLASS_SET)}")
+        return value
+
+    @field_validator("output")
+    @classmethod
+    def _known_output(cls, value: str) -> str:
+        if value not in CLASS_SET:
+            raise ValueError(f"unknown class {value!r}; the output is named by a canonical class: {sorted(CLASS_SET)}")
+        return value
+
+
 class ModelConfig(_Strict):
     backbone: Literal["resnet18", "resnet10", "resnet_tiny", "densenet121"] = "resnet18"
     hidden: Optional[int] = Field(128, ge=1)
@@ -139,6 +168,7 @@ class ExperimentConfig(_Strict):
         "Adam in every train() call)")
     min_sites: int = Field(1, ge=1, description="a round needs at least this many source replies")
     model: ModelConfig = ModelConfig()
+    task: Optional[SharedTaskConfig] = Field(None, description=SharedTaskConfig.__doc__)
     class_source: Literal["target", "union", "sources"] = "target"
     image_size: int = Field(224, ge=8)
     augment: bool = True
@@ -188,6 +218,14 @@ class ExperimentConfig(_Strict):
         if self.target is not None and self.site_name(self.target) in {self.site_name(s) for s in self.sites}:
             raise ValueError(f"target {self.target!r} is also listed under `sites`; a site is either a source "
                              "or the target: remove it from `sites`")
+        return self
+
+    @model_validator(mode="after")
+    def _every_site_has_a_task_label(self) -> "ExperimentConfig":
+        if self.task is not None:
+            missing = [self.site_name(s) for s in self.all_sites() if self.site_name(s) not in self.task.site_labels]
+            if missing:
+                raise ValueError(f"task.site_labels: no class given for site(s) {missing}")
         return self
 
     def source_sites(self) -> list[str]:

@@ -85,12 +85,18 @@ class SiteRunner:
         augment: bool = True,
         num_workers: int = 0,
         progress: bool = False,
+        task: Optional[dict] = None,
     ):
         from fedcxr.pipeline.data import load_site
+        from fedcxr.pipeline.shared_task import apply_shared_task, site_task
 
         self.name = name
         dirs = [site_dirs] if isinstance(site_dirs, (str, Path)) else list(site_dirs)
-        self.sites = [load_site(d) for d in dirs]  # several dirs = pooled (Central baseline)
+        # several dirs = pooled (Central baseline); ``task``: the shared-task spec (each site maps its own label)
+        self.sites = [load_site(d) for d in dirs]
+        if task:
+            self.sites = [apply_shared_task(site, site_task(task, Path(d).name if len(dirs) > 1 else name))
+                          for d, site in zip(dirs, self.sites)]
         self.model_cfg = dict(model_cfg)
         self.image_size = image_size
         self.cache_dir = Path(cache_dir)
