@@ -48,7 +48,7 @@ from fedcxr.pipeline.checkpoints import load_tensors
 from fedcxr.pipeline.data import default_cache_dir
 from fedcxr.pipeline.local import resolve_device
 from fedcxr.pipeline.messages import Reply
-from fedcxr.pipeline.site_runner import SiteRunner
+from fedcxr.pipeline.site_runner import OPTIMIZER_PREFIX, SiteRunner
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +154,7 @@ class FlareSite:
                 cache_dir=cfg.cache_dir or default_cache_dir(),
                 device=resolve_device(cfg.device or settings.get("device")),
                 augment=bool(settings.get("augment", True)), num_workers=workers, progress=False,
+                task=settings.get("task"),
             )
         return self.runners[key]
 
@@ -204,7 +205,9 @@ class FlareSite:
         runner = self.runner_for(runner_settings, run)
         self._restore(runner, task, config, run)
         if task == "local_state":
-            return Reply(site=self.name, params=runner.get_local_state(), class_set=runner.class_set)
+            # the model's local entries only: optimiser moments never leave the site
+            state = {k: v for k, v in runner.get_local_state().items() if not k.startswith(OPTIMIZER_PREFIX)}
+            return Reply(site=self.name, params=state, class_set=runner.class_set)
         reply = runner.handle(task, params, config)
         if task in STATE_CHANGING_TASKS:
             self._save(runner, config, run)

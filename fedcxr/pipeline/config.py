@@ -36,6 +36,9 @@ from fedcxr.vocab import AUX_TASKS, CLASS_SET
 
 #: Keys of older configs that were replaced, with what to write instead (exit 2 naming it).
 RENAMED_KEYS = {
+    "head_warmup_rounds": "use `head_warmup: {epochs: N, lr: 1e-3}` (head-only local epochs before the first "
+                          "round, the best-validation head kept, as the surgical aggregation code; epochs: 0 "
+                          "turns it off)",
     "surgical_weighting": "use `backbone_weighting: uniform|samples` (it now applies to every method's "
                           "backbone average, not only FL_Surgical)",
 }
@@ -46,13 +49,17 @@ class _Strict(BaseModel):
 
 
 class LocalTrainingConfig(_Strict):
-    """How one site trains in one round (Adam, fresh each round as in the papers)."""
+    """How one site trains in one round (optimiser and whether its state carries over: per method)."""
 
     lr: float = Field(1e-3, gt=0)
     batch_size: int = Field(32, ge=1)
     epochs: int = Field(1, ge=0)
     steps: Optional[int] = Field(None, ge=1, description="optimizer steps per round; overrides epochs")
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: Optional[float] = Field(
+        None, ge=0, description="default per method: 5e-4 for FACT (its code's SGD), 0 otherwise")
+    optimizer: Optional[Literal["adam", "adamw", "sgd"]] = Field(
+        None, description="default per method: sgd (momentum 0.9) for FACT/FACT_NF (FACT client.py), adam "
+        "otherwise (AuxInfo+GP, AutoFedGP and surgical aggregation code)")
     max_rows: Optional[int] = Field(None, ge=1, description="use at most this many training rows (speed)")
 
 
@@ -63,6 +70,45 @@ class TargetTrainingConfig(LocalTrainingConfig):
     labeled: Optional[Union[int, float]] = Field(
         None, description="labeled target rows used: a count (int) or a fraction of train rows (float ≤ 1)"
     )
+
+
+class HeadWarmupConfig(_Strict):
+    """FL, FL_PartialLoss, FL_Surgical, PFL: head-only local epochs before round 0 (surgical aggregation code)."""
+
+    epochs: int = Field(15, ge=0, description="head-only epochs on the frozen backbone, the head with the lowest "
+                        "validation loss kept; each client starts round 0 from its own warmed model (surgical "
+                        "aggregation code: warmup_epochs=15, ModelCheckpoint on val_loss); 0: no warm-up")
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate of the warm-up (its __train_local default 1e-3)")
+    batch_size: Optional[int] = Field(None, ge=1, description="default: source.batch_size")
+
+
+class SharedTaskConfig(_Strict):
+    """One binary output shared by every site, each site mapping its own condition onto it
+    (AuxInfo+GP paper's CheXpert domains; :mod:`fedcxr.pipeline.shared_task`)."""
+
+    output: str = Field(..., description="the one output, a canonical class (the head's row is named by it; "
+                        "e.g. the target's condition)")
+    site_labels: dict[str, str] = Field(..., description="site → the class that site labels, mapped onto `output`")
+    balance: bool = Field(True, description="per site and split: all positives and as many negatives "
+                          "(AuxInfo+GP: 2,000 positive / 2,000 negative per domain)")
+    negatives: Literal["zero", "unmentioned"] = Field(
+        "zero", description="zero: rows labeled 0 for the site's condition (the paper's text); unmentioned: "
+        "rows where it is blank (the authors' preprocessing code)")
+
+    @field_validator("site_labels")
+    @classmethod
+    def _known(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted({c for c in value.values() if c not in CLASS_SET})
+        if unknown:
+            raise ValueError(f"unknown class(es) {unknown}; canonical classes: {sorted(CLASS_SET)}")
+        return value
+
+    @field_validator("output")
+    @classmethod
+    def _known_output(cls, value: str) -> str:
+        if value not in CLASS_SET:
+            raise ValueError(f"unknown class {value!r}; the output is named by a canonical class: {sorted(CLASS_SET)}")
+        return value
 
 
 class ModelConfig(_Strict):
@@ -179,9 +225,16 @@ class ExperimentConfig(_Strict):
         "(1/K) or `samples` (n_i/Σn). Default per method: uniform for FL, FL_PartialLoss, FL_Surgical, PFL "
         "(surgical aggregation paper Eq. 1 and its code's np.mean over clients); samples for FedAvg and the "
         "GP/FedDA/FedGP family (AuxInfo+GP and AutoFedGP code: clients_size_frac)")
-    head_warmup_rounds: int = Field(0, ge=0, description="surgical/FL: rounds training heads only first")
+    head_warmup: HeadWarmupConfig = Field(HeadWarmupConfig(), description=HeadWarmupConfig.__doc__)
+    optimizer_state: Optional[Literal["fresh", "kept"]] = Field(
+        None, description="`kept`: each site's optimiser state carries over from round to round (saved in "
+        "checkpoints); `fresh`: a new optimiser every round. Default per method as the authors' code: kept "
+        "for FL, FL_PartialLoss, FL_Surgical, PFL (surgical aggregation: one compiled Keras Adam per client) "
+        "and FACT/FACT_NF (one SGD per client); fresh for the rest (AuxInfo+GP and AutoFedGP build a new "
+        "Adam in every train() call)")
     min_sites: int = Field(1, ge=1, description="a round needs at least this many source replies")
     model: ModelConfig = ModelConfig()
+    task: Optional[SharedTaskConfig] = Field(None, description=SharedTaskConfig.__doc__)
     class_source: Literal["target", "union", "sources"] = "target"
     image_size: int = Field(224, ge=8)
     augment: bool = True
@@ -232,6 +285,14 @@ class ExperimentConfig(_Strict):
         if self.target is not None and self.site_name(self.target) in {self.site_name(s) for s in self.sites}:
             raise ValueError(f"target {self.target!r} is also listed under `sites`; a site is either a source "
                              "or the target: remove it from `sites`")
+        return self
+
+    @model_validator(mode="after")
+    def _every_site_has_a_task_label(self) -> "ExperimentConfig":
+        if self.task is not None:
+            missing = [self.site_name(s) for s in self.all_sites() if self.site_name(s) not in self.task.site_labels]
+            if missing:
+                raise ValueError(f"task.site_labels: no class given for site(s) {missing}")
         return self
 
     def source_sites(self) -> list[str]:

@@ -38,7 +38,7 @@ from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
 from fedcxr.pipeline.local import resolve_device
 from fedcxr.pipeline.messages import StateDict
 from fedcxr.pipeline.protocols import CENTRAL_SITE, Context, RoundProtocol, get_protocol
-from fedcxr.pipeline.site_runner import derive_seed
+from fedcxr.pipeline.site_runner import OPTIMIZER_PREFIX, derive_seed
 from fedcxr.pipeline.transport import Transport
 from fedcxr.vocab import CLASSES
 
@@ -96,6 +96,7 @@ def build_context(cfg: ExperimentConfig, protocol: RoundProtocol, transport: Tra
         aux_tasks=list(cfg.aux_tasks) if aux_on else [],
         sources=[cfg.site_name(s) for s in cfg.source_sites()],
         target=cfg.site_name(cfg.target) if cfg.target else None,
+        task_defaults=protocol.task_defaults(),
     )
 
 
@@ -159,11 +160,17 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | str, *, resume: bool =
         bar.set_postfix(_postfix(metrics))
     final = protocol.final_models(ctx, state)
     save_final(run_dir, {
-        "global": final["global"], "per_site": final["per_site"], "local_states": transport.local_states(),
+        "global": final["global"], "per_site": final["per_site"], "local_states": model_states(transport),
         "eval_local_keys": protocol.eval_local_keys(ctx), "classes": ctx.classes, "aux_tasks": ctx.aux_tasks,
         "model": cfg.model.model_dump(mode="json"), "image_size": cfg.image_size,
     })
     return _write_run_files(run_dir, cfg, ctx, protocol, status="finished")
+
+
+def model_states(transport: Transport) -> dict[str, dict]:
+    """The sites' local state without optimiser moments (evaluation needs only the model's entries)."""
+    return {site: {k: v for k, v in state.items() if not k.startswith(OPTIMIZER_PREFIX)}
+            for site, state in transport.local_states().items()}
 
 
 def data_hashes(ctx: Context) -> dict[str, str]:

@@ -54,7 +54,8 @@ def build_runners(cfg: ExperimentConfig, device: torch.device, progress: bool) -
                     "not in this in-process run")
     cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
     common = dict(model_cfg=cfg.model.model_dump(mode="json"), image_size=cfg.image_size, cache_dir=cache,
-                  device=device, augment=cfg.augment, num_workers=cfg.num_workers, progress=progress)
+                  device=device, augment=cfg.augment, num_workers=cfg.num_workers, progress=progress,
+                  task=cfg.task.model_dump(mode="json") if cfg.task else None)
     runners = {cfg.site_name(s): SiteRunner(cfg.site_name(s), cfg.site_dir(s), **common) for s in cfg.all_sites()}
     if cfg.strategy == "Central":
         runners[CENTRAL_SITE] = SiteRunner(CENTRAL_SITE, [cfg.site_dir(s) for s in cfg.all_sites()], **common)
