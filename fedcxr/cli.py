@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--site-key", type=Path, default=None, metavar="FILE",
                    help="secret key for the keyed patient/study pseudonyms (stays at the site; "
                         "unset: $FEDCXR_SITE_KEY, else OUT/.fedcxr_site_key, created on first use)")
+    p.add_argument("--max-pixels", type=int, default=100_000_000, metavar="N",
+                   help="set aside an image whose header declares more pixel values (DICOM: rows x "
+                        "columns x frames x samples), before decoding it; training decodes under the same bound")
     p.add_argument("--follow-links", action="store_true",
                    help="accept image paths whose symbolic links lead out of the export folder "
                         "(unset: such rows are set aside with the reason)")
@@ -182,6 +185,7 @@ def _ingest(args: argparse.Namespace) -> int:
         mapping=args.mapping, labels_csv=args.labels, verify_pixels=args.verify_pixels,
         workers=args.workers, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
         progress=progress_wanted(args), site_key=args.site_key, follow_links=args.follow_links,
+        max_pixels=args.max_pixels,
     )
     print(f"read {report['rows_read']} rows: kept {report['rows_kept']}, set aside {report['rows_set_aside']}")
     for reason, count in report["set_aside_by_reason"].items():
@@ -193,7 +197,7 @@ def _ingest(args: argparse.Namespace) -> int:
                   "usable by `fedcxr predict` and as FACT's unlabeled target, not as a labeled source")
             continue
         print(f"  site {site}: {info['rows']} rows ({splits}); classes: {', '.join(info['class_set'])}")
-    print(f"manifests and ingest_report.json in {args.out}")
+    print(f"manifests, ingest_report.json and set_aside.csv in {args.out}")
     return 0
 
 

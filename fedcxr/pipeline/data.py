@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, Dataset
 from fedcxr.atomic import atomic_path
 from fedcxr.errors import UserError
 from fedcxr.logs import bar_disabled
-from fedcxr.site_adapters.images import read_image_resized
+from fedcxr.site_adapters.images import MAX_PIXELS, read_image_resized
 from fedcxr.site_adapters.manifest import (
     SPLITS,
     atomic_write_json,
@@ -184,6 +184,7 @@ def _decode_into(site: SiteInfo, size: int, tmp: Path, *, progress: bool, worker
     from tqdm import tqdm
 
     paths = [str(site.export_root / p) for p in site.manifest["image_path"].astype(str)]
+    limit = int((site.meta.get("options") or {}).get("max_pixels") or MAX_PIXELS)  # ingest's bound
     n = len(paths)
     if n == 0:
         tmp.write_bytes(b"")
@@ -195,13 +196,14 @@ def _decode_into(site: SiteInfo, size: int, tmp: Path, *, progress: bool, worker
         starts = range(0, n, chunk)
         if workers > 1 and n > chunk:
             with ProcessPoolExecutor(max_workers=workers) as pool:
-                parts = pool.map(_decode_chunk, [paths[s:s + chunk] for s in starts], [size] * len(starts))
+                parts = pool.map(_decode_chunk, [paths[s:s + chunk] for s in starts], [size] * len(starts),
+                                 [limit] * len(starts))
                 for start, part in zip(starts, parts):
                     _store(out, start, part, paths, site, size)
                     bar.update(len(part))
         else:
             for start in starts:
-                part = _decode_chunk(paths[start:start + chunk], size)
+                part = _decode_chunk(paths[start:start + chunk], size, limit)
                 _store(out, start, part, paths, site, size)
                 bar.update(len(part))
         out.flush()
@@ -210,12 +212,17 @@ def _decode_into(site: SiteInfo, size: int, tmp: Path, *, progress: bool, worker
         del out
 
 
-def _decode_chunk(paths: list[str], size: int) -> list[tuple[Optional[np.ndarray], Optional[str]]]:
-    """Decode a chunk; a failure becomes a reason string (module-level: process pools pickle it)."""
+def _decode_chunk(
+    paths: list[str], size: int, max_pixels: int = MAX_PIXELS
+) -> list[tuple[Optional[np.ndarray], Optional[str]]]:
+    """Decode a chunk; a failure becomes a reason string (module-level: process pools pickle it).
+
+    ``max_pixels`` bounds each image's declared size before it is decoded (ingest's option).
+    """
     results: list[tuple[Optional[np.ndarray], Optional[str]]] = []
     for path in paths:
         try:
-            results.append((read_image_resized(path, size), None))
+            results.append((read_image_resized(path, size, max_pixels), None))
         except Exception as exc:  # any decoder failure is reported with the file's name
             results.append((None, f"{type(exc).__name__}: {exc}"))
     return results

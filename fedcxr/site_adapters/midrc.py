@@ -67,9 +67,9 @@ import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable
 from fedcxr.site_adapters.dicom_folder import list_candidates, pseudonym, skipped_note
-from fedcxr.site_adapters.images import KIND_DICOM, read_headers
+from fedcxr.site_adapters.images import KIND_DICOM, MAX_PIXELS, read_headers
 from fedcxr.site_adapters.paths import Container
-from fedcxr.site_adapters.tables import failed_note, map_distinct, relative_name
+from fedcxr.site_adapters.tables import check_csv_header, failed_note, map_distinct, relative_name
 from fedcxr.site_adapters.zip3 import zip3_state
 from fedcxr.vocab import AUX_VOCAB, age_bin_code, aux_column, parse_age, race_code, raw_column, sex_code, view_code
 
@@ -126,6 +126,7 @@ def _tsv_files(input_dir: Path) -> list[Path]:
 
 
 def _read_tsv(path: Path, name: str) -> pd.DataFrame:
+    check_csv_header(path, name, sep="\t")
     try:
         frame = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False, index_col=False)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as exc:
@@ -375,7 +376,8 @@ def read_midrc(input_dir: Path, options: AdapterOptions) -> SourceTable:
             image.problem = box.contain(image.path)[2]
     to_read = [i for i, im in enumerate(images) if im.problem is None]
     results = read_headers([str(input_dir / images[i].path) for i in to_read], workers=options.workers,
-                           progress=bool(options.extra.get("progress", True)))
+                           progress=bool(options.extra.get("progress", True)),
+                           max_pixels=int(options.extra.get("max_pixels", MAX_PIXELS)))
     headers: list[dict] = [{} for _ in images]
     for i, (header, reason) in zip(to_read, results):
         if reason is None and header["kind"] != KIND_DICOM:

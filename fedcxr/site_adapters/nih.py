@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SourceTable, require_columns
+from fedcxr.site_adapters.paths import is_utf8
 from fedcxr.site_adapters.tables import (
     failed_note,
     find_file,
@@ -172,7 +173,10 @@ def _official_splits(image: pd.Series, root: Path, input_dir: Path) -> tuple[pd.
 
 
 def _image_index(root: Path) -> dict[str, str]:
-    """Image file name → path relative to ``root``, from one listing per image folder."""
+    """Image file name → path relative to ``root``, from one listing per image folder.
+
+    File names that are not valid UTF-8 are left out: no csv row can name them.
+    """
     folders: list[tuple[str, Path]] = []
     with os.scandir(root) as it:
         subdirs = sorted(e.name for e in it if e.is_dir() and e.name.lower().startswith("images"))
@@ -185,7 +189,8 @@ def _image_index(root: Path) -> dict[str, str]:
     for prefix, folder in folders:
         with os.scandir(folder) as it:
             for entry in it:
-                if entry.name not in index and not entry.is_dir():
+                # a name that is not UTF-8 can match no csv row (and would break Arrow strings)
+                if entry.name not in index and is_utf8(entry.name) and not entry.is_dir():
                     index[entry.name] = prefix + entry.name
     return index
 
