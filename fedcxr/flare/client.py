@@ -46,6 +46,7 @@ import fedcxr.pipeline.site_tasks  # noqa: F401  (registers train_combine and fa
 from fedcxr.atomic import atomic_torch_save
 from fedcxr.pipeline.checkpoints import load_tensors
 from fedcxr.pipeline.data import default_cache_dir
+from fedcxr.pipeline.engine import apply_backend, resolve_engine
 from fedcxr.pipeline.local import resolve_device
 from fedcxr.pipeline.messages import Reply
 from fedcxr.pipeline.site_runner import OPTIMIZER_PREFIX, SiteRunner
@@ -148,12 +149,14 @@ class FlareSite:
             cfg = self.site_cfg
             model_cfg = dict(settings.get("model") or {})
             model_cfg["weights"] = None  # the server sends every weight; no local file is read
-            workers = cfg.num_workers if cfg.num_workers is not None else int(settings.get("num_workers", 0))
+            workers = cfg.num_workers if cfg.num_workers is not None else settings.get("num_workers")
+            device = resolve_device(cfg.device or settings.get("device"))
+            engine = resolve_engine(device, settings.get("engine"), workers)
+            apply_backend(engine)  # one site per client process: its cuDNN switches are its own
             self.runners[key] = SiteRunner(
                 self.name, cfg.manifest_dir, model_cfg=model_cfg, image_size=int(settings["image_size"]),
-                cache_dir=cfg.cache_dir or default_cache_dir(),
-                device=resolve_device(cfg.device or settings.get("device")),
-                augment=bool(settings.get("augment", True)), num_workers=workers, progress=False,
+                cache_dir=cfg.cache_dir or default_cache_dir(), device=device,
+                augment=bool(settings.get("augment", True)), progress=False, engine=engine,
                 task=settings.get("task"),
             )
         return self.runners[key]

@@ -263,7 +263,7 @@ def version_problem(job_version: str) -> Optional[str]:
 def runner_settings(cfg) -> dict:
     """What a site needs from the experiment to build its network and data (no paths, no data)."""
     return {"model": cfg.model.model_dump(mode="json"), "image_size": cfg.image_size, "augment": cfg.augment,
-            "num_workers": cfg.num_workers, "device": cfg.device,
+            "num_workers": cfg.num_workers, "device": cfg.device, "engine": cfg.engine.model_dump(mode="json"),
             "task": cfg.task.model_dump(mode="json") if cfg.task else None}
 
 

@@ -192,6 +192,25 @@ class PrivacyConfig(_Strict):
 FILTERS = ("exclude_vars", "percentile_privacy")
 
 
+class EngineConfig(_Strict):
+    """How training uses the hardware (:mod:`fedcxr.pipeline.engine`); ``null`` = auto.
+
+    Auto is right on CPU and on CUDA: AMP, channels-last, cuDNN autotuning, pinned memory and
+    moving waiting sites' models off the GPU are on for CUDA only. None of these keys is part
+    of the config fingerprint (like ``device``), so a run may resume with other values.
+    """
+
+    amp: Optional[bool] = Field(None, description="float16 autocast on CUDA (auto: on)")
+    channels_last: Optional[bool] = Field(None, description="NHWC model and batches (auto: on CUDA)")
+    cudnn_benchmark: Optional[bool] = Field(None, description="cuDNN autotuning (auto: on CUDA unless deterministic)")
+    deterministic: bool = Field(False, description="deterministic CUDA kernels (slower; CPU runs always are)")
+    pin_memory: Optional[bool] = Field(None, description="page-locked batches (auto: on CUDA)")
+    persistent_workers: Optional[bool] = Field(None, description="keep loader workers between epochs (auto: on)")
+    prefetch_factor: Optional[int] = Field(None, ge=1, description="batches each loader worker prepares ahead")
+    cache_workers: int = Field(0, ge=0, description="processes decoding a site's image cache (0: every core)")
+    offload_idle: Optional[bool] = Field(None, description="a site's model leaves the GPU between its turns")
+
+
 class ExperimentConfig(_Strict):
     name: str = "experiment"
     manifests: Optional[Path] = Field(None, description="base folder of the site folders")
@@ -243,7 +262,8 @@ class ExperimentConfig(_Strict):
     cache_dir: Optional[Path] = None
     eval_sites: Optional[list[str]] = Field(None, description="sites evaluated; default target or all")
     eval_every: int = Field(1, ge=0, description="validation AUROC every N rounds (0: never)")
-    num_workers: int = Field(0, ge=0)
+    num_workers: Optional[int] = Field(None, ge=0, description="loader processes (auto: 0 on CPU, up to 8 on CUDA)")
+    engine: EngineConfig = EngineConfig()
     privacy: PrivacyConfig = PrivacyConfig()
 
     @model_validator(mode="before")
@@ -392,10 +412,11 @@ def dump_config(cfg: ExperimentConfig) -> str:
 
 
 def config_fingerprint(cfg: ExperimentConfig) -> str:
-    """Hash of everything that changes a run's result (device, workers, cache and where the manifests
-    folder lies do not: the sites' content is checked separately, by manifest hash, on resume)."""
+    """Hash of everything that changes a run's result (device, workers, the engine block, cache and
+    where the manifests folder lies do not: the sites' content is checked separately, by manifest
+    hash, on resume)."""
     data = cfg.model_dump(mode="json")
-    for key in ("device", "num_workers", "cache_dir", "manifests"):
+    for key in ("device", "num_workers", "cache_dir", "manifests", "engine"):
         data.pop(key, None)
     privacy = data.pop("privacy", {})
     for key in ("combine_at", "auto_weights_at"):  # where a rule is computed does not change its result

@@ -34,7 +34,8 @@ from fedcxr.errors import UserError
 from fedcxr.logs import bar_disabled
 from fedcxr.pipeline.checkpoints import latest_checkpoint, load_latest_intact, save_checkpoint, save_final
 from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint, dump_config
-from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
+from fedcxr.pipeline.engine import backend_settings
+from fedcxr.pipeline.inprocess import InProcessTransport, build_runners, run_engine
 from fedcxr.pipeline.local import resolve_device
 from fedcxr.pipeline.messages import StateDict
 from fedcxr.pipeline.protocols import CENTRAL_SITE, Context, RoundProtocol, get_protocol
@@ -128,8 +129,16 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | str, *, resume: bool =
     """
     run_dir = Path(run_dir)
     protocol = get_protocol(cfg.strategy)
-    if transport is None:
-        transport = InProcessTransport(build_runners(cfg, resolve_device(device or cfg.device), progress))
+    if transport is not None:
+        return _run(cfg, run_dir, protocol, transport, resume=resume, progress=progress)
+    dev = resolve_device(device or cfg.device)
+    transport = InProcessTransport(build_runners(cfg, dev, progress))
+    with backend_settings(run_engine(cfg, dev)):  # cuDNN autotuning / deterministic kernels, restored after
+        return _run(cfg, run_dir, protocol, transport, resume=resume, progress=progress)
+
+
+def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transport: Transport, *,
+         resume: bool, progress: bool) -> dict:
     ctx = build_context(cfg, protocol, transport)
     theta = initial_model(cfg, ctx)
     state, start, history = protocol.init_state(ctx, theta), 0, []

@@ -83,7 +83,9 @@ class LocalConfig:
     """Hyper-parameters of one local training call.
 
     ``steps`` (when set) overrides ``epochs``: that many optimizer steps, cycling the loader.
-    ``amp`` only takes effect on CUDA. ``optimizer``: adam | adamw | sgd (momentum 0.9).
+    ``amp`` only takes effect on CUDA. ``channels_last``: the model and every batch in NHWC
+    memory layout (tensor cores on CUDA; :mod:`fedcxr.pipeline.engine` turns it on there).
+    ``optimizer``: adam | adamw | sgd (momentum 0.9).
     """
 
     lr: float = 1e-3
@@ -95,6 +97,7 @@ class LocalConfig:
     weight_decay: float = 0.0
     amp: bool = True
     optimizer: str = "adam"
+    channels_last: bool = False
 
 
 @dataclass
@@ -260,7 +263,7 @@ def train_local(
     """
     device = resolve_device(device)
     use_cuda = device.type == "cuda"
-    model.to(device)
+    model.to(device, memory_format=_memory_format(cfg.channels_last))
     modes = {m: m.training for m in model.modules()}
     flags = _set_trainable(model, trainable)
     if freeze_bn:
@@ -309,8 +312,9 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
 
     sums = torch.zeros(3, device=device)  # total, main, aux
     steps = seen = skipped = 0
+    layout = _memory_format(cfg.channels_last)
     for batch in batches(loader, cfg):
-        x = batch["image"].to(device, non_blocking=use_cuda)
+        x = batch["image"].to(device, non_blocking=use_cuda, memory_format=layout)
         if bn_training and x.shape[0] < 2:
             skipped += 1
             continue
@@ -398,6 +402,11 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, named: Sequence[tuple
         optimizer.state[p] = {f: (v.clone() if f == "step" else v.to(p.device, copy=True)) for f, v in fields.items()}
 
 
+def _memory_format(channels_last: bool) -> torch.memory_format:
+    """NHWC (channels-last) or the model's own layout (``preserve_format`` leaves it as it is)."""
+    return torch.channels_last if channels_last else torch.preserve_format
+
+
 def _flat(model: nn.Module, keys: list[str]) -> torch.Tensor:
     """The model's state as one float32 vector over ``keys`` (the recorded g_j's units)."""
     return flatten_state(model.state_dict(), keys)[0].float()
@@ -425,24 +434,27 @@ def _dataset_len(loader: Any) -> int:
 
 
 @torch.no_grad()
-def predict(model: nn.Module, loader: Any, *, device: torch.device | str) -> dict[str, Any]:
+def predict(model: nn.Module, loader: Any, *, device: torch.device | str, amp: bool = True,
+            channels_last: bool = False) -> dict[str, Any]:
     """Sigmoid probabilities of every item of ``loader`` (model in eval mode, restored after).
 
+    ``amp`` (float16 autocast) only applies on CUDA; ``channels_last`` as in :class:`LocalConfig`.
     Returns ``probs`` (N, C) float32 numpy in the head's class order, ``aux_probs``
     ``{task: (N, K)}`` (softmax), ``index`` (N,) int64 positions in the loader's dataset,
     and ``labels``/``label_mask`` (N, C) as the batches carried them.
     """
     device = resolve_device(device)
     use_cuda = device.type == "cuda"
-    model.to(device)
+    layout = _memory_format(channels_last)
+    model.to(device, memory_format=layout)
     modes = {m: m.training for m in model.modules()}
     model.eval()
     probs, index, labels, masks = [], [], [], []
     aux_probs: dict[str, list[np.ndarray]] = {t: [] for t in getattr(model, "aux_tasks", {}) or {}}
     try:
         for batch in loader:
-            x = batch["image"].to(device, non_blocking=use_cuda)
-            with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=use_cuda):
+            x = batch["image"].to(device, non_blocking=use_cuda, memory_format=layout)
+            with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=use_cuda and amp):
                 out = model(x)
             probs.append(torch.sigmoid(out["main"].float()).cpu().numpy())
             for task, logits in out["aux"].items():

@@ -31,16 +31,20 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset
 
+from fedcxr.pipeline.engine import Engine, loader_options, offload, resolve_engine
 from fedcxr.pipeline.messages import Reply, StateDict
 from fedcxr.pipeline.state import cpu_state
 from fedcxr.site_adapters.manifest import content_hash, patient_bucket
 from fedcxr.vocab import AUX_VOCAB, CLASSES, label_column
+
+if TYPE_CHECKING:
+    from fedcxr.pipeline.local import LocalConfig
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +87,10 @@ class SiteRunner:
         cache_dir: Path,
         device: torch.device,
         augment: bool = True,
-        num_workers: int = 0,
+        num_workers: Optional[int] = None,
         progress: bool = False,
         task: Optional[dict] = None,
+        engine: Optional[Engine] = None,
     ):
         from fedcxr.pipeline.data import load_site
         from fedcxr.pipeline.shared_task import apply_shared_task, site_task
@@ -102,7 +107,8 @@ class SiteRunner:
         self.cache_dir = Path(cache_dir)
         self.device = device
         self.augment = augment
-        self.num_workers = num_workers
+        self.engine = engine or resolve_engine(device, None, num_workers)
+        self.num_workers = self.engine.num_workers
         self.progress = progress
         self.local_state: StateDict = {}
         self._models: dict[tuple, torch.nn.Module] = {}
@@ -149,11 +155,23 @@ class SiteRunner:
     # ------------------------------------------------------------------ tasks
     def handle(self, task: str, params: Optional[StateDict], config: dict) -> Reply:
         built_in = {"metadata": self._metadata, "train": self._train, "evaluate": self._evaluate}
-        if task in built_in:
-            return built_in[task](params, config)
-        if task not in TASKS:
+        if task not in built_in and task not in TASKS:
             raise ValueError(f"site {self.name}: unknown task {task!r} (registered: {sorted(TASKS)})")
-        return TASKS[task](self, params, config)
+        try:
+            return built_in[task](params, config) if task in built_in else TASKS[task](self, params, config)
+        finally:
+            if self.engine.offload_idle:
+                offload(self._models, "cpu")  # this site now waits: its model holds no GPU memory
+
+    def loader_options(self, *, train: bool = True) -> dict:
+        """``make_loader`` keyword arguments for this site's engine (workers, pinning, prefetch)."""
+        return loader_options(self.engine, train=train)
+
+    def local_config(self, **values) -> LocalConfig:
+        """A :class:`~fedcxr.pipeline.local.LocalConfig` with this site's engine switches."""
+        from fedcxr.pipeline.local import LocalConfig
+
+        return LocalConfig(amp=self.engine.amp, channels_last=self.engine.channels_last, **values)
 
     def _metadata(self, params, config) -> Reply:
         labeled, per_class = 0, {}
@@ -233,7 +251,7 @@ class SiteRunner:
                 make_dataset(
                     site, split, classes=classes, aux_tasks=aux_tasks, image_size=self.image_size,
                     cache_dir=self.cache_dir, augment=augment, loss_classes=loss_classes,
-                    missing_as_negative=missing_as_negative,
+                    missing_as_negative=missing_as_negative, workers=self.engine.cache_workers,
                 )
                 for site in self.sites
             ]
@@ -294,7 +312,7 @@ class SiteRunner:
 
     def _train(self, params: Optional[StateDict], config: dict) -> Reply:
         from fedcxr.pipeline.data import make_loader
-        from fedcxr.pipeline.local import LocalConfig, train_local
+        from fedcxr.pipeline.local import train_local
 
         model, head_classes, aux_tasks, local_keys = self.prepared_model(params, config)
         if config.get("from_warm"):
@@ -302,7 +320,7 @@ class SiteRunner:
         data = self.training_data(config, head_classes, aux_tasks)
         seed = derive_seed(int(config.get("seed", 0)), "train", self.name, config.get("round", 0),
                            config.get("role", "source"), *([config["repeat"]] if config.get("repeat") else []))
-        cfg = LocalConfig(
+        cfg = self.local_config(
             lr=float(config["lr"]), batch_size=int(config["batch_size"]), epochs=int(config.get("epochs", 1)),
             steps=config.get("steps"), alpha=float(config.get("alpha", 1.0)),
             use_aux=bool(config.get("use_aux", False)) and bool(aux_tasks),
@@ -314,10 +332,8 @@ class SiteRunner:
                       self.name, head_classes)
             return Reply(site=self.name, params=cpu_state(model), n_samples=0, n_batches=0,
                          class_set=head_classes, metrics={"loss": float("nan")})
-        loader = make_loader(
-            data, batch_size=cfg.batch_size, shuffle=True, seed=seed, augment=self.augment,
-            num_workers=self.num_workers, pin_memory=self.device.type == "cuda",
-        )
+        loader = make_loader(data, batch_size=cfg.batch_size, shuffle=True, seed=seed, augment=self.augment,
+                             **self.loader_options())
         result = train_local(
             model, loader, cfg, device=self.device, seed=seed, trainable=config.get("trainable", "all"),
             record_batch_updates=bool(config.get("record_batch_updates", False)),
@@ -351,8 +367,8 @@ class SiteRunner:
         if len(data) == 0:
             return Reply(site=self.name, class_set=head_classes, metrics={"split": split, "n": 0})
         loader = make_loader(data, batch_size=int(config.get("batch_size", 64)), shuffle=False, seed=0,
-                             augment=False, num_workers=self.num_workers)
-        out = predict(model, loader, device=self.device)
+                             augment=False, **self.loader_options(train=False))
+        out = predict(model, loader, device=self.device, amp=self.engine.amp, channels_last=self.engine.channels_last)
         aurocs = quick_auroc(out["labels"], out["label_mask"], out["probs"], head_classes)
         defined = [v for v in aurocs.values() if np.isfinite(v)]
         return Reply(

@@ -23,7 +23,6 @@ from fedcxr.pipeline import aggregate as agg
 from fedcxr.pipeline.combine import combine
 from fedcxr.pipeline.data import make_loader
 from fedcxr.pipeline.local import (
-    LocalConfig,
     batches,
     load_optimizer_state,
     make_optimizer,
@@ -62,8 +61,8 @@ def warmup_head(runner: SiteRunner, params: StateDict, config: dict) -> Reply:
     negatives = bool(config.get("missing_as_negative"))
     val = runner.dataset("val", head_classes, aux_tasks, augment=False, missing_as_negative=negatives,
                          loss_classes=head_classes if negatives else [c for c in head_classes if c in runner.class_set])
-    cfg = LocalConfig(lr=float(config["lr"]), batch_size=int(config["batch_size"]), epochs=1,
-                      optimizer=str(config.get("optimizer") or "adam"), use_aux=False)
+    cfg = runner.local_config(lr=float(config["lr"]), batch_size=int(config["batch_size"]), epochs=1,
+                              optimizer=str(config.get("optimizer") or "adam"), use_aux=False)
     losses, best, state = [], None, {}
     for epoch in range(int(config["epochs"]) if len(data) else 0):
         seed = derive_seed(int(config.get("seed", 0)), "warmup_head", runner.name, epoch)
@@ -103,11 +102,11 @@ def fact_target(runner: SiteRunner, params: Optional[StateDict], config: dict) -
         data = Subset(data, list(range(min(len(data), int(config["max_rows"])))))
     seed = derive_seed(int(config.get("seed", 0)), "fact_target", runner.name, config.get("round", 0))
     loader = make_loader(data, batch_size=int(config["batch_size"]), shuffle=True, seed=seed,
-                         augment=runner.augment)
-    cfg = LocalConfig(lr=float(config["lr"]), batch_size=int(config["batch_size"]),
-                      epochs=int(config.get("epochs") or 1), steps=config.get("steps"),
-                      weight_decay=float(config.get("weight_decay") or 0.0),
-                      optimizer=str(config.get("optimizer") or "adam"))
+                         augment=runner.augment, **runner.loader_options())
+    cfg = runner.local_config(lr=float(config["lr"]), batch_size=int(config["batch_size"]),
+                              epochs=int(config.get("epochs") or 1), steps=config.get("steps"),
+                              weight_decay=float(config.get("weight_decay") or 0.0),
+                              optimizer=str(config.get("optimizer") or "adam"))
     device = runner.device
     model.to(device).train()
     for p in model.head.parameters():
@@ -131,7 +130,7 @@ def fact_target(runner: SiteRunner, params: Optional[StateDict], config: dict) -
     for p in model.head.parameters():
         p.requires_grad_(True)
     plain = runner.dataset("train", classes, [], augment=False)
-    after = _measure_idd(model, head_a, head_b, plain, device)
+    after = _measure_idd(model, head_a, head_b, plain, device, runner.loader_options(train=False))
     state = {k: v for k, v in cpu_state(model).items() if not k.startswith("head.")}
     return Reply(site=runner.name, params=state, n_samples=len(data), n_batches=steps, class_set=classes,
                  metrics={"idd_train": sum(losses) / max(len(losses), 1), "idd_train_sum": sum(losses),
@@ -149,10 +148,10 @@ def _head(params: StateDict, prefix: str, model) -> torch.nn.Linear:
 
 
 @torch.no_grad()
-def _measure_idd(model, head_a, head_b, data, device) -> float:
+def _measure_idd(model, head_a, head_b, data, device, options: dict) -> float:
     """IDD of the updated extractor on the target's images (eval mode, no augmentation)."""
     model.eval()
-    loader = make_loader(data, batch_size=64, shuffle=False, seed=0, augment=False)
+    loader = make_loader(data, batch_size=64, shuffle=False, seed=0, augment=False, **options)
     total, count = 0.0, 0
     for batch in loader:
         feats = model.features(batch["image"].to(device))
