@@ -25,6 +25,7 @@ HANDLERS: dict[str, str] = {
     "train": "fedcxr.commands.train:cli_train",
     "evaluate": "fedcxr.commands.evaluate:cli_evaluate",
     "predict": "fedcxr.commands.predict:cli_predict",
+    "export-bundle": "fedcxr.bundle.export:cli_export_bundle",
     "report": "fedcxr.commands.report:cli_report",
     "demo": "fedcxr.commands.demo:cli_demo",
     "sweep": "fedcxr.commands.sweep:cli_sweep",
@@ -127,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cam", type=int, default=0, metavar="N",
                    help="Grad-CAM overlays of the N top-scoring images per class into FILE.cam/ (patient pixels)")
     p.add_argument("--batch-size", type=int, default=32, help="images per forward pass")
+
+    p = command("export-bundle", "a trained model as a MONAI bundle (TorchScript + configs for MONAI's runner)")
+    p.add_argument("run_dir", type=Path, help="a finished run directory")
+    p.add_argument("--out", required=True, type=Path, help="bundle folder to create (new or empty)")
+    p.add_argument("--site", default=None, help="export this site's own model (PFL, FedBN, Individual); unset: global")
 
     p = command("report", "method-comparison table across runs")
     p.add_argument("run_dirs", nargs="+", type=Path, help="evaluated run directories")
