@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", type=int, default=1000,
                    help="patient-level bootstrap resamples for 95%% CIs (0: DeLong CIs)")
     _device(p, what="the run's device")
+    p.add_argument("--cam", type=int, nargs="?", const=3, default=0, metavar="N",
+                   help="opt-in: Grad-CAM gallery of the N (default 3) top-scoring images per class in report.md "
+                        "(PNGs under RUN_DIR/cam/, derived from patient pixels)")
 
     p = command("predict", "score new images with a trained model (CSV of keys, probabilities, decisions)")
     p.add_argument("run_dir", type=Path, help="a finished run directory (operating points: run `fedcxr evaluate` first)")

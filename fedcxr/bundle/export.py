@@ -24,7 +24,6 @@ weights, class names and thresholds only: no image, id or path from the run's da
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 from pathlib import Path
 from typing import Optional
@@ -35,19 +34,9 @@ from torch import nn
 import fedcxr
 from fedcxr.atomic import atomic_path, atomic_write_json
 from fedcxr.errors import UserError
+from fedcxr.pipeline.inference import MainLogits
 
 RUNTIME = "fedcxr_runtime"
-
-
-class MainLogits(nn.Module):
-    """The network's main-head logits only (the traced model returns one tensor, not a dict)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)["main"]
 
 
 def _trace(model: nn.Module, size: int) -> torch.jit.ScriptModule:

@@ -113,3 +113,16 @@ def test_predict_uses_cuda_when_asked(evaluated_run, scan_folder, tmp_path):
     assert main(["predict", str(evaluated_run), "--input", str(scan_folder), "--out", str(out), "--device", "cuda",
                  "-q"]) == 0
     assert len(pd.read_csv(out)) == 10
+
+
+def test_predict_cam_writes_overlays_of_the_top_images(evaluated_run, scan_folder, tmp_path):
+    out = tmp_path / "p.csv"
+    assert main(["predict", str(evaluated_run), "--input", str(scan_folder), "--out", str(out), "--cam", "2",
+                 "-q"]) == 0
+    preds = pd.read_csv(out, dtype={"key": str})
+    classes = [c.removeprefix("prob__") for c in preds.columns if c.startswith("prob__")]
+    cam = tmp_path / "p.cam"
+    for cls in classes:
+        top = set(preds.nlargest(2, f"prob__{cls}")["key"])
+        assert {p.stem for p in (cam / cls).glob("*.png")} == top
+    assert not any(p.stem in str(f) for f in cam.rglob("*") for p in scan_folder.rglob("*.dcm"))
