@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="share of patients in val when the source has no official split")
     p.add_argument("--test-fraction", type=float, default=0.2,
                    help="share of patients in test when the source has no official split")
+    p.add_argument("--site-key", type=Path, default=None, metavar="FILE",
+                   help="secret key for the keyed patient/study pseudonyms (stays at the site; "
+                        "unset: $FEDCXR_SITE_KEY, else OUT/.fedcxr_site_key, created on first use)")
+    p.add_argument("--follow-links", action="store_true",
+                   help="accept image paths whose symbolic links lead out of the export folder "
+                        "(unset: such rows are set aside with the reason)")
 
     p = command("synth", "write a synthetic multi-hospital export in native formats")
     p.add_argument("--out", required=True, type=Path, help="folder to write the exports into")
@@ -184,7 +190,7 @@ def _ingest(args: argparse.Namespace) -> int:
         site_by=args.site_by, site_name=args.site_name, uncertain=args.uncertain,
         mapping=args.mapping, labels_csv=args.labels, verify_pixels=args.verify_pixels,
         workers=args.workers, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
-        progress=progress_wanted(args),
+        progress=progress_wanted(args), site_key=args.site_key, follow_links=args.follow_links,
     )
     print(f"read {report['rows_read']} rows: kept {report['rows_kept']}, set aside {report['rows_set_aside']}")
     for reason, count in report["set_aside_by_reason"].items():

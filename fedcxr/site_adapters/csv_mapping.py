@@ -76,6 +76,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, require_columns
+from fedcxr.site_adapters.paths import OUTSIDE, lexical
 from fedcxr.site_adapters.tables import failed_note, map_distinct, to_codes
 from fedcxr.vocab import (
     AGE_BIN_EDGES,
@@ -543,10 +544,13 @@ def _ids(table: pd.DataFrame, mapping: CsvMapping, frame: pd.DataFrame, rows: _R
 
 
 def _escapes(paths: pd.Series) -> np.ndarray:
-    """Absolute paths, drive letters and ``..`` parts would point outside the export root."""
-    text = paths.astype(str)
-    wrapped = "/" + text + "/"
-    return (text.str.startswith("/") | (text.str[1:2] == ":") | wrapped.str.contains("/../", regex=False)).to_numpy()
+    """Absolute paths, drive letters and ``..`` escapes would point outside the export root.
+
+    ``..`` is resolved first (``images/../images/x.png`` stays inside); symbolic links are
+    checked by the ingest for every source (:func:`fedcxr.site_adapters.ingest.contain_paths`).
+    """
+    reasons = [lexical(p)[1] if p else None for p in paths.astype(str)]
+    return np.array([r is not None and r.startswith(OUTSIDE) for r in reasons], dtype=bool)
 
 
 def _map_labels(

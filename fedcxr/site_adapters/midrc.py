@@ -49,7 +49,8 @@ unsupported transfer syntax...), and every image of a case with an unknown
 Age is the study's ``age_at_imaging`` when given (the age at the X-ray), else the case's
 ``age_at_index``; ``*_gt89 = Yes`` → 90. Unmappable sex/race/age values become unknown (null,
 rows kept, counted in the notes). ``patient_id`` and ``study_id`` are salted hashes of the case
-submitter id and the study UID (:func:`fedcxr.site_adapters.dicom_folder.pseudonym`).
+submitter id and the study UID (:func:`fedcxr.site_adapters.dicom_folder.pseudonym`), which
+ingest keys with the site's secret before writing anything.
 ``--site-by`` columns: ``state``, ``site_id``, ``race``.
 """
 
@@ -67,6 +68,7 @@ import pandas as pd
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable
 from fedcxr.site_adapters.dicom_folder import list_candidates, pseudonym, skipped_note
 from fedcxr.site_adapters.images import KIND_DICOM, read_headers
+from fedcxr.site_adapters.paths import Container
 from fedcxr.site_adapters.tables import failed_note, map_distinct, relative_name
 from fedcxr.site_adapters.zip3 import zip3_state
 from fedcxr.vocab import AUX_VOCAB, age_bin_code, aux_column, parse_age, race_code, raw_column, sex_code, view_code
@@ -367,6 +369,10 @@ def read_midrc(input_dir: Path, options: AdapterOptions) -> SourceTable:
     if not images:
         raise IngestError(f"--input {input_dir}: no images (no series-file rows and no DICOM files)")
 
+    box = Container(input_dir, follow_links=bool(options.extra.get("follow_links", False)))
+    for image in images:  # a file_name leaving the export is never opened
+        if image.problem is None and image.path:
+            image.problem = box.contain(image.path)[2]
     to_read = [i for i, im in enumerate(images) if im.problem is None]
     results = read_headers([str(input_dir / images[i].path) for i in to_read], workers=options.workers,
                            progress=bool(options.extra.get("progress", True)))
@@ -418,6 +424,7 @@ def _build(input_dir: Path, images: list[ImageRow], headers: list[dict], cases: 
             "group__race": AUX_VOCAB["race"][cases.race[case]] if cases.race[case] is not None else None,
             "source_file": image.source_file,
             "source_row": image.source_row,
+            "instance_uid": header.get("SOPInstanceUID"),
         })
     frame = pd.DataFrame.from_records(records, columns=_COLUMNS)
     frame[aux_column("view")] = pd.array([view_code(v) for v in view_values], dtype="Int64")
@@ -438,6 +445,6 @@ def _build(input_dir: Path, images: list[ImageRow], headers: list[dict], cases: 
 
 _COLUMNS = ["image_path", "patient_id", "study_id", raw_column("covid19"), aux_column("sex"),
             aux_column("race"), aux_column("age_bin"), "age", "group__state", "group__site_id", "group__race",
-            "source_file", "source_row"]
+            "source_file", "source_row", "instance_uid"]
 
 __all__ = ["ADAPTER_VERSION", "CLASSES", "find_tsvs", "read_cases", "read_midrc", "read_studies"]
