@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cam", type=int, default=0, metavar="N",
                    help="Grad-CAM overlays of the N top-scoring images per class into FILE.cam/ (patient pixels)")
     p.add_argument("--batch-size", type=int, default=32, help="images per forward pass")
+    p.add_argument("--site-key", type=Path, default=None,
+                   help="site key file for a plain folder's pseudonyms (stable keys across runs); "
+                        "unset: $FEDCXR_SITE_KEY, else a fresh key per run")
 
     p = command("export-bundle", "a trained model as a MONAI bundle (TorchScript + configs for MONAI's runner)")
     p.add_argument("run_dir", type=Path, help="a finished run directory")
