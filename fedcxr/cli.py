@@ -25,6 +25,7 @@ HANDLERS: dict[str, str] = {
     "train": "fedcxr.commands.train:cli_train",
     "evaluate": "fedcxr.commands.evaluate:cli_evaluate",
     "predict": "fedcxr.commands.predict:cli_predict",
+    "export-bundle": "fedcxr.bundle.export:cli_export_bundle",
     "report": "fedcxr.commands.report:cli_report",
     "demo": "fedcxr.commands.demo:cli_demo",
     "sweep": "fedcxr.commands.sweep:cli_sweep",
@@ -123,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", type=int, default=1000,
                    help="patient-level bootstrap resamples for 95%% CIs (0: DeLong CIs)")
     _device(p, what="the run's device")
+    p.add_argument("--cam", type=int, nargs="?", const=3, default=0, metavar="N",
+                   help="opt-in: Grad-CAM gallery of the N (default 3) top-scoring images per class in report.md "
+                        "(PNGs under RUN_DIR/cam/, derived from patient pixels)")
 
     p = command("predict", "score new images with a trained model (CSV of keys, probabilities, decisions)")
     p.add_argument("run_dir", type=Path, help="a finished run directory (operating points: run `fedcxr evaluate` first)")
@@ -136,6 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cam", type=int, default=0, metavar="N",
                    help="Grad-CAM overlays of the N top-scoring images per class into FILE.cam/ (patient pixels)")
     p.add_argument("--batch-size", type=int, default=32, help="images per forward pass")
+    p.add_argument("--site-key", type=Path, default=None,
+                   help="site key file for a plain folder's pseudonyms (stable keys across runs); "
+                        "unset: $FEDCXR_SITE_KEY, else a fresh key per run")
+
+    p = command("export-bundle", "a trained model as a MONAI bundle (TorchScript + configs for MONAI's runner)")
+    p.add_argument("run_dir", type=Path, help="a finished run directory")
+    p.add_argument("--out", required=True, type=Path, help="bundle folder to create (new or empty)")
+    p.add_argument("--site", default=None, help="export this site's own model (PFL, FedBN, Individual); unset: global")
 
     p = command("report", "method-comparison table across runs")
     p.add_argument("run_dirs", nargs="+", type=Path, help="evaluated run directories")
