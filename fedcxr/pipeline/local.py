@@ -93,6 +93,7 @@ class LocalConfig:
     weight_decay: float = 0.0
     amp: bool = True
     optimizer: str = "adam"
+    dp: Optional[dict] = None  # privacy.dp: DP-SGD with Opacus (fedcxr.pipeline.dp); AMP off then
 
 
 @dataclass
@@ -257,6 +258,23 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
     amp = bool(cfg.amp) and use_cuda
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, cfg)
+    forward, close = model, None
+    if cfg.dp:
+        from fedcxr.pipeline.dp import private
+
+        forward, optimizer, close = private(model, optimizer, cfg.dp, cfg.batch_size)
+        amp = False
+    try:
+        return _steps(model, forward, optimizer, loader, cfg, device, amp, loss_classes_mask, record, started)
+    finally:
+        if close is not None:
+            close()
+
+
+def _steps(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimizer, loader: Any, cfg: LocalConfig,
+           device: torch.device, amp: bool, loss_classes_mask: Optional[torch.Tensor], record: bool,
+           started: float) -> LocalResult:
+    use_cuda = device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=amp)
     tasks = list(getattr(model, "aux_tasks", {}) or {})
     use_aux = bool(cfg.use_aux) and bool(tasks)
@@ -284,7 +302,7 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
         if class_mask is not None:
             mask = mask * class_mask
         with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=amp):
-            out = model(x)
+            out = forward(x)
         main = masked_bce(out["main"], y, mask)
         if use_aux:
             aux = aux_ce(out["aux"], batch["aux"].to(device), batch["aux_mask"].to(device), tasks)
@@ -296,6 +314,8 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
+        if cfg.dp:  # expanded weights refuse a forward while last step's per-sample gradients remain
+            optimizer.zero_grad(set_to_none=True)
         sums += torch.stack([loss.detach(), main.detach(), aux.detach()])
         if record:
             after = _flat(model, keys)

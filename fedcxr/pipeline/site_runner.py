@@ -161,6 +161,7 @@ class SiteRunner:
             self._models[key] = CXRNet(
                 head_classes, backbone=cfg.get("backbone", "resnet18"), hidden=cfg.get("hidden", 128),
                 aux_tasks={t: len(AUX_VOCAB[t]) for t in aux_tasks}, weights=cfg.get("weights"),
+                norm=cfg.get("norm") or "batch",
             ).to(self.device)
         return self._models[key]
 
@@ -265,7 +266,7 @@ class SiteRunner:
             lr=float(config["lr"]), batch_size=int(config["batch_size"]), epochs=int(config.get("epochs", 1)),
             steps=config.get("steps"), alpha=float(config.get("alpha", 1.0)),
             use_aux=bool(config.get("use_aux", False)) and bool(aux_tasks),
-            weight_decay=float(config.get("weight_decay", 0.0)),
+            weight_decay=float(config.get("weight_decay", 0.0)), dp=config.get("dp") or None,
         )
         if len(data) == 0:
             # the server says so once per run (protocols.base.valid_replies); here only at debug level
@@ -287,11 +288,14 @@ class SiteRunner:
         extra = {}
         if result.batch_updates is not None:
             extra["batch_updates"] = result.batch_updates.detach().cpu()
+        metrics = {"loss": result.loss, "main_loss": result.main_loss, "aux_loss": result.aux_loss}
+        if cfg.dp:
+            from fedcxr.pipeline.dp import spent
+
+            metrics["dp"] = spent(cfg.dp, cfg.batch_size, len(data), result.n_batches)
         return Reply(
             site=self.name, params=state, n_samples=result.n_samples, n_batches=result.n_batches,
-            class_set=head_classes,
-            metrics={"loss": result.loss, "main_loss": result.main_loss, "aux_loss": result.aux_loss},
-            extra=extra,
+            class_set=head_classes, metrics=metrics, extra=extra,
         )
 
     # ------------------------------------------------------------------ evaluate

@@ -76,6 +76,7 @@ def task_config(ctx: Context, r: int, role: str, **overrides) -> dict:
         "trainable": "all", "local_keys": [], "record_batch_updates": False,
         "missing_as_negative": False,
         "labeled": cfg.target_train.labeled if role == "target" else None,
+        "dp": cfg.privacy.dp.model_dump() if cfg.privacy.dp is not None else None,
     }
     out.update(overrides)
     return out
