@@ -17,6 +17,10 @@ Task configs (plain JSON-able dicts, built by the round protocols):
               training hyper-parameters ``lr``, ``batch_size``, ``epochs``, ``steps``.
 ``evaluate``  → per-class validation AUROC of the received model on ``split``.
 
+A ``train`` task with ``hold_for_combine`` keeps the trained model on the site (:attr:`SiteRunner.held`)
+and answers with counts and metrics only: the target's fine-tuning of a GP-family round runs
+beside the sources, and the round's ``train_combine`` uses it.
+
 Tasks beyond these three (``train_combine`` of GP/FedDA/FedGP, ``fact_target`` of FACT) are
 registered with :func:`register_task` by :mod:`fedcxr.pipeline.site_tasks`; the runner never
 imports the protocols that need them.
@@ -91,6 +95,8 @@ class SiteRunner:
         self.num_workers = num_workers
         self.progress = progress
         self.local_state: StateDict = {}
+        #: (round, θ0, reply) of a target fine-tuning held for the round's ``train_combine``
+        self.held: Optional[tuple[object, StateDict, Reply]] = None
         self._models: dict[tuple, torch.nn.Module] = {}
         self._datasets: dict[tuple, Dataset] = {}
         self._labeled: dict[tuple, list[int]] = {}
@@ -293,10 +299,17 @@ class SiteRunner:
             from fedcxr.pipeline.dp import spent
 
             metrics["dp"] = spent(cfg.dp, cfg.batch_size, len(data), result.n_batches)
-        return Reply(
+        reply = Reply(
             site=self.name, params=state, n_samples=result.n_samples, n_batches=result.n_batches,
             class_set=head_classes, metrics=metrics, extra=extra,
         )
+        if config.get("hold_for_combine"):
+            # GP family, target-side combination: the fine-tuned model stays here for the round's
+            # train_combine task; only counts and metrics go back now
+            self.held = (config.get("round"), {k: v.clone() for k, v in params.items()}, reply)
+            return Reply(site=self.name, n_samples=reply.n_samples, n_batches=reply.n_batches,
+                         class_set=head_classes, metrics=metrics)
+        return reply
 
     # ------------------------------------------------------------------ evaluate
     def _evaluate(self, params: Optional[StateDict], config: dict) -> Reply:

@@ -14,13 +14,17 @@ Where the rule runs is a privacy choice (``privacy.combine_at`` for fixed β,
   runs them at once: a round costs max(sources, target) + combine); the target returns its
   fine-tuned model (auto: plus its per-batch updates) and the server applies the rule.
   No source update ever reaches a peer hospital.
-* ``target`` — the sources train first; the server then sends θ0 and every source delta to
-  the target (``train_combine``), which fine-tunes, combines and returns only the result.
+* ``target`` — the target fine-tunes beside the sources and keeps its model
+  (``hold_for_combine``); the server then sends θ0 and every source delta to the target
+  (``train_combine``), which combines and returns only the result (a round costs
+  max(sources, target) + one more round trip).
 
 Both call the same :func:`fedcxr.pipeline.combine.combine` on the same numbers.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 from fedcxr.pipeline.combine import combine
 from fedcxr.pipeline.messages import Reply, pack_combine
@@ -58,8 +62,9 @@ class TargetCombineProtocol(FedAvgProtocol):
             return {**state, "global": theta}, {**metrics, "warmup": True}
         if self.combine_where(ctx) == "server":
             return self.server_round(ctx, r, state)
-        replies = valid_replies(ctx, ask(ctx, "train", ctx.sources, theta0, task_config(ctx, r, "source"), r=r),
-                                theta0, r)
+        # the target fine-tunes beside the sources and holds its model for the train_combine below
+        hold = task_config(ctx, r, "target", record_batch_updates=self.auto, hold_for_combine=True)
+        replies, _ = self.train_together(ctx, r, theta0, hold)
         sites = list(replies)
         payload = pack_combine(theta0, [delta(replies[s].params, theta0) for s in sites])
         tcfg = task_config(ctx, r, "target", combine=self.combine_spec(ctx, replies))
@@ -79,19 +84,11 @@ class TargetCombineProtocol(FedAvgProtocol):
     def server_round(self, ctx: Context, r: int, state: dict) -> tuple[dict, dict]:
         """Sources and target train from θ0 at once; the server combines (no peer sees a source update)."""
         theta0 = state["global"]
-        tcfg = task_config(ctx, r, "target", record_batch_updates=self.auto)
-        sites = [*ctx.sources, ctx.target]
-        answered = ask(ctx, "train", sites, theta0, task_config(ctx, r, "source"), r=r,
-                       per_site={ctx.target: (theta0, tcfg)}, minimum=1)
-        target = answered.pop(ctx.target, None)
+        replies, target = self.train_together(ctx, r, theta0, task_config(ctx, r, "target",
+                                                                          record_batch_updates=self.auto))
         if target is None:
             raise RoundFailed(f"round {r}: the target {ctx.target} did not answer its fine-tuning task")
         check_target(ctx, target, theta0, r)
-        need = min(len(ctx.sources), ctx.cfg.min_sites)
-        if len(answered) < need:
-            raise RoundFailed(f"round {r}: only {len(answered)} of {len(ctx.sources)} sources answered 'train' "
-                              f"(need {need})")
-        replies = valid_replies(ctx, answered, theta0, r)
         order = list(replies)
         spec = self.combine_spec(ctx, replies)
         theta, betas = combine(theta0, target.params, [delta(replies[s].params, theta0) for s in order], spec,
@@ -101,6 +98,23 @@ class TargetCombineProtocol(FedAvgProtocol):
             "target": dict(target.metrics),
             "betas": dict(zip(order, [float(b) for b in betas])),
         }
+
+    def train_together(self, ctx: Context, r: int, theta0, target_config: dict
+                       ) -> tuple[dict[str, Reply], Optional[Reply]]:
+        """One ``train`` request to the sources and the target at once (FLARE runs them in parallel).
+
+        Returns the sources' valid replies (``min_sites`` enforced) and the target's reply, or
+        ``None`` when the target did not answer.
+        """
+        sites = [*ctx.sources, ctx.target]
+        answered = ask(ctx, "train", sites, theta0, task_config(ctx, r, "source"), r=r,
+                       per_site={ctx.target: (theta0, target_config)}, minimum=1)
+        target = answered.pop(ctx.target, None)
+        need = min(len(ctx.sources), ctx.cfg.min_sites)
+        if len(answered) < need:
+            raise RoundFailed(f"round {r}: only {len(answered)} of {len(ctx.sources)} sources answered 'train' "
+                              f"(need {need})")
+        return valid_replies(ctx, answered, theta0, r), target
 
     def combine_spec(self, ctx: Context, replies: dict[str, Reply]) -> dict:
         """What the target needs to know about the sources: counts only, never data."""
