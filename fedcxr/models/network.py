@@ -43,12 +43,38 @@ StateDict = dict[str, torch.Tensor]
 # --------------------------------------------------------------------------- backbones
 
 
-def _resnet(layers: list[int], inplanes: list[int], in_channels: int) -> nn.Module:
+NORMS = ("batch", "group")
+#: GroupNorm groups: divides every channel count of the backbones (8 … 1024)
+GROUPS = 8
+
+
+def _norm(norm: str):
+    """MONAI's norm argument: BatchNorm (default) or GroupNorm (DP-SGD: Opacus refuses BatchNorm)."""
+    if norm not in NORMS:
+        raise UserError(f"model.norm: unknown normalisation {norm!r}; choose one of {', '.join(NORMS)}")
+    return "batch" if norm == "batch" else ("group", {"num_groups": GROUPS})
+
+
+def _group_norm_everywhere(module: nn.Module) -> nn.Module:
+    """Every BatchNorm of ``module`` replaced by a GroupNorm of the same width (fresh affine init).
+
+    MONAI 1.6's ``ResNet(norm=...)`` normalises only the stem that way; its residual blocks
+    keep BatchNorm (``_make_layer`` is not passed ``norm``), so the swap is done here.
+    """
+    for name, child in module.named_children():
+        if isinstance(child, _BatchNorm):
+            setattr(module, name, nn.GroupNorm(GROUPS, child.num_features, eps=child.eps, affine=child.affine))
+        else:
+            _group_norm_everywhere(child)
+    return module
+
+
+def _resnet(layers: list[int], inplanes: list[int], in_channels: int, norm: str = "batch") -> nn.Module:
     from monai.networks.nets import ResNet
 
     # conv1_t_stride=2 gives the torchvision stem (stride-2 7x7 conv + max-pool): 7x faster
     # than MONAI's stride-1 default at the same accuracy class (DESIGN §9).
-    return ResNet(
+    net = ResNet(
         block="basic",
         layers=layers,
         block_inplanes=inplanes,
@@ -56,27 +82,33 @@ def _resnet(layers: list[int], inplanes: list[int], in_channels: int) -> nn.Modu
         n_input_channels=in_channels,
         conv1_t_stride=2,
         feed_forward=False,
+        norm=_norm(norm),
     )
+    return _group_norm_everywhere(net) if norm == "group" else net
 
 
-def make_backbone(name: str, in_channels: int = 1) -> tuple[nn.Module, int]:
+def make_backbone(name: str, in_channels: int = 1, norm: str = "batch") -> tuple[nn.Module, int]:
     """A MONAI 2-D backbone without classifier, and its feature width ``F``.
 
-    ``forward(x: (B, in_channels, H, W)) -> (B, F)``.
+    ``forward(x: (B, in_channels, H, W)) -> (B, F)``. ``norm``: ``batch`` or ``group``
+    (GroupNorm of :data:`GROUPS` groups, for DP-SGD).
     """
     if name == "densenet121":
         from monai.networks.nets import DenseNet121
 
-        net = DenseNet121(spatial_dims=2, in_channels=in_channels, out_channels=1, pretrained=False)
+        net = DenseNet121(spatial_dims=2, in_channels=in_channels, out_channels=1, pretrained=False,
+                          norm=_norm(norm))
+        if norm == "group":
+            _group_norm_everywhere(net)
         width = net.class_layers.out.in_features
         net.class_layers.out = nn.Identity()  # keep relu → pool → flatten, drop the Linear
         return net, width
     if name == "resnet18":
-        return _resnet([2, 2, 2, 2], [64, 128, 256, 512], in_channels), 512
+        return _resnet([2, 2, 2, 2], [64, 128, 256, 512], in_channels, norm), 512
     if name == "resnet10":
-        return _resnet([1, 1, 1, 1], [64, 128, 256, 512], in_channels), 512
+        return _resnet([1, 1, 1, 1], [64, 128, 256, 512], in_channels, norm), 512
     if name == "resnet_tiny":  # for tests and the demo: ~0.1 M parameters
-        return _resnet([1, 1, 1, 1], [8, 16, 32, 64], in_channels), 64
+        return _resnet([1, 1, 1, 1], [8, 16, 32, 64], in_channels, norm), 64
     raise UserError(f"model.backbone: unknown backbone {name!r}; choose one of {', '.join(BACKBONES)}")
 
 
@@ -101,12 +133,13 @@ class CXRNet(nn.Module):
         aux_tasks: Optional[Mapping[str, int]] = None,
         in_channels: int = 1,
         weights: str | Path | None = None,
+        norm: str = "batch",
     ) -> None:
         super().__init__()
         self.classes: list[str] = _check_classes(classes)
         self.aux_tasks: dict[str, int] = {str(t): int(k) for t, k in (aux_tasks or {}).items()}
         self.backbone_name = backbone
-        self.backbone, width = make_backbone(backbone, in_channels)
+        self.backbone, width = make_backbone(backbone, in_channels, norm)
         self.feature_dim = width
         if hidden:
             self.proj: nn.Module = nn.Sequential(nn.Linear(width, int(hidden)), nn.ReLU(inplace=True))
@@ -159,6 +192,7 @@ def build_model(model_cfg: Mapping[str, Any]) -> CXRNet:
         aux_tasks=aux_task_sizes(model_cfg.get("aux_tasks")),
         in_channels=int(model_cfg.get("in_channels", 1)),
         weights=model_cfg.get("weights"),
+        norm=model_cfg.get("norm") or "batch",
     )
 
 

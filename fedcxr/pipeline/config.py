@@ -116,6 +116,7 @@ class ModelConfig(_Strict):
     hidden: Optional[int] = Field(128, ge=1)
     weights: Optional[Path] = None
     classes: Optional[list[str]] = Field(None, description="model head classes; default: see `class_source`")
+    norm: Literal["batch", "group"] = Field("batch", description="BatchNorm, or GroupNorm (needed by privacy.dp)")
 
     @field_validator("classes")
     @classmethod
@@ -300,6 +301,14 @@ class ExperimentConfig(_Strict):
         return out
 
     @model_validator(mode="after")
+    def _dp_needs_group_norm(self) -> "ExperimentConfig":
+        """Opacus computes per-sample gradients; BatchNorm mixes the samples of a batch, so DP-SGD refuses it."""
+        if self.privacy.dp is not None and self.model.norm != "group":
+            raise ValueError("privacy.dp: DP-SGD (Opacus) cannot train BatchNorm layers, which mix the samples of a "
+                             "batch; set model.norm: group (GroupNorm backbone) or remove privacy.dp")
+        return self
+
+    @model_validator(mode="after")
     def _target_not_a_source(self) -> "ExperimentConfig":
         """A site is a source or the target, never both (a target listed in ``sites`` was silently dropped)."""
         if self.target is not None and self.site_name(self.target) in {self.site_name(s) for s in self.sites}:
@@ -418,6 +427,8 @@ def config_fingerprint(cfg: ExperimentConfig) -> str:
     data = cfg.model_dump(mode="json")
     for key in ("device", "num_workers", "cache_dir", "manifests", "engine"):
         data.pop(key, None)
+    if data.get("model", {}).get("norm") == "batch":  # the default: the fingerprint of earlier versions
+        data["model"].pop("norm")
     privacy = data.pop("privacy", {})
     for key in ("combine_at", "auto_weights_at"):  # where a rule is computed does not change its result
         privacy.pop(key, None)

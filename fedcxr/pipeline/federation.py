@@ -34,6 +34,7 @@ from fedcxr.errors import UserError
 from fedcxr.logs import bar_disabled
 from fedcxr.pipeline.checkpoints import latest_checkpoint, load_latest_intact, save_checkpoint, save_final
 from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint, dump_config
+from fedcxr.pipeline.dp import ledger_for
 from fedcxr.pipeline.engine import backend_settings
 from fedcxr.pipeline.inprocess import InProcessTransport, build_runners, run_engine
 from fedcxr.pipeline.local import resolve_device
@@ -109,7 +110,7 @@ def initial_model(cfg: ExperimentConfig, ctx: Context) -> StateDict:
     torch.manual_seed(derive_seed(cfg.seed, "init"))
     model = CXRNet(
         ctx.classes, backbone=cfg.model.backbone, hidden=cfg.model.hidden,
-        aux_tasks={t: len(AUX_VOCAB[t]) for t in ctx.aux_tasks}, weights=cfg.model.weights,
+        aux_tasks={t: len(AUX_VOCAB[t]) for t in ctx.aux_tasks}, weights=cfg.model.weights, norm=cfg.model.norm,
     )
     ctx.bn_keys = list(bn_keys(model))
     ctx.head_keys = list(head_keys(model))
@@ -139,6 +140,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | str, *, resume: bool =
 
 def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transport: Transport, *,
          resume: bool, progress: bool) -> dict:
+    transport, ledger = ledger_for(cfg, transport)  # privacy.dp: each site's ε over the rounds
     ctx = build_context(cfg, protocol, transport)
     theta = initial_model(cfg, ctx)
     state, start, history = protocol.init_state(ctx, theta), 0, []
@@ -148,6 +150,8 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
         raise UserError(f"{run_dir} already holds a finished run; choose another --out or pass --resume")
     if resume:
         state, start, history = _resume(run_dir, fingerprint, hashes, transport, ctx, state)
+        if ledger is not None:
+            ledger.history = _resumed_dp(run_dir, start)
     elif latest_checkpoint(run_dir):
         raise UserError(f"{run_dir} holds checkpoints of an earlier run; pass --resume to continue it")
     else:
@@ -165,6 +169,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
         save_checkpoint(run_dir, r, {
             "round": r, "fingerprint": fingerprint, "data_hashes": hashes, "state": state,
             "missed": ctx.missed, "local_states": transport.local_states(), "classes": ctx.classes,
+            **({"dp_history": ledger.history} if ledger is not None else {}),
         })
         bar.set_postfix(_postfix(metrics))
     final = protocol.final_models(ctx, state)
@@ -173,7 +178,14 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
         "eval_local_keys": protocol.eval_local_keys(ctx), "classes": ctx.classes, "aux_tasks": ctx.aux_tasks,
         "model": cfg.model.model_dump(mode="json"), "image_size": cfg.image_size,
     })
-    return _write_run_files(run_dir, cfg, ctx, protocol, status="finished")
+    return _write_run_files(run_dir, cfg, ctx, protocol, status="finished", ledger=ledger)
+
+
+def _resumed_dp(run_dir: Path, start: int) -> dict:
+    """The DP spending recorded up to the checkpoint a resume continues from (plain lists)."""
+    found = load_latest_intact(run_dir) if start else None
+    return {site: [list(c) for c in calls] for site, calls in ((found[1].get("dp_history") or {}) if found
+                                                                else {}).items()}
 
 
 def model_states(transport: Transport) -> dict[str, dict]:
@@ -264,7 +276,7 @@ def _json_default(value):
 
 
 def _write_run_files(run_dir: Path, cfg: ExperimentConfig, ctx: Context, protocol: RoundProtocol, *,
-                     status: str) -> dict:
+                     status: str, ledger=None) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     payload = {
@@ -277,5 +289,7 @@ def _write_run_files(run_dir: Path, cfg: ExperimentConfig, ctx: Context, protoco
         "config": cfg.model_dump(mode="json"), "fingerprint": config_fingerprint(cfg),
         "data_hashes": data_hashes(ctx),
     }
+    if ledger is not None:
+        payload["dp"] = ledger.report()
     atomic_write_json(run_dir / "run.json", payload)
     return payload

@@ -98,6 +98,7 @@ class LocalConfig:
     amp: bool = True
     optimizer: str = "adam"
     channels_last: bool = False
+    dp: Optional[dict] = None  # privacy.dp: DP-SGD with Opacus (fedcxr.pipeline.dp); AMP off then
 
 
 @dataclass
@@ -292,6 +293,25 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
     optimizer = make_optimizer(params, cfg)
     if optimizer_state:
         load_optimizer_state(optimizer, named, optimizer_state)
+    forward, close = model, None
+    if cfg.dp:
+        from fedcxr.pipeline.dp import private
+
+        forward, optimizer, close = private(model, optimizer, cfg.dp, cfg.batch_size)
+        amp = False
+    try:
+        return _steps(model, forward, optimizer, loader, cfg, device, amp, loss_classes_mask, record, started,
+                      named=named, optimizer_state=optimizer_state, frozen_bn_trains=frozen_bn_trains)
+    finally:
+        if close is not None:
+            close()
+
+
+def _steps(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimizer, loader: Any, cfg: LocalConfig,
+           device: torch.device, amp: bool, loss_classes_mask: Optional[torch.Tensor], record: bool,
+           started: float, *, named: Sequence[tuple[str, nn.Parameter]],
+           optimizer_state: Optional[Mapping[str, torch.Tensor]], frozen_bn_trains: bool) -> LocalResult:
+    use_cuda = device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=amp)
     tasks = list(getattr(model, "aux_tasks", {}) or {})
     use_aux = bool(cfg.use_aux) and bool(tasks)
@@ -323,7 +343,7 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
         if class_mask is not None:
             mask = mask * class_mask
         with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=amp):
-            out = model(x)
+            out = forward(x)
         main = masked_bce(out["main"], y, mask)
         if use_aux:
             aux = aux_ce(out["aux"], batch["aux"].to(device), batch["aux_mask"].to(device), tasks)
@@ -335,6 +355,8 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
+        if cfg.dp:  # expanded weights refuse a forward while last step's per-sample gradients remain
+            optimizer.zero_grad(set_to_none=True)
         sums += torch.stack([loss.detach(), main.detach(), aux.detach()])
         if record:
             after = _flat(model, keys)

@@ -21,6 +21,10 @@ Task configs (plain JSON-able dicts, built by the round protocols):
               training hyper-parameters ``lr``, ``batch_size``, ``epochs``, ``steps``.
 ``evaluate``  → per-class validation AUROC of the received model on ``split``.
 
+A ``train`` task with ``hold_for_combine`` keeps the trained model on the site (:attr:`SiteRunner.held`)
+and answers with counts and metrics only: the target's fine-tuning of a GP-family round runs
+beside the sources, and the round's ``train_combine`` uses it.
+
 Tasks beyond these three (``train_combine`` of GP/FedDA/FedGP, ``fact_target`` of FACT) are
 registered with :func:`register_task` by :mod:`fedcxr.pipeline.site_tasks`; the runner never
 imports the protocols that need them.
@@ -111,6 +115,8 @@ class SiteRunner:
         self.num_workers = self.engine.num_workers
         self.progress = progress
         self.local_state: StateDict = {}
+        #: (round, θ0, reply) of a target fine-tuning held for the round's ``train_combine``
+        self.held: Optional[tuple[object, StateDict, Reply]] = None
         self._models: dict[tuple, torch.nn.Module] = {}
         self._datasets: dict[tuple, Dataset] = {}
         self._labeled: dict[tuple, list[int]] = {}
@@ -203,6 +209,7 @@ class SiteRunner:
             self._models[key] = CXRNet(
                 head_classes, backbone=cfg.get("backbone", "resnet18"), hidden=cfg.get("hidden", 128),
                 aux_tasks={t: len(AUX_VOCAB[t]) for t in aux_tasks}, weights=cfg.get("weights"),
+                norm=cfg.get("norm") or "batch",
             ).to(self.device)
         return self._models[key]
 
@@ -325,6 +332,7 @@ class SiteRunner:
             steps=config.get("steps"), alpha=float(config.get("alpha", 1.0)),
             use_aux=bool(config.get("use_aux", False)) and bool(aux_tasks),
             weight_decay=float(config.get("weight_decay") or 0.0), optimizer=str(config.get("optimizer") or "adam"),
+            dp=config.get("dp") or None,
         )
         if len(data) == 0:
             # the server says so once per run (protocols.base.valid_replies); here only at debug level
@@ -349,12 +357,22 @@ class SiteRunner:
         extra = {}
         if result.batch_updates is not None:
             extra["batch_updates"] = result.batch_updates.detach().cpu()
-        return Reply(
+        metrics = {"loss": result.loss, "main_loss": result.main_loss, "aux_loss": result.aux_loss}
+        if cfg.dp:
+            from fedcxr.pipeline.dp import spent
+
+            metrics["dp"] = spent(cfg.dp, cfg.batch_size, len(data), result.n_batches)
+        reply = Reply(
             site=self.name, params=state, n_samples=result.n_samples, n_batches=result.n_batches,
-            class_set=head_classes,
-            metrics={"loss": result.loss, "main_loss": result.main_loss, "aux_loss": result.aux_loss},
-            extra=extra,
+            class_set=head_classes, metrics=metrics, extra=extra,
         )
+        if config.get("hold_for_combine"):
+            # GP family, target-side combination: the fine-tuned model stays here for the round's
+            # train_combine task; only counts and metrics go back now
+            self.held = (config.get("round"), {k: v.clone() for k, v in params.items()}, reply)
+            return Reply(site=self.name, n_samples=reply.n_samples, n_batches=reply.n_batches,
+                         class_set=head_classes, metrics=metrics)
+        return reply
 
     # ------------------------------------------------------------------ evaluate
     def _evaluate(self, params: Optional[StateDict], config: dict) -> Reply:

@@ -1,6 +1,7 @@
 """Site-side tasks beyond training and evaluation, registered with :class:`SiteRunner`.
 
-* ``train_combine`` (GP / FedDA / FedGP, DESIGN §8): fine-tune from θ0 on the target's labels,
+* ``train_combine`` (GP / FedDA / FedGP, DESIGN §8): fine-tune from θ0 on the target's labels
+  (or take the fine-tuning held from this round's ``train`` with ``hold_for_combine``),
   then combine with the source deltas (:mod:`fedcxr.pipeline.combine`); only the combined
   model and the β_i leave the site — its fine-tuned model and per-batch updates do not.
 * ``warmup_head`` (surgical aggregation paper): head-only epochs before round 0, the head with
@@ -40,7 +41,9 @@ def train_combine(runner: SiteRunner, params: StateDict, config: dict) -> Reply:
     """Fine-tune from θ0 on the target's labeled rows, then combine with the source deltas."""
     spec = config["combine"]
     theta0, deltas = unpack_combine(params, len(spec["n_sources"]))
-    reply = runner.handle("train", theta0, {**config, "record_batch_updates": bool(spec.get("auto"))})
+    reply = _held(runner, theta0, config.get("round"))
+    if reply is None:  # not fine-tuned beside the sources (or the site restarted since): do it now
+        reply = runner.handle("train", theta0, {**config, "record_batch_updates": bool(spec.get("auto"))})
     theta, betas = combine(theta0, reply.params, deltas, spec, n_target=reply.n_samples,
                            batch_updates=reply.extra.get("batch_updates"), target_steps=reply.n_batches)
     return Reply(site=runner.name, params=theta, n_samples=reply.n_samples, n_batches=reply.n_batches,
@@ -87,6 +90,16 @@ def _val_loss(model, data, runner) -> float:
     mask = torch.as_tensor(out["label_mask"], dtype=torch.float64) > 0
     bce = -(y * p.log() + (1 - y) * (1 - p).log())
     return float(bce[mask].mean()) if bool(mask.any()) else float("nan")
+
+
+def _held(runner: SiteRunner, theta0: StateDict, r) -> Optional[Reply]:
+    """The fine-tuning this site did from ``theta0`` in round ``r`` (``hold_for_combine``), used once."""
+    held, runner.held = runner.held, None
+    if held is None or held[0] != r or held[1].keys() != theta0.keys():
+        return None
+    if not all(torch.equal(held[1][k], theta0[k]) for k in theta0):
+        return None
+    return held[2]
 
 
 @register_task("fact_target")

@@ -83,6 +83,7 @@ def task_config(ctx: Context, r: int, role: str, **overrides) -> dict:
         # FedBN+ (surgical aggregation paper): BN frozen in eval mode during local training
         "freeze_bn": cfg.backbone_aggregation == "fedbn_plus",
         "labeled": cfg.target_train.labeled if role == "target" else None,
+        "dp": cfg.privacy.dp.model_dump() if cfg.privacy.dp is not None else None,
     }
     out.update(overrides)
     return out

@@ -16,15 +16,21 @@ Where the rule runs is a privacy choice (``privacy.combine_at`` for fixed β,
 * ``server`` (default) — the sources and the target train from θ0 in **one** request (FLARE
   runs them at once: a round costs max(sources, target) + combine); the target returns its
   fine-tuned model (auto: plus its per-batch updates) and the server applies the rule.
-  No source update ever reaches a peer hospital. (GP's warm-up rounds start the target from
-  the sources' average, so there the target waits for the sources.)
-* ``target`` — the sources train first; the server then sends θ0 and every source delta to
-  the target (``train_combine``), which fine-tunes, combines and returns only the result.
+  No source update ever reaches a peer hospital.
+* ``target`` — the target fine-tunes beside the sources and keeps its model
+  (``hold_for_combine``); the server then sends θ0 and every source delta to the target
+  (``train_combine``), which combines and returns only the result (a round costs
+  max(sources, target) + one more round trip).
+
+GP's warm-up rounds start the target from the sources' average, so there the target trains
+after the sources in both modes.
 
 Both call the same :func:`fedcxr.pipeline.combine.combine` on the same numbers.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 from fedcxr.pipeline.combine import combine
 from fedcxr.pipeline.messages import Reply, pack_combine
@@ -81,12 +87,13 @@ class TargetCombineProtocol(FedAvgProtocol):
         scale = self.lr_scale(ctx, r)
         if self.combine_where(ctx) == "server":
             return self.server_round(ctx, r, state, warmup=warmup, scale=scale)
-        replies = valid_replies(ctx, ask(ctx, "train", ctx.sources, theta0,
-                                         task_config(ctx, r, "source", lr=ctx.cfg.source.lr * scale), r=r),
-                                theta0, r)
-        sites = list(replies)
-        if warmup:  # fedavg_base: the projection starts from the sources' average
+        if warmup:  # fedavg_base: the projection starts from the sources' average; the target after them
+            replies = self.train_sources(ctx, r, theta0, scale)
             theta0 = aggregate_backbone(ctx, replies, theta0, uniform=self.uniform_backbone(ctx))
+        else:  # the target fine-tunes beside the sources and holds its model for the train_combine below
+            hold = self.target_config(ctx, r, scale, hold_for_combine=True)
+            replies, _ = self.train_together(ctx, r, theta0, hold, scale)
+        sites = list(replies)
         payload = pack_combine(theta0, [delta(replies[s].params, theta0) for s in sites])
         tcfg = task_config(ctx, r, "target", lr=ctx.cfg.target_train.lr * scale,
                            combine=self.combine_spec(ctx, replies, scale))
@@ -104,6 +111,11 @@ class TargetCombineProtocol(FedAvgProtocol):
         privacy = ctx.cfg.privacy
         return privacy.auto_weights_at if self.auto else privacy.combine_at
 
+    def target_config(self, ctx: Context, r: int, scale: float, **extra) -> dict:
+        """The target's fine-tuning task (its lr scaled after the warm-up; auto: record batch updates)."""
+        return task_config(ctx, r, "target", lr=ctx.cfg.target_train.lr * scale,
+                           record_batch_updates=self.auto, **extra)
+
     def server_round(self, ctx: Context, r: int, state: dict, *, warmup: bool = False,
                      scale: float = 1.0) -> tuple[dict, dict]:
         """Sources and target train from θ0 at once; the server combines (no peer sees a source update).
@@ -112,24 +124,15 @@ class TargetCombineProtocol(FedAvgProtocol):
         trains after the sources, from that average.
         """
         theta0 = state["global"]
-        scfg = task_config(ctx, r, "source", lr=ctx.cfg.source.lr * scale)
-        tcfg = task_config(ctx, r, "target", lr=ctx.cfg.target_train.lr * scale, record_batch_updates=self.auto)
         if warmup:
-            replies = valid_replies(ctx, ask(ctx, "train", ctx.sources, theta0, scfg, r=r), theta0, r)
+            replies = self.train_sources(ctx, r, theta0, scale)
             theta0 = aggregate_backbone(ctx, replies, theta0, uniform=self.uniform_backbone(ctx))
-            target = ask_one(ctx, "train", ctx.target, theta0, tcfg, r=r)
+            target = ask_one(ctx, "train", ctx.target, theta0, self.target_config(ctx, r, scale), r=r)
         else:
-            answered = ask(ctx, "train", [*ctx.sources, ctx.target], theta0, scfg, r=r,
-                           per_site={ctx.target: (theta0, tcfg)}, minimum=1)
-            target = answered.pop(ctx.target, None)
+            replies, target = self.train_together(ctx, r, theta0, self.target_config(ctx, r, scale), scale)
             if target is None:
                 raise RoundFailed(f"round {r}: the target {ctx.target} did not answer its fine-tuning task")
             check_target(ctx, target, theta0, r)
-            need = min(len(ctx.sources), ctx.cfg.min_sites)
-            if len(answered) < need:
-                raise RoundFailed(f"round {r}: only {len(answered)} of {len(ctx.sources)} sources answered 'train' "
-                                  f"(need {need})")
-            replies = valid_replies(ctx, answered, theta0, r)
         order = list(replies)
         spec = self.combine_spec(ctx, replies, scale)
         theta, betas = combine(theta0, target.params, [delta(replies[s].params, theta0) for s in order], spec,
@@ -141,6 +144,29 @@ class TargetCombineProtocol(FedAvgProtocol):
             "target": dict(target.metrics),
             "betas": dict(zip(order, [float(b) for b in betas])),
         }
+
+    def train_sources(self, ctx: Context, r: int, theta0, scale: float) -> dict[str, Reply]:
+        """The sources alone train from θ0 (GP's warm-up: the target waits for their average)."""
+        scfg = task_config(ctx, r, "source", lr=ctx.cfg.source.lr * scale)
+        return valid_replies(ctx, ask(ctx, "train", ctx.sources, theta0, scfg, r=r), theta0, r)
+
+    def train_together(self, ctx: Context, r: int, theta0, target_config: dict, scale: float = 1.0
+                       ) -> tuple[dict[str, Reply], Optional[Reply]]:
+        """One ``train`` request to the sources and the target at once (FLARE runs them in parallel).
+
+        Returns the sources' valid replies (``min_sites`` enforced) and the target's reply, or
+        ``None`` when the target did not answer.
+        """
+        sites = [*ctx.sources, ctx.target]
+        scfg = task_config(ctx, r, "source", lr=ctx.cfg.source.lr * scale)
+        answered = ask(ctx, "train", sites, theta0, scfg, r=r,
+                       per_site={ctx.target: (theta0, target_config)}, minimum=1)
+        target = answered.pop(ctx.target, None)
+        need = min(len(ctx.sources), ctx.cfg.min_sites)
+        if len(answered) < need:
+            raise RoundFailed(f"round {r}: only {len(answered)} of {len(ctx.sources)} sources answered 'train' "
+                              f"(need {need})")
+        return valid_replies(ctx, answered, theta0, r), target
 
     def combine_spec(self, ctx: Context, replies: dict[str, Reply], lr_scale: float = 1.0) -> dict:
         """What the target needs to know about the sources: counts only, never data."""

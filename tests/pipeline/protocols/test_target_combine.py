@@ -138,3 +138,27 @@ def test_a_missing_target_fails_the_round_in_server_mode(tiny_manifests, root, t
     transport.run = without_target
     with pytest.raises(RoundFailed, match="target dicom_style did not answer"):
         run_experiment(cfg, tmp_path / "run", progress=False, transport=transport)
+
+
+def test_target_side_combination_fine_tunes_once_beside_the_sources(tiny_manifests, root, tmp_path):
+    """combine_at: target — the target trains in the sources' request and train_combine reuses it."""
+    cfg = load_config(data=tiny_config(tiny_manifests, root / "cache", strategy="FedGP", rounds=1, eval_every=0,
+                                       target_train={"lr": 1e-3, "batch_size": 8, "steps": 3, "labeled": 0.5},
+                                       privacy={"combine_at": "target"}))
+    transport = RecordingTransport(build_runners(cfg, torch.device("cpu"), False), wire=True)
+    target = transport.runners["dicom_style"]
+    trained, handle = [], target.handle
+
+    def counting(task, params, config):
+        if task == "train":
+            trained.append(bool(config.get("hold_for_combine")))
+        return handle(task, params, config)
+
+    target.handle = counting
+    run_experiment(cfg, tmp_path / "run", progress=False, transport=transport)
+    assert trained == [True]  # held in the sources' request, never trained again by train_combine
+    assert [(s, t) for s, t, _ in transport.received if t != "metadata"] == [
+        ("nih_style", "train"), ("chexpert_style", "train"), ("dicom_style", "train"),
+        ("dicom_style", "train_combine")]
+    final = torch.load(tmp_path / "run" / "final_model.pt", map_location="cpu", weights_only=True)["global"]
+    assert _max_diff(final, _run(tiny_manifests, root, "FedGP", where="server")[0]) <= 1e-6
