@@ -101,6 +101,9 @@ class ExperimentConfig(_Strict):
     eval_sites: Optional[list[str]] = Field(None, description="sites evaluated; default target or all")
     eval_every: int = Field(1, ge=0, description="validation AUROC every N rounds (0: never)")
     num_workers: int = Field(0, ge=0)
+    tracking: Optional[Literal["none", "tensorboard", "mlflow"]] = Field(
+        None, description="per-round scalars: tensorboard (RUN_DIR/tensorboard), mlflow, none; "
+                          "default tensorboard when installed (fedcxr.tracking)")
 
     @field_validator("aux_tasks")
     @classmethod
@@ -233,6 +236,6 @@ def config_fingerprint(cfg: ExperimentConfig) -> str:
     """Hash of everything that changes a run's result (device, workers, cache and where the manifests
     folder lies do not: the sites' content is checked separately, by manifest hash, on resume)."""
     data = cfg.model_dump(mode="json")
-    for key in ("device", "num_workers", "cache_dir", "manifests"):
+    for key in ("device", "num_workers", "cache_dir", "manifests", "tracking"):
         data.pop(key, None)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
