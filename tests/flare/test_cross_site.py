@@ -163,3 +163,29 @@ def test_the_validate_task_replies_with_a_summary_only(runs):
     assert params == {}
     decoded = decode_reply("nih_style", params, meta, task=VALIDATE_TASK)
     assert decoded.metrics["summary"]["n_rows"] == reply.metrics["summary"]["n_rows"]
+
+
+@pytest.mark.shared
+def test_real_pneumoniamnist_sites_report_the_same_aurocs_as_fedcxr_evaluate(shared_data, tmp_path):
+    """Real X-rays (PneumoniaMNIST, split into two hospitals): summaries from the sites = central scoring."""
+    npz = shared_data / "medmnist" / "pneumoniamnist_merged.npz"
+    manifests = tmp_path / "manifests"
+    assert main(["ingest", "medmnist", "--input", str(npz), "--out", str(manifests), "--site-by", "iid:2",
+                 "--quiet"]) == 0
+    sites = sorted(p.name for p in manifests.iterdir() if (p / "manifest.parquet").is_file())
+    assert len(sites) == 2
+    cfg = load_config(data=tiny_config(manifests, tmp_path / "cache", strategy="FedAvg", sites=sites, target=None,
+                                       rounds=1, eval_every=0, image_size=28,
+                                       source={"lr": 2e-3, "batch_size": 32, "steps": 3}))
+    run_dir = tmp_path / "run"
+    run_experiment(cfg, run_dir, progress=False)
+    report = cross_site_evaluate(_transport(cfg), run_dir, evaluation_settings({"n_boot": 50}))
+    assert report["classes"] == ["pneumonia"] and report["binary_task"]
+    assert main(["evaluate", str(run_dir), "--bootstrap", "0"]) == 0  # overwrites report.json: compare
+    central = json.loads((run_dir / "report.json").read_text())
+    for site in sites:
+        ours, theirs = report["sites"][site], central["sites"][site]
+        assert ours["n_rows"] == theirs["n_rows"] > 250
+        assert ours["per_class"][0]["auroc"] == pytest.approx(theirs["per_class"][0]["auroc"], abs=1e-6)
+        assert ours["per_class"][0]["ci_low"] < ours["per_class"][0]["auroc"] < ours["per_class"][0]["ci_high"]
+        assert ours["accuracy"] == pytest.approx(theirs["accuracy"], abs=1e-9)
