@@ -185,6 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default=None,
                    help="export: the server's run directory (a stable path makes the run resumable); "
                         "unset: a folder in the FLARE job workspace")
+    p.add_argument("--no-cross-site", dest="cross_site", action="store_false",
+                   help="skip the cross-site evaluation after the last round (each site scores the final "
+                        "model on its own test split and sends back only the AUROC summary)")
+    p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
+                   help="patient-bootstrap resamples of the cross-site evaluation (0: DeLong CIs)")
     return parser
 
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import fedcxr.flare.site_evaluation  # noqa: F401  (registers validate: cross-site evaluation)
 import fedcxr.pipeline.site_tasks  # noqa: F401  (registers train_combine and fact_target)
 from fedcxr.atomic import atomic_torch_save
 from fedcxr.pipeline.checkpoints import load_tensors
@@ -225,6 +226,7 @@ def serve(flare_api: Any, site: FlareSite) -> int:
     from fedcxr.flare.wire import decode_task, encode_error, encode_reply
 
     answered = 0
+    writer = _site_writer()
     while flare_api.is_running():
         incoming = flare_api.receive()
         if incoming is None:
@@ -235,6 +237,7 @@ def serve(flare_api: Any, site: FlareSite) -> int:
             reply = site.handle(task["task"] or task_name, task["params"], task["config"], task["runner"], task["run"])
             diff = task["diff"] and task["params"] is not None and reply.params is not None
             params, meta = encode_reply(reply, reference=task["params"] if diff else None)
+            _stream(writer, task["task"] or task_name, task["config"], reply.metrics)
         except Exception as exc:  # answer, and keep serving the next rounds
             log.exception("site %s: task %s failed", site.name, task_name)
             params, meta, diff = *encode_error(exc), False
@@ -252,6 +255,31 @@ def reply_model(params: dict, meta: dict, *, diff: bool, steps: int):
         return FLModel(params=params, meta=meta)
     return FLModel(params=params, params_type=ParamsType.DIFF,
                    meta={**meta, "NUM_STEPS_CURRENT_ROUND": max(int(steps), 1)})
+
+
+def _site_writer():
+    """FLARE's experiment-tracking writer (the server's TensorBoard receiver gets the scalars), or None."""
+    try:
+        from nvflare.client.tracking import SummaryWriter
+
+        return SummaryWriter()
+    except Exception as exc:  # tracking never stops a site
+        log.info("FLARE experiment tracking unavailable (%s); scalars stay in the server's run directory", exc)
+        return None
+
+
+def _stream(writer, task: str, config: dict, metrics: dict) -> None:
+    """This round's scalars of the site (:func:`fedcxr.tracking.site_scalars`: no ids, no paths)."""
+    from fedcxr.tracking import site_scalars
+
+    step = config.get("round")
+    if writer is None or not isinstance(step, int):
+        return
+    try:
+        for tag, value in site_scalars(task, metrics):
+            writer.add_scalar(tag, value, global_step=step)
+    except Exception as exc:
+        log.warning("FLARE experiment tracking failed (%s: %s); training goes on", type(exc).__name__, exc)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

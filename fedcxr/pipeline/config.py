@@ -266,6 +266,9 @@ class ExperimentConfig(_Strict):
     num_workers: Optional[int] = Field(None, ge=0, description="loader processes (auto: 0 on CPU, up to 8 on CUDA)")
     engine: EngineConfig = EngineConfig()
     privacy: PrivacyConfig = PrivacyConfig()
+    tracking: Optional[Literal["none", "tensorboard", "mlflow"]] = Field(
+        None, description="per-round scalars: tensorboard (RUN_DIR/tensorboard), mlflow, none; "
+                          "default tensorboard when installed (fedcxr.tracking)")
 
     @model_validator(mode="before")
     @classmethod
@@ -425,7 +428,7 @@ def config_fingerprint(cfg: ExperimentConfig) -> str:
     where the manifests folder lies do not: the sites' content is checked separately, by manifest
     hash, on resume)."""
     data = cfg.model_dump(mode="json")
-    for key in ("device", "num_workers", "cache_dir", "manifests", "engine"):
+    for key in ("device", "num_workers", "cache_dir", "manifests", "engine", "tracking"):
         data.pop(key, None)
     if data.get("model", {}).get("norm") == "batch":  # the default: the fingerprint of earlier versions
         data["model"].pop("norm")

@@ -5,6 +5,7 @@ Run directory::
     RUN_DIR/config.yaml           the resolved config
     RUN_DIR/run.json              method, seed, target, classes, sites, status, missed rounds
     RUN_DIR/metrics.jsonl         one line per round: per-site training losses, val AUROC
+    RUN_DIR/tensorboard/          the same numbers as TensorBoard scalars (config `tracking`, fedcxr.tracking)
     RUN_DIR/checkpoints/round_NNNN.pt   atomic, with a .sha256 beside it; the last two are kept
     RUN_DIR/final_model.pt        global model (+ per-site models/state where the method has them)
 
@@ -43,6 +44,7 @@ from fedcxr.pipeline.protocols import CENTRAL_SITE, Context, RoundProtocol, get_
 from fedcxr.pipeline.site_runner import OPTIMIZER_PREFIX, derive_seed
 from fedcxr.pipeline.transport import Transport
 from fedcxr.vocab import CLASSES
+from fedcxr.tracking import make_tracker
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +159,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
     else:
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     _write_run_files(run_dir, cfg, ctx, protocol, status="running")
+    tracker = make_tracker(cfg.tracking, run_dir, name=f"{cfg.name}-{cfg.strategy}-seed{cfg.seed}")
     bar = tqdm(range(start, cfg.rounds), desc=f"{protocol.name} rounds", unit="round",
                disable=bar_disabled(progress), initial=start, total=cfg.rounds)
     for r in bar:
@@ -166,12 +169,14 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
         metrics["seconds"] = round(time.perf_counter() - t0, 3)
         history.append(metrics)
         _append_metrics(run_dir, metrics)
+        tracker.log_round(metrics)
         save_checkpoint(run_dir, r, {
             "round": r, "fingerprint": fingerprint, "data_hashes": hashes, "state": state,
             "missed": ctx.missed, "local_states": transport.local_states(), "classes": ctx.classes,
             **({"dp_history": ledger.history} if ledger is not None else {}),
         })
         bar.set_postfix(_postfix(metrics))
+    tracker.close()
     final = protocol.final_models(ctx, state)
     save_final(run_dir, {
         "global": final["global"], "per_site": final["per_site"], "local_states": model_states(transport),
