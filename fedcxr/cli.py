@@ -24,6 +24,7 @@ HANDLERS: dict[str, str] = {
     "synth": "fedcxr.synth:cli_synth",
     "train": "fedcxr.commands.train:cli_train",
     "evaluate": "fedcxr.commands.evaluate:cli_evaluate",
+    "predict": "fedcxr.commands.predict:cli_predict",
     "report": "fedcxr.commands.report:cli_report",
     "demo": "fedcxr.commands.demo:cli_demo",
     "sweep": "fedcxr.commands.sweep:cli_sweep",
@@ -72,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                               formatter_class=_HelpFormatter)
 
     p = command("ingest", "hospital export → canonical per-site manifests")
-    p.add_argument("source", metavar="SOURCE", help="nih | chexpert | mimic | midrc | dicom | csv | medmnist")
+    p.add_argument("source", metavar="SOURCE",
+                   help="nih | chexpert | mimic | midrc | dicom | images (DICOM/PNG/JPEG folder) | csv | medmnist")
     p.add_argument("--input", required=True, type=Path, help="export root folder")
     p.add_argument("--out", required=True, type=Path, help="output folder (one subfolder per site)")
     p.add_argument("--site-by", default=None,
@@ -113,6 +115,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", type=int, default=1000,
                    help="patient-level bootstrap resamples for 95%% CIs (0: DeLong CIs)")
     _device(p, what="the run's device")
+
+    p = command("predict", "score new images with a trained model (CSV of keys, probabilities, decisions)")
+    p.add_argument("run_dir", type=Path, help="a finished run directory (operating points: run `fedcxr evaluate` first)")
+    p.add_argument("--input", required=True, type=Path,
+                   help="a site's manifest folder, or a folder of DICOM/PNG/JPEG files (never written to)")
+    p.add_argument("--out", required=True, type=Path,
+                   help="FILE.csv (no ids, no paths); FILE.private-key-map.csv beside it maps keys to images")
+    p.add_argument("--site", default=None,
+                   help="use this site's own model and thresholds (PFL, FedBN, Individual); unset: the global model")
+    _device(p, default="auto")
+    p.add_argument("--cam", type=int, default=0, metavar="N",
+                   help="Grad-CAM overlays of the N top-scoring images per class into FILE.cam/ (patient pixels)")
+    p.add_argument("--batch-size", type=int, default=32, help="images per forward pass")
 
     p = command("report", "method-comparison table across runs")
     p.add_argument("run_dirs", nargs="+", type=Path, help="evaluated run directories")
@@ -178,6 +193,10 @@ def _ingest(args: argparse.Namespace) -> int:
         print(f"  set aside {count}: {reason}")
     for site, info in report["sites"].items():
         splits = ", ".join(f"{k} {v}" for k, v in info["rows_per_split"].items())
+        if info.get("unlabeled"):
+            print(f"  site {site}: unlabeled site: {info['rows']} images, no finding labels ({splits}); "
+                  "usable by `fedcxr predict` and as FACT's unlabeled target, not as a labeled source")
+            continue
         print(f"  site {site}: {info['rows']} rows ({splits}); classes: {', '.join(info['class_set'])}")
     print(f"manifests and ingest_report.json in {args.out}")
     return 0

@@ -8,6 +8,7 @@ module         command
 =============  ===============================================================================
 ``train``      ``fedcxr train`` — one experiment in-process (:mod:`fedcxr.pipeline.federation`)
 ``evaluate``   ``fedcxr evaluate`` — predictions (pipeline) → per-class AUROC report (evaluation)
+``predict``    ``fedcxr predict`` — a trained model on new images (keys, probabilities, decisions)
 ``report``     ``fedcxr report`` — method-comparison table across runs (evaluation only)
 ``sweep``      ``fedcxr sweep`` — methods × seeds, each trained, evaluated, then compared
 ``demo``       ``fedcxr demo`` — synth → ingest → train → evaluate on the embedded default

@@ -55,8 +55,13 @@ log = logging.getLogger(__name__)
 SITE_CONFIG_ENV = "FEDCXR_SITE_CONFIG"
 SITE_CONFIG_NAME = "fedcxr_site.json"
 LOCAL_SITE_CONFIG = Path("local") / SITE_CONFIG_NAME
-#: tasks after which the site's local state has changed (and is saved for a resume)
-STATE_CHANGING_TASKS = ("train",)
+#: tasks after which the site's local state (FedBN statistics, PFL heads, warmed-up model,
+#: optimiser state kept across rounds) may have changed, so it is saved for a resume; every
+#: task registered with :func:`~fedcxr.pipeline.site_runner.register_task` must be here or in
+#: :data:`READ_ONLY_TASKS` (tests/flare/test_client.py checks it)
+STATE_CHANGING_TASKS = frozenset({"train", "train_combine", "fact_target", "warmup_head"})
+#: tasks that only read the site's state
+READ_ONLY_TASKS = frozenset({"metadata", "evaluate", "local_state"})
 KEEP_STATES = 3
 
 

@@ -33,6 +33,13 @@ from fedcxr.errors import UserError
 from fedcxr.vocab import AUX_TASKS, CLASS_SET
 
 
+#: Keys of older configs that were replaced, with what to write instead (exit 2 naming it).
+RENAMED_KEYS = {
+    "surgical_weighting": "use `backbone_weighting: uniform|samples` (it now applies to every method's "
+                          "backbone average, not only FL_Surgical)",
+}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -80,15 +87,32 @@ class ExperimentConfig(_Strict):
     target: Optional[str] = None
     strategy: str = "FedAvg"
     rounds: int = Field(5, ge=0)
-    warmup_rounds: int = Field(0, ge=0, description="FedAvg rounds before GP/FedGP/FedDA")
+    warmup_rounds: Optional[int] = Field(
+        None, ge=0, description="GP/FedDA/FedGP: the first rounds (counted in `rounds`) are warm-up rounds. "
+        "Default per method as the authors' code: 2 plain FedAvg rounds for FedDA, FedGP, FedDA_Auto, "
+        "FedGP_Auto (AutoFedGP main_domain_bed*.py: 'do fedavg for 2 epochs'); 5 rounds for "
+        "FedAvg_Finetune_GP and FedAvg_Finetune_AuxInfo_GP, in which θ0 of the projection is the FedAvg of "
+        "the sources (AuxInfo+GP federated_*_multi.py: `if i < 5: average_weights`)")
+    post_warmup_lr_scale: Optional[float] = Field(
+        None, gt=0, description="multiplies source and target learning rates after the warm-up rounds. "
+        "Default per method: 0.1 for FedDA_Auto and FedGP_Auto (AutoFedGP main_domain_bed_auto_beta.py: "
+        "hparams['lr'] *= 0.1 after warm-up), 1 otherwise")
     source: LocalTrainingConfig = LocalTrainingConfig()
     target_train: TargetTrainingConfig = TargetTrainingConfig()
+    finetune_offline_epochs: int = Field(
+        50, ge=1, description="Finetune_Offline: target fine-tuning passes after the last FedAvg round, each "
+        "one `target_train` budget with a fresh optimiser (FedGP paper App. C: 'the same number of 50 epochs "
+        "of fine-tuning after FedAvg'; AutoFedGP main_domain_bed_offline.py calls train() once per epoch)")
     alpha: float = Field(1.0, ge=0, description="weight of auxiliary losses (AuxInfo)")
     beta: float = Field(0.5, ge=0, le=1, description="GP: weight of the source projection")
     aux_tasks: list[str] = Field(default_factory=lambda: list(AUX_TASKS))
     aux_info: Optional[bool] = Field(None, description="force AuxInfo on/off; default from the strategy name")
     backbone_aggregation: Literal["fedavg", "fedbn", "fedbn_plus"] = "fedavg"
-    surgical_weighting: Literal["uniform", "samples"] = "uniform"
+    backbone_weighting: Optional[Literal["uniform", "samples"]] = Field(
+        None, description="how the server weights sites when it averages the shared entries: `uniform` "
+        "(1/K) or `samples` (n_i/Σn). Default per method: uniform for FL, FL_PartialLoss, FL_Surgical, PFL "
+        "(surgical aggregation paper Eq. 1 and its code's np.mean over clients); samples for FedAvg and the "
+        "GP/FedDA/FedGP family (AuxInfo+GP and AutoFedGP code: clients_size_frac)")
     head_warmup_rounds: int = Field(0, ge=0, description="surgical/FL: rounds training heads only first")
     min_sites: int = Field(1, ge=1, description="a round needs at least this many source replies")
     model: ModelConfig = ModelConfig()
@@ -101,6 +125,16 @@ class ExperimentConfig(_Strict):
     eval_sites: Optional[list[str]] = Field(None, description="sites evaluated; default target or all")
     eval_every: int = Field(1, ge=0, description="validation AUROC every N rounds (0: never)")
     num_workers: int = Field(0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        """An old config using a key that was replaced stops naming the new key (never silently ignored)."""
+        if isinstance(data, dict):
+            for old, new in RENAMED_KEYS.items():
+                if old in data:
+                    raise ValueError(f"`{old}` was replaced: {new}")
+        return data
 
     @field_validator("aux_tasks")
     @classmethod

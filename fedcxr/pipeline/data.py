@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 #: Normalisation applied after augmentation: ``(x - NORM_MEAN) / NORM_STD`` on [0, 1] images.
 NORM_MEAN = 0.5
 NORM_STD = 0.25
-CACHE_FORMAT = 1  # bump when the cached pixels change meaning (decoder rules, dtype, layout)
+CACHE_FORMAT = 2  # bump when the cached pixels change meaning (decoder rules, dtype, layout); 2: VOI LUT / window
 
 
 # --------------------------------------------------------------------------- sites

@@ -60,9 +60,23 @@ def head_classes(cfg: ExperimentConfig, meta: dict) -> list[str]:
     else:
         wanted = {c for s in cfg.all_sites() for c in meta[cfg.site_name(s)].class_set}
     classes = [c for c in CLASSES if c in wanted]
+    if not classes and cfg.class_source == "target" and target and not meta[target].class_set:
+        raise UserError(f"no class to train: target {cfg.target!r} is unlabeled and `class_source: target` takes "
+                        "the head's classes from it; set `class_source: sources` (FACT/FACT_NF) or `model.classes`")
     if not classes:
         raise UserError("no class to train: the chosen sites label no class in common with `class_source`")
     return classes
+
+
+def refuse_unlabeled_sources(cfg: ExperimentConfig, meta: dict) -> None:
+    """A source must be labeled: an unlabeled site (ingested without labels) only as FACT's target."""
+    unlabeled = [s for s in cfg.source_sites() if not meta[cfg.site_name(s)].class_set]
+    if unlabeled:
+        raise UserError(
+            f"source site(s) {unlabeled} have no finding labels (unlabeled sites, ingested without labels); "
+            "a source must be labeled: ingest it with --labels FILE.csv, use it as the unlabeled `target:` "
+            "of FACT/FACT_NF, or score it with `fedcxr predict`"
+        )
 
 
 def build_context(cfg: ExperimentConfig, protocol: RoundProtocol, transport: Transport) -> Context:
@@ -71,6 +85,7 @@ def build_context(cfg: ExperimentConfig, protocol: RoundProtocol, transport: Tra
     missing = [s for s in sites if s not in meta]
     if missing:
         raise UserError(f"sites did not answer the metadata query: {missing}")
+    refuse_unlabeled_sources(cfg, meta)
     classes = head_classes(cfg, meta)
     protocol.validate(cfg, meta, classes)
     aux_on = protocol.aux_info if cfg.aux_info is None else cfg.aux_info
@@ -139,7 +154,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | str, *, resume: bool =
         _append_metrics(run_dir, metrics)
         save_checkpoint(run_dir, r, {
             "round": r, "fingerprint": fingerprint, "data_hashes": hashes, "state": state,
-            "missed": ctx.missed, "local_states": transport.local_states(),
+            "missed": ctx.missed, "local_states": transport.local_states(), "classes": ctx.classes,
         })
         bar.set_postfix(_postfix(metrics))
     final = protocol.final_models(ctx, state)

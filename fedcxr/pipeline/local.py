@@ -150,6 +150,14 @@ def _set_trainable(model: nn.Module, trainable: str) -> dict[str, bool]:
     return previous
 
 
+def _freeze_bn(model: nn.Module) -> None:
+    """No BatchNorm affine parameter learns (``_train_mode`` then keeps those layers in eval mode)."""
+    for module in model.modules():
+        if isinstance(module, _BatchNorm):
+            for p in module.parameters():
+                p.requires_grad_(False)
+
+
 def _train_mode(model: nn.Module) -> None:
     """Train mode, except BatchNorm layers whose parameters are all frozen (their stats stay)."""
     model.train()
@@ -214,12 +222,17 @@ def train_local(
     trainable: str = "all",
     loss_classes_mask: Optional[torch.Tensor] = None,
     record_batch_updates: bool = False,
+    freeze_bn: bool = False,
 ) -> LocalResult:
     """Train ``model`` in place on ``loader``'s batches; return counts, losses and updates.
 
     * ``trainable``: ``all``; ``head`` (only ``head.*`` learns; BatchNorm layers of the frozen
       backbone stay in eval mode, so their statistics do not move either — surgical head
       warm-up, FACT head fine-tuning); ``backbone`` (everything but ``head.*``).
+    * ``freeze_bn``: every BatchNorm layer stays in eval mode (running statistics used, never
+      updated) and its affine weight/bias do not learn — FedBN+ of the surgical aggregation
+      paper (Keras ``BatchNormalization.trainable = False``), so the initial (pretrained) BN
+      is carried along unchanged.
     * ``loss_classes_mask``: optional (C,) 0/1 multiplied into every batch's ``label_mask``.
     * ``record_batch_updates``: return ``(n_batches, M)`` float32: row ``j`` = state after step
       ``j`` − state before it, over every non-0-dim ``state_dict`` entry in order (parameters
@@ -238,6 +251,8 @@ def train_local(
     model.to(device)
     modes = {m: m.training for m in model.modules()}
     flags = _set_trainable(model, trainable)
+    if freeze_bn:
+        _freeze_bn(model)
     started = time.perf_counter()
     try:
         gpus = [device.index if device.index is not None else torch.cuda.current_device()] if use_cuda else []

@@ -13,7 +13,8 @@ Task configs (plain JSON-able dicts, built by the round protocols):
               params), ``head_classes`` (the head this site trains; surgical: its own
               classes), ``aux_tasks``, ``alpha``, ``use_aux``, ``trainable``
               (all/head/backbone), ``missing_as_negative``, ``local_keys`` (kept on site),
-              ``record_batch_updates``, ``labeled`` (target: labeled rows used), and the
+              ``record_batch_updates``, ``freeze_bn`` (FedBN+: BatchNorm frozen in eval mode),
+              ``labeled`` (target: labeled rows used), and the
               training hyper-parameters ``lr``, ``batch_size``, ``epochs``, ``steps``.
 ``evaluate``  → per-class validation AUROC of the received model on ``split``.
 
@@ -260,7 +261,7 @@ class SiteRunner:
             rows = rows[: int(config["max_rows"])]
         data = Subset(base, rows)
         seed = derive_seed(int(config.get("seed", 0)), "train", self.name, config.get("round", 0),
-                           config.get("role", "source"))
+                           config.get("role", "source"), *([config["repeat"]] if config.get("repeat") else []))
         cfg = LocalConfig(
             lr=float(config["lr"]), batch_size=int(config["batch_size"]), epochs=int(config.get("epochs", 1)),
             steps=config.get("steps"), alpha=float(config.get("alpha", 1.0)),
@@ -280,6 +281,7 @@ class SiteRunner:
         result = train_local(
             model, loader, cfg, device=self.device, seed=seed, trainable=config.get("trainable", "all"),
             record_batch_updates=bool(config.get("record_batch_updates", False)),
+            freeze_bn=bool(config.get("freeze_bn", False)),
         )
         state = cpu_state(model)
         for key in local_keys:

@@ -33,7 +33,7 @@ def train_combine(runner: SiteRunner, params: StateDict, config: dict) -> Reply:
     theta0, deltas = unpack_combine(params, len(spec["n_sources"]))
     reply = runner.handle("train", theta0, {**config, "record_batch_updates": bool(spec.get("auto"))})
     theta, betas = combine(theta0, reply.params, deltas, spec, n_target=reply.n_samples,
-                           batch_updates=reply.extra.get("batch_updates"))
+                           batch_updates=reply.extra.get("batch_updates"), target_steps=reply.n_batches)
     return Reply(site=runner.name, params=theta, n_samples=reply.n_samples, n_batches=reply.n_batches,
                  class_set=reply.class_set, metrics={**reply.metrics, "betas": betas})
 

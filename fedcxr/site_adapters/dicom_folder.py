@@ -36,6 +36,12 @@ other classes seen in the folder are 0 (NIH's convention: a finding not listed i
 If any description is something else (``THORAX``, blank) no file gets labels from it, and a
 note says why: a free-text description is an order, not a finding.
 
+No labels at all (no csv, and StudyDescription names no findings): the folder is ingested
+as an **unlabeled site** (every readable image kept, an empty class set; ``fedcxr predict``
+and FACT's unlabeled target use it). The ``images`` source is this adapter with PNG and JPEG
+files accepted beside DICOMs (:func:`read_image_folder`): they have no tags, so their
+demographics are unknown and each file is its own patient.
+
 Demographics from tags: ``PatientSex`` (M/F; O and blank → unknown), ``PatientAge`` (``062Y``
 and the non-conformant ``62``), ``ViewPosition`` (:func:`fedcxr.vocab.view_code`). A value
 that cannot be mapped (an age of ``0XYZ`` or ``150Y``, a sex of ``X``) becomes unknown
@@ -143,12 +149,14 @@ def skipped_note(skipped: Counter) -> Optional[str]:
 def read_dicom_headers(
     input_dir: Path, files: list[str], options: AdapterOptions
 ) -> tuple[list[Optional[dict]], list[Optional[str]]]:
-    """Header dict (or None) and reason (or None) per file; PNG/JPEG get a reason too."""
+    """Header dict (or None) and reason (or None) per file; PNG/JPEG get a reason too
+    (unless ``options.extra["raster"]``: the ``images`` source)."""
     results = read_headers([str(input_dir / f) for f in files], workers=options.workers,
                            progress=bool(options.extra.get("progress", True)))
     headers, reasons = [], []
+    raster = bool(options.extra.get("raster"))
     for header, reason in results:
-        if reason is None and header["kind"] != KIND_DICOM:
+        if reason is None and header["kind"] != KIND_DICOM and not raster:
             reason = f"not a DICOM file (a {header['kind'].upper()} image in a DICOM export)"
         headers.append(header if reason is None else None)
         reasons.append(reason)
@@ -457,10 +465,18 @@ def read_dicom_folder(input_dir: Path, options: AdapterOptions) -> SourceTable:
     )
 
 
+def read_image_folder(input_dir: Path, options: AdapterOptions) -> SourceTable:
+    """``images`` source: a folder of DICOM, PNG and JPEG files (PNG/JPEG have no tags)."""
+    options.extra["raster"] = True
+    table = read_dicom_folder(input_dir, options)
+    table.source = "images"
+    return table
+
+
 _TAG_COLUMNS = ("PatientID", "PatientSex", "PatientAge", "ViewPosition", "SOPInstanceUID",
                 "StudyInstanceUID", "StudyDescription")
 
 __all__ = [
     "ADAPTER_VERSION", "LabelTable", "PSEUDONYM_SALT", "demographics", "identifiers", "list_candidates",
-    "pseudonym", "read_dicom_folder", "read_dicom_headers", "read_label_csv",
+    "pseudonym", "read_dicom_folder", "read_dicom_headers", "read_image_folder", "read_label_csv",
 ]

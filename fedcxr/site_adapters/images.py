@@ -12,14 +12,26 @@ Decoding rules (DESIGN §3):
   the transfer syntax its encoding implies (implicit VR little endian for the classic
   ``CR-MONO1`` sample). Compressed syntaxes are decoded by pydicom's plugins (pylibjpeg +
   openjpeg + libjpeg: JPEG baseline/extended, JPEG lossless, JPEG-LS, JPEG 2000, RLE).
-  Only the **first frame** of a multi-frame object is decoded. The **Modality LUT** (LUT
-  sequence or rescale slope/intercept, ``pydicom.pixels.apply_modality_lut``) is applied to
-  monochrome images; no VOI LUT / windowing. ``PALETTE COLOR`` goes through its colour LUT.
+  Only the **first frame** of a multi-frame object is decoded. Monochrome images go through
+  the display pipeline a viewer (or a PACS "export as JPEG") uses, with pydicom's own
+  functions: the **Modality LUT** (LUT sequence or rescale slope/intercept,
+  ``pydicom.pixels.apply_modality_lut``), then the **VOI LUT** (``VOILUTSequence``, else
+  ``WindowCenter``/``WindowWidth`` with ``VOILUTFunction``; the first view when several are
+  given; ``pydicom.pixels.apply_voi_lut``). So a DICOM and a JPEG/PNG exported from it by a
+  viewer decode to the same image. A window or VOI LUT that is present but unusable (a
+  centre that is not a number, a LINEAR width < 1, an unknown function) is an
+  :class:`ImageError` naming the tag: ingest sets the file aside, it never becomes a
+  traceback. A blank window value counts as absent. ``PALETTE COLOR`` goes through its
+  colour LUT.
 * **Scaling**: by the image's own min/max to [0, 1] for every format — bits stored vary
   (8, 10, 15, 16 in real exports), so fixed divisors (4095, 65535) would leave most images
   dark. A constant image comes out all zeros.
 * **MONOCHROME1** (bright = low value) is inverted after scaling (``1 - x``) so that bone is
-  bright everywhere. MONAI's DICOM reader does not do this.
+  bright everywhere. MONAI's DICOM reader does not do this. ``PresentationLUTShape``
+  ``INVERSE`` asks for the same inversion: the DX IOD requires INVERSE exactly when the
+  image is MONOCHROME1 (both say "low values are white", so the pair inverts once), and on a
+  MONOCHROME2 image it inverts it. Any other shape than IDENTITY/INVERSE is an
+  :class:`ImageError`.
 * **Colour** (RGB/RGBA/palette PNG or JPEG, RGB/YBR DICOM) → grey with ITU-R 601 luma
   (``0.299 R + 0.587 G + 0.114 B``, Pillow's ``L``); alpha is dropped.
 
@@ -185,6 +197,7 @@ def _dicom_header_inner(path: str, size: int, has_preamble: bool) -> dict[str, A
     }
     header.update({kw: _str_tag(ds, kw) for kw in DICOM_TAGS})
     _check_decoder(ts)
+    check_display_tags(ds)
     if ts != _DEFLATED:  # offsets of a deflated file are in the inflated stream
         _check_pixel_data_length(path, size, pixel_pos, ds, header)
     return header
@@ -400,7 +413,8 @@ def scale_unit(values: np.ndarray, *, invert: bool = False) -> np.ndarray:
 
 
 def _decode_dicom(path: str) -> tuple[np.ndarray, bool]:
-    """First frame after the Modality LUT (or colour → luma); ``invert`` for MONOCHROME1."""
+    """First frame after the Modality and VOI LUTs (or colour → luma); ``invert`` for
+    MONOCHROME1 or Presentation LUT Shape INVERSE."""
     with quiet_pydicom():
         return _decode_dicom_inner(path)
 
@@ -427,7 +441,103 @@ def _decode_dicom_inner(path: str) -> tuple[np.ndarray, bool]:
         arr = apply_color_lut(arr, ds)
     if arr.ndim == 3:
         return _luma(arr), False
-    return apply_modality_lut(arr, ds), photometric == "MONOCHROME1"
+    values = apply_modality_lut(arr, ds)
+    if photometric in ("MONOCHROME1", "MONOCHROME2"):  # the only ones a VOI LUT is defined for
+        values = apply_voi(values, ds)
+    return values, photometric == "MONOCHROME1" or presentation_inverse(ds)
+
+
+def apply_voi(values: np.ndarray, ds) -> np.ndarray:
+    """``values`` (after the Modality LUT) through the dataset's VOI LUT or window, if any.
+
+    Uses ``pydicom.pixels.apply_voi_lut`` (a VOI LUT sequence wins over a window, as in
+    pydicom); raises :class:`ImageError` naming the tags when they cannot be applied.
+    """
+    from pydicom.pixels import apply_voi_lut
+
+    tags = _voi_tags(ds)  # as written in the file, before the values are normalised
+    if not _voi_present(ds):
+        return values
+    try:
+        out = apply_voi_lut(values, ds, index=0)
+    except Exception as exc:
+        raise ImageError(f"unusable VOI LUT / window ({tags}): {_short(exc)}") from None
+    if not np.isfinite(np.asarray(out, dtype=np.float64)).all():
+        raise ImageError(f"unusable VOI LUT / window ({tags}): it gives non-finite values")
+    return out
+
+
+def check_display_tags(ds) -> None:
+    """Raise :class:`ImageError` when the window or Presentation LUT Shape cannot be used.
+
+    The header check of ingest (pixels not read): the window values are parsed and applied to
+    a two-value probe with pydicom's ``apply_windowing``, so a file that would fail at decode
+    time is set aside at ingest. A VOI LUT *sequence* is only checked when decoding (its table
+    may be deferred past the header).
+    """
+    from pydicom.pixels import apply_windowing
+
+    presentation_inverse(ds)
+    photometric = (_str_tag(ds, "PhotometricInterpretation") or "MONOCHROME2").upper()
+    tags = _voi_tags(ds)
+    if photometric not in ("MONOCHROME1", "MONOCHROME2") or not _voi_present(ds) or ds.get("VOILUTSequence"):
+        return
+    probe = ds.copy()
+    probe.PhotometricInterpretation = photometric
+    for keyword, default in (("BitsStored", 16), ("PixelRepresentation", 0)):
+        if _int_tag(probe, keyword) is None:
+            setattr(probe, keyword, default)
+    try:
+        apply_windowing(np.zeros(2), probe, index=0)
+    except Exception as exc:
+        raise ImageError(f"unusable VOI LUT / window ({tags}): {_short(exc)}") from None
+
+
+def presentation_inverse(ds) -> bool:
+    """True when ``PresentationLUTShape`` is INVERSE; IDENTITY or absent: False; else ImageError."""
+    shape = _str_tag(ds, "PresentationLUTShape")
+    if shape is None or shape.upper() == "IDENTITY":
+        return False
+    if shape.upper() == "INVERSE":
+        return True
+    raise ImageError(f"unsupported Presentation LUT Shape {shape!r} (2050,0020): expected IDENTITY or INVERSE")
+
+
+_WINDOW_TAGS = ("WindowCenter", "WindowWidth")
+
+
+def _voi_present(ds) -> bool:
+    """Whether a VOI step applies; normalises the window tags in ``ds`` to floats on the way.
+
+    A blank window value is removed (absent); a window needs both centre and width (one
+    alone is ignored, as viewers do); a value that is not a number raises :class:`ImageError`.
+    """
+    for keyword in _WINDOW_TAGS:
+        if keyword not in ds:
+            continue
+        raw = ds[keyword].value
+        items = list(raw) if isinstance(raw, (list, tuple)) or type(raw).__name__ == "MultiValue" else [raw]
+        items = [v for v in items if v is not None and str(v).strip(" \x00") != ""]
+        if not items:
+            del ds[keyword]
+            continue
+        try:
+            numbers = [float(str(v).strip()) for v in items]
+        except ValueError:
+            raise ImageError(f"unusable VOI window: {keyword} {_str_tag(ds, keyword)!r} is not a number") from None
+        if not all(np.isfinite(numbers)):
+            raise ImageError(f"unusable VOI window: {keyword} {_str_tag(ds, keyword)!r} is not finite")
+        ds[keyword].value = numbers if len(numbers) > 1 else numbers[0]
+    has_window = all(keyword in ds for keyword in _WINDOW_TAGS)
+    return bool(ds.get("VOILUTSequence")) or has_window
+
+
+def _voi_tags(ds) -> str:
+    """The VOI tags as text for an error message."""
+    parts = [f"{kw}={_str_tag(ds, kw)!r}" for kw in (*_WINDOW_TAGS, "VOILUTFunction") if kw in ds]
+    if "VOILUTSequence" in ds:
+        parts.append("VOILUTSequence")
+    return ", ".join(parts) or "no VOI tags"
 
 
 def _luma(rgb: np.ndarray) -> np.ndarray:
@@ -535,4 +645,5 @@ __all__ = [
     "DICOM_TAGS", "ImageError", "KIND_DICOM", "KIND_JPEG", "KIND_PNG", "check_image",
     "check_images_batch", "header_or_reason", "headers_batch", "read_header", "read_headers",
     "read_image", "read_image_resized", "scale_unit", "sniff_kind", "to_uint8", "transfer_syntax",
+    "apply_voi", "check_display_tags", "presentation_inverse",
 ]

@@ -5,6 +5,12 @@ header; full decode with ``verify_pixels``) → uncertain-label policy → parti
 patient-disjoint splits → one manifest per site → ``ingest_report.json``.
 
 Invariant checked before anything is written: rows kept + rows set aside == rows read.
+
+A source that labels no class at all (a folder of DICOM/PNG/JPEG with no label csv) becomes an
+**unlabeled site**: every usable image is kept, its class set is empty and ``site.json`` says
+``"unlabeled": true``. Training refuses it as a labeled source; FACT may use it as its
+unlabeled target, and ``fedcxr predict`` scores it. (A site of a *labeled* source that ends up
+with no labeled class is still set aside: there the missing labels are a problem.)
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ ADAPTERS: dict[str, str] = {
     "mimic": "fedcxr.site_adapters.mimic:read_mimic",
     "midrc": "fedcxr.site_adapters.midrc:read_midrc",
     "dicom": "fedcxr.site_adapters.dicom_folder:read_dicom_folder",
+    "images": "fedcxr.site_adapters.dicom_folder:read_image_folder",
     "csv": "fedcxr.site_adapters.csv_mapping:read_csv_mapping",
     "medmnist": "fedcxr.site_adapters.medmnist:read_medmnist",
 }
@@ -107,10 +114,11 @@ def run_ingest(
     set_aside += split_aside
 
     sites_payload = {}
+    unlabeled = not table.classes
     for site in sorted(frame["site"].unique()):
         rows = frame.loc[frame["site"] == site]
         subset = [c for c in parts.class_sets.get(site, table.classes) if c in table.classes]
-        if not any(rows[label_column(c)].notna().any() for c in subset):
+        if not unlabeled and not any(rows[label_column(c)].notna().any() for c in subset):
             set_aside += [
                 SetAside(f, int(r), f"site {site!r} has no labeled class", p)
                 for f, r, p in zip(rows["source_file"], rows["source_row"], rows["image_path"])
@@ -135,11 +143,12 @@ def run_ingest(
             out_dir, site, rows,
             classes=[c for c in parts.class_sets.get(site, table.classes) if c in table.classes],
             source=source, adapter_version=table.adapter_version, export_root=table.root,
-            set_aside=site_rows_aside, options=run_options,
+            set_aside=site_rows_aside, options=run_options, unlabeled=unlabeled,
         )
         site_summaries[site] = {
             "rows": payload["rows"], "rows_per_split": payload["rows_per_split"],
             "class_set": payload["class_set"], "manifest": str(Path(site) / "manifest.parquet"),
+            "unlabeled": unlabeled,
         }
 
     report = {

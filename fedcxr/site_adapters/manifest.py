@@ -214,8 +214,12 @@ def write_site(
     export_root: Path,
     set_aside: list[SetAside],
     options: dict,
+    unlabeled: bool = False,
 ) -> dict:
-    """Write ``OUT/<site>/manifest.parquet`` and ``site.json``; return the site.json payload."""
+    """Write ``OUT/<site>/manifest.parquet`` and ``site.json``; return the site.json payload.
+
+    ``unlabeled``: the source labels no finding (``site.json`` ``"unlabeled": true``, empty
+    class set); such a site can be scored or be FACT's target, never a labeled source."""
     ordered = frame[manifest_columns(frame)].reset_index(drop=True)
     ordered["site"] = site
     site_dir = out_dir / site
@@ -238,6 +242,7 @@ def write_site(
             "rows": [s.as_dict() for s in set_aside],
         },
         "options": options,
+        "unlabeled": bool(unlabeled),
         "content_hash": content_hash(ordered),
     }
     atomic_write_json(site_dir / "site.json", payload)

@@ -136,6 +136,19 @@ def test_incomplete_cache_is_rebuilt(site, tmp_path, monkeypatch):
     assert len(calls) == 20 and images.shape == (20, 12, 12)
 
 
+def test_cache_of_an_older_decoder_format_is_rebuilt(site, tmp_path, monkeypatch):
+    """A cache written before the VOI LUT step (format 1) holds other pixels: decode again."""
+    cache_images(site, 12, tmp_path / "cache", progress=False)
+    sidecar = next((tmp_path / "cache").glob("*.json"))
+    info = json.loads(sidecar.read_text())
+    assert info["format"] == data.CACHE_FORMAT >= 2
+    sidecar.write_text(json.dumps({**info, "format": 1}))
+    calls = _counting_decoder(monkeypatch)
+    cache_images(site, 12, tmp_path / "cache", progress=False)
+    assert len(calls) == 20
+    assert json.loads(sidecar.read_text())["format"] == data.CACHE_FORMAT
+
+
 def test_undecodable_image_names_the_file(site, tmp_path):
     (site.export_root / "img007.png").write_bytes(b"not an image at all")
     with pytest.raises(UserError, match="img007.png"):

@@ -75,6 +75,8 @@ def task_config(ctx: Context, r: int, role: str, **overrides) -> dict:
         "weight_decay": local.weight_decay, "max_rows": local.max_rows,
         "trainable": "all", "local_keys": [], "record_batch_updates": False,
         "missing_as_negative": False,
+        # FedBN+ (surgical aggregation paper): BN frozen in eval mode during local training
+        "freeze_bn": cfg.backbone_aggregation == "fedbn_plus",
         "labeled": cfg.target_train.labeled if role == "target" else None,
     }
     out.update(overrides)
@@ -155,6 +157,8 @@ class RoundProtocol:
     needs_target_labels = False
     needs_sources = True
     aux_info = False
+    #: how the backbone average weights sites unless ``backbone_weighting`` says otherwise
+    default_backbone_weighting = "samples"
 
     def __init__(self, name: str):
         self.name = name
@@ -183,6 +187,10 @@ class RoundProtocol:
     def final_models(self, ctx: Context, state: dict) -> dict:
         """``{"global": θ, "per_site": {site: θ_site}}``; per_site may be empty."""
         return {"global": state["global"], "per_site": {}}
+
+    def uniform_backbone(self, ctx: Context) -> bool:
+        """True when sites are averaged 1/K (config ``backbone_weighting``, else the method's default)."""
+        return (ctx.cfg.backbone_weighting or self.default_backbone_weighting) == "uniform"
 
     def eval_local_keys(self, ctx: Context) -> list[str]:
         """Keys each site substitutes from its own state at evaluation (FedBN: BN, PFL: head)."""

@@ -24,9 +24,14 @@ class SurgicalFamilyProtocol(RoundProtocol):
     * ``FL_PartialLoss``: global head; each site's loss only over its own classes.
     * ``FL_Surgical``: each site trains a head of its own classes; head rows are averaged per
       class over the sites having it, by name (:func:`aggregate.surgical_heads`); backbone
-      averaged unweighted by default (``surgical_weighting``).
+      averaged unweighted by default (``backbone_weighting``).
     * ``PFL``: shared backbone, heads stay local.
+
+    Every mode averages the shared entries 1/K by default, as the paper's Eq. 1 and its code
+    (``np.mean`` over clients); ``backbone_weighting: samples`` weights them by sample counts.
     """
+
+    default_backbone_weighting = "uniform"
 
     def __init__(self, name: str, *, mode: str):
         super().__init__(name)
@@ -65,7 +70,7 @@ class SurgicalFamilyProtocol(RoundProtocol):
         else:
             replies = valid_replies(ctx, replies, theta0, r)
             exclude = tuple(ctx.head_keys) if self.mode == "pfl" else ()
-            theta = aggregate_backbone(ctx, replies, theta0, exclude=exclude)
+            theta = aggregate_backbone(ctx, replies, theta0, uniform=self.uniform_backbone(ctx), exclude=exclude)
         if ctx.cfg.backbone_aggregation == "fedbn_plus":
             theta = keep_keys(theta, state["initial_bn"], ctx.bn_keys)
         return {**state, "global": theta}, {"train": {s: rep.metrics for s, rep in replies.items()}}
@@ -82,8 +87,8 @@ class SurgicalFamilyProtocol(RoundProtocol):
 
     def _surgical(self, ctx: Context, replies: dict[str, Reply], theta0: StateDict) -> StateDict:
         sites = list(replies)
-        uniform = ctx.cfg.surgical_weighting == "uniform"
-        theta = aggregate_backbone(ctx, replies, theta0, uniform=uniform, exclude=tuple(ctx.head_keys))
+        theta = aggregate_backbone(ctx, replies, theta0, uniform=self.uniform_backbone(ctx),
+                                   exclude=tuple(ctx.head_keys))
         heads = [{"weight": replies[s].params["head.weight"], "bias": replies[s].params["head.bias"]}
                  for s in sites]
         previous = {"weight": theta0["head.weight"], "bias": theta0["head.bias"]}

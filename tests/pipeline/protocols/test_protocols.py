@@ -20,8 +20,10 @@ ALL_METHODS = sorted(REGISTRY)
 @pytest.mark.parametrize("method", ALL_METHODS)
 def test_every_method_trains_and_evaluates(method, tiny_manifests, tmp_path):
     extra = {}
-    if method in {"FedGP_Auto", "FedDA_Auto", "FedAvg_Finetune_GP", "FedAvg_Finetune_AuxInfo_GP"}:
+    if method in {"FedGP_Auto", "FedDA_Auto", "FedDA", "FedGP", "FedAvg_Finetune_GP", "FedAvg_Finetune_AuxInfo_GP"}:
         extra["warmup_rounds"] = 1  # one FedAvg warm-up round, then the projection round
+    if method == "Finetune_Offline":
+        extra["finetune_offline_epochs"] = 2  # the default 50 passes is the paper's, too slow here
     if method.startswith("FL") or method in {"PFL", "Individual", "Central"}:
         extra["backbone_aggregation"] = "fedbn" if method == "FL_Surgical" else "fedavg"
         extra["class_source"] = "union"
@@ -38,7 +40,7 @@ def test_every_method_trains_and_evaluates(method, tiny_manifests, tmp_path):
 
 
 def test_auto_weighting_reports_betas_in_unit_interval(tiny_manifests, tmp_path):
-    data = tiny_config(tiny_manifests, tmp_path / "cache", strategy="FedGP_Auto", rounds=1)
+    data = tiny_config(tiny_manifests, tmp_path / "cache", strategy="FedGP_Auto", rounds=1, warmup_rounds=0)
     run_experiment(load_config(data=data), tmp_path / "run", progress=False)
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert set(row["betas"]) == {"nih_style", "chexpert_style"}
