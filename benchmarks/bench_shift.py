@@ -66,8 +66,12 @@ log = logging.getLogger("bench_shift")
 # --------------------------------------------------------------------------- data
 
 
-def prepare_sites(npz: Path, work: Path, *, n_sources: int, target_split: Sequence[float]) -> Path:
-    """Ingest the npz once, write the source sites and the unshifted target; returns the manifests dir."""
+def prepare_sites(npz: Path, work: Path, *, n_sources: int, target_split: Sequence[float],
+                  target_from: Sequence[str] = ("test",)) -> Path:
+    """Ingest the npz once, write the source sites and the unshifted target; returns the manifests dir.
+
+    ``target_from``: the official splits the target is built from (``test``; ``val test`` for a
+    target with enough training rows for 500 labels). Sources are always the official train rows."""
     from fedcxr.site_adapters.ingest import run_ingest
     from fedcxr.site_adapters.manifest import patient_bucket, read_manifest, read_site_json, write_site
 
@@ -88,13 +92,13 @@ def prepare_sites(npz: Path, work: Path, *, n_sources: int, target_split: Sequen
         write_site(manifests, f"site-{k}", train.loc[train["site"] == k], classes=classes, source="medmnist",
                    adapter_version=meta["adapter_version"], export_root=root, set_aside=[],
                    options={"bench_shift": f"official train rows, patient-hash share {k}/{n_sources}"})
-    target = frame.loc[frame["split"] == "test"].copy()
+    target = frame.loc[frame["split"].isin(list(target_from))].copy()
     f_train, f_val, _ = target_split
     u = patient_bucket(target["patient_id"], salt="bench-shift-target")
     target["split"] = np.where(u < f_train, "train", np.where(u < f_train + f_val, "val", "test"))
     write_site(manifests, "target-base", target, classes=classes, source="medmnist",
                adapter_version=meta["adapter_version"], export_root=root, set_aside=[],
-               options={"bench_shift": f"official test rows, re-split {list(target_split)} by patient hash"})
+               options={"bench_shift": f"official {'+'.join(target_from)} rows, re-split {list(target_split)} by patient hash"})
     return manifests
 
 
@@ -323,6 +327,31 @@ def write_outputs(frame: pd.DataFrame, key: str, methods: Sequence[str], out: Pa
     return table
 
 
+# --------------------------------------------------------------------------- other grids
+
+
+def run_grid(args: argparse.Namespace, key: str, values: Sequence, overrides_of, labeled_of=None) -> pd.DataFrame:
+    """One shift level (``args.levels[0]``), a grid over ``key``: each value is one sweep with
+    ``overrides_of(value)`` (and ``labeled_of(value)`` target labels); returns the runs' AUROCs.
+    Used by ``bench_beta.py`` and ``bench_labels.py``."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    manifests = prepare_sites(args.npz, args.work, n_sources=args.sources, target_split=args.target_split,
+                              target_from=args.target_from)
+    target = shifted_target(manifests, args.work, args.kind, args.levels[0])
+    sweep = args.work / "sweep" / args.stem
+    jobs = []
+    for value in values:
+        labeled = labeled_of(value) if labeled_of else args.labeled
+        out = sweep / f"{key}{value}"
+        config = level_config(args.work, manifests, target, args.sources, labeled, args.rounds, out)
+        warm_caches(config)
+        jobs.append((config, args.methods, args.seeds, out, [*args.overrides, *overrides_of(value)]))
+    run_levels(jobs, args.workers)
+    return collect(sweep, args.methods, args.seeds, values, key=key)
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -338,6 +367,8 @@ def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--sources", type=int, default=3)
     p.add_argument("--labeled", type=int, default=50, help="labeled target rows (Oracle: all)")
     p.add_argument("--rounds", type=int, default=BASE_CONFIG["rounds"])
+    p.add_argument("--target-from", nargs="+", default=["test"], choices=["val", "test"],
+                   help="official splits the target is built from (sources: always official train)")
     p.add_argument("--target-split", type=float, nargs=3, default=[0.45, 0.15, 0.40], metavar=("TRAIN", "VAL", "TEST"))
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config override for every run (e.g. beta=0.3)")
@@ -356,7 +387,8 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
     start = time.time()
     stem = args.stem or f"shift_{args.kind}"
     sweep = args.work / "sweep" / stem
-    manifests = prepare_sites(args.npz, args.work, n_sources=args.sources, target_split=args.target_split)
+    manifests = prepare_sites(args.npz, args.work, n_sources=args.sources, target_split=args.target_split,
+                              target_from=args.target_from)
     jobs = []
     for level in args.levels:
         target = shifted_target(manifests, args.work, args.kind, level)
@@ -366,6 +398,11 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
         jobs.append((config, args.methods, args.seeds, sweep / f"level{level}", args.overrides))
     run_levels(jobs, args.workers)
     frame = collect(sweep, args.methods, args.seeds, args.levels)
+    for level in args.levels:  # fedcxr sweep's per-level table: clustered DeLong vs FedAvg_Finetune, BH q-values
+        comparison = sweep / f"level{level}" / "comparison.md"
+        if comparison.is_file():
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / f"{stem}_level{level}_comparison.md").write_text(comparison.read_text())
     meta = {"kind": args.kind, "levels": args.levels, "seeds": args.seeds, "sources": args.sources,
             "labeled": args.labeled, "rounds": args.rounds, "target_split": args.target_split,
             "overrides": args.overrides, "base_config": BASE_CONFIG, "wall_s": round(time.time() - start)}

@@ -43,7 +43,8 @@ def test_one_level_two_methods_one_seed(bench, small_npz, tmp_path, one_torch_th
     assert sorted(frame["method"]) == ["FedAvg", "FedDA"] and set(frame["level"]) == {3}
     assert frame["auroc"].between(0, 1).all()
     # the outputs the documentation points at
-    for name in ("shift_mix.md", "shift_mix.csv", "shift_mix_runs.csv", "shift_mix.png"):
+    for name in ("shift_mix.md", "shift_mix.csv", "shift_mix_runs.csv", "shift_mix.png",
+                 "shift_mix_level3_comparison.md"):
         assert (out / name).stat().st_size > 0
     table = pd.read_csv(out / "shift_mix.csv")
     assert set(table["method"]) == {"FedAvg", "FedDA"} and (table["n"] == 1).all()
