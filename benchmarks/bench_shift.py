@@ -290,7 +290,7 @@ def verdict(claim: str, lo: float, hi: float) -> str:
     if not (np.isfinite(lo) and np.isfinite(hi)):
         return "n/a"
     if "≈" in claim:
-        return "holds" if lo <= 0 <= hi else "does not hold"
+        return "holds (no difference detected)" if lo <= 0 <= hi else "does not hold (they differ)"
     if lo > 0:
         return "holds"
     if hi < 0:
