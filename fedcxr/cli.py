@@ -29,6 +29,7 @@ HANDLERS: dict[str, str] = {
     "report": "fedcxr.commands.report:cli_report",
     "demo": "fedcxr.commands.demo:cli_demo",
     "sweep": "fedcxr.commands.sweep:cli_sweep",
+    "shift": "fedcxr.site_adapters.shift:cli_shift",
     "flare": "fedcxr.flare.cli:cli_flare",
 }
 
@@ -168,6 +169,16 @@ def build_parser() -> argparse.ArgumentParser:
     _device(p)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key for every run; repeatable")
+
+    p = command("shift", "a seeded covariate shift (noise/gamma/blur) of one site's images → a new site")
+    p.add_argument("site_dir", type=Path, help="an ingested site folder (manifest.parquet + site.json)")
+    p.add_argument("--out", required=True, type=Path, help="folder for the new site (OUT/<site>) and its PNGs")
+    p.add_argument("--kind", required=True, choices=["noise", "gamma", "blur", "mix"],
+                   help="noise: Gaussian noise; gamma: contrast curve; blur: Gaussian blur; mix: all three")
+    p.add_argument("--level", required=True, type=int, choices=[0, 1, 2, 3, 4],
+                   help="strength, 0 = none (identity) ... 4 = strong (table: BENCHMARKS.md, `fedcxr.site_adapters.shift`)")
+    p.add_argument("--seed", type=int, default=0, help="noise seed (same seed, same PNGs)")
+    p.add_argument("--site-name", default=None, help="name of the new site; unset: the input site's name")
 
     p = command("flare", "the same run on NVIDIA FLARE (export | simulate | poc)")
     p.add_argument("flare_command", choices=["export", "simulate", "poc"],
