@@ -16,11 +16,11 @@ from typing import Callable, Optional, Sequence
 import fedcxr
 from fedcxr.errors import RunFailed, UserError
 from fedcxr.logs import configure as configure_logging
-from fedcxr.logs import progress_wanted, verbosity
+from fedcxr.logs import verbosity
 
 #: subcommand → "module:function(args) -> int"
 HANDLERS: dict[str, str] = {
-    "ingest": "fedcxr.cli:_ingest",
+    "ingest": "fedcxr.commands.ingest:cli_ingest",
     "synth": "fedcxr.synth:cli_synth",
     "train": "fedcxr.commands.train:cli_train",
     "evaluate": "fedcxr.commands.evaluate:cli_evaluate",
@@ -202,31 +202,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
                    help="patient-bootstrap resamples of the cross-site evaluation (0: DeLong CIs)")
     return parser
-
-
-def _ingest(args: argparse.Namespace) -> int:
-    from fedcxr.site_adapters.ingest import run_ingest
-
-    report = run_ingest(
-        args.source, args.input, args.out,
-        site_by=args.site_by, site_name=args.site_name, uncertain=args.uncertain,
-        mapping=args.mapping, labels_csv=args.labels, verify_pixels=args.verify_pixels,
-        workers=args.workers, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
-        progress=progress_wanted(args), site_key=args.site_key, follow_links=args.follow_links,
-        max_pixels=args.max_pixels,
-    )
-    print(f"read {report['rows_read']} rows: kept {report['rows_kept']}, set aside {report['rows_set_aside']}")
-    for reason, count in report["set_aside_by_reason"].items():
-        print(f"  set aside {count}: {reason}")
-    for site, info in report["sites"].items():
-        splits = ", ".join(f"{k} {v}" for k, v in info["rows_per_split"].items())
-        if info.get("unlabeled"):
-            print(f"  site {site}: unlabeled site: {info['rows']} images, no finding labels ({splits}); "
-                  "usable by `fedcxr predict` and as FACT's unlabeled target, not as a labeled source")
-            continue
-        print(f"  site {site}: {info['rows']} rows ({splits}); classes: {', '.join(info['class_set'])}")
-    print(f"manifests, ingest_report.json and set_aside.csv in {args.out}")
-    return 0
 
 
 def _resolve(name: str) -> Callable[[argparse.Namespace], int]:
