@@ -305,9 +305,16 @@ def test_head_warmup_keeps_the_best_validation_head_and_round_zero_starts_from_i
     assert all(WARM_PREFIX + "head.weight" in held[s] for s in ("nih_style", "chexpert_style"))
     assert all(c["from_warm"] for t, _, c in calls if t == "train")
     row = _metrics(tmp_path / "run")[0]["head_warmup"]
+    measured = 0
     for site, m in row.items():
         losses = m["val_loss"]
-        assert len(losses) == 4 and m["best_epoch"] == min(range(4), key=losses.__getitem__), site
+        assert len(losses) == 4, site
+        if all(loss != loss for loss in losses):  # a site without validation rows keeps its last head
+            assert m["best_epoch"] == 3, site
+            continue
+        measured += 1
+        assert m["best_epoch"] == min(range(4), key=losses.__getitem__), site
+    assert measured, "no site had validation rows: the test would not test the selection"
     assert not any(k.startswith(WARM_PREFIX) for r in inner.runners.values() for k in r.local_state)
 
 
@@ -319,7 +326,7 @@ def test_warmed_head_is_the_best_epochs_head(tiny_manifests, tmp_path):
 
     cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", strategy="FL_Surgical", target=None,
                                        class_source="union", rounds=0))
-    runner = _transport(cfg).runners["nih_style"]
+    runner = _transport(cfg).runners["chexpert_style"]  # nih_style of the fixture has no val rows
     classes = runner.class_set
     model = runner.model(classes, [])
     theta0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
