@@ -93,6 +93,8 @@ from fedcxr.vocab import (
 )
 
 ADAPTER_VERSION = "1"
+#: The classes this source labels: ``None`` — read from the export (the mapping YAML decides).
+SOURCE_CLASSES: None = None
 SOURCE = "csv"
 
 #: Used when a ``labels`` entry gives no ``values``: the CheXpert/MIMIC numeric encoding.

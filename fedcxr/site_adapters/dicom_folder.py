@@ -87,6 +87,8 @@ from fedcxr.vocab import (
 )
 
 ADAPTER_VERSION = "1"
+#: The classes this source labels: ``None`` — read from the export (the label csv or StudyDescription decides).
+SOURCE_CLASSES: None = None
 PSEUDONYM_SALT = "fedcxr-dicom-pseudonym-v1"
 
 #: Extensions (lower case) of files that are never images in a DICOM export.

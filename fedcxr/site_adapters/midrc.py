@@ -74,7 +74,8 @@ from fedcxr.site_adapters.zip3 import zip3_state
 from fedcxr.vocab import AUX_VOCAB, age_bin_code, aux_column, parse_age, race_code, raw_column, sex_code, view_code
 
 ADAPTER_VERSION = "1"
-CLASSES = ["covid19"]
+#: The classes this source labels (every adapter declares them; ``None``: read from the export).
+SOURCE_CLASSES: tuple[str, ...] = ("covid19",)
 NODES = ("cr_series_file", "dx_series_file", "imaging_study", "measurement", "case")
 SERIES_NODES = ("cr_series_file", "dx_series_file")
 
@@ -440,7 +441,7 @@ def _build(input_dir: Path, images: list[ImageRow], headers: list[dict], cases: 
         notes.append(f"{unknown_state} image(s) with no state (zip 000, blank or unassigned): "
                      "set aside under --site-by state")
     return SourceTable(
-        source="midrc", adapter_version=ADAPTER_VERSION, root=input_dir, frame=frame, classes=list(CLASSES),
+        source="midrc", adapter_version=ADAPTER_VERSION, root=input_dir, frame=frame, classes=list(SOURCE_CLASSES),
         set_aside=set_aside, rows_read=rows_read, headers_checked=True, notes=notes,
     )
 
@@ -449,4 +450,4 @@ _COLUMNS = ["image_path", "patient_id", "study_id", raw_column("covid19"), aux_c
             aux_column("race"), aux_column("age_bin"), "age", "group__state", "group__site_id", "group__race",
             "source_file", "source_row", "instance_uid"]
 
-__all__ = ["ADAPTER_VERSION", "CLASSES", "find_tsvs", "read_cases", "read_midrc", "read_studies"]
+__all__ = ["ADAPTER_VERSION", "SOURCE_CLASSES", "find_tsvs", "read_cases", "read_midrc", "read_studies"]

@@ -48,15 +48,16 @@ from fedcxr.vocab import CLASSES, age_bin_code, aux_column, canonical_class, par
 
 ADAPTER_VERSION = "1"
 
-#: The 14 NIH findings + no_finding, in canonical order.
-NIH_CLASSES: list[str] = [
+#: The classes this source labels (every adapter declares them; ``None``: read from the export):
+#: the 14 NIH findings + no_finding, in canonical order.
+SOURCE_CLASSES: tuple[str, ...] = tuple(
     c for c in CLASSES
     if c in {
         "atelectasis", "cardiomegaly", "consolidation", "edema", "pleural_effusion", "pneumonia",
         "pneumothorax", "infiltration", "mass", "nodule", "emphysema", "fibrosis",
         "pleural_thickening", "hernia", "no_finding",
     }
-]
+)
 
 METADATA_FILES = [
     "Data_Entry_2017_v2020.csv.gz", "Data_Entry_2017_v2020.csv",
@@ -108,7 +109,7 @@ def read_nih(input_dir: Path, options: AdapterOptions) -> SourceTable:
         "image_path": image_path,
         "patient_id": patient,
         "study_id": _study_ids(df, patient, image),
-        **{raw_column(c): labels[:, j] for j, c in enumerate(NIH_CLASSES)},
+        **{raw_column(c): labels[:, j] for j, c in enumerate(SOURCE_CLASSES)},
         "official_split": official,
         "source_file": name,
         "source_row": rows,
@@ -119,7 +120,7 @@ def read_nih(input_dir: Path, options: AdapterOptions) -> SourceTable:
     set_aside = rows_set_aside(name, rows[bad], [reasons[i] for i in np.flatnonzero(bad)], image_path[bad])
     return SourceTable(
         source="nih", adapter_version=ADAPTER_VERSION, root=root,
-        frame=frame.loc[~bad].reset_index(drop=True), classes=list(NIH_CLASSES),
+        frame=frame.loc[~bad].reset_index(drop=True), classes=list(SOURCE_CLASSES),
         set_aside=set_aside, rows_read=n, notes=notes,
     )
 
@@ -130,9 +131,9 @@ def _parse_findings(values: pd.Series) -> tuple[np.ndarray, list]:
     Parsed once per distinct string (NIH has ~800) and broadcast by integer codes.
     """
     codes, uniques = pd.factorize(values, use_na_sentinel=True)
-    table = np.zeros((len(uniques) + 1, len(NIH_CLASSES)))
+    table = np.zeros((len(uniques) + 1, len(SOURCE_CLASSES)))
     errors: list = []
-    position = {c: j for j, c in enumerate(NIH_CLASSES)}
+    position = {c: j for j, c in enumerate(SOURCE_CLASSES)}
     for u, text in enumerate(list(uniques) + [None]):
         tokens = [t.strip() for t in str(text).split("|") if t.strip()] if text is not None else []
         error = None if tokens else f"missing value: empty {LABELS!r}"
