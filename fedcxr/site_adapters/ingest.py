@@ -1,15 +1,15 @@
 """``fedcxr ingest``: one export → per-site manifests, with every set-aside row accounted for.
 
 Flow: adapter (vendor format → canonical rows) → image paths kept inside the export root
-(:mod:`fedcxr.site_adapters.paths`) → keyed pseudonyms for patient and study ids
-(:mod:`fedcxr.site_adapters.sitekey`) → duplicate check (same path, same file, same DICOM
-instance) → image check (exists +
-header; full decode with ``verify_pixels``) → uncertain-label policy → partition into sites →
-patient-disjoint splits → one manifest per site → ``ingest_report.json``.
+(:mod:`fedcxr.site_adapters.paths`) → duplicate check (same path, same file, same DICOM
+instance) → image check (exists + header within ``max_pixels``; full decode with
+``verify_pixels``) → keyed pseudonyms for patient and study ids
+(:mod:`fedcxr.site_adapters.sitekey`) → uncertain-label policy → partition into sites →
+patient-disjoint splits → one manifest per site → ``ingest_report.json`` and ``set_aside.csv``.
 
 The adapters return the export's own patient/study ids; they are replaced by HMAC pseudonyms
-under the site's secret key before anything else looks at them, so no later step (partitions,
-splits, reports, manifests) ever sees or writes a raw id.
+under the site's secret key before partitions and splits look at them, and no set-aside row
+carries one, so nothing ingest writes (manifests, site.json, reports) holds a raw id.
 
 Invariant checked before anything is written: rows kept + rows set aside == rows read.
 
@@ -138,7 +138,6 @@ def run_ingest(
     key = key or load_site_key(None, out_dir)
     frame, outside = contain_paths(frame, table.root, follow_links=follow_links)
     set_aside += outside
-    frame = pseudonymise(frame, key)
 
     frame, dupes = drop_duplicate_images(frame)
     set_aside += dupes
@@ -148,6 +147,9 @@ def run_ingest(
         workers=options.workers, progress=progress, max_pixels=int(max_pixels),
     )
     set_aside += bad_images
+    # Keyed here, before partitions and splits see an id (set-aside rows never carry one), and
+    # after the checks so a 10^5-row export with 25 images present hashes only what it keeps.
+    frame = pseudonymise(frame, key)
 
     frame = apply_uncertain_policy(frame, table.classes, uncertain)
     parts = partition(frame, site_by, table.classes, default_site=site_name or source)
@@ -240,13 +242,15 @@ def write_set_aside_csv(path: Path, rows: list[SetAside], key: SiteKey) -> None:
     it, ``image_key`` its keyed hash (the manifest's pseudonymous row name). No patient or study
     id is written: reasons never quote one, and the file stays at the site with the manifests.
     """
-    frame = pd.DataFrame(
-        [{"file": printable(str(s.file)), "row": s.row if s.row is not None else "",
-          "image_path": printable(s.image_path) if s.image_path else "",
-          "image_key": key.pseudonym("image", s.image_path) if s.image_path else "",
-          "reason": printable(s.reason)} for s in rows],
-        columns=["file", "row", "image_path", "image_key", "reason"],
-    )
+    paths = [s.image_path or "" for s in rows]
+    keys = key.pseudonyms("image", paths) if rows else []
+    frame = pd.DataFrame({
+        "file": [printable(str(s.file)) for s in rows],
+        "row": [s.row if s.row is not None else "" for s in rows],
+        "image_path": [printable(p) if p else "" for p in paths],
+        "image_key": [k if p else "" for p, k in zip(paths, keys)],
+        "reason": [printable(s.reason) for s in rows],
+    }, columns=["file", "row", "image_path", "image_key", "reason"])
     atomic_write_bytes(path, frame.to_csv(index=False).encode("utf-8"))
 
 
@@ -255,8 +259,8 @@ def contain_paths(frame: pd.DataFrame, root: Path, *, follow_links: bool = False
 
     See :mod:`fedcxr.site_adapters.paths`: absolute paths, ``..`` escapes, NUL bytes, non-UTF-8
     names and (unless ``follow_links``) symbolic links out of the export are set aside with
-    the reason. Adds ``real_path`` (every link resolved), used to find the same file under
-    two names.
+    the reason. Adds ``real_path`` (every link resolved; None for a missing file), used to find
+    the same file under two names.
     """
     norms, reals, reasons = contain_all(root, frame["image_path"].astype(str).tolist(), follow_links=follow_links)
     bad = np.array([r is not None for r in reasons], dtype=bool)
@@ -331,13 +335,16 @@ def drop_duplicate_images(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[SetAs
 
 
 def _file_identity(real_paths: pd.Series) -> pd.Series:
-    """``dev:inode`` of each existing file (hard links agree), else its real path."""
-    out = []
+    """``dev:inode`` of each existing file (hard links agree); None where the file is missing."""
+    out: list[Optional[str]] = []
     for real in real_paths.tolist():
+        if not isinstance(real, str):
+            out.append(None)
+            continue
         try:
             info = os.stat(real)
             out.append(f"{info.st_dev}:{info.st_ino}")
-        except (OSError, TypeError, ValueError):
+        except (OSError, ValueError):
             out.append(real)
     return pd.Series(out, index=real_paths.index, dtype=object)
 

@@ -28,20 +28,26 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 from typing import Optional, Sequence
 
 OUTSIDE = "image path outside the export folder"
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
 def printable(text: str) -> str:
     """``text`` with undecodable bytes (surrogate escapes) and control characters made visible."""
+    if text.isascii():
+        return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text) if _CONTROL.search(text) else text
     try:
         text.encode("utf-8")
         clean = text
     except UnicodeEncodeError:
         clean = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    if any(ord(c) < 32 or ord(c) == 127 for c in clean):
-        clean = "".join(c if 32 <= ord(c) != 127 else f"\\x{ord(c):02x}" for c in clean)
+    if _CONTROL.search(clean):
+        clean = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", clean)
     return clean
 
 
@@ -80,30 +86,51 @@ class Container:
         self.root = os.path.realpath(os.fspath(root))
         self.follow_links = follow_links
         self._folders: dict[str, str] = {}
+        self._listings: dict[str, tuple[frozenset[str], frozenset[str]]] = {}  # real folder → (names, links)
 
     def inside(self, real: str) -> bool:
         return real == self.root or real.startswith(self.root + os.sep)
 
-    def real(self, norm: str) -> str:
-        """Real path of ``root/norm`` (every symbolic link resolved; the file may not exist)."""
+    def real(self, norm: str) -> tuple[str, bool]:
+        """Real path of ``root/norm`` (every symbolic link resolved) and whether it exists."""
         folder, name = posixpath.split(norm)
         real_folder = self._folders.get(folder)
         if real_folder is None:
             real_folder = os.path.realpath(os.path.join(self.root, folder)) if folder else self.root
             self._folders[folder] = real_folder
         full = os.path.join(real_folder, name)
-        return os.path.realpath(full) if os.path.islink(full) else full
+        names, links = self._listing(real_folder)
+        if name in links:
+            full = os.path.realpath(full)
+            return full, os.path.exists(full)
+        return full, name in names
+
+    def _listing(self, real_folder: str) -> tuple[frozenset[str], frozenset[str]]:
+        """A folder's entry names and symbolic-link names: one listing per folder, not a stat per row."""
+        listing = self._listings.get(real_folder)
+        if listing is None:
+            try:
+                with os.scandir(real_folder) as entries:
+                    found = [(e.name, e.is_symlink()) for e in entries]
+            except OSError:  # a missing folder: its files are reported missing later
+                found = []
+            listing = (frozenset(n for n, _ in found), frozenset(n for n, link in found if link))
+            self._listings[real_folder] = listing
+        return listing
 
     def contain(self, rel: str) -> tuple[Optional[str], Optional[str], Optional[str]]:
-        """``(normalised path, real path, None)`` or ``(None, None, reason)``."""
+        """``(normalised path, real path, None)`` or ``(None, None, reason)``.
+
+        The real path is ``None`` for a file that does not exist (the image check reports it).
+        """
         norm, reason = lexical(rel)
         if reason is not None:
             return None, None, reason
-        real = self.real(norm)
+        real, exists = self.real(norm)
         if not self.follow_links and not self.inside(real):
             return None, None, (f"{OUTSIDE}: {printable(rel)!r} is a symbolic link (or in a linked folder) "
                                 "that leads out of it; pass --follow-links if that is intended")
-        return norm, real, None
+        return norm, (real if exists else None), None
 
 
 def contain_all(

@@ -76,8 +76,9 @@ class SiteKey:
 
     def pseudonyms(self, kind: str, values: pd.Series | Iterable[str]) -> np.ndarray:
         """:meth:`pseudonym` of every value (one HMAC per distinct value), as an object array."""
-        series = values if isinstance(values, pd.Series) else pd.Series(list(values), dtype=object)
-        codes, uniques = pd.factorize(series.astype(str), use_na_sentinel=False)
+        items = values.tolist() if isinstance(values, pd.Series) else list(values)
+        # an object array, not pandas strings: a non-UTF-8 file name (surrogate escapes) must hash too
+        codes, uniques = pd.factorize(np.array([str(v) for v in items], dtype=object), use_na_sentinel=False)
         mapped = np.array([self.pseudonym(kind, str(u)) for u in uniques.tolist()] or [""], dtype=object)
         return mapped[codes] if len(codes) else np.array([], dtype=object)
 
