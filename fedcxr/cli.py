@@ -16,11 +16,11 @@ from typing import Callable, Optional, Sequence
 import fedcxr
 from fedcxr.errors import RunFailed, UserError
 from fedcxr.logs import configure as configure_logging
-from fedcxr.logs import progress_wanted, verbosity
+from fedcxr.logs import verbosity
 
 #: subcommand → "module:function(args) -> int"
 HANDLERS: dict[str, str] = {
-    "ingest": "fedcxr.cli:_ingest",
+    "ingest": "fedcxr.commands.ingest:cli_ingest",
     "synth": "fedcxr.synth:cli_synth",
     "train": "fedcxr.commands.train:cli_train",
     "evaluate": "fedcxr.commands.evaluate:cli_evaluate",
@@ -29,6 +29,7 @@ HANDLERS: dict[str, str] = {
     "report": "fedcxr.commands.report:cli_report",
     "demo": "fedcxr.commands.demo:cli_demo",
     "sweep": "fedcxr.commands.sweep:cli_sweep",
+    "shift": "fedcxr.site_adapters.shift:cli_shift",
     "flare": "fedcxr.flare.cli:cli_flare",
 }
 
@@ -95,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--site-key", type=Path, default=None, metavar="FILE",
                    help="secret key for the keyed patient/study pseudonyms (stays at the site; "
                         "unset: $FEDCXR_SITE_KEY, else OUT/.fedcxr_site_key, created on first use)")
+    p.add_argument("--max-pixels", type=int, default=100_000_000, metavar="N",
+                   help="set aside an image whose header declares more pixel values (DICOM: rows x "
+                        "columns x frames x samples), before decoding it; training decodes under the same bound")
     p.add_argument("--follow-links", action="store_true",
                    help="accept image paths whose symbolic links lead out of the export folder "
                         "(unset: such rows are set aside with the reason)")
@@ -166,6 +170,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key for every run; repeatable")
 
+    p = command("shift", "a seeded covariate shift (noise/gamma/blur) of one site's images → a new site")
+    p.add_argument("site_dir", type=Path, help="an ingested site folder (manifest.parquet + site.json)")
+    p.add_argument("--out", required=True, type=Path, help="folder for the new site (OUT/<site>) and its PNGs")
+    p.add_argument("--kind", required=True, choices=["noise", "gamma", "blur", "mix"],
+                   help="noise: Gaussian noise; gamma: contrast curve; blur: Gaussian blur; mix: all three")
+    p.add_argument("--level", required=True, type=int, choices=[0, 1, 2, 3, 4],
+                   help="strength, 0 = none (identity) ... 4 = strong (table: BENCHMARKS.md, `fedcxr.site_adapters.shift`)")
+    p.add_argument("--seed", type=int, default=0, help="noise seed (same seed, same PNGs)")
+    p.add_argument("--site-name", default=None, help="name of the new site; unset: the input site's name")
+
     p = command("flare", "the same run on NVIDIA FLARE (export | simulate | poc)")
     p.add_argument("flare_command", choices=["export", "simulate", "poc"],
                    help="export: write a job folder; simulate: FLARE simulator here; poc: POC system on loopback")
@@ -182,31 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default=None,
                    help="export: the server's run directory (a stable path makes the run resumable); "
                         "unset: a folder in the FLARE job workspace")
+    p.add_argument("--no-cross-site", dest="cross_site", action="store_false",
+                   help="skip the cross-site evaluation after the last round (each site scores the final "
+                        "model on its own test split and sends back only the AUROC summary)")
+    p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
+                   help="patient-bootstrap resamples of the cross-site evaluation (0: DeLong CIs)")
     return parser
-
-
-def _ingest(args: argparse.Namespace) -> int:
-    from fedcxr.site_adapters.ingest import run_ingest
-
-    report = run_ingest(
-        args.source, args.input, args.out,
-        site_by=args.site_by, site_name=args.site_name, uncertain=args.uncertain,
-        mapping=args.mapping, labels_csv=args.labels, verify_pixels=args.verify_pixels,
-        workers=args.workers, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
-        progress=progress_wanted(args), site_key=args.site_key, follow_links=args.follow_links,
-    )
-    print(f"read {report['rows_read']} rows: kept {report['rows_kept']}, set aside {report['rows_set_aside']}")
-    for reason, count in report["set_aside_by_reason"].items():
-        print(f"  set aside {count}: {reason}")
-    for site, info in report["sites"].items():
-        splits = ", ".join(f"{k} {v}" for k, v in info["rows_per_split"].items())
-        if info.get("unlabeled"):
-            print(f"  site {site}: unlabeled site: {info['rows']} images, no finding labels ({splits}); "
-                  "usable by `fedcxr predict` and as FACT's unlabeled target, not as a labeled source")
-            continue
-        print(f"  site {site}: {info['rows']} rows ({splits}); classes: {', '.join(info['class_set'])}")
-    print(f"manifests and ingest_report.json in {args.out}")
-    return 0
 
 
 def _resolve(name: str) -> Callable[[argparse.Namespace], int]:

@@ -98,11 +98,6 @@ def empty_aux(n: int) -> dict[str, pd.Series]:
     return {aux_column(t): pd.Series(pd.array([pd.NA] * n, dtype="Int64")) for t in AUX_TASKS}
 
 
-def codes_to_series(codes: list[Optional[int]] | np.ndarray, index: pd.Index | None = None) -> pd.Series:
-    """A nullable Int64 series from a list of codes where ``None`` means unknown."""
-    return pd.Series(pd.array(list(codes), dtype="Int64"), index=index)
-
-
 def ensure_columns(frame: pd.DataFrame, classes: list[str]) -> pd.DataFrame:
     """Add any canonical column an adapter left out, with its 'unknown' value."""
     out = frame.copy()

@@ -72,7 +72,7 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable
-from fedcxr.site_adapters.images import KIND_DICOM, read_headers
+from fedcxr.site_adapters.images import KIND_DICOM, MAX_PIXELS, read_headers
 from fedcxr.site_adapters.paths import Container
 from fedcxr.site_adapters.tables import failed_note, label_columns, map_distinct, read_table, to_codes
 from fedcxr.vocab import (
@@ -87,6 +87,8 @@ from fedcxr.vocab import (
 )
 
 ADAPTER_VERSION = "1"
+#: The classes this source labels: ``None`` — read from the export (the label csv or StudyDescription decides).
+SOURCE_CLASSES: None = None
 PSEUDONYM_SALT = "fedcxr-dicom-pseudonym-v1"
 
 #: Extensions (lower case) of files that are never images in a DICOM export.
@@ -166,7 +168,8 @@ def read_dicom_headers(
     reasons: list[Optional[str]] = [box.contain(f)[2] for f in files]
     to_read = [i for i, r in enumerate(reasons) if r is None]
     results = read_headers([str(input_dir / files[i]) for i in to_read], workers=options.workers,
-                           progress=bool(options.extra.get("progress", True)))
+                           progress=bool(options.extra.get("progress", True)),
+                           max_pixels=int(options.extra.get("max_pixels", MAX_PIXELS)))
     headers: list[Optional[dict]] = [None] * len(files)
     raster = bool(options.extra.get("raster"))
     for i, (header, reason) in zip(to_read, results):

@@ -22,6 +22,7 @@ with no labeled class is still set aside: there the missing labels are a problem
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -36,6 +37,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, ensure_columns
+from fedcxr.site_adapters.images import MAX_PIXELS
 from fedcxr.site_adapters.manifest import (
     apply_uncertain_policy,
     assign_splits,
@@ -88,8 +90,9 @@ def run_ingest(
     val_fraction: float = 0.1,
     test_fraction: float = 0.2,
     progress: bool = True,
-    site_key: Optional[Path | str] = None,
+    site_key: Optional[Path | str | SiteKey] = None,
     follow_links: bool = False,
+    max_pixels: int = MAX_PIXELS,
 ) -> dict:
     """Ingest one export; return the ``ingest_report.json`` payload (also written to OUT).
 
@@ -97,15 +100,24 @@ def run_ingest(
     unset: ``$FEDCXR_SITE_KEY``, else ``OUT/.fedcxr_site_key``, created on first use).
     ``follow_links``: accept image paths whose symbolic links lead out of the export root
     (:mod:`fedcxr.site_adapters.paths`; by default such rows are set aside).
+    ``max_pixels``: an image whose header declares more values is set aside before any decode
+    (:func:`fedcxr.site_adapters.images.check_pixel_count`); training decodes under the same bound.
     """
     started = time.perf_counter()
     input_dir, out_dir = Path(input_dir), Path(out_dir)
     if not input_dir.exists():
         raise IngestError(f"--input {input_dir}: no such directory")
+    if int(max_pixels) < 1:
+        raise IngestError(f"--max-pixels must be a positive number of pixels, got {max_pixels}")
     adapter = get_adapter(source)
     # A key given by the user is checked before the (possibly long) adapter run; the default key
     # in OUT is created only after the adapter succeeded, so a failed ingest leaves OUT alone.
-    key = load_site_key(site_key, out_dir) if site_key is not None or os.environ.get(KEY_ENV) else None
+    if isinstance(site_key, SiteKey):  # a key object (synthetic exports: a fixed, public key)
+        key: Optional[SiteKey] = site_key
+    elif site_key is not None or os.environ.get(KEY_ENV):
+        key = load_site_key(site_key, out_dir)
+    else:
+        key = None
     options = AdapterOptions(
         uncertain=uncertain,
         mapping=Path(mapping) if mapping else None,
@@ -113,7 +125,8 @@ def run_ingest(
         workers=max(1, int(workers)),
         # adapters that must write files (medmnist PNGs) write under OUT; adapters that read
         # images themselves (dicom, midrc) keep them inside the export unless follow_links
-        extra={"out_dir": out_dir, "follow_links": follow_links, "progress": progress},
+        extra={"out_dir": out_dir, "follow_links": follow_links, "progress": progress,
+               "max_pixels": int(max_pixels)},
     )
     table: SourceTable = adapter(input_dir, options)
     frame = ensure_columns(table.frame, table.classes)
@@ -132,7 +145,7 @@ def run_ingest(
     frame = frame.drop(columns=[c for c in ("real_path", "instance_uid") if c in frame])
     frame, bad_images = check_images(
         frame, table.root, decode=verify_pixels, skip_headers=table.headers_checked,
-        workers=options.workers, progress=progress,
+        workers=options.workers, progress=progress, max_pixels=int(max_pixels),
     )
     set_aside += bad_images
 
@@ -162,6 +175,7 @@ def run_ingest(
 
     run_options = {
         "site_by": site_by, "uncertain": uncertain, "verify_pixels": verify_pixels, "follow_links": follow_links,
+        "max_pixels": int(max_pixels),
         "mapping": str(mapping) if mapping else None, "val_fraction": val_fraction,
         "test_fraction": test_fraction,
     }
@@ -190,16 +204,32 @@ def run_ingest(
         "rows_kept": kept,
         "rows_set_aside": len(set_aside),
         "set_aside_by_reason": dict(Counter(_reason_family(s.reason) for s in set_aside).most_common()),
-        "set_aside": [s.as_dict() for s in set_aside],
+        "set_aside": [_printable_row(s) for s in set_aside],
         "sites": site_summaries,
         "options": run_options,
         "pseudonym_key_id": key.key_id,
-        "notes": table.notes,
+        "notes": [printable(n) for n in table.notes],
         "seconds": round(time.perf_counter() - started, 3),
     }
     atomic_write_json(out_dir / "ingest_report.json", report)
     write_set_aside_csv(out_dir / "set_aside.csv", set_aside, key)
+    if kept == 0:
+        raise IngestError(nothing_kept_message(report, out_dir))
     return report
+
+
+def nothing_kept_message(report: dict, out_dir: Path) -> str:
+    """Why an ingest kept no row: the commonest reasons, and where the full list is."""
+    if report["rows_read"] == 0:
+        return f"--input {report['input']}: the export has no data rows; nothing to ingest"
+    reasons = "; ".join(f"{count} {reason}" for reason, count in list(report["set_aside_by_reason"].items())[:3])
+    return (f"no row kept: all {report['rows_read']} row(s) read were set aside ({reasons}); every row and "
+            f"its reason is in {out_dir / 'set_aside.csv'}")
+
+
+def _printable_row(row: SetAside) -> dict:
+    """A set-aside row for JSON, with undecodable bytes of file names made visible."""
+    return {k: printable(v) if isinstance(v, str) else v for k, v in row.as_dict().items()}
 
 
 def write_set_aside_csv(path: Path, rows: list[SetAside], key: SiteKey) -> None:
@@ -320,6 +350,7 @@ def check_images(
     skip_headers: bool = False,
     workers: int = 1,
     progress: bool = True,
+    max_pixels: int = MAX_PIXELS,
 ) -> tuple[pd.DataFrame, list[SetAside]]:
     """Set aside rows whose image is missing, unreadable or (with ``decode``) undecodable."""
     from fedcxr.site_adapters.images import check_images_batch
@@ -329,7 +360,8 @@ def check_images(
     # Plain string joins: building 10^5 pathlib.Path objects cost ~1 s on NIH's 112,120 rows.
     prefix = os.path.join(str(root), "")
     paths = [prefix + p for p in frame["image_path"].tolist()]
-    reasons = _map_chunks(check_images_batch, paths, decode=decode, workers=workers, progress=progress)
+    check = functools.partial(check_images_batch, max_pixels=int(max_pixels))
+    reasons = _map_chunks(check, paths, decode=decode, workers=workers, progress=progress)
     bad = np.array([r is not None for r in reasons], dtype=bool)
     aside = [
         SetAside(f, int(r), reason, p)

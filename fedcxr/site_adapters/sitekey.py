@@ -54,7 +54,7 @@ class SiteKey:
     """A loaded key and where it came from (the path is for messages; it stays at the site)."""
 
     secret: bytes
-    origin: str  # "option" | "env" | "out" | "created"
+    origin: str  # "option" | "env" | "out" | "created" | "synthetic"
     path: Optional[Path] = None
 
     def __repr__(self) -> str:  # never show the secret in a traceback or log line

@@ -21,6 +21,7 @@ from PIL import Image
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian, SecondaryCaptureImageStorage, generate_uid
 
+from fedcxr.site_adapters.base import IngestError
 from fedcxr.site_adapters.ingest import run_ingest
 from fedcxr.site_adapters.manifest import read_manifest
 from fedcxr.site_adapters.sitekey import KEY_FILE_NAME, load_site_key
@@ -152,6 +153,20 @@ def test_same_key_same_pseudonyms_and_splits_other_key_other_pseudonyms(tmp_path
     assert again["rows_kept"] == 40
     rerun = read_manifest(tmp_path / "c" / "csv").sort_values("image_path").reset_index(drop=True)
     assert rerun["patient_id"].equals(runs["c"]["patient_id"]) and rerun["split"].equals(runs["c"]["split"])
+
+
+def test_synthetic_exports_get_a_fixed_key_so_splits_repeat_on_every_machine(tmp_path):
+    from fedcxr.synth import ingest_synthetic, write_synthetic_export
+
+    write_synthetic_export(tmp_path / "export", sites=["nih_style", "chexpert_style"], images_per_site=24,
+                           image_size=32, seed=3)
+    frames = []
+    for name in ("a", "b"):
+        sites = ingest_synthetic(tmp_path / "export", tmp_path / name)
+        frames.append({s: read_manifest(d)[["image_key", "patient_id", "split"]] for s, d in sites.items()})
+        assert not (tmp_path / name / KEY_FILE_NAME).exists()  # no secret needed, none written
+        assert all((d / "set_aside.csv").is_file() for d in sites.values())
+    assert all(frames[0][s].equals(frames[1][s]) for s in frames[0])
 
 
 def test_dicom_patient_and_study_uids_never_reach_any_output(tmp_path, key):
@@ -363,7 +378,9 @@ def test_mimic_files_folder_linked_out_of_the_export_needs_follow_links(tmp_path
     files = root / RELEASE / "files"
     files.rename(tmp_path / "elsewhere")
     files.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
-    report = run_ingest("mimic", root, tmp_path / "out", site_key=key, progress=False)
+    with pytest.raises(IngestError, match="no row kept: all 8 row"):
+        run_ingest("mimic", root, tmp_path / "out", site_key=key, progress=False)
+    report = json.loads((tmp_path / "out" / "ingest_report.json").read_text())
     assert report["rows_read"] == 8 and report["set_aside_by_reason"] == {"image path outside the export folder": 8}
     assert all("symbolic link" in r["reason"] for r in report["set_aside"])
     followed = run_ingest("mimic", root, tmp_path / "out2", site_key=key, follow_links=True, progress=False)
@@ -441,3 +458,341 @@ def test_dicom_instance_copied_under_two_patients_lands_in_one_split_only(tmp_pa
     frame = read_manifest(out / "dicom")
     assert frame.groupby("patient_id")["split"].nunique().max() == 1 and len(frame) == 12
     assert_no_raw_ids(out, [u["sop"] for u in uids] + ["MRN-A", "MRN-B"])
+
+
+# --------------------------------------------------------------------------- 4. bounded memory
+
+
+def _declared_dicom(path: Path, rows: int, cols: int, frames: int = 1, samples: int = 1) -> Path:
+    """A small real DICOM whose header is rewritten to declare a huge image (pixel data stays tiny)."""
+    write_dicom(path, PatientID="P-BIG", StudyDescription="No Finding")
+    ds = pydicom.dcmread(path)
+    ds.Rows, ds.Columns = rows, cols
+    if frames > 1:
+        ds.NumberOfFrames = frames
+    if samples > 1:
+        ds.SamplesPerPixel, ds.PhotometricInterpretation, ds.PlanarConfiguration = samples, "RGB", 0
+    ds.save_as(path)
+    return path
+
+
+def _png_bomb(path: Path, width: int, height: int) -> Path:
+    """A structurally valid PNG (IHDR with good CRC, IDAT, IEND) declaring width × height."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
+                     + chunk(b"IEND", b""))
+    return path
+
+
+def _jpeg_bomb(path: Path, width: int, height: int) -> Path:
+    """A small real JPEG whose SOF0 frame header is patched to declare width × height."""
+    import io
+
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16), dtype=np.uint8), "L").save(buf, "JPEG")
+    data = bytearray(buf.getvalue())
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5:sof + 9] = height.to_bytes(2, "big") + width.to_bytes(2, "big")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(data))
+    return path
+
+
+BOMBS = {
+    "dicom 60000x60000": lambda p: _declared_dicom(p / "bomb.dcm", 60000, 60000),
+    "dicom 1000x1000x200 frames": lambda p: _declared_dicom(p / "bomb.dcm", 1000, 1000, frames=200),
+    "dicom rgb 6000x6000x3": lambda p: _declared_dicom(p / "bomb.dcm", 6000, 6000, samples=3),
+    "png 20000x20000": lambda p: _png_bomb(p / "bomb.png", 20000, 20000),
+    "jpeg 60000x60000": lambda p: _jpeg_bomb(p / "bomb.jpg", 60000, 60000),
+    "jpeg 12000x12000": lambda p: _jpeg_bomb(p / "bomb.jpg", 12000, 12000),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BOMBS))
+@pytest.mark.parametrize("decode", [False, True], ids=["headers", "--verify-pixels"])
+def test_huge_declared_images_are_set_aside_before_any_decode(tmp_path, name, decode):
+    export = tmp_path / "export"
+    bomb = BOMBS[name](export / "images")
+    assert bomb.stat().st_size < 8_000  # a few KB on disk, gigabytes if decoded
+    rows = [{"path": f"images/ok{i}.png", "pid": f"p{i}", "edema": str(i % 2)} for i in range(6)]
+    for i in range(6):
+        png(export / "images" / f"ok{i}.png", seed=i)
+    rows.append({"path": f"images/{bomb.name}", "pid": "p-bomb", "edema": "1"})
+    pd.DataFrame(rows).to_csv(export / "data.csv", index=False)
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump({"csv": "data.csv", "image": "path", "patient": "pid",
+                                                     "classes": ["edema"], "labels": {"edema": "edema"}}))
+    out = tmp_path / "out"
+    report = run_ingest("csv", export, out, mapping=tmp_path / "m.yaml", verify_pixels=decode, progress=False)
+    accounted(report, out)
+    assert report["rows_kept"] == 6
+    reason = reasons_by_path(report)[f"images/{bomb.name}"]
+    assert reason.startswith("image too large"), reason
+
+
+def test_dicom_folder_bomb_is_set_aside_naming_its_size(tmp_path, key):
+    export = tmp_path / "export"
+    for i in range(4):
+        write_dicom(export / f"f{i}.dcm", seed=i, PatientID=f"P{i}", StudyDescription="No Finding")
+    _declared_dicom(export / "bomb.dcm", 60000, 60000)
+    assert (export / "bomb.dcm").stat().st_size < 6_500
+    out = tmp_path / "out"
+    report = run_ingest("dicom", export, out, site_key=key, verify_pixels=True, progress=False)
+    accounted(report, out)
+    assert reasons_by_path(report)["bomb.dcm"] == (
+        "image too large: header declares 60000x60000 = 3,600,000,000 values, more than --max-pixels 100,000,000")
+
+
+def test_max_pixels_option_bounds_ingest_and_is_kept_for_training(tmp_path):
+    export = tmp_path / "export"
+    rows = []
+    for i in range(8):
+        size = 16 if i % 2 else 24  # 256 or 576 pixels
+        png(export / "images" / f"x{i}.png", size=size, seed=i)
+        rows.append({"path": f"images/x{i}.png", "pid": f"p{i}", "edema": str(i % 2)})
+    pd.DataFrame(rows).to_csv(export / "data.csv", index=False)
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump({"csv": "data.csv", "image": "path", "patient": "pid",
+                                                     "classes": ["edema"], "labels": {"edema": "edema"}}))
+    out = tmp_path / "out"
+    report = run_ingest("csv", export, out, mapping=tmp_path / "m.yaml", max_pixels=300, progress=False)
+    accounted(report, out)
+    assert report["rows_kept"] == 4 and report["set_aside_by_reason"] == {"image too large": 4}
+    assert json.loads((out / "csv" / "site.json").read_text())["options"]["max_pixels"] == 300
+
+
+def test_training_decode_refuses_an_image_over_the_sites_bound(tmp_path):
+    from fedcxr.errors import UserError
+    from fedcxr.pipeline.data import cache_images, load_site
+
+    export = tmp_path / "export"
+    rows = []
+    for i in range(6):
+        png(export / "images" / f"x{i}.png", size=16, seed=i)
+        rows.append({"path": f"images/x{i}.png", "pid": f"p{i}", "edema": str(i % 2)})
+    pd.DataFrame(rows).to_csv(export / "data.csv", index=False)
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump({"csv": "data.csv", "image": "path", "patient": "pid",
+                                                     "classes": ["edema"], "labels": {"edema": "edema"}}))
+    run_ingest("csv", export, tmp_path / "out", mapping=tmp_path / "m.yaml", max_pixels=300, progress=False)
+    # after ingest, one image is swapped for a much larger one (or a bomb) in the export
+    _png_bomb(export / "images" / "x3.png", 30000, 30000)
+    site = load_site(tmp_path / "out" / "csv")
+    with pytest.raises(UserError, match=r"x3\.png.*image too large"):
+        cache_images(site, 8, tmp_path / "cache", progress=False)
+    png(export / "images" / "x3.png", size=24, seed=3)  # 576 > 300: the site's own bound holds
+    with pytest.raises(UserError, match=r"x3\.png.*more than --max-pixels 300"):
+        cache_images(site, 8, tmp_path / "cache", progress=False)
+
+
+# --------------------------------------------------------------------------- 5. messages, not tracebacks
+
+
+def cli(argv, capsys) -> tuple[int, str]:
+    from fedcxr.cli import main
+
+    code = main([str(a) for a in argv])
+    return code, capsys.readouterr().err
+
+
+def _non_utf8(folder: Path, name: bytes) -> Path:
+    """A path whose file name is not valid UTF-8 (as a Latin-1 export writes ``é``)."""
+    import os
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return Path(os.fsdecode(os.path.join(os.fsencode(folder), name)))
+
+
+def test_dicom_files_with_non_utf8_names_are_set_aside_not_crashing(tmp_path, key):
+    export = tmp_path / "export"
+    for i in range(4):
+        write_dicom(export / f"f{i}.dcm", seed=i, PatientID=f"P{i}", StudyDescription="No Finding")
+    write_dicom(_non_utf8(export, b"ren\xe9.dcm"), seed=7, PatientID="P7", StudyDescription="No Finding")
+    write_dicom(_non_utf8(export, b"caf\xe9") / "x.dcm", seed=8, PatientID="P8", StudyDescription="No Finding")
+    out = tmp_path / "out"
+    report = run_ingest("dicom", export, out, site_key=key, progress=False)
+    accounted(report, out)
+    assert report["rows_read"] == 6 and report["rows_kept"] == 4
+    on_disk = json.loads((out / "ingest_report.json").read_text(encoding="utf-8"))
+    reasons = sorted(r["reason"] for r in on_disk["set_aside"])
+    assert reasons == ["image path is not valid UTF-8: 'caf\\\\xe9/x.dcm'", "image path is not valid UTF-8: 'ren\\\\xe9.dcm'"]
+    listed = (out / "set_aside.csv").read_bytes().decode("utf-8")  # strict UTF-8: no raw bytes written
+    assert "ren\\xe9.dcm" in listed
+
+
+@pytest.mark.parametrize("source", ["csv", "nih", "midrc"])
+def test_stray_non_utf8_file_beside_the_images_is_harmless(tmp_path, key, source):
+    out = tmp_path / "out"
+    if source == "csv":
+        export, mapping = write_csv_export(tmp_path, csv_rows(12), MAPPING)
+        _non_utf8(export / "images", b"\xff\xfe.png").write_bytes(b"junk")
+        report = run_ingest("csv", export, out, mapping=mapping, site_key=key, progress=False)
+        assert report["rows_kept"] == 12
+    elif source == "nih":
+        from ..site_adapters.test_nih import write_export
+
+        export = write_export(tmp_path / "in")
+        _non_utf8(export / "images", b"0000\xff.png").write_bytes(b"junk")
+        report = run_ingest("nih", export, out, site_key=key, progress=False)
+        assert report["rows_kept"] > 0
+    else:
+        from ..site_adapters.test_midrc import build_midrc_export
+
+        export = tmp_path / "midrc"
+        build_midrc_export(export)
+        write_dicom(_non_utf8(export / "images", b"loose\xe9.dcm"), PatientID="C-001")
+        report = run_ingest("midrc", export, out, site_key=key, progress=False)
+        assert any(r["reason"].startswith("image path is not valid UTF-8") for r in report["set_aside"])
+    accounted(report, out)
+
+
+BAD_TABLES = {
+    "empty file": (b"", "empty file: no header row"),
+    "blank first line": (b"\n\n", "empty file: no header row"),
+    "header only": (b"image,pid,study,edema\n", "header row only, no data rows"),
+    "repeated column": (b"image,pid,study,edema,edema\nim0,p,s,1,0\n", "'edema' appear more than once"),
+    "not utf-8": ("image,pid,study,edema\nim0,Jos\xe9,s,1\n".encode("latin-1"), "cannot read"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_TABLES))
+def test_bad_csv_stops_with_exit_2_naming_the_file(tmp_path, capsys, name):
+    content, message = BAD_TABLES[name]
+    export, mapping = write_csv_export(tmp_path, csv_rows(4), MAPPING)
+    (export / "data.csv").write_bytes(content)
+    code, err = cli(["ingest", "csv", "--input", export, "--mapping", mapping, "--out", tmp_path / "out", "-q"], capsys)
+    assert code == 2 and "data.csv" in err and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("source, content, message", [
+    ("nih", b"", "empty file: no header row"),
+    ("nih", b"Image Index,Finding Labels,Patient ID,Patient ID\n", "'Patient ID' appear more than once"),
+    ("dicom-labels", b"file,edema,edema\nf0.dcm,1,1\n", "'edema' appear more than once"),
+    ("dicom-labels", b"", "empty file: no header row"),
+    ("midrc", b"", "empty file: no header row"),
+])
+def test_bad_metadata_tables_of_other_sources_exit_2(tmp_path, capsys, source, content, message):
+    if source == "nih":
+        from ..site_adapters.test_nih import write_export
+
+        export = write_export(tmp_path / "in")
+        (export / "Data_Entry_2017.csv").write_bytes(content)
+        argv = ["ingest", "nih", "--input", export]
+    elif source == "dicom-labels":
+        export = tmp_path / "export"
+        write_dicom(export / "f0.dcm", PatientID="P0")
+        (tmp_path / "labels.csv").write_bytes(content)
+        argv = ["ingest", "dicom", "--input", export, "--labels", tmp_path / "labels.csv"]
+    else:
+        from ..site_adapters.test_midrc import build_midrc_export
+
+        export = tmp_path / "midrc"
+        build_midrc_export(export)
+        (export / "case.tsv").write_bytes(content)
+        argv = ["ingest", "midrc", "--input", export]
+    code, err = cli(argv + ["--out", tmp_path / "out", "-q"], capsys)
+    assert code == 2 and message in err and "Traceback" not in err, err
+
+
+def _patch_dicom(path: Path, old: bytes, new: bytes) -> None:
+    data = path.read_bytes()
+    assert data.count(old) == 1 and len(old) == len(new)
+    path.write_bytes(data.replace(old, new))
+
+
+def _bad_slope(p):
+    write_dicom(p, PatientID="PB", RescaleSlope="1.25", RescaleIntercept="0")
+    _patch_dicom(p, b"1.25", b"abcd")
+    return "unusable Modality LUT: RescaleSlope 'abcd' is not a number"
+
+
+def _bad_intercept(p):
+    write_dicom(p, PatientID="PB", RescaleSlope="1", RescaleIntercept="-1024")
+    _patch_dicom(p, b"-1024", b"1e999")
+    return "unusable Modality LUT: RescaleIntercept is inf"
+
+
+def _zero_slope(p):
+    write_dicom(p, PatientID="PB", RescaleSlope="0", RescaleIntercept="0")
+    return "unusable Modality LUT: RescaleSlope is 0"
+
+
+def _broken_lut(p):
+    from pydicom.sequence import Sequence
+
+    item = Dataset()
+    item.LUTDescriptor = [4096, 0, 16]
+    item.ModalityLUTType = "US"
+    item.LUTData = b"\x00\x01"  # one entry where 4096 are declared
+    write_dicom(p, PatientID="PB", ModalityLUTSequence=Sequence([item]))
+    return "unusable Modality LUT Sequence"
+
+
+@pytest.mark.parametrize("make", [_bad_slope, _bad_intercept, _zero_slope, _broken_lut],
+                         ids=["slope abcd", "intercept inf", "slope 0", "LUT too short"])
+def test_unusable_modality_lut_is_set_aside_at_the_header_check(tmp_path, key, make):
+    export = tmp_path / "export"
+    for i in range(4):
+        write_dicom(export / f"f{i}.dcm", seed=i, PatientID=f"P{i}", StudyDescription="No Finding")
+    expected = make(export / "bad.dcm")
+    pd.DataFrame({"file": [f"f{i}.dcm" for i in range(4)] + ["bad.dcm"], "edema": [0, 1, 0, 1, 1]}).to_csv(
+        tmp_path / "labels.csv", index=False)
+    out = tmp_path / "out"
+    report = run_ingest("dicom", export, out, labels_csv=tmp_path / "labels.csv", site_key=key, progress=False)
+    accounted(report, out)
+    assert report["rows_kept"] == 4 and reasons_by_path(report)["bad.dcm"].startswith(expected)
+
+
+def test_ingest_that_keeps_no_row_exits_2_and_says_why(tmp_path, capsys):
+    rows = csv_rows(6)
+    export, mapping = write_csv_export(tmp_path, rows, MAPPING, missing_images=tuple(r["image"] for r in rows))
+    out = tmp_path / "out"
+    code, err = cli(["ingest", "csv", "--input", export, "--mapping", mapping, "--out", out, "-q"], capsys)
+    assert code == 2 and "no row kept: all 6 row(s) read were set aside (6 missing file)" in err
+    assert "set_aside.csv" in err and "Traceback" not in err
+    listed = pd.read_csv(out / "set_aside.csv", dtype=str)
+    assert len(listed) == 6 and set(listed["reason"]) == {"missing file"}
+    assert not list(out.glob("*/manifest.parquet"))
+
+
+@pytest.mark.parametrize("kind", ["png", "dicom"])
+def test_constant_images_are_set_aside_when_pixels_are_verified(tmp_path, key, kind):
+    export = tmp_path / "export"
+    rows = []
+    for i in range(6):
+        name = f"x{i}.{'png' if kind == 'png' else 'dcm'}"
+        flat = i == 2
+        if kind == "png":
+            png(export / "images" / name, seed=i, value=128 if flat else None)
+        else:
+            write_dicom(export / "images" / name, seed=i, PatientID=f"P{i}",
+                        pixels=np.full((16, 16), 700) if flat else None)
+        rows.append({"path": f"images/{name}", "pid": f"p{i}", "edema": str(i % 2)})
+    pd.DataFrame(rows).to_csv(export / "data.csv", index=False)
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump({"csv": "data.csv", "image": "path", "patient": "pid",
+                                                     "classes": ["edema"], "labels": {"edema": "edema"}}))
+    out = tmp_path / "out"
+    report = run_ingest("csv", export, out, mapping=tmp_path / "m.yaml", verify_pixels=True, site_key=key,
+                        progress=False)
+    accounted(report, out)
+    assert report["rows_kept"] == 5
+    assert reasons_by_path(report) == {f"images/x2.{'png' if kind == 'png' else 'dcm'}":
+                                       "constant image: every pixel has the same value"}
+
+
+def test_manifest_written_before_keyed_pseudonyms_is_refused_with_a_message(tmp_path, capsys):
+    from fedcxr.errors import UserError
+    from fedcxr.pipeline.data import load_site
+
+    export, mapping = write_csv_export(tmp_path, csv_rows(12), MAPPING)
+    run_ingest("csv", export, tmp_path / "out", mapping=mapping, progress=False)
+    site_json = tmp_path / "out" / "csv" / "site.json"
+    meta = json.loads(site_json.read_text())
+    meta["manifest_version"] = 1  # as fedcxr wrote it when ids were the export's own
+    site_json.write_text(json.dumps(meta))
+    with pytest.raises(UserError, match=r"site.json: manifest_version 1 .*run `fedcxr ingest` again"):
+        load_site(tmp_path / "out" / "csv")

@@ -17,7 +17,7 @@ from fedcxr.site_adapters.base import AdapterOptions, IngestError
 from fedcxr.site_adapters.ingest import run_ingest
 from fedcxr.site_adapters.sitekey import load_site_key
 from fedcxr.site_adapters.manifest import read_manifest, read_site_json
-from fedcxr.site_adapters.nih import NIH_CLASSES, read_nih
+from fedcxr.site_adapters.nih import SOURCE_CLASSES as NIH_CLASSES, read_nih
 
 HEADER_2017 = ("Image Index,Finding Labels,Follow-up #,Patient ID,Patient Age,Patient Gender,View Position,"
                "OriginalImage[Width,Height],OriginalImagePixelSpacing[x,y],")
@@ -68,7 +68,7 @@ def by_image(frame: pd.DataFrame) -> pd.DataFrame:
 
 def test_reads_2017_csv_with_trailing_comma_and_nested_image_folders(tmp_path):
     table = read_nih(write_export(tmp_path / "nih"), AdapterOptions())
-    assert table.classes == NIH_CLASSES and len(NIH_CLASSES) == 15
+    assert table.classes == list(NIH_CLASSES) and len(NIH_CLASSES) == 15
     assert table.rows_read == 6 and not table.set_aside
     f = by_image(table.frame)
     assert f.loc["00000001_000.png", "image_path"] == "images_001/images/00000001_000.png"
