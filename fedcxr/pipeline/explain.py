@@ -119,7 +119,12 @@ def write_gallery(run_dir: Path | str, *, split: str = "test", top_n: int = 3,
         info = load_site(loaded.run["site_dirs"][site])
         where = dict(zip(row_keys(info.manifest), info.manifest["image_path"].astype(str)))
         rows = predictions.loc[predictions["site"].astype(str) == site].reset_index(drop=True)
-        rows = rows.loc[rows["row_key"].isin(where)].reset_index(drop=True)
+        known = rows["row_key"].isin(where)
+        if not known.all():
+            log.warning("site %s: %d of %d %s predictions match no row of its manifest (re-ingested since "
+                        "`fedcxr evaluate` wrote them?): left out of the gallery", site, int((~known).sum()),
+                        len(rows), split)
+        rows = rows.loc[known].reset_index(drop=True)
         if rows.empty:
             continue
         probs = rows[[f"prob__{c}" for c in loaded.classes]].to_numpy(dtype=np.float32)

@@ -1,7 +1,9 @@
-"""A finished, evaluated tiny run shared by the tests of the commands that use a trained model."""
+"""Runs shared by the command tests: the quick demo, and a finished, evaluated tiny run."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 from pathlib import Path
@@ -46,3 +48,21 @@ def scan_folder(shared_data, tmp_path) -> Path:
     for i, png in enumerate(pngs):
         shutil.copy(png, folder / f"portable_{i}.png")
     return folder
+
+
+#: what the tests add to README's `fedcxr demo --out DIR` (the quick variant keeps CI fast)
+DEMO_TEST_ARGS = ["--quick", "--device", "cpu"]
+
+
+@pytest.fixture(scope="session")
+def quick_demo(tmp_path_factory) -> tuple[Path, str]:
+    """``fedcxr demo --out DIR --quick --device cpu`` once per session: (DIR, what it printed).
+
+    Tests that change a run copy DIR first."""
+    from fedcxr.cli import main
+
+    out = tmp_path_factory.mktemp("demo") / "fedcxr-demo"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["demo", "--out", str(out), *DEMO_TEST_ARGS]) == 0
+    return out, printed.getvalue()

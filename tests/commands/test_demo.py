@@ -5,14 +5,11 @@ from __future__ import annotations
 import json
 import math
 
-from fedcxr.cli import main
 from fedcxr.commands.demo import METHODS
 
 
-def test_demo_quick_compares_three_ways_side_by_side(tmp_path, capsys):
-    out_dir = tmp_path / "demo"
-    assert main(["demo", "--out", str(out_dir), "--quick", "--device", "cpu"]) == 0
-    out = capsys.readouterr().out
+def test_demo_quick_compares_three_ways_side_by_side(quick_demo):
+    out_dir, out = quick_demo  # `fedcxr demo --out DIR --quick --device cpu`, shared with test_use_the_model
     assert f"Comparison: {out_dir / 'comparison.md'}" in out
     for method, _ in METHODS:
         run = out_dir / "runs" / method

@@ -131,3 +131,19 @@ def test_predict_cam_writes_overlays_of_the_top_images(evaluated_run, scan_folde
         top = set(preds.nlargest(2, f"prob__{cls}")["key"])
         assert {p.stem for p in (cam / cls).glob("*.png")} == top
     assert not any(p.stem in str(f) for f in cam.rglob("*") for p in scan_folder.rglob("*.dcm"))
+
+
+def test_keys_are_stable_under_a_site_key_and_fresh_without(evaluated_run, scan_folder, tmp_path):
+    import os
+    import secrets
+
+    key = tmp_path / "site.key"
+    key.write_text(secrets.token_hex(32) + "\n")
+    os.chmod(key, 0o600)
+    keys = []
+    for name, extra in (("a", ["--site-key", str(key)]), ("b", ["--site-key", str(key)]), ("c", [])):
+        out = tmp_path / f"{name}.csv"
+        assert main(["predict", str(evaluated_run), "--input", str(scan_folder), "--out", str(out), "-q", *extra]) == 0
+        keys.append(list(pd.read_csv(out, dtype={"key": str})["key"]))
+    assert keys[0] == keys[1]
+    assert not set(keys[0]) & set(keys[2])
