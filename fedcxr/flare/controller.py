@@ -68,11 +68,13 @@ def require_nvflare() -> None:
 class FlareTransport(Transport):
     """:class:`Transport` over a running FLARE job (built by :class:`FedcxrController`)."""
 
-    def __init__(self, controller: "FedcxrController", site_names: list[str], *, runner: dict, run: str):
+    def __init__(self, controller: "FedcxrController", site_names: list[str], *, runner: dict, run: str,
+                 diff: bool = False):
         self.controller = controller
         self.site_names = list(site_names)
         self.runner = dict(runner)
         self.run_key = run
+        self.diff = diff  # privacy.filters: sites reply with differences (fedcxr.flare.wire)
         self.rejected: list[dict] = []  # {"round", "task", "site", "reason"} of refused replies (status file)
 
     def run(self, task, targets, params, config, *, per_site=None):
@@ -81,21 +83,25 @@ class FlareTransport(Transport):
         if unknown:
             raise ValueError(f"task {task!r} for sites {unknown} that are not clients of this job")
         shared = [s for s in targets if s not in per_site]
-        groups = []
+        groups, sent = [], {}
         if shared:
-            groups.append((shared, encode_task(task, params, config, runner=self.runner, run=self.run_key)))
+            groups.append((shared, encode_task(task, params, config, runner=self.runner, run=self.run_key,
+                                               diff=self.diff)))
+            sent.update({s: params for s in shared})
         for site in targets:
             if site in per_site:
                 site_params, site_config = per_site[site]
                 groups.append(([site], encode_task(task, site_params, site_config, runner=self.runner,
-                                                   run=self.run_key)))
+                                                   run=self.run_key, diff=self.diff)))
+                sent[site] = site_params
         round_ = config.get("round") if config else None
         if round_ is None and per_site:
             round_ = next(iter(per_site.values()))[1].get("round")
         raw = self.controller.dispatch(task, groups, round_=round_)
-        return self._decode(task, targets, raw, round_)
+        return self._decode(task, targets, raw, round_, sent)
 
-    def _decode(self, task: str, targets: list[str], raw: Mapping[str, Any], round_) -> dict[str, Reply]:
+    def _decode(self, task: str, targets: list[str], raw: Mapping[str, Any], round_,
+                sent: Mapping[str, Any]) -> dict[str, Reply]:
         replies = {}
         for site in targets:
             if site not in raw:
@@ -104,7 +110,12 @@ class FlareTransport(Transport):
             try:
                 if isinstance(answer, str):
                     raise WireError(answer)
-                replies[site] = decode_reply(site, answer.params, answer.meta, task=task)
+                replies[site] = decode_reply(site, answer.params, answer.meta, reference=sent.get(site),
+                                             task=task)
+                excluded = replies[site].metrics.get("excluded")
+                if excluded:
+                    log.info("round %s, task %s: %s's filters removed %d entries (kept at the sent value)",
+                             round_, task, site, len(excluded))
             except WireError as exc:
                 log.warning("round %s, task %s: rejected reply from %s: %s", round_, task, site, exc)
                 self.rejected.append({"round": round_, "task": task, "site": site, "reason": str(exc)})
@@ -160,7 +171,8 @@ class FedcxrController(_ControllerBase):
         """One experiment, exactly as ``fedcxr train`` runs it, over FLARE; False when it failed."""
         cfg = ExperimentConfig.model_validate(config)
         sites = [cfg.site_name(s) for s in cfg.all_sites()]
-        transport = FlareTransport(self, sites, runner=runner_settings(cfg), run=config_fingerprint(cfg))
+        transport = FlareTransport(self, sites, runner=runner_settings(cfg), run=config_fingerprint(cfg),
+                                   diff=bool(cfg.privacy.filters))
         if resume:  # replies refused before a server restart stay on record
             transport.rejected = list(read_status(run_dir).get("rejected", []))
         self.info(f"fedcxr {cfg.strategy}: {cfg.rounds} rounds over {sites}; run directory {run_dir}")
@@ -283,7 +295,8 @@ def version_problem(job_version: str) -> Optional[str]:
 def runner_settings(cfg) -> dict:
     """What a site needs from the experiment to build its network and data (no paths, no data)."""
     return {"model": cfg.model.model_dump(mode="json"), "image_size": cfg.image_size, "augment": cfg.augment,
-            "num_workers": cfg.num_workers, "device": cfg.device}
+            "num_workers": cfg.num_workers, "device": cfg.device, "engine": cfg.engine.model_dump(mode="json"),
+            "task": cfg.task.model_dump(mode="json") if cfg.task else None}
 
 
 def _write_status(run_dir: Path, status: str, **extra) -> None:

@@ -115,6 +115,65 @@ def test_bfloat16_is_refused_before_sending():
         encode_reply(Reply(site="a", params={"w": torch.zeros(2, dtype=torch.bfloat16)}))
 
 
+# --------------------------------------------------------------------------- replies of differences (privacy.filters)
+
+
+def _sent_and_trained():
+    sent = {"conv.weight": torch.randn(4, 1, 3, 3), "bn.num_batches_tracked": torch.tensor(7),
+            "head.weight": torch.randn(2, 4), "head.bias": torch.tensor([0.5, -1.0])}
+    trained = {k: (v + 0.25 if v.is_floating_point() else v + 1) for k, v in sent.items()}
+    trained["head.weight"] = torch.randn(1, 4)  # a head of another shape goes whole
+    return sent, trained
+
+
+def test_a_reply_of_differences_carries_updates_and_decodes_to_the_trained_values():
+    sent, trained = _sent_and_trained()
+    params, meta = encode_reply(Reply(site="a", params=trained, n_samples=3, n_batches=2), reference=sent)
+    assert sorted(params) == ["d/conv.weight", "d/head.bias", "p/bn.num_batches_tracked", "p/head.weight"]
+    assert np.allclose(params["d/conv.weight"], 0.25)
+    reply = decode_reply("a", params, meta, reference=sent)
+    assert reply.params.keys() == trained.keys() and "excluded" not in reply.metrics
+    for key, value in trained.items():
+        assert torch.allclose(reply.params[key].double(), value.double(), atol=1e-6)
+        assert reply.params[key].dtype == value.dtype
+
+
+def test_an_entry_removed_by_a_filter_keeps_the_sent_value_and_is_named():
+    sent, trained = _sent_and_trained()
+    params, meta = encode_reply(Reply(site="a", params=trained, n_samples=3, n_batches=2), reference=sent)
+    del params["d/conv.weight"]  # what NVFLARE's ExcludeVars does to the reply
+    reply = decode_reply("a", params, meta, reference=sent)
+    assert torch.equal(reply.params["conv.weight"], sent["conv.weight"])
+    assert reply.metrics["excluded"] == ["conv.weight"]
+
+
+def test_a_reply_of_differences_is_refused_without_keys_or_with_unlisted_entries():
+    sent, trained = _sent_and_trained()
+    params, meta = encode_reply(Reply(site="a", params=trained), reference=sent)
+    with pytest.raises(WireError, match="sent no parameters"):
+        decode_reply("a", params, meta, reference=None)
+    stray = dict(params, **{"d/other.weight": np.zeros(2, np.float32)})
+    with pytest.raises(WireError, match="not among the reply's keys"):
+        decode_reply("a", stray, meta, reference=sent)
+    del meta[META_KEY]["keys"]
+    with pytest.raises(WireError, match="needs 'keys'"):
+        decode_reply("a", params, meta, reference=sent)
+
+
+def test_a_task_says_whether_it_wants_differences():
+    assert decode_task(*encode_task("train", _state(), {}, runner={}, run="r", diff=True))["diff"] is True
+    assert decode_task(*encode_task("train", _state(), {}, runner={}, run="r"))["diff"] is False
+
+
+def test_an_integer_entry_a_filter_turned_into_a_float_comes_back_as_sent():
+    sent, trained = _sent_and_trained()
+    params, meta = encode_reply(Reply(site="a", params=trained), reference=sent)
+    params["p/bn.num_batches_tracked"] = np.float64(8.0)  # NVFLARE's PercentilePrivacy on a 0-dim int
+    reply = decode_reply("a", params, meta, reference=sent)
+    assert reply.params["bn.num_batches_tracked"].dtype == torch.int64
+    assert int(reply.params["bn.num_batches_tracked"]) == 8
+
+
 # --------------------------------------------------------------------------- cross-site evaluation summaries
 
 
