@@ -84,7 +84,7 @@ def recipe(mode: str, cfg, run_dir: Path, root: Path) -> dict:
     error = ""
     try:
         if mode == "sim":
-            env = SimEnv(clients=sites, workspace_root=str(root / "simenv"))
+            env = SimEnv(clients=sites, workspace_root=str(root / f"simenv-{run_dir.name}"))
             env.deploy(job)
         else:
             os.environ["NVFLARE_POC_WORKSPACE"] = str(root / "pocenv")
@@ -111,6 +111,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--modes", nargs="+", default=["sim", "poc"], choices=["sim", "poc"])
+    parser.add_argument("--repeats", type=int, default=1, help="runs per way; the order alternates")
     args = parser.parse_args()
 
     from fedcxr.synth import ingest_synthetic, write_synthetic_export
@@ -128,12 +129,13 @@ def main() -> int:
         run_experiment(cfg.model_copy(update={"rounds": 1}), root / "warm", progress=False)  # fill the image cache
         results = {}
         for mode in args.modes:
-            for way in ("fedcxr", "recipe"):
-                run_dir = root / f"{way}-{mode}"
-                result = ours(mode, cfg, run_dir) if way == "fedcxr" else recipe(mode, cfg, run_dir, root)
-                time.sleep(2)
-                result["leftover_processes"] = leftovers(str(root))
-                results[f"{way} {mode}"] = result
+            for k in range(args.repeats):
+                for way in (("fedcxr", "recipe") if k % 2 == 0 else ("recipe", "fedcxr")):
+                    run_dir = root / f"{way}-{mode}-{k}"
+                    result = ours(mode, cfg, run_dir) if way == "fedcxr" else recipe(mode, cfg, run_dir, root)
+                    time.sleep(2)
+                    result["leftover_processes"] = leftovers(str(root))
+                    results[f"{way} {mode} #{k}"] = result
                 print(f"{way:7s} {mode:4s} {result['seconds']:6.1f} s  status={result['status']:9s} "
                       f"report={result['report']}  leftovers={result['leftover_processes']}  {result['error']}",
                       flush=True)

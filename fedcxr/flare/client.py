@@ -63,7 +63,7 @@ LOCAL_SITE_CONFIG = Path("local") / SITE_CONFIG_NAME
 #: :data:`READ_ONLY_TASKS` (tests/flare/test_client.py checks it)
 STATE_CHANGING_TASKS = frozenset({"train", "train_combine", "fact_target", "warmup_head"})
 #: tasks that only read the site's state
-READ_ONLY_TASKS = frozenset({"metadata", "evaluate", "local_state"})
+READ_ONLY_TASKS = frozenset({"metadata", "evaluate", "local_state", "validate"})
 KEEP_STATES = 3
 
 

@@ -131,7 +131,8 @@ class FedcxrController(_ControllerBase):
     Args (all JSON-able, FLARE writes them into ``config_fed_server.json``):
         experiments: ``[{"config": ExperimentConfig.model_dump(mode="json"), "run_dir": str,
             "resume": bool, "evaluation": {"enabled", "n_boot", "split", "seed"}}]``; ``evaluation``
-            is the cross-site evaluation after the last round (:mod:`fedcxr.flare.cross_site`). ``run_dir`` is the server-side run directory (default
+            is the cross-site evaluation after the last round (:mod:`fedcxr.flare.cross_site`).
+            ``run_dir`` is the server-side run directory (default
             ``<job workspace>/fedcxr_run[_N]``; give a stable path to be able to resume after a
             server crash); ``resume`` (default true) continues from its last checkpoint. Several
             experiments (a sweep) share one deployment; a failed one does not stop the next.

@@ -317,7 +317,7 @@ def test_only_parameters_counts_class_names_and_metrics_leave_a_site(flare_runs)
                                               "n_labeled_train", "labeled_per_class", "split", "val", "n", "auroc",
                                               "mean_auroc", "idd_train", "idd_after", "fedcxr", "error", "betas",
                                                   "manifest_hash", "model_owner", "SRV_server", "test",
-                                              "RuntimeError",
+                                              "RuntimeError", "best_epoch", "val_loss",
                                               "summary", *ALL}
     summaries = 0
     for entry in entries:
