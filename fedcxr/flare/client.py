@@ -42,21 +42,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import fedcxr.flare.site_evaluation  # noqa: F401  (registers validate: cross-site evaluation)
 import fedcxr.pipeline.site_tasks  # noqa: F401  (registers train_combine and fact_target)
 from fedcxr.atomic import atomic_torch_save
 from fedcxr.pipeline.checkpoints import load_tensors
 from fedcxr.pipeline.data import default_cache_dir
+from fedcxr.pipeline.engine import apply_backend, resolve_engine
 from fedcxr.pipeline.local import resolve_device
 from fedcxr.pipeline.messages import Reply
-from fedcxr.pipeline.site_runner import SiteRunner
+from fedcxr.pipeline.site_runner import OPTIMIZER_PREFIX, SiteRunner
 
 log = logging.getLogger(__name__)
 
 SITE_CONFIG_ENV = "FEDCXR_SITE_CONFIG"
 SITE_CONFIG_NAME = "fedcxr_site.json"
 LOCAL_SITE_CONFIG = Path("local") / SITE_CONFIG_NAME
-#: tasks after which the site's local state has changed (and is saved for a resume)
-STATE_CHANGING_TASKS = ("train",)
+#: tasks after which the site's local state (FedBN statistics, PFL heads, warmed-up model,
+#: optimiser state kept across rounds) may have changed, so it is saved for a resume; every
+#: task registered with :func:`~fedcxr.pipeline.site_runner.register_task` must be here or in
+#: :data:`READ_ONLY_TASKS` (tests/flare/test_client.py checks it)
+STATE_CHANGING_TASKS = frozenset({"train", "train_combine", "fact_target", "warmup_head"})
+#: tasks that only read the site's state
+READ_ONLY_TASKS = frozenset({"metadata", "evaluate", "local_state"})
 KEEP_STATES = 3
 
 
@@ -143,12 +150,15 @@ class FlareSite:
             cfg = self.site_cfg
             model_cfg = dict(settings.get("model") or {})
             model_cfg["weights"] = None  # the server sends every weight; no local file is read
-            workers = cfg.num_workers if cfg.num_workers is not None else int(settings.get("num_workers", 0))
+            workers = cfg.num_workers if cfg.num_workers is not None else settings.get("num_workers")
+            device = resolve_device(cfg.device or settings.get("device"))
+            engine = resolve_engine(device, settings.get("engine"), workers)
+            apply_backend(engine)  # one site per client process: its cuDNN switches are its own
             self.runners[key] = SiteRunner(
                 self.name, cfg.manifest_dir, model_cfg=model_cfg, image_size=int(settings["image_size"]),
-                cache_dir=cfg.cache_dir or default_cache_dir(),
-                device=resolve_device(cfg.device or settings.get("device")),
-                augment=bool(settings.get("augment", True)), num_workers=workers, progress=False,
+                cache_dir=cfg.cache_dir or default_cache_dir(), device=device,
+                augment=bool(settings.get("augment", True)), progress=False, engine=engine,
+                task=settings.get("task"),
             )
         return self.runners[key]
 
@@ -199,7 +209,9 @@ class FlareSite:
         runner = self.runner_for(runner_settings, run)
         self._restore(runner, task, config, run)
         if task == "local_state":
-            return Reply(site=self.name, params=runner.get_local_state(), class_set=runner.class_set)
+            # the model's local entries only: optimiser moments never leave the site
+            state = {k: v for k, v in runner.get_local_state().items() if not k.startswith(OPTIMIZER_PREFIX)}
+            return Reply(site=self.name, params=state, class_set=runner.class_set)
         reply = runner.handle(task, params, config)
         if task in STATE_CHANGING_TASKS:
             self._save(runner, config, run)
@@ -214,6 +226,7 @@ def serve(flare_api: Any, site: FlareSite) -> int:
     from fedcxr.flare.wire import decode_task, encode_error, encode_reply
 
     answered = 0
+    writer = _site_writer()
     while flare_api.is_running():
         incoming = flare_api.receive()
         if incoming is None:
@@ -224,6 +237,7 @@ def serve(flare_api: Any, site: FlareSite) -> int:
             reply = site.handle(task["task"] or task_name, task["params"], task["config"], task["runner"], task["run"])
             diff = task["diff"] and task["params"] is not None and reply.params is not None
             params, meta = encode_reply(reply, reference=task["params"] if diff else None)
+            _stream(writer, task["task"] or task_name, task["config"], reply.metrics)
         except Exception as exc:  # answer, and keep serving the next rounds
             log.exception("site %s: task %s failed", site.name, task_name)
             params, meta, diff = *encode_error(exc), False
@@ -241,6 +255,31 @@ def reply_model(params: dict, meta: dict, *, diff: bool, steps: int):
         return FLModel(params=params, meta=meta)
     return FLModel(params=params, params_type=ParamsType.DIFF,
                    meta={**meta, "NUM_STEPS_CURRENT_ROUND": max(int(steps), 1)})
+
+
+def _site_writer():
+    """FLARE's experiment-tracking writer (the server's TensorBoard receiver gets the scalars), or None."""
+    try:
+        from nvflare.client.tracking import SummaryWriter
+
+        return SummaryWriter()
+    except Exception as exc:  # tracking never stops a site
+        log.info("FLARE experiment tracking unavailable (%s); scalars stay in the server's run directory", exc)
+        return None
+
+
+def _stream(writer, task: str, config: dict, metrics: dict) -> None:
+    """This round's scalars of the site (:func:`fedcxr.tracking.site_scalars`: no ids, no paths)."""
+    from fedcxr.tracking import site_scalars
+
+    step = config.get("round")
+    if writer is None or not isinstance(step, int):
+        return
+    try:
+        for tag, value in site_scalars(task, metrics):
+            writer.add_scalar(tag, value, global_step=step)
+    except Exception as exc:
+        log.warning("FLARE experiment tracking failed (%s: %s); training goes on", type(exc).__name__, exc)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

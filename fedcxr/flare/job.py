@@ -28,6 +28,8 @@ from fedcxr.flare.controller import (
     FedcxrController,
     require_nvflare,
 )
+from fedcxr.flare.cross_site import evaluation_settings
+from fedcxr.flare.persistor import LOCATOR_ID, PERSISTOR_ID, FedcxrModelLocator, FedcxrModelPersistor
 from fedcxr.pipeline.protocols import CENTRAL_SITE
 
 #: The dotted path FLARE's server configuration names (see ``allow_controller`` in POC mode).
@@ -38,6 +40,8 @@ CLIENT_SCRIPT = "fedcxr_client.py"
 FILTERED_TASKS = ["train", "train_combine", "fact_target"]
 #: Methods whose sites send back a head of another shape than they received (their own classes).
 PER_SITE_HEADS = ("FL_Surgical", "PFL")
+#: Where FLARE's TensorBoard receiver writes the sites' streamed scalars (inside the server's job folder).
+TB_FOLDER = "tb_events"
 
 
 def check_flare_sites(cfg) -> list[str]:
@@ -63,13 +67,15 @@ def client_script_path() -> Path:
 
 
 def build_job(experiments: list[tuple[Any, str, bool]], *, name: Optional[str] = None, task_timeout: int = 0,
-              site_configs: Optional[Mapping[str, Path]] = None, client_script: Optional[Path] = None):
+              site_configs: Optional[Mapping[str, Path]] = None, client_script: Optional[Path] = None,
+              evaluation: Optional[dict] = None):
     """A FLARE ``FedJob``: the controller on the server, the client script on every site.
 
     ``experiments``: ``[(ExperimentConfig, server run dir or "", resume)]``; the job's clients are
     the union of their sites. ``site_configs`` (``{site: path of a fedcxr_site.json}``) ships each
     site's own configuration inside its app (simulator and POC on one machine); without it each
-    hospital finds its configuration itself (see :mod:`fedcxr.flare.client`).
+    hospital finds its configuration itself (see :mod:`fedcxr.flare.client`). ``evaluation``: the
+    cross-site evaluation after the last round (:func:`fedcxr.flare.cross_site.evaluation_settings`).
     """
     require_nvflare()
     from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
@@ -83,11 +89,18 @@ def build_job(experiments: list[tuple[Any, str, bool]], *, name: Optional[str] =
     min_sites = min(cfg.min_sites for cfg, _, _ in experiments)
     job = FedJob(name=name or job_name(experiments[0][0]), min_clients=max(1, min(min_sites, len(sites))))
     job.set_app_packages(["fedcxr"])  # sites import the installed fedcxr; no fedcxr code is copied
-    specs = [{"config": cfg.model_dump(mode="json"), "run_dir": str(run_dir or ""), "resume": bool(resume)}
-             for cfg, run_dir, resume in experiments]
+    specs = [{"config": cfg.model_dump(mode="json"), "run_dir": str(run_dir or ""), "resume": bool(resume),
+              "evaluation": evaluation_settings(evaluation)} for cfg, run_dir, resume in experiments]
     job.to_server(FedcxrController(experiments=specs, task_timeout=task_timeout, fedcxr_version=fedcxr.__version__))
+    job.to_server(FedcxrModelPersistor(), id=PERSISTOR_ID)  # FLARE's tools find the global model through these
+    job.to_server(FedcxrModelLocator(), id=LOCATOR_ID)
     # FLARE tells idle clients to come back after task_request_interval (default 2 s: +2 s per task)
     job.to({"server": {"task_request_interval": TASK_REQUEST_INTERVAL}}, "server")
+    streaming = site_tracking_wanted(cfg for cfg, _, _ in experiments)
+    if streaming:  # FLARE experiment tracking: the sites' scalars to the server's TensorBoard files
+        from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
+
+        job.to_server(TBAnalyticsReceiver(tb_folder=TB_FOLDER), id="fedcxr_tb_receiver")
     script = Path(client_script or client_script_path())
     filters = job_filters(experiments)
     for site in sites:
@@ -98,6 +111,12 @@ def build_job(experiments: list[tuple[Any, str, bool]], *, name: Optional[str] =
         job.to(executor, site, tasks=["*"])
         for item in result_filters(filters):
             job.to(_exportable(item), site, filter_type=FilterType.TASK_RESULT, tasks=list(FILTERED_TASKS))
+        if streaming:
+            from nvflare.apis.analytix import ANALYTIC_EVENT_TYPE
+            from nvflare.app_common.widgets.convert_to_fed_event import ConvertToFedEvent
+
+            job.to(ConvertToFedEvent(events_to_convert=[ANALYTIC_EVENT_TYPE], fed_event_prefix="fed."), site,
+                   id="fedcxr_event_to_fed")
         job.add_file_to(str(script), site)
         if site_configs and site in site_configs:
             job.add_file_to(str(site_configs[site]), site)
@@ -162,17 +181,29 @@ def _exportable(item):
     return item
 
 
+def site_tracking_wanted(cfgs) -> bool:
+    """Stream the sites' scalars (FLARE experiment tracking) unless every experiment says ``tracking: none``.
+
+    The server writes them with TensorBoard, so it needs it installed: ``tensorboard`` (the
+    default when installed) or unset.
+    """
+    from fedcxr.tracking import default_backend
+
+    return any((cfg.tracking or default_backend()) == "tensorboard" for cfg in cfgs)
+
+
 def job_name(cfg) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", f"fedcxr-{cfg.name}-{cfg.strategy}".lower()).strip("-")[:60]
 
 
 def export_job(experiments: list, job_dir: Path, *, task_timeout: int = 0, site_configs=None,
-               client_script: Optional[Path] = None) -> Path:
+               client_script: Optional[Path] = None, evaluation: Optional[dict] = None) -> Path:
     """Write the FLARE job folder itself at ``job_dir`` (``nvflare job submit -j JOB_DIR``).
 
     ``experiments``: ``[(ExperimentConfig, server run dir or "", resume)]``.
     """
-    job = build_job(experiments, task_timeout=task_timeout, site_configs=site_configs, client_script=client_script)
+    job = build_job(experiments, task_timeout=task_timeout, site_configs=site_configs, client_script=client_script,
+                    evaluation=evaluation)
     job_dir = Path(job_dir)
     if job_dir.exists():
         shutil.rmtree(job_dir)

@@ -30,6 +30,7 @@ what it sent (a surgical head has the site's classes, not the global ones).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -153,10 +154,12 @@ def encode_error(exc: BaseException) -> tuple[dict, dict]:
 
 
 def decode_reply(site: str, params: Optional[Mapping[str, Any]], meta: Optional[Mapping[str, Any]],
-                 reference: Optional[StateDict] = None) -> Reply:
+                 reference: Optional[StateDict] = None, task: Optional[str] = None) -> Reply:
     """The :class:`Reply` of ``site``; :class:`WireError` (the reason) when it must not be used.
 
     ``reference``: the params the task sent, needed for a reply of differences (``d/``).
+    ``task`` ``validate`` (cross-site evaluation): the reply must be a summary — no tensors,
+    metrics passing :func:`check_summary`.
     """
     body = (meta or {}).get(META_KEY)
     if not isinstance(body, dict):
@@ -179,6 +182,10 @@ def decode_reply(site: str, params: Optional[Mapping[str, Any]], meta: Optional[
     stray = sorted(k for k in arrays if not k.startswith((PARAM_PREFIX, DIFF_PREFIX, EXTRA_PREFIX)))
     if stray:
         raise WireError(f"unexpected parameter entries {stray[:5]}")
+    if task in SUMMARY_TASKS:
+        if arrays or body.get("has_params"):
+            raise WireError(f"a {task} reply carries tensors; it may hold summaries only")
+        check_summary(metrics)
     state = to_torch(arrays, PARAM_PREFIX) if body.get("has_params") else None
     if state is not None and ("keys" in body or any(k.startswith(DIFF_PREFIX) for k in arrays)):
         state, excluded = _undiff(state, to_torch(arrays, DIFF_PREFIX), body.get("keys"), reference)
@@ -264,3 +271,52 @@ def _is_plain(value: Any, depth: int = 0) -> bool:
     if isinstance(value, list):
         return all(_is_plain(v, depth + 1) for v in value)
     return False
+
+
+# --------------------------------------------------------------------------- evaluation summaries
+
+#: tasks whose reply is an evaluation summary (:func:`check_summary`), never tensors
+SUMMARY_TASKS = frozenset({"validate"})
+#: keys that name rows, patients, images or per-row outputs: never in a summary
+FORBIDDEN_KEYS = frozenset({"row_key", "patient_key", "patient_id", "study_id", "image_path", "path", "paths",
+                            "index", "indices", "probs", "predictions", "labels", "label_mask", "ids"})
+FORBIDDEN_PREFIXES = ("prob__", "label__", "aux__")
+#: longest list in a summary: classes (22), subgroups, calibration bins — a per-image vector is longer
+MAX_SUMMARY_LIST = 64
+MAX_SUMMARY_STRING = 200
+_HEX_RUN = re.compile(r"[0-9a-fA-F]{16,}")  # row/patient keys and content hashes are long hex strings
+
+
+def check_summary(value: Any, where: str = "metrics") -> None:
+    """Refuse a summary that could carry predictions, ids or paths (:class:`WireError` names where).
+
+    Summaries are numbers, short strings and small dicts/lists: no key naming rows, patients,
+    images or per-row outputs; no string with a path separator or a long hex run (a hashed key);
+    no list longer than :data:`MAX_SUMMARY_LIST` (a per-image vector).
+    """
+    if isinstance(value, dict):
+        for key, item in value.items():
+            name = str(key)
+            if name.lower() in FORBIDDEN_KEYS or name.startswith(FORBIDDEN_PREFIXES):
+                raise WireError(f"{where}: key {name!r} is not allowed in an evaluation summary")
+            _check_summary_string(name, f"{where} key")
+            check_summary(item, f"{where}.{name}")
+    elif isinstance(value, (list, tuple)):
+        if len(value) > MAX_SUMMARY_LIST:
+            raise WireError(f"{where}: a list of {len(value)} values (at most {MAX_SUMMARY_LIST} in a summary: "
+                            "per-image values never leave a site)")
+        for i, item in enumerate(value):
+            check_summary(item, f"{where}[{i}]")
+    elif isinstance(value, str):
+        _check_summary_string(value, where)
+    elif value is not None and not isinstance(value, (bool, int, float, np.integer, np.floating)):
+        raise WireError(f"{where}: a {type(value).__name__} is not allowed in an evaluation summary")
+
+
+def _check_summary_string(text: str, where: str) -> None:
+    if len(text) > MAX_SUMMARY_STRING:
+        raise WireError(f"{where}: a string of {len(text)} characters (at most {MAX_SUMMARY_STRING})")
+    if "/" in text or "\\" in text:
+        raise WireError(f"{where}: {text[:40]!r} looks like a path")
+    if _HEX_RUN.search(text):
+        raise WireError(f"{where}: {text[:40]!r} holds a long hex string (a hashed id?)")

@@ -219,25 +219,46 @@ _CLASSIFIER_PREFIXES = ("fc.", "classifier.", "class_layers.out.")
 def load_weights(model: CXRNet, path: str | Path) -> dict[str, Any]:
     """Load a local checkpoint into ``model`` (non-strict) and return/log what did not match.
 
-    Accepts our own state dicts (``backbone.``/``proj.``/``head.`` keys), ``{'state_dict': ...}``
+    Warm start from a fedcxr run: a run's ``final_model.pt`` or a round checkpoint
+    (``checkpoints/round_NNNN.pt``) gives its **global** weights. Their main head is matched
+    to ``model``'s **by class name** (the file's classes come from ``final_model.pt``, from the
+    checkpoint, or, for a checkpoint written before checkpoints carried them, from the run's
+    ``run.json``); rows of classes the file lacks keep their fresh init, and the report lists
+    them under ``new_head_classes``.
+
+    Also accepts our own state dicts (``backbone.``/``proj.``/``head.`` keys), ``{'state_dict': ...}``
     or ``{'model': ...}`` wrappers, ``module.`` (DataParallel) prefixes, and bare backbone state
     dicts from MONAI or torchvision (ResNet keys coincide; torchvision DenseNet
     ``denselayerN.norm1`` keys are renamed to MONAI's ``denselayerN.layers.norm1``). Their
     classifiers are dropped. A 3-channel first conv loading into a 1-channel model has its
     RGB kernels summed (a gray image is R = G = B, so the response is unchanged). Entries
     whose shape differs are skipped and reported. Raises :class:`UserError` when the file is
-    missing, unreadable or matches no backbone entry at all (wrong file).
+    missing, unreadable, not plain tensors (the file is loaded with ``weights_only=True``: code
+    in a pickle is never run), or matches no backbone entry at all (wrong file).
     """
+    import pickle
+
     path = Path(path)
     if not path.is_file():
         raise UserError(f"model.weights: {path} does not exist")
-    try:
+    expected = "expected a fedcxr final_model.pt, a fedcxr checkpoint or a PyTorch state dict of tensors"
+    try:  # weights_only: tensors and plain containers only, a crafted pickle cannot run code
         raw = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure is the user's file
-        raise UserError(f"model.weights: cannot read {path} as a PyTorch checkpoint: {exc}") from exc
-    state = _unwrap(raw, path)
+    except pickle.UnpicklingError as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise UserError(f"model.weights: {path}: refused to load this file: it holds more than tensors and "
+                        f"plain values ({first}); fedcxr never runs code from a file; {expected}") from None
+    except Exception as exc:  # noqa: BLE001 - any other failure is the user's file (truncated, not torch)
+        raise UserError(f"model.weights: cannot read {path} as a PyTorch checkpoint "
+                        f"({type(exc).__name__}: {str(exc)[:200]}); {expected}") from None
+    state, file_classes = _unwrap_run_file(raw, path)
+    if state is None:
+        state = _unwrap(raw, path)
     state = _to_model_keys(state)
     own = model.state_dict()
+    new_classes: list[str] = []
+    if file_classes is not None:
+        new_classes = _match_head_rows(state, file_classes, model.classes, own)
     usable: StateDict = {}
     mismatched: list[str] = []
     for key, value in state.items():
@@ -260,7 +281,12 @@ def load_weights(model: CXRNet, path: str | Path) -> dict[str, Any]:
         "missing": list(result.missing_keys),
         "unexpected": sorted(k for k in state if k not in own),
         "shape_mismatch": mismatched,
+        "file_classes": file_classes,
+        "new_head_classes": new_classes,
     }
+    if new_classes:
+        log.info("head rows of %s are freshly initialised (not among the file's classes %s)",
+                 new_classes, file_classes)
     log.info(
         "loaded %d entries from %s; %d missing (random init), %d unexpected, %d shape mismatch",
         report["loaded"], path.name, len(report["missing"]), len(report["unexpected"]), len(mismatched),
@@ -269,6 +295,59 @@ def load_weights(model: CXRNet, path: str | Path) -> dict[str, Any]:
         if report[kind]:
             log.info("  %s: %s%s", kind, report[kind][:8], " ..." if len(report[kind]) > 8 else "")
     return report
+
+
+def _unwrap_run_file(raw: Any, path: Path) -> tuple[Optional[StateDict], Optional[list[str]]]:
+    """``(global weights, their head classes)`` of a fedcxr ``final_model.pt`` or round
+    checkpoint; ``(None, None)`` for anything else (a plain state dict goes through :func:`_unwrap`)."""
+    if not isinstance(raw, Mapping):
+        return None, None
+    if isinstance(raw.get("global"), Mapping):  # final_model.pt
+        weights, classes = raw["global"], raw.get("classes")
+    elif {"round", "fingerprint", "state"} <= set(raw) and isinstance(raw["state"], Mapping) \
+            and isinstance(raw["state"].get("global"), Mapping):  # checkpoints/round_NNNN.pt
+        weights, classes = raw["state"]["global"], raw.get("classes") or _run_json_classes(path)
+    else:
+        return None, None
+    if not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise UserError(f"model.weights: {path}: the run file's global weights are not all tensors")
+    if classes is None:
+        log.warning("model.weights: %s names no head classes (no run.json beside it): the main head is "
+                    "loaded only if its shape matches", path)
+    return {str(k): v for k, v in weights.items()}, (list(classes) if classes is not None else None)
+
+
+def _run_json_classes(checkpoint: Path) -> Optional[list[str]]:
+    """Head classes from ``RUN_DIR/run.json`` for ``RUN_DIR/checkpoints/round_NNNN.pt``."""
+    import json
+
+    run_json = checkpoint.resolve().parent.parent / "run.json"
+    try:
+        classes = json.loads(run_json.read_text()).get("classes")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return [str(c) for c in classes] if isinstance(classes, list) else None
+
+
+def _match_head_rows(state: StateDict, file_classes: list[str], classes: list[str], own: StateDict) -> list[str]:
+    """Rewrite ``state``'s main head (rows in ``file_classes`` order) into ``classes`` order, in place.
+
+    Rows of classes the file has are copied; the others take ``own``'s (fresh init) rows.
+    Returns the classes that stay freshly initialised. A head whose width disagrees with the
+    file's class list is left alone (the shape check reports it).
+    """
+    weight, bias = state.get("head.weight"), state.get("head.bias")
+    if weight is None or bias is None or weight.shape[0] != len(file_classes) \
+            or weight.shape[1:] != own["head.weight"].shape[1:]:
+        return [c for c in classes if c not in file_classes]
+    position = {c: i for i, c in enumerate(file_classes)}
+    new_weight, new_bias = own["head.weight"].clone(), own["head.bias"].clone()
+    for row, cls in enumerate(classes):
+        if cls in position:
+            new_weight[row] = weight[position[cls]]
+            new_bias[row] = bias[position[cls]]
+    state["head.weight"], state["head.bias"] = new_weight, new_bias
+    return [c for c in classes if c not in position]
 
 
 def _unwrap(raw: Any, path: Path) -> StateDict:

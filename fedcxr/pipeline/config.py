@@ -34,18 +34,32 @@ from fedcxr.errors import UserError
 from fedcxr.vocab import AUX_TASKS, CLASS_SET
 
 
+#: Keys of older configs that were replaced, with what to write instead (exit 2 naming it).
+RENAMED_KEYS = {
+    "head_warmup_rounds": "use `head_warmup: {epochs: N, lr: 1e-3}` (head-only local epochs before the first "
+                          "round, the best-validation head kept, as the surgical aggregation code; epochs: 0 "
+                          "turns it off)",
+    "surgical_weighting": "use `backbone_weighting: uniform|samples` (it now applies to every method's "
+                          "backbone average, not only FL_Surgical)",
+}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class LocalTrainingConfig(_Strict):
-    """How one site trains in one round (Adam, fresh each round as in the papers)."""
+    """How one site trains in one round (optimiser and whether its state carries over: per method)."""
 
     lr: float = Field(1e-3, gt=0)
     batch_size: int = Field(32, ge=1)
     epochs: int = Field(1, ge=0)
     steps: Optional[int] = Field(None, ge=1, description="optimizer steps per round; overrides epochs")
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: Optional[float] = Field(
+        None, ge=0, description="default per method: 5e-4 for FACT (its code's SGD), 0 otherwise")
+    optimizer: Optional[Literal["adam", "adamw", "sgd"]] = Field(
+        None, description="default per method: sgd (momentum 0.9) for FACT/FACT_NF (FACT client.py), adam "
+        "otherwise (AuxInfo+GP, AutoFedGP and surgical aggregation code)")
     max_rows: Optional[int] = Field(None, ge=1, description="use at most this many training rows (speed)")
 
 
@@ -56,6 +70,45 @@ class TargetTrainingConfig(LocalTrainingConfig):
     labeled: Optional[Union[int, float]] = Field(
         None, description="labeled target rows used: a count (int) or a fraction of train rows (float ≤ 1)"
     )
+
+
+class HeadWarmupConfig(_Strict):
+    """FL, FL_PartialLoss, FL_Surgical, PFL: head-only local epochs before round 0 (surgical aggregation code)."""
+
+    epochs: int = Field(15, ge=0, description="head-only epochs on the frozen backbone, the head with the lowest "
+                        "validation loss kept; each client starts round 0 from its own warmed model (surgical "
+                        "aggregation code: warmup_epochs=15, ModelCheckpoint on val_loss); 0: no warm-up")
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate of the warm-up (its __train_local default 1e-3)")
+    batch_size: Optional[int] = Field(None, ge=1, description="default: source.batch_size")
+
+
+class SharedTaskConfig(_Strict):
+    """One binary output shared by every site, each site mapping its own condition onto it
+    (AuxInfo+GP paper's CheXpert domains; :mod:`fedcxr.pipeline.shared_task`)."""
+
+    output: str = Field(..., description="the one output, a canonical class (the head's row is named by it; "
+                        "e.g. the target's condition)")
+    site_labels: dict[str, str] = Field(..., description="site → the class that site labels, mapped onto `output`")
+    balance: bool = Field(True, description="per site and split: all positives and as many negatives "
+                          "(AuxInfo+GP: 2,000 positive / 2,000 negative per domain)")
+    negatives: Literal["zero", "unmentioned"] = Field(
+        "zero", description="zero: rows labeled 0 for the site's condition (the paper's text); unmentioned: "
+        "rows where it is blank (the authors' preprocessing code)")
+
+    @field_validator("site_labels")
+    @classmethod
+    def _known(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted({c for c in value.values() if c not in CLASS_SET})
+        if unknown:
+            raise ValueError(f"unknown class(es) {unknown}; canonical classes: {sorted(CLASS_SET)}")
+        return value
+
+    @field_validator("output")
+    @classmethod
+    def _known_output(cls, value: str) -> str:
+        if value not in CLASS_SET:
+            raise ValueError(f"unknown class {value!r}; the output is named by a canonical class: {sorted(CLASS_SET)}")
+        return value
 
 
 class ModelConfig(_Strict):
@@ -140,6 +193,25 @@ class PrivacyConfig(_Strict):
 FILTERS = ("exclude_vars", "percentile_privacy")
 
 
+class EngineConfig(_Strict):
+    """How training uses the hardware (:mod:`fedcxr.pipeline.engine`); ``null`` = auto.
+
+    Auto is right on CPU and on CUDA: AMP, channels-last, cuDNN autotuning, pinned memory and
+    moving waiting sites' models off the GPU are on for CUDA only. None of these keys is part
+    of the config fingerprint (like ``device``), so a run may resume with other values.
+    """
+
+    amp: Optional[bool] = Field(None, description="float16 autocast on CUDA (auto: on)")
+    channels_last: Optional[bool] = Field(None, description="NHWC model and batches (auto: on CUDA)")
+    cudnn_benchmark: Optional[bool] = Field(None, description="cuDNN autotuning (auto: on CUDA unless deterministic)")
+    deterministic: bool = Field(False, description="deterministic CUDA kernels (slower; CPU runs always are)")
+    pin_memory: Optional[bool] = Field(None, description="page-locked batches (auto: on CUDA)")
+    persistent_workers: Optional[bool] = Field(None, description="keep loader workers between epochs (auto: on)")
+    prefetch_factor: Optional[int] = Field(None, ge=1, description="batches each loader worker prepares ahead")
+    cache_workers: int = Field(0, ge=0, description="processes decoding a site's image cache (0: every core)")
+    offload_idle: Optional[bool] = Field(None, description="a site's model leaves the GPU between its turns")
+
+
 class ExperimentConfig(_Strict):
     name: str = "experiment"
     manifests: Optional[Path] = Field(None, description="base folder of the site folders")
@@ -147,18 +219,42 @@ class ExperimentConfig(_Strict):
     target: Optional[str] = None
     strategy: str = "FedAvg"
     rounds: int = Field(5, ge=0)
-    warmup_rounds: int = Field(0, ge=0, description="FedAvg rounds before GP/FedGP/FedDA")
+    warmup_rounds: Optional[int] = Field(
+        None, ge=0, description="GP/FedDA/FedGP: the first rounds (counted in `rounds`) are warm-up rounds. "
+        "Default per method as the authors' code: 2 plain FedAvg rounds for FedDA, FedGP, FedDA_Auto, "
+        "FedGP_Auto (AutoFedGP main_domain_bed*.py: 'do fedavg for 2 epochs'); 5 rounds for "
+        "FedAvg_Finetune_GP and FedAvg_Finetune_AuxInfo_GP, in which θ0 of the projection is the FedAvg of "
+        "the sources (AuxInfo+GP federated_*_multi.py: `if i < 5: average_weights`)")
+    post_warmup_lr_scale: Optional[float] = Field(
+        None, gt=0, description="multiplies source and target learning rates after the warm-up rounds. "
+        "Default per method: 0.1 for FedDA_Auto and FedGP_Auto (AutoFedGP main_domain_bed_auto_beta.py: "
+        "hparams['lr'] *= 0.1 after warm-up), 1 otherwise")
     source: LocalTrainingConfig = LocalTrainingConfig()
     target_train: TargetTrainingConfig = TargetTrainingConfig()
+    finetune_offline_epochs: int = Field(
+        50, ge=1, description="Finetune_Offline: target fine-tuning passes after the last FedAvg round, each "
+        "one `target_train` budget with a fresh optimiser (FedGP paper App. C: 'the same number of 50 epochs "
+        "of fine-tuning after FedAvg'; AutoFedGP main_domain_bed_offline.py calls train() once per epoch)")
     alpha: float = Field(1.0, ge=0, description="weight of auxiliary losses (AuxInfo)")
     beta: float = Field(0.5, ge=0, le=1, description="GP: weight of the source projection")
     aux_tasks: list[str] = Field(default_factory=lambda: list(AUX_TASKS))
     aux_info: Optional[bool] = Field(None, description="force AuxInfo on/off; default from the strategy name")
     backbone_aggregation: Literal["fedavg", "fedbn", "fedbn_plus"] = "fedavg"
-    surgical_weighting: Literal["uniform", "samples"] = "uniform"
-    head_warmup_rounds: int = Field(0, ge=0, description="surgical/FL: rounds training heads only first")
+    backbone_weighting: Optional[Literal["uniform", "samples"]] = Field(
+        None, description="how the server weights sites when it averages the shared entries: `uniform` "
+        "(1/K) or `samples` (n_i/Σn). Default per method: uniform for FL, FL_PartialLoss, FL_Surgical, PFL "
+        "(surgical aggregation paper Eq. 1 and its code's np.mean over clients); samples for FedAvg and the "
+        "GP/FedDA/FedGP family (AuxInfo+GP and AutoFedGP code: clients_size_frac)")
+    head_warmup: HeadWarmupConfig = Field(HeadWarmupConfig(), description=HeadWarmupConfig.__doc__)
+    optimizer_state: Optional[Literal["fresh", "kept"]] = Field(
+        None, description="`kept`: each site's optimiser state carries over from round to round (saved in "
+        "checkpoints); `fresh`: a new optimiser every round. Default per method as the authors' code: kept "
+        "for FL, FL_PartialLoss, FL_Surgical, PFL (surgical aggregation: one compiled Keras Adam per client) "
+        "and FACT/FACT_NF (one SGD per client); fresh for the rest (AuxInfo+GP and AutoFedGP build a new "
+        "Adam in every train() call)")
     min_sites: int = Field(1, ge=1, description="a round needs at least this many source replies")
     model: ModelConfig = ModelConfig()
+    task: Optional[SharedTaskConfig] = Field(None, description=SharedTaskConfig.__doc__)
     class_source: Literal["target", "union", "sources"] = "target"
     image_size: int = Field(224, ge=8)
     augment: bool = True
@@ -167,8 +263,22 @@ class ExperimentConfig(_Strict):
     cache_dir: Optional[Path] = None
     eval_sites: Optional[list[str]] = Field(None, description="sites evaluated; default target or all")
     eval_every: int = Field(1, ge=0, description="validation AUROC every N rounds (0: never)")
-    num_workers: int = Field(0, ge=0)
+    num_workers: Optional[int] = Field(None, ge=0, description="loader processes (auto: 0 on CPU, up to 8 on CUDA)")
+    engine: EngineConfig = EngineConfig()
     privacy: PrivacyConfig = PrivacyConfig()
+    tracking: Optional[Literal["none", "tensorboard", "mlflow"]] = Field(
+        None, description="per-round scalars: tensorboard (RUN_DIR/tensorboard), mlflow, none; "
+                          "default tensorboard when installed (fedcxr.tracking)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        """An old config using a key that was replaced stops naming the new key (never silently ignored)."""
+        if isinstance(data, dict):
+            for old, new in RENAMED_KEYS.items():
+                if old in data:
+                    raise ValueError(f"`{old}` was replaced: {new}")
+        return data
 
     @field_validator("aux_tasks")
     @classmethod
@@ -207,6 +317,14 @@ class ExperimentConfig(_Strict):
         if self.target is not None and self.site_name(self.target) in {self.site_name(s) for s in self.sites}:
             raise ValueError(f"target {self.target!r} is also listed under `sites`; a site is either a source "
                              "or the target: remove it from `sites`")
+        return self
+
+    @model_validator(mode="after")
+    def _every_site_has_a_task_label(self) -> "ExperimentConfig":
+        if self.task is not None:
+            missing = [self.site_name(s) for s in self.all_sites() if self.site_name(s) not in self.task.site_labels]
+            if missing:
+                raise ValueError(f"task.site_labels: no class given for site(s) {missing}")
         return self
 
     def source_sites(self) -> list[str]:
@@ -306,10 +424,11 @@ def dump_config(cfg: ExperimentConfig) -> str:
 
 
 def config_fingerprint(cfg: ExperimentConfig) -> str:
-    """Hash of everything that changes a run's result (device, workers, cache and where the manifests
-    folder lies do not: the sites' content is checked separately, by manifest hash, on resume)."""
+    """Hash of everything that changes a run's result (device, workers, the engine block, cache and
+    where the manifests folder lies do not: the sites' content is checked separately, by manifest
+    hash, on resume)."""
     data = cfg.model_dump(mode="json")
-    for key in ("device", "num_workers", "cache_dir", "manifests"):
+    for key in ("device", "num_workers", "cache_dir", "manifests", "engine", "tracking"):
         data.pop(key, None)
     if data.get("model", {}).get("norm") == "batch":  # the default: the fingerprint of earlier versions
         data["model"].pop("norm")

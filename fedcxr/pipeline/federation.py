@@ -5,6 +5,7 @@ Run directory::
     RUN_DIR/config.yaml           the resolved config
     RUN_DIR/run.json              method, seed, target, classes, sites, status, missed rounds
     RUN_DIR/metrics.jsonl         one line per round: per-site training losses, val AUROC
+    RUN_DIR/tensorboard/          the same numbers as TensorBoard scalars (config `tracking`, fedcxr.tracking)
     RUN_DIR/checkpoints/round_NNNN.pt   atomic, with a .sha256 beside it; the last two are kept
     RUN_DIR/final_model.pt        global model (+ per-site models/state where the method has them)
 
@@ -35,13 +36,15 @@ from fedcxr.logs import bar_disabled
 from fedcxr.pipeline.checkpoints import latest_checkpoint, load_latest_intact, save_checkpoint, save_final
 from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint, dump_config
 from fedcxr.pipeline.dp_ledger import ledger_for
-from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
+from fedcxr.pipeline.engine import backend_settings
+from fedcxr.pipeline.inprocess import InProcessTransport, build_runners, run_engine
 from fedcxr.pipeline.local import resolve_device
 from fedcxr.pipeline.messages import StateDict
 from fedcxr.pipeline.protocols import CENTRAL_SITE, Context, RoundProtocol, get_protocol
-from fedcxr.pipeline.site_runner import derive_seed
+from fedcxr.pipeline.site_runner import OPTIMIZER_PREFIX, derive_seed
 from fedcxr.pipeline.transport import Transport
 from fedcxr.vocab import CLASSES
+from fedcxr.tracking import make_tracker
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +64,23 @@ def head_classes(cfg: ExperimentConfig, meta: dict) -> list[str]:
     else:
         wanted = {c for s in cfg.all_sites() for c in meta[cfg.site_name(s)].class_set}
     classes = [c for c in CLASSES if c in wanted]
+    if not classes and cfg.class_source == "target" and target and not meta[target].class_set:
+        raise UserError(f"no class to train: target {cfg.target!r} is unlabeled and `class_source: target` takes "
+                        "the head's classes from it; set `class_source: sources` (FACT/FACT_NF) or `model.classes`")
     if not classes:
         raise UserError("no class to train: the chosen sites label no class in common with `class_source`")
     return classes
+
+
+def refuse_unlabeled_sources(cfg: ExperimentConfig, meta: dict) -> None:
+    """A source must be labeled: an unlabeled site (ingested without labels) only as FACT's target."""
+    unlabeled = [s for s in cfg.source_sites() if not meta[cfg.site_name(s)].class_set]
+    if unlabeled:
+        raise UserError(
+            f"source site(s) {unlabeled} have no finding labels (unlabeled sites, ingested without labels); "
+            "a source must be labeled: ingest it with --labels FILE.csv, use it as the unlabeled `target:` "
+            "of FACT/FACT_NF, or score it with `fedcxr predict`"
+        )
 
 
 def build_context(cfg: ExperimentConfig, protocol: RoundProtocol, transport: Transport) -> Context:
@@ -72,6 +89,7 @@ def build_context(cfg: ExperimentConfig, protocol: RoundProtocol, transport: Tra
     missing = [s for s in sites if s not in meta]
     if missing:
         raise UserError(f"sites did not answer the metadata query: {missing}")
+    refuse_unlabeled_sources(cfg, meta)
     classes = head_classes(cfg, meta)
     protocol.validate(cfg, meta, classes)
     aux_on = protocol.aux_info if cfg.aux_info is None else cfg.aux_info
@@ -82,6 +100,7 @@ def build_context(cfg: ExperimentConfig, protocol: RoundProtocol, transport: Tra
         aux_tasks=list(cfg.aux_tasks) if aux_on else [],
         sources=[cfg.site_name(s) for s in cfg.source_sites()],
         target=cfg.site_name(cfg.target) if cfg.target else None,
+        task_defaults=protocol.task_defaults(),
     )
 
 
@@ -113,8 +132,16 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | str, *, resume: bool =
     """
     run_dir = Path(run_dir)
     protocol = get_protocol(cfg.strategy)
-    if transport is None:
-        transport = InProcessTransport(build_runners(cfg, resolve_device(device or cfg.device), progress))
+    if transport is not None:
+        return _run(cfg, run_dir, protocol, transport, resume=resume, progress=progress)
+    dev = resolve_device(device or cfg.device)
+    transport = InProcessTransport(build_runners(cfg, dev, progress))
+    with backend_settings(run_engine(cfg, dev)):  # cuDNN autotuning / deterministic kernels, restored after
+        return _run(cfg, run_dir, protocol, transport, resume=resume, progress=progress)
+
+
+def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transport: Transport, *,
+         resume: bool, progress: bool) -> dict:
     transport, ledger = ledger_for(cfg, transport)  # privacy.dp: each site's ε over the rounds
     ctx = build_context(cfg, protocol, transport)
     theta = initial_model(cfg, ctx)
@@ -132,6 +159,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | str, *, resume: bool =
     else:
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     _write_run_files(run_dir, cfg, ctx, protocol, status="running")
+    tracker = make_tracker(cfg.tracking, run_dir, name=f"{cfg.name}-{cfg.strategy}-seed{cfg.seed}")
     bar = tqdm(range(start, cfg.rounds), desc=f"{protocol.name} rounds", unit="round",
                disable=bar_disabled(progress), initial=start, total=cfg.rounds)
     for r in bar:
@@ -141,15 +169,17 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | str, *, resume: bool =
         metrics["seconds"] = round(time.perf_counter() - t0, 3)
         history.append(metrics)
         _append_metrics(run_dir, metrics)
+        tracker.log_round(metrics)
         save_checkpoint(run_dir, r, {
             "round": r, "fingerprint": fingerprint, "data_hashes": hashes, "state": state,
-            "missed": ctx.missed, "local_states": transport.local_states(),
+            "missed": ctx.missed, "local_states": transport.local_states(), "classes": ctx.classes,
             **({"dp_history": ledger.history} if ledger is not None else {}),
         })
         bar.set_postfix(_postfix(metrics))
+    tracker.close()
     final = protocol.final_models(ctx, state)
     save_final(run_dir, {
-        "global": final["global"], "per_site": final["per_site"], "local_states": transport.local_states(),
+        "global": final["global"], "per_site": final["per_site"], "local_states": model_states(transport),
         "eval_local_keys": protocol.eval_local_keys(ctx), "classes": ctx.classes, "aux_tasks": ctx.aux_tasks,
         "model": cfg.model.model_dump(mode="json"), "image_size": cfg.image_size,
     })
@@ -161,6 +191,12 @@ def _resumed_dp(run_dir: Path, start: int) -> dict:
     found = load_latest_intact(run_dir) if start else None
     return {site: [list(c) for c in calls] for site, calls in ((found[1].get("dp_history") or {}) if found
                                                                 else {}).items()}
+
+
+def model_states(transport: Transport) -> dict[str, dict]:
+    """The sites' local state without optimiser moments (evaluation needs only the model's entries)."""
+    return {site: {k: v for k, v in state.items() if not k.startswith(OPTIMIZER_PREFIX)}
+            for site, state in transport.local_states().items()}
 
 
 def data_hashes(ctx: Context) -> dict[str, str]:

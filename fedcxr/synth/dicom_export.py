@@ -94,9 +94,11 @@ def dicom_dataset(image: np.ndarray, spec: DicomSpec, tags: dict[str, object]) -
     ds.HighBit = spec.bits_stored - 1
     ds.PixelRepresentation = 0
     top = (1 << spec.bits_stored) - 1
-    ds.WindowCenter, ds.WindowWidth = str(top // 2 + 1), str(top + 1)
+    intercept = -1024 if spec.rescale else 0
+    # the window is in output units of the Modality LUT (PS3.3 C.11.2.1.2): the full stored range
+    ds.WindowCenter, ds.WindowWidth = str(top // 2 + 1 + intercept), str(top + 1)
     if spec.rescale:
-        ds.RescaleIntercept, ds.RescaleSlope, ds.RescaleType = "-1024", "1", "US"
+        ds.RescaleIntercept, ds.RescaleSlope, ds.RescaleType = str(intercept), "1", "US"
     ds.LossyImageCompression = "00"
     ds.PixelData = stored.tobytes()
     meta = FileMetaDataset()

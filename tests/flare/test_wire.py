@@ -172,3 +172,50 @@ def test_an_integer_entry_a_filter_turned_into_a_float_comes_back_as_sent():
     reply = decode_reply("a", params, meta, reference=sent)
     assert reply.params["bn.num_batches_tracked"].dtype == torch.int64
     assert int(reply.params["bn.num_batches_tracked"]) == 8
+
+
+# --------------------------------------------------------------------------- cross-site evaluation summaries
+
+
+def _summary() -> dict:
+    row = {"class": "edema", "auroc": 0.71, "ci_low": 0.6, "ci_high": 0.8, "n": 40, "n_pos": 9,
+           "prevalence": 0.225, "reason": None, "ci_skipped": 0}
+    return {"split": "test", "model_owner": "SRV_server", "n": 40,
+            "summary": {"n_rows": 40, "n_patients": 31, "per_class": [row], "mean_auroc": 0.71,
+                        "subgroups": {"sex": {"groups": {"F": {"n_rows": 21, "per_class": [row]}},
+                                              "skipped": [{"value": "80+", "n_rows": 3,
+                                                           "reason": "fewer than 20 rows"}]}}}}
+
+
+def _validate_reply(metrics: dict) -> tuple[dict, dict]:
+    return encode_reply(Reply(site="a", params=None, n_samples=40, class_set=["edema"], metrics=metrics))
+
+
+def test_a_cross_site_summary_passes_the_payload_scan():
+    params, meta = _validate_reply(_summary())
+    assert decode_reply("a", params, meta, task="validate").metrics["summary"]["n_rows"] == 40
+
+
+@pytest.mark.parametrize("leak, what", [
+    (lambda s: s["summary"].update(row_key=["3f2a"]), "key 'row_key'"),
+    (lambda s: s["summary"].update(patient_key="x"), "key 'patient_key'"),
+    (lambda s: s["summary"].update(prob__edema=[0.1, 0.9]), "key 'prob__edema'"),
+    (lambda s: s["summary"].update(probs=[0.2]), "key 'probs'"),
+    (lambda s: s["summary"]["per_class"][0].update(reason="/data/site_a/images/p0001.png"), "looks like a path"),
+    (lambda s: s["summary"]["per_class"][0].update(reason=r"C:\scans\1.dcm"), "looks like a path"),
+    (lambda s: s["summary"].update(worst=["patient 9f86d081884c7d65"]), "long hex string"),
+    (lambda s: s["summary"].update(scores=[0.5] * 65), "a list of 65 values"),
+])
+def test_the_payload_scan_refuses_predictions_ids_and_paths(leak, what):
+    summary = _summary()
+    leak(summary)
+    params, meta = _validate_reply(summary)
+    with pytest.raises(WireError, match=what.replace("(", r"\(")):
+        decode_reply("a", params, meta, task="validate")
+    decode_reply("a", params, meta)  # other tasks' metrics are not summaries: not scanned this way
+
+
+def test_a_validate_reply_carrying_tensors_is_refused():
+    params, meta = encode_reply(Reply(site="a", params={"w": torch.zeros(3)}, n_samples=1, metrics=_summary()))
+    with pytest.raises(WireError, match="summaries only"):
+        decode_reply("a", params, meta, task="validate")

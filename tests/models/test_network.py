@@ -193,3 +193,62 @@ def test_densenet121_without_download(monkeypatch):
     assert model.proj[0].in_features == 1024
     assert {k.split(".")[0] for k in model.state_dict()} == {"backbone", "proj", "head", "aux_heads"}
     assert not any("class_layers.out" in k for k in model.state_dict())
+
+
+# --------------------------------------------------------------------------- warm start from a fedcxr run
+
+
+def _final_payload(model: CXRNet) -> dict:
+    """What ``fedcxr train`` writes as ``final_model.pt`` (the parts warm start reads)."""
+    return {"global": model.state_dict(), "per_site": {}, "classes": list(model.classes),
+            "aux_tasks": list(model.aux_tasks), "model": {"backbone": "resnet_tiny"}, "image_size": 32}
+
+
+def test_warm_start_from_final_model_matches_head_rows_by_class(tmp_path):
+    torch.manual_seed(1)
+    trained = tiny(["atelectasis", "edema", "pleural_effusion"], aux_tasks={"sex": 2})
+    torch.save(_final_payload(trained), tmp_path / "final_model.pt")
+    torch.manual_seed(2)
+    fresh = tiny(["pneumonia", "edema", "atelectasis"], aux_tasks={"sex": 2})
+    init_pneumonia = fresh.head.weight[0].detach().clone()
+    torch.manual_seed(2)
+    warm = tiny(["pneumonia", "edema", "atelectasis"], aux_tasks={"sex": 2}, weights=tmp_path / "final_model.pt")
+    own, ref = warm.state_dict(), trained.state_dict()
+    assert all(torch.equal(own[k], ref[k]) for k in ref if not k.startswith("head."))
+    assert torch.equal(warm.head.weight[1], trained.head.weight[1])  # edema: row 1 in both
+    assert torch.equal(warm.head.weight[2], trained.head.weight[0])  # atelectasis: row 0 in the file
+    assert torch.equal(warm.head.bias[2], trained.head.bias[0])
+    assert torch.equal(warm.head.weight[0], init_pneumonia)  # not in the file: its fresh init
+    assert warm.load_report["new_head_classes"] == ["pneumonia"]
+    assert warm.load_report["shape_mismatch"] == []
+
+
+def test_warm_start_from_checkpoint_takes_its_global_weights(tmp_path):
+    torch.manual_seed(3)
+    trained = tiny(["edema", "atelectasis"])
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    # a checkpoint of an older run: no classes inside, run.json beside it names them
+    (run / "run.json").write_text('{"classes": ["edema", "atelectasis"]}')
+    torch.save({"round": 4, "fingerprint": "x", "state": {"global": trained.state_dict(), "best": {}}},
+               run / "checkpoints" / "round_0004.pt")
+    warm = tiny(["atelectasis", "edema"], weights=run / "checkpoints" / "round_0004.pt")
+    assert torch.equal(warm.head.weight[0], trained.head.weight[1])
+    assert torch.equal(warm.backbone.conv1.weight, trained.backbone.conv1.weight)
+    assert warm.load_report["file_classes"] == ["edema", "atelectasis"]
+
+
+def test_weights_file_with_code_is_refused_not_run(tmp_path):
+    import pickle
+
+    class Payload:
+        def __reduce__(self):
+            return (print, ("this must never run",))
+
+    with open(tmp_path / "evil.pt", "wb") as fp:
+        pickle.dump({"global": Payload()}, fp)
+    with pytest.raises(UserError, match=r"model\.weights: .*evil\.pt.*refused"):
+        tiny(weights=tmp_path / "evil.pt")
+    torch.save({"global": {"backbone.conv1.weight": "text"}, "classes": ["edema"]}, tmp_path / "odd.pt")
+    with pytest.raises(UserError, match="not all tensors"):
+        tiny(weights=tmp_path / "odd.pt")

@@ -65,7 +65,10 @@ def _run(manifests, root, strategy, *, where, wire=False, auto=False):
 
 def _fresh_run(manifests, root, strategy, *, where, wire, auto):
     key = "auto_weights_at" if auto else "combine_at"
-    cfg = load_config(data=tiny_config(manifests, root / "cache", strategy=strategy, rounds=1, eval_every=0,
+    # FedDA/FedGP(_Auto) warm up with plain FedAvg rounds: skip them so round 0 combines; GP keeps
+    # its warm-up (the projection from the sources' average, the target after the sources)
+    warmup = {} if strategy.startswith("FedAvg_Finetune") else {"warmup_rounds": 0}
+    cfg = load_config(data=tiny_config(manifests, root / "cache", strategy=strategy, rounds=1, eval_every=0, **warmup,
                                        target_train={"lr": 1e-3, "batch_size": 8, "steps": 3, "labeled": 0.5},
                                        privacy={key: where}))
     transport = RecordingTransport(build_runners(cfg, torch.device("cpu"), False), wire=wire)
@@ -122,7 +125,7 @@ def test_a_missing_target_fails_the_round_in_server_mode(tiny_manifests, root, t
     from fedcxr.pipeline.protocols import RoundFailed
 
     cfg = load_config(data=tiny_config(tiny_manifests, root / "cache", strategy="FedGP", rounds=1,
-                                       eval_every=0))
+                                       eval_every=0, warmup_rounds=0))
     transport = RecordingTransport(build_runners(cfg, torch.device("cpu"), False), wire=False)
     inner = transport.run
 
