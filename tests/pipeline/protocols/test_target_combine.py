@@ -144,7 +144,7 @@ def test_target_side_combination_fine_tunes_once_beside_the_sources(tiny_manifes
     """combine_at: target — the target trains in the sources' request and train_combine reuses it."""
     cfg = load_config(data=tiny_config(tiny_manifests, root / "cache", strategy="FedGP", rounds=1, eval_every=0,
                                        target_train={"lr": 1e-3, "batch_size": 8, "steps": 3, "labeled": 0.5},
-                                       privacy={"combine_at": "target"}))
+                                       privacy={"combine_at": "target"}, warmup_rounds=0))
     transport = RecordingTransport(build_runners(cfg, torch.device("cpu"), False), wire=True)
     target = transport.runners["dicom_style"]
     trained, handle = [], target.handle
@@ -171,7 +171,8 @@ def test_held_fine_tuning_equals_the_sequential_one(tiny_manifests, root):
     from fedcxr.pipeline.protocols import get_protocol, task_config
 
     cfg = load_config(data=tiny_config(tiny_manifests, root / "cache", strategy="FedGP_Auto", rounds=1,
-                                       target_train={"lr": 1e-3, "batch_size": 8, "steps": 3, "labeled": 0.5}))
+                                       target_train={"lr": 1e-3, "batch_size": 8, "steps": 3, "labeled": 0.5},
+                                       warmup_rounds=0))
     protocol = get_protocol(cfg.strategy)
     runners = build_runners(cfg, torch.device("cpu"), False)
     ctx = build_context(cfg, protocol, InProcessTransport(runners))
