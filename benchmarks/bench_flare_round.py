@@ -10,8 +10,9 @@ batch size at every site), no validation, all three experiments in one simulator
 * ``AuxInfo_GP (server)`` — ``privacy.combine_at: server`` (the default): sources and target
   train from θ0 in one request, at once; the server projects (a round costs
   max(sources, target) + combine);
-* ``AuxInfo_GP (target)`` — ``privacy.combine_at: target``: sources first, then the target
-  fine-tunes and combines (the paper's sequential order).
+* ``AuxInfo_GP (target)`` — ``privacy.combine_at: target``: the target fine-tunes beside the
+  sources and holds its model, then receives the source deltas and combines: one more round
+  trip (the paper ran sources, then the target, one after the other: 1.12×).
 
 Seconds per round are the server's ``metrics.jsonl`` timings, averaged over rounds ≥ 1
 (round 0 includes the sites' start-up). Every site process uses ``--threads`` torch threads.

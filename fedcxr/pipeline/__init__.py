@@ -6,7 +6,8 @@ Imports flow one way, from the bottom of this table to the top (no module import
 layer / module        what it holds
 ====================  ========================================================================
 commands              ``federation`` (run / resume one experiment, checkpoints, run.json),
-                      ``predict`` (a finished run's predictions), ``checkpoints``
+                      ``predict`` (a finished run's predictions), ``checkpoints``,
+                      ``dp_ledger`` (each site's DP spending over a run → ε in run.json)
 transports            ``inprocess`` (every site in this process, the default); NVIDIA FLARE
                       lives one level up in :mod:`fedcxr.flare` (it imports this package)
 protocols             ``protocols/`` (one module per family of methods, by the papers' names)
@@ -14,7 +15,8 @@ protocol framework    ``protocols/base`` (context, asking sites, reply checks), 
                       (the interface), ``site_tasks`` (site-side tasks registered with the
                       runner), ``combine`` (GP/FedDA/FedGP applied from a round's spec)
 site side             ``site_runner`` (one site: its data, model, tasks), ``local`` (local
-                      training + prediction), ``data`` (decode-once cache, datasets, loaders)
+                      training + prediction), ``dp`` (DP-SGD with Opacus, ε accounting),
+                      ``data`` (decode-once cache, datasets, loaders)
 rules and helpers     ``aggregate`` (pure aggregation rules), ``state`` (state-dict plumbing,
                       the one flatten), ``messages`` (the reply type and payload layouts),
                       ``config`` (the experiment YAML), ``engine`` (how training uses the

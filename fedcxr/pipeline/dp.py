@@ -7,10 +7,9 @@
   batch (use ``model.norm: group``).
 * A site reports what its training spent in the reply's ``metrics["dp"]``: noise multiplier,
   sampling rate q = batch size / training rows, and optimizer steps — numbers only.
-* :class:`PrivacyLedger` (a transport wrapper on the server) collects those per site over
-  rounds, as plain lists that go into every checkpoint (resume keeps the sum), and
-  :func:`epsilon` gives each site's accumulated ε at ``delta`` with Opacus' RDP accountant;
-  ``run.json["dp"]`` reports them.
+* :func:`epsilon` gives a site's accumulated ε at ``delta`` with Opacus' RDP accountant; the
+  server collects the spending per site over rounds in :mod:`fedcxr.pipeline.dp_ledger`
+  (plain lists in every checkpoint, so a resume keeps the sum) and ``run.json["dp"]`` reports it.
 
 Batches are shuffled fixed-size batches (as Opacus with ``poisson_sampling=False``), not
 Poisson samples: the reported ε is the usual approximation for that case. Noise comes from
@@ -20,14 +19,12 @@ the training call's seeded RNG (reproducible runs), not from a cryptographically
 from __future__ import annotations
 
 import logging
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping
 
 import torch
 from torch import nn
 
 from fedcxr.errors import UserError
-from fedcxr.pipeline.messages import Reply
-from fedcxr.pipeline.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -88,43 +85,3 @@ def epsilon(history: list[list[float]], delta: float) -> float:
     accountant = RDPAccountant()
     accountant.history = [(float(s), float(q), int(n)) for s, q, n in history if int(n) > 0]
     return float(accountant.get_epsilon(delta=float(delta))) if accountant.history else 0.0
-
-
-class PrivacyLedger(Transport):
-    """A transport wrapper on the server: records each site's DP spending from its replies."""
-
-    def __init__(self, inner: Transport, delta: float):
-        self.inner = inner
-        self.site_names = inner.site_names
-        self.delta = float(delta)
-        self.history: dict[str, list[list[float]]] = {}
-
-    def run(self, task, targets, params, config, *, per_site=None) -> dict[str, Reply]:
-        replies = self.inner.run(task, targets, params, config, per_site=per_site)
-        for site, reply in replies.items():
-            used = reply.metrics.get("dp") if isinstance(reply.metrics, dict) else None
-            if isinstance(used, dict) and used.get("steps"):
-                self.history.setdefault(site, []).append(
-                    [float(used["noise_multiplier"]), float(used["sample_rate"]), int(used["steps"])])
-        return replies
-
-    def local_states(self) -> dict[str, dict]:
-        return self.inner.local_states()
-
-    def load_local_states(self, states) -> None:
-        self.inner.load_local_states(states)
-
-    def report(self) -> dict[str, dict]:
-        """``{site: {"epsilon", "delta", "steps", "calls"}}`` so far."""
-        return {site: {"epsilon": epsilon(calls, self.delta), "delta": self.delta,
-                       "steps": sum(int(c[2]) for c in calls), "calls": len(calls)}
-                for site, calls in sorted(self.history.items())}
-
-
-def ledger_for(cfg, transport: Transport) -> tuple[Transport, Optional[PrivacyLedger]]:
-    """``transport`` wrapped in a :class:`PrivacyLedger` when the config asks for DP."""
-    if cfg.privacy.dp is None:
-        return transport, None
-    require_opacus()
-    ledger = PrivacyLedger(transport, cfg.privacy.dp.delta)
-    return ledger, ledger

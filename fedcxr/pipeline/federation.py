@@ -35,7 +35,7 @@ from fedcxr.errors import UserError
 from fedcxr.logs import bar_disabled
 from fedcxr.pipeline.checkpoints import latest_checkpoint, load_latest_intact, save_checkpoint, save_final
 from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint, dump_config
-from fedcxr.pipeline.dp import ledger_for
+from fedcxr.pipeline.dp_ledger import ledger_for
 from fedcxr.pipeline.engine import backend_settings
 from fedcxr.pipeline.inprocess import InProcessTransport, build_runners, run_engine
 from fedcxr.pipeline.local import resolve_device

@@ -62,7 +62,7 @@ def dp_runs(tiny_manifests, tmp_path_factory):
     pytest.importorskip("opacus")
     root = tmp_path_factory.mktemp("dp")
     data = tiny_config(tiny_manifests, root / "cache", strategy="FedGP", rounds=2, eval_every=0, model=GROUP,
-                       privacy={"dp": DP})
+                       privacy={"dp": DP}, warmup_rounds=0)
     cfg = load_config(data=data)
     run = run_experiment(cfg, root / "straight", progress=False)
     return cfg, run, root

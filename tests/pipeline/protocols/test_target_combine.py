@@ -144,7 +144,7 @@ def test_target_side_combination_fine_tunes_once_beside_the_sources(tiny_manifes
     """combine_at: target — the target trains in the sources' request and train_combine reuses it."""
     cfg = load_config(data=tiny_config(tiny_manifests, root / "cache", strategy="FedGP", rounds=1, eval_every=0,
                                        target_train={"lr": 1e-3, "batch_size": 8, "steps": 3, "labeled": 0.5},
-                                       privacy={"combine_at": "target"}))
+                                       privacy={"combine_at": "target"}, warmup_rounds=0))
     transport = RecordingTransport(build_runners(cfg, torch.device("cpu"), False), wire=True)
     target = transport.runners["dicom_style"]
     trained, handle = [], target.handle
@@ -162,3 +162,31 @@ def test_target_side_combination_fine_tunes_once_beside_the_sources(tiny_manifes
         ("dicom_style", "train_combine")]
     final = torch.load(tmp_path / "run" / "final_model.pt", map_location="cpu", weights_only=True)["global"]
     assert _max_diff(final, _run(tiny_manifests, root, "FedGP", where="server")[0]) <= 1e-6
+
+
+def test_held_fine_tuning_equals_the_sequential_one(tiny_manifests, root):
+    """train_combine without a held model (a restarted site, the old sequential order) trains itself: same result."""
+    from fedcxr.pipeline.federation import build_context, initial_model
+    from fedcxr.pipeline.messages import pack_combine
+    from fedcxr.pipeline.protocols import get_protocol, task_config
+
+    cfg = load_config(data=tiny_config(tiny_manifests, root / "cache", strategy="FedGP_Auto", rounds=1,
+                                       target_train={"lr": 1e-3, "batch_size": 8, "steps": 3, "labeled": 0.5},
+                                       warmup_rounds=0))
+    protocol = get_protocol(cfg.strategy)
+    runners = build_runners(cfg, torch.device("cpu"), False)
+    ctx = build_context(cfg, protocol, InProcessTransport(runners))
+    theta0 = initial_model(cfg, ctx)
+    source = runners["nih_style"].handle("train", theta0, task_config(ctx, 0, "source"))
+    spec = protocol.combine_spec(ctx, {"nih_style": source})
+    payload = pack_combine(theta0, [{k: source.params[k] - theta0[k] for k in theta0}])
+    combine_cfg = task_config(ctx, 0, "target", combine=spec)
+    target = runners["dicom_style"]
+    sequential = target.handle("train_combine", payload, combine_cfg)
+    held = target.handle("train", theta0, task_config(ctx, 0, "target", record_batch_updates=True,
+                                                      hold_for_combine=True))
+    assert held.params is None and held.n_batches == 3  # only counts and metrics leave the site now
+    parallel = target.handle("train_combine", payload, combine_cfg)
+    assert target.held is None  # used once
+    assert _max_diff(sequential.params, parallel.params) == 0.0
+    assert sequential.metrics["betas"] == parallel.metrics["betas"]
