@@ -16,17 +16,20 @@ from typing import Callable, Optional, Sequence
 import fedcxr
 from fedcxr.errors import RunFailed, UserError
 from fedcxr.logs import configure as configure_logging
-from fedcxr.logs import progress_wanted, verbosity
+from fedcxr.logs import verbosity
 
 #: subcommand → "module:function(args) -> int"
 HANDLERS: dict[str, str] = {
-    "ingest": "fedcxr.cli:_ingest",
+    "ingest": "fedcxr.commands.ingest:cli_ingest",
     "synth": "fedcxr.synth:cli_synth",
     "train": "fedcxr.commands.train:cli_train",
     "evaluate": "fedcxr.commands.evaluate:cli_evaluate",
+    "predict": "fedcxr.commands.predict:cli_predict",
+    "export-bundle": "fedcxr.bundle.export:cli_export_bundle",
     "report": "fedcxr.commands.report:cli_report",
     "demo": "fedcxr.commands.demo:cli_demo",
     "sweep": "fedcxr.commands.sweep:cli_sweep",
+    "shift": "fedcxr.site_adapters.shift:cli_shift",
     "flare": "fedcxr.flare.cli:cli_flare",
 }
 
@@ -71,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                               formatter_class=_HelpFormatter)
 
     p = command("ingest", "hospital export → canonical per-site manifests")
-    p.add_argument("source", metavar="SOURCE", help="nih | chexpert | mimic | midrc | dicom | csv | medmnist")
+    p.add_argument("source", metavar="SOURCE",
+                   help="nih | chexpert | mimic | midrc | dicom | images (DICOM/PNG/JPEG folder) | csv | medmnist")
     p.add_argument("--input", required=True, type=Path, help="export root folder")
     p.add_argument("--out", required=True, type=Path, help="output folder (one subfolder per site)")
     p.add_argument("--site-by", default=None,
@@ -89,6 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="share of patients in val when the source has no official split")
     p.add_argument("--test-fraction", type=float, default=0.2,
                    help="share of patients in test when the source has no official split")
+    p.add_argument("--site-key", type=Path, default=None, metavar="FILE",
+                   help="secret key for the keyed patient/study pseudonyms (stays at the site; "
+                        "unset: $FEDCXR_SITE_KEY, else OUT/.fedcxr_site_key, created on first use)")
+    p.add_argument("--max-pixels", type=int, default=100_000_000, metavar="N",
+                   help="set aside an image whose header declares more pixel values (DICOM: rows x "
+                        "columns x frames x samples), before decoding it; training decodes under the same bound")
+    p.add_argument("--follow-links", action="store_true",
+                   help="accept image paths whose symbolic links lead out of the export folder "
+                        "(unset: such rows are set aside with the reason)")
 
     p = command("synth", "write a synthetic multi-hospital export in native formats")
     p.add_argument("--out", required=True, type=Path, help="folder to write the exports into")
@@ -112,6 +125,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", type=int, default=1000,
                    help="patient-level bootstrap resamples for 95%% CIs (0: DeLong CIs)")
     _device(p, what="the run's device")
+    p.add_argument("--cam", type=int, nargs="?", const=3, default=0, metavar="N",
+                   help="opt-in: Grad-CAM gallery of the N (default 3) top-scoring images per class in report.md "
+                        "(PNGs under RUN_DIR/cam/, derived from patient pixels)")
+
+    p = command("predict", "score new images with a trained model (CSV of keys, probabilities, decisions)")
+    p.add_argument("run_dir", type=Path, help="a finished run directory (operating points: run `fedcxr evaluate` first)")
+    p.add_argument("--input", required=True, type=Path,
+                   help="a site's manifest folder, or a folder of DICOM/PNG/JPEG files (never written to)")
+    p.add_argument("--out", required=True, type=Path,
+                   help="FILE.csv (no ids, no paths); FILE.private-key-map.csv beside it maps keys to images")
+    p.add_argument("--site", default=None,
+                   help="use this site's own model and thresholds (PFL, FedBN, Individual); unset: the global model")
+    _device(p, default="auto")
+    p.add_argument("--cam", type=int, default=0, metavar="N",
+                   help="Grad-CAM overlays of the N top-scoring images per class into FILE.cam/ (patient pixels)")
+    p.add_argument("--batch-size", type=int, default=32, help="images per forward pass")
+    p.add_argument("--site-key", type=Path, default=None,
+                   help="site key file for a plain folder's pseudonyms (stable keys across runs); "
+                        "unset: $FEDCXR_SITE_KEY, else a fresh key per run")
+
+    p = command("export-bundle", "a trained model as a MONAI bundle (TorchScript + configs for MONAI's runner)")
+    p.add_argument("run_dir", type=Path, help="a finished run directory")
+    p.add_argument("--out", required=True, type=Path, help="bundle folder to create (new or empty)")
+    p.add_argument("--site", default=None, help="export this site's own model (PFL, FedBN, Individual); unset: global")
 
     p = command("report", "method-comparison table across runs")
     p.add_argument("run_dirs", nargs="+", type=Path, help="evaluated run directories")
@@ -133,6 +170,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key for every run; repeatable")
 
+    p = command("shift", "a seeded covariate shift (noise/gamma/blur) of one site's images → a new site")
+    p.add_argument("site_dir", type=Path, help="an ingested site folder (manifest.parquet + site.json)")
+    p.add_argument("--out", required=True, type=Path, help="folder for the new site (OUT/<site>) and its PNGs")
+    p.add_argument("--kind", required=True, choices=["noise", "gamma", "blur", "mix"],
+                   help="noise: Gaussian noise; gamma: contrast curve; blur: Gaussian blur; mix: all three")
+    p.add_argument("--level", required=True, type=int, choices=[0, 1, 2, 3, 4],
+                   help="strength, 0 = none (identity) ... 4 = strong (table: BENCHMARKS.md, `fedcxr.site_adapters.shift`)")
+    p.add_argument("--seed", type=int, default=0, help="noise seed (same seed, same PNGs)")
+    p.add_argument("--site-name", default=None, help="name of the new site; unset: the input site's name")
+
     p = command("flare", "the same run on NVIDIA FLARE (export | simulate | poc)")
     p.add_argument("flare_command", choices=["export", "simulate", "poc"],
                    help="export: write a job folder; simulate: FLARE simulator here; poc: POC system on loopback")
@@ -149,27 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default=None,
                    help="export: the server's run directory (a stable path makes the run resumable); "
                         "unset: a folder in the FLARE job workspace")
+    p.add_argument("--no-cross-site", dest="cross_site", action="store_false",
+                   help="skip the cross-site evaluation after the last round (each site scores the final "
+                        "model on its own test split and sends back only the AUROC summary)")
+    p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
+                   help="patient-bootstrap resamples of the cross-site evaluation (0: DeLong CIs)")
     return parser
-
-
-def _ingest(args: argparse.Namespace) -> int:
-    from fedcxr.site_adapters.ingest import run_ingest
-
-    report = run_ingest(
-        args.source, args.input, args.out,
-        site_by=args.site_by, site_name=args.site_name, uncertain=args.uncertain,
-        mapping=args.mapping, labels_csv=args.labels, verify_pixels=args.verify_pixels,
-        workers=args.workers, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
-        progress=progress_wanted(args),
-    )
-    print(f"read {report['rows_read']} rows: kept {report['rows_kept']}, set aside {report['rows_set_aside']}")
-    for reason, count in report["set_aside_by_reason"].items():
-        print(f"  set aside {count}: {reason}")
-    for site, info in report["sites"].items():
-        splits = ", ".join(f"{k} {v}" for k, v in info["rows_per_split"].items())
-        print(f"  site {site}: {info['rows']} rows ({splits}); classes: {', '.join(info['class_set'])}")
-    print(f"manifests and ingest_report.json in {args.out}")
-    return 0
 
 
 def _resolve(name: str) -> Callable[[argparse.Namespace], int]:

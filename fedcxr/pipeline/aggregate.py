@@ -301,19 +301,28 @@ def _unit_interval(name: str, value: float) -> float:
     return value
 
 
-def _magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source, epochs_target) -> list[float]:
+def _magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source, epochs_target,
+                      steps_source=None, steps_target=None) -> list[float]:
     """``s_i = (lr_T/lr_S)·(E_T/E_S)·((n_T/bs_T)/(n_i/bs_S))·(n_i/Σn)`` (DESIGN §5; GP App. A.2 Eq. 8).
 
     Aligns a source update (n_i/bs_S steps at lr_S for E_S epochs) with the target's
-    (n_T/bs_T steps at lr_T for E_T epochs) and weights it by n_i/Σn. Note that n_i cancels:
-    every source gets the same scale ``(lr_T/lr_S)(E_T/E_S)(n_T/bs_T)·bs_S/Σn``; computed
-    literally anyway so the code reads like the formula.
+    (n_T/bs_T steps at lr_T for E_T epochs) and weights it by n_i/Σn. ``E·n/bs`` is the number
+    of optimiser steps an update took; when the real counts are known (``steps_source[i]``,
+    ``steps_target``: a ``steps:`` budget, a last partial batch, skipped batches) they replace
+    it: ``s_i = (lr_T/lr_S)·(steps_T/steps_i)·(n_i/Σn)`` — the same number for whole epochs
+    of full batches. Without step counts n_i cancels and every source gets the same scale;
+    computed literally anyway so the code reads like the formula.
     """
     n = [_positive(f"n_sources[{i}]", v) for i, v in enumerate(n_sources)]
     total = sum(n)
-    ratio = (_positive("lr_target", lr_target) / _positive("lr_source", lr_source)) * (
-        _positive("epochs_target", epochs_target) / _positive("epochs_source", epochs_source)
-    )
+    lr_ratio = _positive("lr_target", lr_target) / _positive("lr_source", lr_source)
+    if steps_source is not None and steps_target is not None:
+        if len(steps_source) != len(n):
+            raise ValueError(f"{len(n)} sources but {len(steps_source)} step counts")
+        t_steps = _positive("steps_target", steps_target)
+        return [lr_ratio * (t_steps / _positive(f"steps_source[{i}]", k)) * (n_i / total)
+                for i, (k, n_i) in enumerate(zip(steps_source, n))]
+    ratio = lr_ratio * (_positive("epochs_target", epochs_target) / _positive("epochs_source", epochs_source))
     target_steps = _positive("n_target", n_target) / _positive("bs_target", bs_target)
     bs_s = _positive("bs_source", bs_source)
     return [ratio * (target_steps / (n_i / bs_s)) * (n_i / total) for n_i in n]
@@ -487,6 +496,8 @@ def gp(
     epochs_source: float = 1,
     epochs_target: float = 1,
     beta: float = 0.5,
+    steps_source: Optional[Sequence[float]] = None,
+    steps_target: Optional[float] = None,
 ) -> StateDict:
     """Gradient projection on the target (AuxInfo+GP paper, Eq. 4-9 and App. A.2; DESIGN §5).
 
@@ -496,14 +507,16 @@ def gp(
 
         θ = θ0 + β·Σ_{c_i>0} s_i·c_i·Δ_i + (1−β)·Δ_T,
 
-    ``s_i`` as in :func:`_magnitude_scales`. β weights the SOURCES (the paper's text and code;
+    ``s_i`` as in :func:`_magnitude_scales` (from the real optimiser step counts when
+    ``steps_source``/``steps_target`` are given). β weights the SOURCES (the paper's text and code;
     its Eq. 7/9 print it the other way round): β=0 gives the target's own fine-tuned model,
     β=1 only the projected sources. BN running statistics are entries like any other and take
     part in cosines; 0-dim and integer entries keep θ0.
     """
     _check_inputs(theta0, target, sources, len(n_sources), "gp")
     beta = _unit_interval("beta", beta)
-    scales = _magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source, epochs_target)
+    scales = _magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source,
+                               epochs_target, steps_source, steps_target)
     return _combine(theta0, target, sources, target_coef=1.0 - beta, source_coefs=[beta * s for s in scales], project=True)
 
 
@@ -521,6 +534,8 @@ def fedgp(
     lr_target: float,
     epochs_source: float = 1,
     epochs_target: float = 1,
+    steps_source: Optional[Sequence[float]] = None,
+    steps_target: Optional[float] = None,
 ) -> StateDict:
     """FedGP with per-source β_i (FedGP paper Def. 4.3 and App. C.9; DESIGN §5).
 
@@ -532,9 +547,12 @@ def fedgp(
     """
     _check_inputs(theta0, target, sources, len(n_sources), "fedgp")
     betas = _betas(betas, len(sources), "fedgp")
-    scales = _magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source, epochs_target)
+    scales = _magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source,
+                               epochs_target, steps_source, steps_target)
     total = sum(float(n) for n in n_sources)
-    target_coef = sum((1.0 - b) * float(n) / total for b, n in zip(betas, n_sources))
+    # summed, then divided once: with every β_i = 0 the coefficient is exactly 1.0, so the
+    # result is the target's own model bit for bit (lerp with weight 1 returns its end)
+    target_coef = sum((1.0 - b) * float(n) for b, n in zip(betas, n_sources)) / total
     return _combine(theta0, target, sources, target_coef=target_coef, source_coefs=[b * s for b, s in zip(betas, scales)], project=True)
 
 
@@ -559,7 +577,7 @@ def fedda(
     if any(not math.isfinite(v) or v < 0 for v in n) or sum(n) <= 0:
         raise ValueError(f"fedda: n_sources must be >= 0 with a positive sum, got {n}")
     total = sum(n)
-    target_coef = sum((1.0 - b) * v / total for b, v in zip(betas, n))
+    target_coef = sum((1.0 - b) * v for b, v in zip(betas, n)) / total  # exactly 1.0 when every β_i = 0
     return _combine(theta0, target, sources, target_coef=target_coef, source_coefs=[b * v / total for b, v in zip(betas, n)], project=False)
 
 
@@ -581,8 +599,10 @@ def auto_betas(target_batch_updates: torch.Tensor, source_updates: torch.Tensor,
     :func:`source_step_update`, and the g_j rescaled by the learning-rate ratio so that a
     target batch update and a source step are in the same units (steps taken at the same lr):
 
-    .. note:: with plain SGD a step is ``−lr·∇``, so that means ``g_j·lr_S/lr_T``; DESIGN §5
-       writes "g_j scaled by lr_T/lr_S". Which one the caller uses changes d² and β.
+    .. note:: a step moves the weights by about its lr, so that means ``g_j·lr_S/lr_T``
+       (:func:`fedcxr.pipeline.combine.aligned_target_updates`, BN running statistics left
+       unscaled); the authors' DomainBed script uses lr_T/lr_S. The factor changes FedDA's d²
+       and β; FedGP's β does not depend on it.
 
     * ``target_batch_updates``: ``(B, M)``, the target's B per-batch updates g_j (B ≥ 2);
     * ``source_updates``: ``(N, M)``, one mean per-step update s_i per source.

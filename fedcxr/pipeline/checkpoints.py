@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import pickle
+import struct
 import zipfile
 from pathlib import Path
 from typing import Any, Optional
@@ -53,7 +54,8 @@ def load_tensors(path: Path | str, what: str = "file") -> Any:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UnsafeFile(f"{path}: refused to load this {what}: it holds more than tensors and plain values "
                          f"({first[:200]}); fedcxr never runs code from a file") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError, AttributeError) as exc:
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError, AttributeError,
+            struct.error) as exc:
         raise UnsafeFile(f"{path}: cannot read this {what} (truncated or not a torch file: "
                          f"{type(exc).__name__}: {str(exc)[:200]})") from None
 

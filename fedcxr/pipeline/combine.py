@@ -17,14 +17,19 @@ from fedcxr.pipeline import aggregate as agg
 from fedcxr.pipeline.state import StateDict, apply_delta, flatten_state, update_keys
 
 RULES = ("gp", "fedda", "fedgp")
+#: Entries whose per-step change does not scale with the learning rate (BN: momentum·(batch − running)).
+UNSCALED_SUFFIXES = ("running_mean", "running_var")
 
 
 def combine(theta0: StateDict, target: StateDict, deltas: list[StateDict], spec: dict, *,
-            n_target: int, batch_updates: Optional[torch.Tensor]) -> tuple[StateDict, list[float]]:
+            n_target: int, batch_updates: Optional[torch.Tensor],
+            target_steps: Optional[int] = None) -> tuple[StateDict, list[float]]:
     """Apply the round's rule (``spec["rule"]``: gp | fedda | fedgp) to the target's update.
 
     ``spec`` holds the sources' sample and batch counts, the learning rates, batch sizes and
     epochs, and either a fixed ``beta`` or ``auto: true`` (β_i from ``batch_updates``).
+    ``target_steps`` (the target's optimiser steps) with ``spec["n_batches"]`` (each source's)
+    makes the GP magnitude scale use the real step counts.
     Returns the combined model and the β used per source.
     """
     sources = [apply_delta(theta0, d) for d in deltas]
@@ -38,6 +43,8 @@ def combine(theta0: StateDict, target: StateDict, deltas: list[StateDict], spec:
         bs_target=spec["bs_target"], lr_source=spec["lr_source"], lr_target=spec["lr_target"],
         epochs_source=spec["epochs_source"], epochs_target=spec["epochs_target"],
     )
+    if target_steps and all(int(b) > 0 for b in spec.get("n_batches") or [0]):
+        scale.update(steps_source=[int(b) for b in spec["n_batches"]], steps_target=int(target_steps))
     rule = spec["rule"]
     if rule == "gp":
         return agg.gp(theta0, target, sources, beta=betas[0], **scale), betas
@@ -54,9 +61,32 @@ def auto_betas(theta0: StateDict, deltas: list[StateDict], spec: dict,
     if batch_updates is None or batch_updates.shape[0] < 2:
         raise UserError("auto-weighting (FedDA_Auto/FedGP_Auto) needs at least two target batches per "
                         "round: raise target_train.steps/epochs or labeled, or lower target_train.batch_size")
-    g = batch_updates.float() * (float(spec["lr_target"]) / float(spec["lr_source"]))
+    g = aligned_target_updates(theta0, batch_updates, spec)
     keys = update_keys(theta0)
     flat = [agg.source_step_update(flatten_state(d, keys)[0], max(int(b), 1))
             for d, b in zip(deltas, spec["n_batches"])]
     result = agg.auto_betas(g, torch.stack(flat), rule=spec["rule"])
     return [float(b) for b in result["betas"]]
+
+
+def aligned_target_updates(theta0: StateDict, batch_updates: torch.Tensor, spec: dict) -> torch.Tensor:
+    """The target's per-batch updates brought to the sources' step size: × lr_S/lr_T.
+
+    A step moves a weight by about its learning rate (Adam: ≈ lr per coordinate; SGD: lr·grad),
+    so a target step at lr_T becomes comparable with a source step ``s = Δ_i/#batches`` at lr_S
+    when multiplied by lr_S/lr_T (measured in tests/pipeline/test_combine.py). The authors'
+    DomainBed script multiplies by lr_T/lr_S (``grads_all_epochs * args.lr_ratio``), which
+    shrinks the target's steps a second time instead of aligning them: a deliberate departure
+    (README, "Methods"). FedGP_Auto's β does not depend on this factor (σ² and τ²d² scale
+    alike); FedDA_Auto's does (d² compares g_j with s). Columns of BN running statistics are
+    left unscaled: their change does not depend on the learning rate.
+    """
+    factor = float(spec["lr_source"]) / float(spec["lr_target"])
+    scale = torch.cat([
+        torch.full((theta0[k].numel(),), 1.0 if k.endswith(UNSCALED_SUFFIXES) else factor)
+        for k in update_keys(theta0)
+    ])
+    if scale.numel() != batch_updates.shape[1]:
+        raise ValueError(f"target batch updates have {batch_updates.shape[1]} values per step, the model "
+                         f"{scale.numel()}")
+    return batch_updates.float() * scale

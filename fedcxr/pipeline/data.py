@@ -50,7 +50,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from fedcxr.atomic import atomic_path
 from fedcxr.errors import UserError
 from fedcxr.logs import bar_disabled
-from fedcxr.site_adapters.images import read_image_resized
+from fedcxr.site_adapters.images import MAX_PIXELS, read_image_resized
 from fedcxr.site_adapters.manifest import (
     SPLITS,
     atomic_write_json,
@@ -188,6 +188,7 @@ def _decode_into(site: SiteInfo, size: int, tmp: Path, *, progress: bool, worker
     from tqdm import tqdm
 
     paths = [str(site.export_root / p) for p in site.manifest["image_path"].astype(str)]
+    max_pixels = int((site.meta.get("options") or {}).get("max_pixels") or MAX_PIXELS)  # ingest's bound
     n = len(paths)
     if n == 0:
         tmp.write_bytes(b"")
@@ -201,12 +202,12 @@ def _decode_into(site: SiteInfo, size: int, tmp: Path, *, progress: bool, worker
         if parallel:
             with ProcessPoolExecutor(max_workers=min(workers, len(starts))) as pool:
                 jobs = ((start, paths[start:start + chunk]) for start in starts)
-                for start, part in bounded_map(pool, _decode_chunk, jobs, size, limit=2 * workers):
+                for start, part in bounded_map(pool, _decode_chunk, jobs, size, max_pixels, limit=2 * workers):
                     _store(out, start, part, paths, site, size)
                     bar.update(len(part))
         else:
             for start in starts:
-                part = _decode_chunk(paths[start:start + chunk], size)
+                part = _decode_chunk(paths[start:start + chunk], size, max_pixels)
                 _store(out, start, part, paths, site, size)
                 bar.update(len(part))
         out.flush()
@@ -235,12 +236,17 @@ def bounded_map(pool: Executor, fn, jobs: Iterable[tuple[int, Any]], *args: Any,
         yield done_key, future.result()
 
 
-def _decode_chunk(paths: list[str], size: int) -> list[tuple[Optional[np.ndarray], Optional[str]]]:
-    """Decode a chunk; a failure becomes a reason string (module-level: process pools pickle it)."""
+def _decode_chunk(
+    paths: list[str], size: int, max_pixels: int = MAX_PIXELS
+) -> list[tuple[Optional[np.ndarray], Optional[str]]]:
+    """Decode a chunk; a failure becomes a reason string (module-level: process pools pickle it).
+
+    ``max_pixels`` bounds each image's declared size before it is decoded (ingest's option).
+    """
     results: list[tuple[Optional[np.ndarray], Optional[str]]] = []
     for path in paths:
         try:
-            results.append((read_image_resized(path, size), None))
+            results.append((read_image_resized(path, size, max_pixels), None))
         except Exception as exc:  # any decoder failure is reported with the file's name
             results.append((None, f"{type(exc).__name__}: {exc}"))
     return results

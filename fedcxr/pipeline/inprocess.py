@@ -8,6 +8,7 @@ live in this process.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Mapping
 
@@ -20,6 +21,8 @@ from fedcxr.pipeline.engine import Engine, resolve_engine
 from fedcxr.pipeline.protocols import CENTRAL_SITE
 from fedcxr.pipeline.site_runner import SiteRunner
 from fedcxr.pipeline.transport import Transport
+
+log = logging.getLogger(__name__)
 
 
 class InProcessTransport(Transport):
@@ -52,10 +55,14 @@ def build_runners(cfg: ExperimentConfig, device: torch.device, progress: bool) -
     the GPU after its turn (``engine.offload_idle``), so N simulated sites need one model's
     worth of GPU memory, not N.
     """
+    if cfg.privacy.filters:
+        log.warning("privacy.filters are NVIDIA FLARE result filters: they act in `fedcxr flare` runs only, "
+                    "not in this in-process run")
     cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
     engine = run_engine(cfg, device)
     common = dict(model_cfg=cfg.model.model_dump(mode="json"), image_size=cfg.image_size, cache_dir=cache,
-                  device=device, augment=cfg.augment, progress=progress, engine=engine)
+                  device=device, augment=cfg.augment, progress=progress, engine=engine,
+                  task=cfg.task.model_dump(mode="json") if cfg.task else None)
     runners = {cfg.site_name(s): SiteRunner(cfg.site_name(s), cfg.site_dir(s), **common) for s in cfg.all_sites()}
     if cfg.strategy == "Central":
         runners[CENTRAL_SITE] = SiteRunner(CENTRAL_SITE, [cfg.site_dir(s) for s in cfg.all_sites()], **common)

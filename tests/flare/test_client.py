@@ -114,3 +114,14 @@ def test_restarted_site_restores_local_state_of_the_right_round(tiny_manifests, 
     assert all(torch.equal(reply.params[k], after_round1[k]) for k in bn)
     other = FlareSite("nih_style", site_cfg, tmp_path).handle("local_state", None, {}, SETTINGS, "other-run")
     assert other.params == {}, "state is kept per experiment"
+
+
+def test_every_task_that_trains_saves_the_site_state():
+    """train_combine (GP/FedDA/FedGP) and fact_target (FACT) train too: their state must survive a restart."""
+    from fedcxr.flare.client import READ_ONLY_TASKS, STATE_CHANGING_TASKS
+    from fedcxr.pipeline.site_runner import TASKS
+
+    assert {"train", "train_combine", "fact_target"} <= STATE_CHANGING_TASKS
+    unclassified = sorted(set(TASKS) - STATE_CHANGING_TASKS - READ_ONLY_TASKS)
+    assert not unclassified, f"registered tasks neither state-changing nor read-only: {unclassified}"
+    assert not STATE_CHANGING_TASKS & READ_ONLY_TASKS

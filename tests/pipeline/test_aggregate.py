@@ -650,3 +650,51 @@ def test_idd_is_the_mean_absolute_difference_and_differentiable():
     assert float(A.idd(b, b)) == 0.0
     with pytest.raises(ValueError, match="shapes differ"):
         A.idd(torch.zeros(2, 3), torch.zeros(3, 2))
+
+
+# --------------------------------------------------------------------------- GP scale from real step counts
+
+
+def _gp_case():
+    theta0 = {"w": t(0.0, 0.0, 0.0)}
+    target = {"w": t(1.0, 0.0, 0.0)}
+    sources = [{"w": t(1.0, 1.0, 0.0)}, {"w": t(2.0, 0.0, 1.0)}]
+    return theta0, target, sources
+
+
+def test_gp_scale_from_step_counts_equals_the_epoch_formula_for_whole_epochs():
+    """n_T=40, bs_T=10, E_T=2 → 8 target steps; n_i=60/30, bs_S=10, E_S=1 → 6/3 source steps."""
+    theta0, target, sources = _gp_case()
+    common = dict(n_sources=[60, 30], n_target=40, bs_source=10, bs_target=10, lr_source=1e-3, lr_target=2e-4)
+    by_epochs = A.gp(theta0, target, sources, epochs_source=1, epochs_target=2, **common)
+    by_steps = A.gp(theta0, target, sources, steps_source=[6, 3], steps_target=8, **common)
+    assert_close(by_epochs, by_steps, rtol=1e-12, atol=1e-12)
+    fedgp_e = A.fedgp(theta0, target, sources, betas=[0.2, 0.7], epochs_source=1, epochs_target=2, **common)
+    fedgp_s = A.fedgp(theta0, target, sources, betas=[0.2, 0.7], steps_source=[6, 3], steps_target=8, **common)
+    assert_close(fedgp_e, fedgp_s, rtol=1e-12, atol=1e-12)
+
+
+def test_a_target_taking_more_steps_scales_the_sources_up_in_proportion():
+    """`target_train.steps` = 3× the steps of one epoch: the source part grows 3×, the epoch formula did not see it."""
+    theta0, target, sources = _gp_case()
+    common = dict(n_sources=[60, 30], n_target=40, bs_source=10, bs_target=10, lr_source=1e-3, lr_target=2e-4,
+                  beta=1.0)
+    one = A.gp(theta0, target, sources, steps_source=[6, 3], steps_target=4, **common)["w"]
+    three = A.gp(theta0, target, sources, steps_source=[6, 3], steps_target=12, **common)["w"]
+    assert torch.allclose(three, 3 * one)
+    assert not torch.allclose(A.gp(theta0, target, sources, **common)["w"], three)
+
+
+@pytest.mark.parametrize("n_sources", [[1, 1, 1], [7, 3, 11], [0.1, 0.2, 0.3]])
+def test_beta_zero_returns_the_target_bit_for_bit(n_sources):
+    """FedDA/FedGP with every β_i = 0 are Target_Only: the target's floating entries, exactly."""
+    g = torch.Generator().manual_seed(3)
+    f64 = torch.float64  # float32 would hide a coefficient of 1 − 1e-16
+    theta0 = {"w": torch.randn(50, generator=g, dtype=f64), "big": torch.randn(5000, generator=g, dtype=f64)}
+    target = {k: v + 0.37 * torch.randn(v.shape, generator=g, dtype=f64) for k, v in theta0.items()}
+    sources = [{k: v + torch.randn(v.shape, generator=g, dtype=f64) for k, v in theta0.items()} for _ in n_sources]
+    scale = dict(n_target=10, bs_source=2, bs_target=2, lr_source=1e-3, lr_target=1e-4)
+    for got in (A.fedda(theta0, target, sources, betas=[0.0] * 3, n_sources=n_sources),
+                A.fedgp(theta0, target, sources, betas=[0.0] * 3, n_sources=n_sources, **scale),
+                A.gp(theta0, target, sources, beta=0.0, n_sources=n_sources, **scale)):
+        assert all(torch.equal(got[k], target[k]) for k in target)

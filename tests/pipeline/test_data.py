@@ -72,9 +72,9 @@ def site(tmp_path):
 def _counting_decoder(monkeypatch):
     calls = []
 
-    def decode(path, size):
+    def decode(path, size, *max_pixels):
         calls.append(path)
-        return read_image_resized(path, size)
+        return read_image_resized(path, size, *max_pixels)
 
     monkeypatch.setattr(data, "read_image_resized", decode)
     return calls

@@ -109,3 +109,54 @@ def test_gp_with_an_unlabeled_target_exits_2(tiny_manifests, tmp_path, capsys):
     config.write_text(yaml.safe_dump(data))
     assert main(["train", str(config), "--out", str(tmp_path / "run")]) == 2
     assert "no labeled training rows" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- unlabeled sites, warm start
+
+
+@pytest.fixture
+def unlabeled_site(tiny_manifests, tmp_path):
+    """A synthetic hospital's images ingested with no labels at all (the ``images`` source)."""
+    from fedcxr.site_adapters.ingest import run_ingest
+    from fedcxr.site_adapters.manifest import read_site_json
+
+    import shutil
+
+    export = Path(read_site_json(tiny_manifests / "dicom_style")["export_root"])
+    shutil.copytree(export, tmp_path / "scans", ignore=shutil.ignore_patterns("labels.csv"))
+    report = run_ingest("images", tmp_path / "scans", tmp_path / "unlabeled", site_name="ward", progress=False)
+    assert report["sites"]["ward"]["unlabeled"]
+    return tmp_path / "unlabeled" / "ward"
+
+
+def test_unlabeled_site_is_refused_as_a_source(tiny_manifests, unlabeled_site, tmp_path):
+    cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", sites=["nih_style", str(unlabeled_site)]))
+    with pytest.raises(UserError, match=r"no finding labels.*a source must be labeled.*FACT"):
+        run_experiment(cfg, tmp_path / "run", progress=False)
+
+
+def test_fact_trains_with_an_unlabeled_target(tiny_manifests, unlabeled_site, tmp_path):
+    cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", strategy="FACT", rounds=1,
+                                       target=str(unlabeled_site), class_source="sources"))
+    run = run_experiment(cfg, tmp_path / "run", progress=False)
+    assert run["status"] == "finished" and run["class_sets"]["ward"] == []
+    bad = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", strategy="FACT", rounds=1,
+                                       target=str(unlabeled_site)))
+    with pytest.raises(UserError, match="unlabeled.*class_source: sources"):
+        run_experiment(bad, tmp_path / "run2", progress=False)
+
+
+def test_warm_start_from_a_finished_run(tiny_manifests, tmp_path):
+    """model.weights = a run's final_model.pt: round 0 starts from its global weights."""
+    from fedcxr.pipeline.federation import build_context, initial_model
+    from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
+    from fedcxr.pipeline.protocols import get_protocol
+
+    first = tmp_path / "first"
+    run_experiment(load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", rounds=1)), first, progress=False)
+    cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", rounds=1,
+                                       model={"backbone": "resnet_tiny", "hidden": 16,
+                                              "weights": str(first / "final_model.pt")}))
+    transport = InProcessTransport(build_runners(cfg, torch.device("cpu"), False))
+    ctx = build_context(cfg, get_protocol(cfg.strategy), transport)
+    assert _same(initial_model(cfg, ctx), _weights(first))

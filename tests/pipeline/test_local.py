@@ -173,6 +173,25 @@ def test_trainable_head_leaves_the_backbone_and_bn_statistics_unchanged():
     assert model.training
 
 
+def test_freeze_bn_keeps_every_batchnorm_entry_and_uses_running_statistics():
+    """FedBN+: BN weight, bias and running statistics stay the initial ones; the rest learns."""
+    from fedcxr.models.network import bn_keys
+
+    ds = toy_dataset(n=16)
+    model = toy_model()
+    bn = set(bn_keys(model))
+    assert bn
+    before = copy.deepcopy(model.state_dict())
+    train_local(model, loader(ds), LocalConfig(lr=1e-2), device="cpu", seed=0, freeze_bn=True)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in bn)
+    assert any(not torch.equal(before[k], after[k]) for k in after if k not in bn)
+    assert all(p.requires_grad for p in model.parameters())  # flags restored
+    plain = toy_model()
+    train_local(plain, loader(ds), LocalConfig(lr=1e-2), device="cpu", seed=0)
+    assert any(not torch.equal(before[k], plain.state_dict()[k]) for k in bn)  # without it BN moves
+
+
 def test_trainable_backbone_leaves_the_head_unchanged():
     ds = toy_dataset(n=16)
     model = toy_model()

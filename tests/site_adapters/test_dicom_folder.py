@@ -173,9 +173,13 @@ def test_real_dicom_folder_with_file_name_labels(shared_data, tmp_path):
     out = tmp_path / "out"
     report = run_ingest("dicom", shared_data / "dicom", out, labels_csv=labels, verify_pixels=True,
                         progress=False)
-    assert report["rows_read"] == 8 and report["rows_kept"] == 8 and report["rows_set_aside"] == 0
+    # the FAKE file is the mono2 file with one tag changed: the same SOPInstanceUID, so one image
+    assert report["rows_read"] == 8 and report["rows_kept"] == 7 and report["rows_set_aside"] == 1
+    assert report["set_aside"][0]["image_path"] == "rsna_pneumonia_cr_chest_pa_jpegbaseline_mono2.dcm"
+    assert report["set_aside"][0]["reason"] == (
+        "duplicate image: same SOPInstanceUID as row 5 (rsna_pneumonia_cr_chest_pa_jpegbaseline_FAKE_mono1_tag.dcm)")
     manifest = read_manifest(out / "dicom").set_index("image_path")
-    rsna = manifest.loc["rsna_pneumonia_cr_chest_pa_jpegbaseline_mono2.dcm"]
+    rsna = manifest.loc["rsna_pneumonia_cr_chest_pa_jpegbaseline_FAKE_mono1_tag.dcm"]
     assert rsna["age"] == 62.0 and rsna["aux__sex"] == 1 and rsna["aux__view"] == 0
     nih = manifest.loc["nih_cxr14_gcp_dx_chest_implicit_le_mono2.dcm"]
     assert nih["age"] == 81.0 and pd.isna(nih["aux__view"])
@@ -184,11 +188,50 @@ def test_real_dicom_folder_with_file_name_labels(shared_data, tmp_path):
     assert "Covid0000" not in (out / "ingest_report.json").read_text()
 
 
-def test_real_folder_without_labels_is_set_aside_with_a_note(shared_data, tmp_path):
-    report = run_ingest("dicom", shared_data / "dicom", tmp_path / "out", progress=False)
-    assert report["rows_kept"] == 0 and report["rows_set_aside"] == 8
-    assert report["set_aside_by_reason"] == {"site 'dicom' has no labeled class": 8}
+def test_real_folder_without_labels_is_an_unlabeled_site(shared_data, tmp_path, capsys):
+    """No label csv, no findings in StudyDescription: every usable image kept, demographics from the
+    tags; the FAKE_mono1 twin shares its SOPInstanceUID with the original and is set aside."""
+    from fedcxr.cli import main
+
+    out = tmp_path / "out"
+    assert main(["ingest", "dicom", "--input", str(shared_data / "dicom"), "--out", str(out),
+                 "--site-name", "ward7", "-q"]) == 0
+    printed = capsys.readouterr().out
+    assert "kept 7, set aside 1" in printed and "set aside 1: duplicate image" in printed
+    assert "site ward7: unlabeled site: 7 images, no finding labels" in printed
+    report = json.loads((out / "ingest_report.json").read_text())
+    assert report["sites"]["ward7"]["unlabeled"] is True and report["sites"]["ward7"]["class_set"] == []
     assert any("StudyDescription of 7 of 8" in n for n in report["notes"])
+    site = json.loads((out / "ward7" / "site.json").read_text())
+    assert site["unlabeled"] is True and site["class_set"] == [] and site["rows"] == 7
+    manifest = read_manifest(out / "ward7").set_index("image_path")
+    assert manifest.filter(like="label__").isna().all().all()
+    (rsna_path,) = [p for p in manifest.index if p.startswith("rsna_pneumonia")]  # one twin kept
+    rsna = manifest.loc[rsna_path]
+    assert rsna["age"] == 62.0 and rsna["aux__sex"] == 1 and rsna["aux__view"] == 0
+
+
+def test_images_source_takes_png_and_jpeg_beside_dicom(tmp_path, capsys):
+    from PIL import Image
+
+    from fedcxr.cli import main
+
+    root = tmp_path / "scans"
+    write_dicom(root / "a" / "1.dcm", PatientID="P1", PatientSex="F", PatientAge="045Y")
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (40, 30), dtype=np.uint8), "L").save(root / "a" / "2.png")
+    Image.fromarray(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8), "RGB").save(root / "3.jpg")
+    (root / "notes.txt").write_text("not an image")
+    out = tmp_path / "out"
+    assert main(["ingest", "images", "--input", str(root), "--out", str(out), "--site-name", "clinic", "-q"]) == 0
+    assert "site clinic: unlabeled site: 3 images, no finding labels" in capsys.readouterr().out
+    manifest = read_manifest(out / "clinic").set_index("image_path")
+    assert sorted(manifest.index) == ["3.jpg", "a/1.dcm", "a/2.png"]
+    assert manifest.loc["a/1.dcm", "aux__sex"] == AUX_VOCAB["sex"].index("F")
+    assert pd.isna(manifest.loc["a/2.png", "aux__sex"]) and manifest["patient_id"].nunique() == 3
+    # the dicom source still sets raster images aside, with the reason
+    report = run_ingest("dicom", root, tmp_path / "out2", progress=False)
+    assert report["rows_kept"] == 1 and report["rows_set_aside"] == 2
 
 
 def test_study_description_labels_when_every_file_names_findings(tmp_path):

@@ -3,7 +3,8 @@
 * ``FedAvg`` — sources train from θ0, the server averages (FedAvg/FedBN/FedBN+ backbone).
 * ``FedAvg_Finetune`` (``_AuxInfo``) — then the target fine-tunes the averaged model.
 * ``Source_Only`` — FedAvg of the sources, evaluated on the target (no target labels).
-* ``Finetune_Offline`` — FedAvg for every round, the target fine-tunes after the last one.
+* ``Finetune_Offline`` — FedAvg for every round, the target fine-tunes after the last one
+  (``finetune_offline_epochs`` passes, 50 by default as the FedGP paper).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class FedAvgProtocol(RoundProtocol):
         cfg = task_config(ctx, r, "source", local_keys=self._local_keys(ctx))
         replies = ask(ctx, "train", ctx.sources, theta0, cfg, r=r)
         replies = valid_replies(ctx, replies, theta0, r)
-        theta = aggregate_backbone(ctx, replies, theta0)
+        theta = aggregate_backbone(ctx, replies, theta0, uniform=self.uniform_backbone(ctx))
         if ctx.cfg.backbone_aggregation == "fedbn_plus":
             theta = keep_keys(theta, theta0, ctx.bn_keys)
         return theta, {"train": {s: rep.metrics for s, rep in replies.items()},
@@ -67,7 +68,8 @@ class SourceOnlyProtocol(FedAvgProtocol):
 
 
 class FinetuneOfflineProtocol(FedAvgProtocol):
-    """Finetune_Offline: FedAvg of the sources for all rounds, then the target fine-tunes once."""
+    """Finetune_Offline: FedAvg of the sources for all rounds, then the target fine-tunes
+    ``finetune_offline_epochs`` passes (default 50, FedGP paper), a fresh optimiser each."""
 
     def __init__(self, name: str):
         super().__init__(name, finetune=True, aux_info=False)
@@ -76,6 +78,10 @@ class FinetuneOfflineProtocol(FedAvgProtocol):
     def run_round(self, ctx, r, state):
         theta, metrics = self.fedavg_round(ctx, r, state["global"])
         if r == ctx.cfg.rounds - 1:
-            theta, more = self.finetune_target(ctx, r, theta)
-            metrics.update(more)
+            losses = []
+            for k in range(ctx.cfg.finetune_offline_epochs):
+                reply = ask_one(ctx, "train", ctx.target, theta, task_config(ctx, r, "target", repeat=k), r=r)
+                theta = reply.params
+                losses.append(reply.metrics.get("loss"))
+            metrics["target"] = {"passes": len(losses), "loss": losses[-1], "first_loss": losses[0]}
         return {**state, "global": theta}, metrics

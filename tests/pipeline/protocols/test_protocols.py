@@ -20,8 +20,10 @@ ALL_METHODS = sorted(REGISTRY)
 @pytest.mark.parametrize("method", ALL_METHODS)
 def test_every_method_trains_and_evaluates(method, tiny_manifests, tmp_path):
     extra = {}
-    if method in {"FedGP_Auto", "FedDA_Auto", "FedAvg_Finetune_GP", "FedAvg_Finetune_AuxInfo_GP"}:
+    if method in {"FedGP_Auto", "FedDA_Auto", "FedDA", "FedGP", "FedAvg_Finetune_GP", "FedAvg_Finetune_AuxInfo_GP"}:
         extra["warmup_rounds"] = 1  # one FedAvg warm-up round, then the projection round
+    if method == "Finetune_Offline":
+        extra["finetune_offline_epochs"] = 2  # the default 50 passes is the paper's, too slow here
     if method.startswith("FL") or method in {"PFL", "Individual", "Central"}:
         extra["backbone_aggregation"] = "fedbn" if method == "FL_Surgical" else "fedavg"
         extra["class_source"] = "union"
@@ -38,7 +40,7 @@ def test_every_method_trains_and_evaluates(method, tiny_manifests, tmp_path):
 
 
 def test_auto_weighting_reports_betas_in_unit_interval(tiny_manifests, tmp_path):
-    data = tiny_config(tiny_manifests, tmp_path / "cache", strategy="FedGP_Auto", rounds=1)
+    data = tiny_config(tiny_manifests, tmp_path / "cache", strategy="FedGP_Auto", rounds=1, warmup_rounds=0)
     run_experiment(load_config(data=data), tmp_path / "run", progress=False)
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert set(row["betas"]) == {"nih_style", "chexpert_style"}
@@ -125,6 +127,6 @@ def test_fact_uses_no_target_label_and_keeps_the_lowest_idd_round(tiny_manifests
                        model={"backbone": "resnet_tiny", "hidden": 16, "classes": ["cardiomegaly", "edema"]})
     run_experiment(load_config(data=data), tmp_path / "run", progress=False)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    idd = [r["target"]["idd_after"] for r in rows]
+    idd = [r["target"]["idd_train_sum"] for r in rows]  # the FACT code selects on the summed training IDD
     assert rows[-1]["best_round"] == int(min(range(len(idd)), key=idd.__getitem__))
-    assert [r["pair"] for r in rows] == [["nih_style", "chexpert_style"]] * 3
+    assert [sorted(r["pair"]) for r in rows] == [["chexpert_style", "nih_style"]] * 3

@@ -1,0 +1,200 @@
+"""``fedcxr predict RUN_DIR --input DIR --out FILE.csv``: a trained model on new images.
+
+``DIR`` is a site's manifest folder (written by ``fedcxr ingest``: every row of every split is
+scored) or a plain folder of DICOM/PNG/JPEG files, ingested on the fly as an unlabeled site
+(the ``images`` source) into a temporary folder that is deleted afterwards; nothing is ever
+written into ``DIR``.
+
+Two files come out:
+
+``FILE.csv``
+    one row per image: ``key`` (a pseudonymous key, the same ``row_key`` ``fedcxr evaluate``
+    uses for a manifest row), ``prob__<class>`` for every class of the model, and
+    ``<rule>__<class>`` (1/0) for every operating point stored in ``RUN_DIR/operating_points.json``
+    (thresholds chosen on validation data by ``fedcxr evaluate``: ``youden``, ``sens90``,
+    ``spec90``; empty where a threshold is undefined). No patient id, no file name, no path:
+    the CSV can be shared.
+``FILE.private-key-map.csv``
+    ``key, image_path, status``: the only link from a key back to an image (paths relative to
+    DIR), plus every file that could not be scored and why (``status``). It identifies images,
+    so it stays where the images are.
+
+Keys of a plain folder are stable from one ``fedcxr predict`` to the next only under the same
+site key (``--site-key FILE`` or ``$FEDCXR_SITE_KEY``, :mod:`fedcxr.site_adapters.sitekey`);
+without one, the on-the-fly ingest draws a fresh key and each run's keys are new (the key map
+of each run still links them to the images).
+
+The model is the run's global one; ``--site NAME`` takes that site's own model where the
+method keeps one (PFL heads, FedBN statistics, Individual) and that site's thresholds.
+Without ``--site``, thresholds come from the run's target (or its only evaluated site).
+``--cam N`` also writes Grad-CAM overlays of the N highest-scoring images per class
+(:mod:`fedcxr.pipeline.explain`) into ``FILE.cam/`` (derived from patient pixels: local use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import secrets
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+
+from fedcxr.atomic import atomic_path
+from fedcxr.commands.evaluate import OPERATING_POINTS
+from fedcxr.errors import UserError
+from fedcxr.logs import progress_wanted
+
+log = logging.getLogger(__name__)
+
+
+
+def private_map_path(out: Path) -> Path:
+    """``FILE.private-key-map.csv`` beside ``FILE.csv``: key → image path (stays local)."""
+    out = Path(out)
+    return out.with_name(out.stem + ".private-key-map.csv")
+
+
+def cam_dir(out: Path) -> Path:
+    """``FILE.cam/`` beside ``FILE.csv``: Grad-CAM overlays named by key."""
+    out = Path(out)
+    return out.with_name(out.stem + ".cam")
+
+
+def thresholds_for(run_dir: Path, run: dict, site: Optional[str]) -> tuple[Optional[str], dict]:
+    """``(site whose thresholds apply, {class: {rule: t}})`` from ``operating_points.json``, or ``(None, {})``."""
+    path = Path(run_dir) / OPERATING_POINTS
+    if not path.is_file():
+        log.warning("%s has no %s (run `fedcxr evaluate %s` first): probabilities only, no decisions",
+                    run_dir, OPERATING_POINTS, run_dir)
+        return None, {}
+    try:
+        stored = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not valid JSON ({exc})") from None
+    if site is None:
+        candidates = [run.get("target")] if run.get("target") in stored else list(stored)
+        if len(candidates) != 1:
+            log.warning("%s holds thresholds of sites %s: pass --site NAME to apply one site's; "
+                        "probabilities only", path.name, sorted(stored))
+            return None, {}
+        site = candidates[0]
+    if site not in stored:
+        log.warning("%s has no thresholds for site %s: probabilities only", path.name, site)
+        return None, {}
+    return site, stored[site]
+
+
+def _input_site(input_dir: Path, tmp: Path, progress: bool,
+                site_key: Optional[Path] = None) -> tuple[pd.DataFrame, Path, list[dict]]:
+    """``(manifest, export root, files set aside)`` of DIR: a manifest folder, or a folder ingested here."""
+    from fedcxr.pipeline.data import load_site
+    from fedcxr.site_adapters.ingest import run_ingest
+    from fedcxr.site_adapters.sitekey import ENV_VAR as KEY_ENV
+
+    if not input_dir.is_dir():
+        raise UserError(f"--input {input_dir}: no such directory")
+    if (input_dir / "manifest.parquet").is_file():
+        site = load_site(input_dir)
+        return site.manifest, site.export_root, []
+    if site_key is None and not os.environ.get(KEY_ENV):
+        site_key = _ephemeral_key(tmp)
+    report = run_ingest("images", input_dir, tmp / "manifests", site_name="input", progress=progress,
+                        site_key=site_key)
+    aside = report["set_aside"]
+    if not report["sites"]:
+        reasons = "; ".join(f"{k}: {v}" for k, v in report["set_aside_by_reason"].items())
+        raise UserError(f"--input {input_dir}: no image could be read ({reasons or 'no image files'})")
+    site = load_site(tmp / "manifests" / "input")
+    return site.manifest, input_dir, aside
+
+
+def _ephemeral_key(tmp: Path) -> Path:
+    """A one-run site key in the temporary folder (deleted with it): fresh keys, nothing to keep."""
+    path = tmp / "ephemeral_site_key"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_hex(32) + "\n")
+    return path
+
+
+def _contained(root: Path, relative: str, row: int) -> Path:
+    """``root / relative``, refusing a path that leaves ``root`` (a tampered manifest)."""
+    path = (root / relative).resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise UserError(f"manifest row {row}: image path {relative!r} leaves the export root {root}")
+    return path
+
+
+def predict_folder(run_dir: Path | str, input_dir: Path | str, out: Path | str, *, site: Optional[str] = None,
+                   device: Optional[str] = None, cam: int = 0, batch_size: int = 32,
+                   progress: bool = True, site_key: Optional[Path | str] = None) -> dict:
+    """Score every image of ``input_dir``; writes ``out`` and its private key map. Returns a summary."""
+    from fedcxr.pipeline.inference import load_run_model, score_files
+    from fedcxr.pipeline.local import resolve_device
+    from fedcxr.pipeline.predict import row_keys
+
+    run_dir, input_dir, out = Path(run_dir), Path(input_dir), Path(out)
+    if out.suffix.lower() != ".csv":
+        raise UserError(f"--out {out}: give a .csv file name")
+    if out.resolve().is_relative_to(input_dir.resolve()):
+        raise UserError(f"--out {out}: lies inside --input {input_dir}; predict never writes into the input")
+    loaded = load_run_model(run_dir, site)
+    dev = resolve_device(device or "auto")
+    with tempfile.TemporaryDirectory(prefix="fedcxr-predict-") as tmp:
+        manifest, root, aside = _input_site(input_dir, Path(tmp), progress, Path(site_key) if site_key else None)
+        keys = row_keys(manifest).to_numpy()
+        relative = manifest["image_path"].astype(str).tolist()
+        paths = [_contained(root, rel, i) for i, rel in enumerate(relative)]
+        probs = score_files(loaded.model, paths, size=loaded.image_size, device=dev, names=relative,
+                            batch_size=batch_size, progress=progress)
+    threshold_site, thresholds = thresholds_for(run_dir, loaded.run, site)
+    frame = pd.DataFrame({"key": keys})
+    for j, cls in enumerate(loaded.classes):
+        frame[f"prob__{cls}"] = probs[:, j]
+    for j, cls in enumerate(loaded.classes):
+        entry = thresholds.get(cls) or {}
+        for rule in (r for r in entry if r != "reason"):
+            t = entry[rule]
+            decided = (probs[:, j] >= t).astype(int) if t is not None else [pd.NA] * len(frame)
+            frame[f"{rule}__{cls}"] = pd.array(decided, dtype="Int64")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out) as tmp_out:
+        frame.to_csv(tmp_out, index=False)
+    mapping = pd.DataFrame({"key": keys, "image_path": relative, "status": "scored"})
+    if aside:
+        mapping = pd.concat([mapping, pd.DataFrame({
+            "key": "", "image_path": [a["image_path"] or a["file"] for a in aside],
+            "status": [f"not scored: {a['reason']}" for a in aside]})], ignore_index=True)
+    with atomic_path(private_map_path(out)) as tmp_map:
+        mapping.to_csv(tmp_map, index=False)
+    summary = {"scored": len(frame), "not_scored": len(aside), "out": str(out),
+               "private_key_map": str(private_map_path(out)), "model": site or "global",
+               "thresholds_from": threshold_site, "classes": loaded.classes, "cam": []}
+    if cam:
+        from fedcxr.pipeline.explain import write_overlays
+
+        summary["cam"] = write_overlays(loaded.model, paths, keys, probs, loaded.classes, cam_dir(out),
+                                        size=loaded.image_size, top_n=int(cam), device=dev)
+    return summary
+
+
+def cli_predict(args: argparse.Namespace) -> int:
+    summary = predict_folder(args.run_dir, args.input, args.out, site=args.site, device=args.device,
+                             cam=int(args.cam or 0), batch_size=int(args.batch_size),
+                             progress=progress_wanted(args), site_key=getattr(args, "site_key", None))
+    print(f"scored {summary['scored']} image(s) with the {summary['model']} model "
+          f"({len(summary['classes'])} classes): {summary['out']}")
+    if summary["thresholds_from"]:
+        print(f"  decisions at the operating points chosen on {summary['thresholds_from']}'s validation split")
+    if summary["not_scored"]:
+        print(f"  {summary['not_scored']} file(s) not scored (unreadable, or a duplicate of a scored image): "
+              "see the status column of the key map")
+    print(f"  key → image path (identifies images: keep it local): {summary['private_key_map']}")
+    if summary["cam"]:
+        print(f"  {len(summary['cam'])} Grad-CAM overlay(s) in {cam_dir(Path(summary['out']))}")
+    return 0

@@ -1,0 +1,137 @@
+"""A finished run's model applied to image files: the preprocessing, the model, the scores.
+
+``fedcxr predict`` (new images), the MONAI bundle export (:mod:`fedcxr.bundle`) and Grad-CAM
+(:mod:`fedcxr.pipeline.explain`) all go through here, so an image is scored exactly as training
+saw it: :func:`fedcxr.site_adapters.images.read_image_resized` (the decoder the training cache
+uses, whatever windowing/decoding rules ``images.py`` has) → ``/ 255`` →
+``(x - NORM_MEAN) / NORM_STD`` (:mod:`fedcxr.pipeline.data`). No augmentation.
+
+The model is the run's global one, or a site's own (``site=``) for methods that keep one
+(PFL heads, FedBN statistics, Individual): the same rule ``fedcxr evaluate`` scores a site with.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from fedcxr.errors import UserError
+from fedcxr.logs import bar_disabled
+from fedcxr.pipeline.checkpoints import load_final_model
+from fedcxr.pipeline.data import NORM_MEAN, NORM_STD
+
+log = logging.getLogger(__name__)
+
+
+def preprocess(path: str | Path, size: int) -> torch.Tensor:
+    """One image file → float32 ``(1, size, size)``, normalised exactly as training's cache + dataset."""
+    from fedcxr.site_adapters.images import read_image_resized
+
+    pixels = np.asarray(read_image_resized(path, int(size)), dtype=np.float32) * np.float32(1.0 / 255.0)
+    return ((torch.from_numpy(pixels)[None] - NORM_MEAN) / NORM_STD).float()
+
+
+class ImageFiles(Dataset):
+    """Image files as ``{"image": (1, H, W), "index": i}`` items (no labels: new images)."""
+
+    def __init__(self, paths: Sequence[str | Path], size: int, names: Optional[Sequence[str]] = None) -> None:
+        self.paths = [str(p) for p in paths]
+        self.size = int(size)
+        self.names = list(names) if names is not None else self.paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        try:
+            image = preprocess(self.paths[i], self.size)
+        except Exception as exc:  # any decoder failure names the file (the user's own)
+            raise UserError(f"{self.names[i]}: cannot decode this image ({type(exc).__name__}: {exc})") from None
+        return {"image": image, "index": int(i)}
+
+
+class MainLogits(torch.nn.Module):
+    """The network's main-head logits only: one tensor out (TorchScript export, Grad-CAM)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)["main"]
+
+
+@dataclass
+class RunModel:
+    """A run's model ready to score: the network (eval mode) and what describes it."""
+
+    model: torch.nn.Module
+    classes: list[str]
+    image_size: int
+    site: Optional[str]  # whose model it is (None: the global one)
+    run: dict  # run.json
+
+
+def load_run_model(run_dir: Path | str, site: Optional[str] = None, *, warn_global: bool = True) -> RunModel:
+    """The run's global model, or ``site``'s own; raises :class:`UserError` for an unknown site.
+
+    ``warn_global``: warn when ``site`` is asked for but the method keeps no per-site model."""
+    from fedcxr.models.network import CXRNet
+    from fedcxr.pipeline.predict import site_params
+    from fedcxr.vocab import AUX_VOCAB
+
+    run_dir = Path(run_dir)
+    run_path = run_dir / "run.json"
+    if not run_path.is_file() or not (run_dir / "final_model.pt").is_file():
+        raise UserError(f"{run_dir}: not a finished run (run.json and final_model.pt are needed)")
+    try:
+        run = json.loads(run_path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{run_path}: not valid JSON ({exc})") from None
+    final = load_final_model(run_dir)
+    cfg = dict(final.get("model") or {})
+    model = CXRNet(final["classes"], backbone=cfg.get("backbone") or "resnet18", hidden=cfg.get("hidden", 128),
+                   aux_tasks={t: len(AUX_VOCAB[t]) for t in final.get("aux_tasks", [])})
+    if site is None:
+        params = final["global"]
+    else:
+        sites = list(run.get("sites") or [])
+        if site not in sites:
+            raise UserError(f"--site {site!r}: not a site of this run (its sites: {', '.join(sites)})")
+        if warn_global and site not in final.get("per_site", {}) and not final.get("eval_local_keys"):
+            log.warning("method %s keeps no per-site model: site %s uses the global model",
+                        run.get("method"), site)
+        params = site_params(final, site)
+    model.load_state_dict(params)
+    model.eval()
+    return RunModel(model=model, classes=list(final["classes"]), image_size=int(final["image_size"]),
+                    site=site, run=run)
+
+
+@torch.no_grad()
+def score_files(model: torch.nn.Module, paths: Sequence[str | Path], *, size: int, device: torch.device,
+                names: Optional[Sequence[str]] = None, batch_size: int = 32, progress: bool = True,
+                desc: str = "scoring") -> np.ndarray:
+    """Sigmoid probabilities ``(N, C)`` float32 of every file, in order (full precision)."""
+    from tqdm import tqdm
+
+    data = ImageFiles(paths, size, names)
+    loader = DataLoader(data, batch_size=int(batch_size), shuffle=False)
+    model.to(device).eval()
+    out = np.zeros((len(data), len(getattr(model, "classes", []))), dtype=np.float32)
+    with tqdm(total=len(data), desc=desc, unit="img", disable=bar_disabled(progress)) as bar:
+        for batch in loader:
+            logits = model(batch["image"].to(device))["main"].float()
+            out[np.asarray(batch["index"])] = torch.sigmoid(logits).cpu().numpy()
+            bar.update(len(batch["index"]))
+    return out
+
+
+__all__ = ["ImageFiles", "MainLogits", "RunModel", "load_run_model", "preprocess", "score_files"]

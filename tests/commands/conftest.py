@@ -1,0 +1,48 @@
+"""A finished, evaluated tiny run shared by the tests of the commands that use a trained model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ..conftest import tiny_config
+
+
+@pytest.fixture(scope="session")
+def evaluated_run(tiny_manifests, tmp_path_factory) -> Path:
+    """FedAvg_Finetune, one round, then ``fedcxr evaluate`` (operating points on val).
+
+    The tiny run's validation split is too small to define every threshold, so known ones are
+    written for two classes on top of what evaluate stored (youden 0.5, sens90 0.0), and the
+    last class's are undefined (the ingest's random site key makes the splits vary by session).
+    """
+    from fedcxr.cli import main
+    from fedcxr.pipeline.config import load_config
+    from fedcxr.pipeline.federation import run_experiment
+
+    root = tmp_path_factory.mktemp("usemodel")
+    run = root / "run"
+    run_experiment(load_config(data=tiny_config(tiny_manifests, root / "cache", rounds=1)), run, progress=False)
+    assert main(["evaluate", str(run), "--bootstrap", "0", "-q", "--device", "cpu"]) == 0
+    points = json.loads((run / "operating_points.json").read_text())
+    classes = json.loads((run / "run.json").read_text())["classes"]
+    for cls in classes[:2]:
+        points["dicom_style"][cls].update({"youden": 0.5, "sens90": 0.0, "reason": None})
+    rules = [r for r in points["dicom_style"][classes[-1]] if r != "reason"]
+    points["dicom_style"][classes[-1]] = {**dict.fromkeys(rules), "reason": "no positive rows in val split"}
+    (run / "operating_points.json").write_text(json.dumps(points))
+    return run
+
+
+@pytest.fixture
+def scan_folder(shared_data, tmp_path) -> Path:
+    """A plain folder of new images: the real DICOMs of ../shared/data/dicom plus two real PNGs."""
+    folder = tmp_path / "new_scans"
+    shutil.copytree(shared_data / "dicom", folder / "dicom", ignore=shutil.ignore_patterns("*.md"))
+    pngs = sorted((shared_data / "hannover-covid-19-image-repository").rglob("*.png"))[:2]
+    for i, png in enumerate(pngs):
+        shutil.copy(png, folder / f"portable_{i}.png")
+    return folder

@@ -1,0 +1,133 @@
+"""``fedcxr predict``: a trained model on new images — keys, probabilities, decisions, no ids."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from fedcxr.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _snapshot(folder):
+    return sorted((str(p.relative_to(folder)), p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*"))
+
+
+def test_predict_on_a_new_dicom_and_png_folder(evaluated_run, scan_folder, tmp_path, capsys):
+    before = _snapshot(scan_folder)
+    out = tmp_path / "out" / "preds.csv"
+    assert main(["predict", str(evaluated_run), "--input", str(scan_folder), "--out", str(out), "--device", "cpu",
+                 "-q"]) == 0
+    printed = capsys.readouterr().out
+    # 8 real DICOMs (one a second copy of another's SOPInstanceUID: not scored twice) and 2 PNGs
+    assert "scored 9 image(s) with the global model" in printed and "private-key-map.csv" in printed
+    assert "1 file(s) not scored" in printed
+    assert _snapshot(scan_folder) == before  # nothing written into the input
+
+    preds = pd.read_csv(out, dtype={"key": str})
+    classes = json.loads((evaluated_run / "run.json").read_text())["classes"]
+    assert len(preds) == 9 and preds["key"].is_unique
+    assert [c for c in preds.columns if c.startswith("prob__")] == [f"prob__{c}" for c in classes]
+    probs = preds[[f"prob__{c}" for c in classes]].to_numpy()
+    assert np.isfinite(probs).all() and ((probs > 0) & (probs < 1)).all()
+    first = classes[0]
+    assert (preds[f"youden__{first}"] == (preds[f"prob__{first}"] >= 0.5).astype(int)).all()
+    assert (preds[f"sens90__{first}"] == 1).all()
+    assert preds[f"youden__{classes[-1]}"].isna().all()  # undefined on the tiny val split: no decision
+
+    text = out.read_text()
+    for path in scan_folder.rglob("*"):
+        assert path.stem not in text  # no file name, no path in the shareable CSV
+    key_map = pd.read_csv(out.with_name("preds.private-key-map.csv"), dtype={"key": str}, keep_default_na=False)
+    scored = key_map.loc[key_map["status"] == "scored"]
+    assert set(scored["key"]) == set(preds["key"])
+    duplicate = key_map.loc[key_map["status"] != "scored"]
+    assert len(duplicate) == 1 and duplicate["status"].iloc[0].startswith("not scored: duplicate image")
+    assert set(key_map["image_path"]) == {str(p.relative_to(scan_folder).as_posix())
+                                          for p in scan_folder.rglob("*") if p.is_file()}
+
+
+def test_manifest_folder_scores_as_evaluate_does(evaluated_run, tiny_manifests, tmp_path):
+    """Same preprocessing as training/evaluation: a site's test rows get evaluate's probabilities and keys."""
+    out = tmp_path / "site.csv"
+    assert main(["predict", str(evaluated_run), "--input", str(tiny_manifests / "dicom_style"), "--out", str(out),
+                 "-q", "--device", "cpu"]) == 0
+    preds = pd.read_csv(out, dtype={"key": str}).set_index("key")
+    test = pd.read_parquet(evaluated_run / "predictions" / "test.parquet").set_index("row_key")
+    assert len(preds) == len(pd.read_parquet(tiny_manifests / "dicom_style" / "manifest.parquet"))
+    cols = [c for c in test.columns if c.startswith("prob__")]
+    assert set(test.index) <= set(preds.index)
+    np.testing.assert_allclose(preds.loc[test.index, cols].to_numpy(), test[cols].to_numpy(), atol=1e-5)
+
+
+def test_site_model_and_its_thresholds(evaluated_run, scan_folder, tmp_path):
+    """``--site``: that site's own model (here a head shifted by +3 logits) scores the images."""
+    from fedcxr.pipeline.checkpoints import load_final_model, save_final
+
+    run = tmp_path / "run"
+    shutil.copytree(evaluated_run, run)
+    final = load_final_model(run)
+    own = {k: v.clone() for k, v in final["global"].items()}
+    own["head.bias"] += 3.0
+    final["per_site"] = {"dicom_style": own}
+    save_final(run, final)
+    assert main(["predict", str(run), "--input", str(scan_folder), "--out", str(tmp_path / "g.csv"), "-q"]) == 0
+    assert main(["predict", str(run), "--input", str(scan_folder), "--out", str(tmp_path / "s.csv"), "-q",
+                 "--site", "dicom_style"]) == 0
+    g, s = pd.read_csv(tmp_path / "g.csv"), pd.read_csv(tmp_path / "s.csv")
+    cols = [c for c in g.columns if c.startswith("prob__")]
+    logit = lambda p: np.log(p / (1 - p))  # noqa: E731
+    np.testing.assert_allclose(logit(s[cols].to_numpy()), logit(g[cols].to_numpy()) + 3.0, atol=1e-3)
+
+
+def test_bad_uses_exit_2_naming_the_problem(evaluated_run, scan_folder, tmp_path, capsys):
+    run = str(evaluated_run)
+    assert main(["predict", run, "--input", str(scan_folder), "--out", str(scan_folder / "p.csv"), "-q"]) == 2
+    assert "never writes into the input" in capsys.readouterr().err
+    assert main(["predict", run, "--input", str(scan_folder), "--out", str(tmp_path / "p.csv"), "--site", "mars"]) == 2
+    assert "not a site of this run" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("no images")
+    assert main(["predict", run, "--input", str(empty), "--out", str(tmp_path / "p.csv"), "-q"]) == 2
+    assert "--input" in capsys.readouterr().err
+    assert main(["predict", str(tmp_path), "--input", str(scan_folder), "--out", str(tmp_path / "p.csv")]) == 2
+    assert "not a finished run" in capsys.readouterr().err
+
+
+def test_unreadable_files_are_listed_not_dropped(evaluated_run, scan_folder, tmp_path):
+    (scan_folder / "broken.dcm").write_bytes(b"DICM" * 10)
+    out = tmp_path / "p.csv"
+    assert main(["predict", str(evaluated_run), "--input", str(scan_folder), "--out", str(out), "-q"]) == 0
+    assert len(pd.read_csv(out)) == 9
+    key_map = pd.read_csv(tmp_path / "p.private-key-map.csv", keep_default_na=False)
+    broken = key_map.loc[key_map["image_path"] == "broken.dcm"]
+    assert len(broken) == 1 and broken["status"].iloc[0].startswith("not scored: ") and broken["key"].iloc[0] == ""
+
+
+def test_predict_uses_cuda_when_asked(evaluated_run, scan_folder, tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    out = tmp_path / "p.csv"
+    assert main(["predict", str(evaluated_run), "--input", str(scan_folder), "--out", str(out), "--device", "cuda",
+                 "-q"]) == 0
+    assert len(pd.read_csv(out)) == 9
+
+
+def test_predict_cam_writes_overlays_of_the_top_images(evaluated_run, scan_folder, tmp_path):
+    out = tmp_path / "p.csv"
+    assert main(["predict", str(evaluated_run), "--input", str(scan_folder), "--out", str(out), "--cam", "2",
+                 "-q"]) == 0
+    preds = pd.read_csv(out, dtype={"key": str})
+    classes = [c.removeprefix("prob__") for c in preds.columns if c.startswith("prob__")]
+    cam = tmp_path / "p.cam"
+    for cls in classes:
+        top = set(preds.nlargest(2, f"prob__{cls}")["key"])
+        assert {p.stem for p in (cam / cls).glob("*.png")} == top
+    assert not any(p.stem in str(f) for f in cam.rglob("*") for p in scan_folder.rglob("*.dcm"))
