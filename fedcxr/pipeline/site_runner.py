@@ -175,8 +175,8 @@ class SiteRunner:
         """``make_loader`` keyword arguments for this site's engine (workers, pinning, prefetch)."""
         return loader_options(self.engine, train=train)
 
-    def train_loader(self, base: Dataset, rows: list[int], *, batch_size: int, seed: int):
-        """A shuffling, augmenting loader over ``rows`` of ``base``, seeded with ``seed``.
+    def train_loader(self, data: Subset, *, batch_size: int, seed: int):
+        """A shuffling, augmenting loader over ``data`` (rows of a site dataset), seeded with ``seed``.
 
         With persistent workers (the CUDA default) the loader of the same rows and batch size
         is kept and re-seeded every round, so its worker processes start once per run, not
@@ -187,12 +187,11 @@ class SiteRunner:
 
         options = self.loader_options()
         if not options.get("persistent_workers"):
-            return make_loader(Subset(base, rows), batch_size=batch_size, shuffle=True, seed=seed,
-                               augment=self.augment, **options)
-        digest = hashlib.sha256(np.asarray(rows, dtype=np.int64).tobytes()).hexdigest()
-        key = (id(base), digest, int(batch_size), self.augment)
+            return make_loader(data, batch_size=batch_size, shuffle=True, seed=seed, augment=self.augment, **options)
+        digest = hashlib.sha256(np.asarray(data.indices, dtype=np.int64).tobytes()).hexdigest()
+        key = (id(data.dataset), digest, int(batch_size), self.augment)
         if key not in self._loaders:
-            self._loaders[key] = make_loader(Subset(base, rows), batch_size=batch_size, shuffle=True, seed=seed,
+            self._loaders[key] = make_loader(data, batch_size=batch_size, shuffle=True, seed=seed,
                                              augment=self.augment, **options)
         loader = self._loaders[key]
         loader.reseed(seed)
@@ -343,7 +342,6 @@ class SiteRunner:
             model.head.bias.copy_(bias)
 
     def _train(self, params: Optional[StateDict], config: dict) -> Reply:
-        from fedcxr.pipeline.data import make_loader
         from fedcxr.pipeline.local import train_local
 
         model, head_classes, aux_tasks, local_keys = self.prepared_model(params, config)
@@ -365,7 +363,7 @@ class SiteRunner:
                       self.name, head_classes)
             return Reply(site=self.name, params=cpu_state(model), n_samples=0, n_batches=0,
                          class_set=head_classes, metrics={"loss": float("nan")})
-        loader = self.train_loader(base, rows, batch_size=cfg.batch_size, seed=seed)
+        loader = self.train_loader(data, batch_size=cfg.batch_size, seed=seed)
         result = train_local(
             model, loader, cfg, device=self.device, seed=seed, trainable=config.get("trainable", "all"),
             record_batch_updates=bool(config.get("record_batch_updates", False)),
