@@ -573,6 +573,11 @@ class SeededLoader(DataLoader):
         """The next ``iter()`` yields epoch ``epoch`` (0-based)."""
         self.epoch = int(epoch)
 
+    def reseed(self, seed: int) -> None:
+        """Start over as a fresh loader with ``seed`` would (epoch 0), keeping the workers."""
+        self.seed = int(seed)
+        self.epoch = 0
+
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self.epoch_seed = _sub_seed(self.seed, self.epoch)
         self.epoch += 1

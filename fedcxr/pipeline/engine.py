@@ -8,11 +8,13 @@ requests, most of them ``auto`` (``None``); :func:`resolve_engine` turns them in
 setting             on CUDA (auto)                          on CPU (auto)
 ==================  ======================================  =====================================
 ``amp``             float16 autocast + GradScaler           off (autocast is CUDA-only here)
-``channels_last``   NHWC model and batches (tensor cores)   off (slower for small CPU convs)
+``channels_last``   NHWC model and batches (tensor cores)   off (no tensor cores to feed)
 ``cudnn_benchmark`` on, unless ``deterministic``            not applicable
 ``num_workers``     min(8, usable cores − 1) loader procs   0 (the main process)
 ``pin_memory``      on (page-locked batches, async copy)    off
-``persistent``      workers kept across a call's epochs     (only with workers)
+``persistent``      workers started once per run: a site    (only with workers)
+                    keeps its training loader and re-seeds
+                    it every round
 ``prefetch``        4 batches per worker                    (only with workers)
 ``cache_workers``   every usable core decodes the cache     every usable core
 ``offload_idle``    a site's model moves to CPU between     off (it is already there)

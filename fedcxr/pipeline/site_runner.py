@@ -48,6 +48,7 @@ from fedcxr.site_adapters.manifest import content_hash, patient_bucket
 from fedcxr.vocab import AUX_VOCAB, CLASSES, label_column
 
 if TYPE_CHECKING:
+    from fedcxr.pipeline.data import SeededLoader
     from fedcxr.pipeline.local import LocalConfig
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,7 @@ class SiteRunner:
         self._models: dict[tuple, torch.nn.Module] = {}
         self._datasets: dict[tuple, Dataset] = {}
         self._labeled: dict[tuple, list[int]] = {}
+        self._loaders: dict[tuple, SeededLoader] = {}  # kept training loaders (persistent workers)
 
     # ------------------------------------------------------------------ facts about the site
     @property
@@ -172,6 +174,28 @@ class SiteRunner:
     def loader_options(self, *, train: bool = True) -> dict:
         """``make_loader`` keyword arguments for this site's engine (workers, pinning, prefetch)."""
         return loader_options(self.engine, train=train)
+
+    def train_loader(self, data: Subset, *, batch_size: int, seed: int):
+        """A shuffling, augmenting loader over ``data`` (rows of a site dataset), seeded with ``seed``.
+
+        With persistent workers (the CUDA default) the loader of the same rows and batch size
+        is kept and re-seeded every round, so its worker processes start once per run, not
+        once per round; batches depend only on the seed (:mod:`fedcxr.pipeline.data`), so a
+        kept loader yields exactly what a fresh one would.
+        """
+        from fedcxr.pipeline.data import make_loader
+
+        options = self.loader_options()
+        if not options.get("persistent_workers"):
+            return make_loader(data, batch_size=batch_size, shuffle=True, seed=seed, augment=self.augment, **options)
+        digest = hashlib.sha256(np.asarray(data.indices, dtype=np.int64).tobytes()).hexdigest()
+        key = (id(data.dataset), digest, int(batch_size), self.augment)
+        if key not in self._loaders:
+            self._loaders[key] = make_loader(data, batch_size=batch_size, shuffle=True, seed=seed,
+                                             augment=self.augment, **options)
+        loader = self._loaders[key]
+        loader.reseed(seed)
+        return loader
 
     def local_config(self, **values) -> LocalConfig:
         """A :class:`~fedcxr.pipeline.local.LocalConfig` with this site's engine switches."""
@@ -318,7 +342,6 @@ class SiteRunner:
             model.head.bias.copy_(bias)
 
     def _train(self, params: Optional[StateDict], config: dict) -> Reply:
-        from fedcxr.pipeline.data import make_loader
         from fedcxr.pipeline.local import train_local
 
         model, head_classes, aux_tasks, local_keys = self.prepared_model(params, config)
@@ -340,8 +363,7 @@ class SiteRunner:
                       self.name, head_classes)
             return Reply(site=self.name, params=cpu_state(model), n_samples=0, n_batches=0,
                          class_set=head_classes, metrics={"loss": float("nan")})
-        loader = make_loader(data, batch_size=cfg.batch_size, shuffle=True, seed=seed, augment=self.augment,
-                             **self.loader_options())
+        loader = self.train_loader(data, batch_size=cfg.batch_size, seed=seed)
         result = train_local(
             model, loader, cfg, device=self.device, seed=seed, trainable=config.get("trainable", "all"),
             record_batch_updates=bool(config.get("record_batch_updates", False)),

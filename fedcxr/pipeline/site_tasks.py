@@ -69,8 +69,7 @@ def warmup_head(runner: SiteRunner, params: StateDict, config: dict) -> Reply:
     losses, best, state = [], None, {}
     for epoch in range(int(config["epochs"]) if len(data) else 0):
         seed = derive_seed(int(config.get("seed", 0)), "warmup_head", runner.name, epoch)
-        loader = make_loader(data, batch_size=cfg.batch_size, shuffle=True, seed=seed, augment=runner.augment,
-                             num_workers=runner.num_workers)
+        loader = runner.train_loader(data, batch_size=cfg.batch_size, seed=seed)
         state = train_local(model, loader, cfg, device=runner.device, seed=seed, trainable="head",
                             optimizer_state=state, freeze_bn=bool(config.get("freeze_bn"))).optimizer_state
         losses.append(_val_loss(model, val, runner) if len(val) else float("nan"))
@@ -84,7 +83,8 @@ def warmup_head(runner: SiteRunner, params: StateDict, config: dict) -> Reply:
 
 def _val_loss(model, data, runner) -> float:
     """Mean BCE over the observed validation entries (Keras ``val_loss`` of the warm-up)."""
-    out = predict(model, make_loader(data, batch_size=64, shuffle=False, seed=0, augment=False), device=runner.device)
+    loader = make_loader(data, batch_size=64, shuffle=False, seed=0, augment=False, **runner.loader_options(train=False))
+    out = predict(model, loader, device=runner.device, amp=runner.engine.amp, channels_last=runner.engine.channels_last)
     p = torch.as_tensor(out["probs"], dtype=torch.float64).clamp(1e-7, 1 - 1e-7)
     y = torch.as_tensor(out["labels"], dtype=torch.float64)
     mask = torch.as_tensor(out["label_mask"], dtype=torch.float64) > 0

@@ -46,7 +46,8 @@ def test_resume_on_cuda_ends_with_the_same_model(tiny_manifests, tmp_path, monke
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        data = tiny_config(tiny_manifests, tmp_path / "cache", device="cuda", rounds=3)
+        # engine.deterministic: no cuDNN autotuning (its kernel choice may differ between runs)
+        data = tiny_config(tiny_manifests, tmp_path / "cache", device="cuda", rounds=3, engine={"deterministic": True})
         config = tmp_path / "exp.yaml"
         config.write_text(yaml.safe_dump(data))
         assert main(["train", str(config), "--out", str(tmp_path / "straight"), "-q"]) == 0
@@ -126,8 +127,9 @@ def test_run_on_cuda_autotunes_cudnn_and_restores_it(tiny_manifests, tmp_path, m
 
 
 def test_cached_loader_feeds_the_gpu_faster_than_it_trains(tmp_path):
-    """The decode-once cache with the engine's loader settings delivers batches faster than a
-    resnet18 step at 224 px consumes them (the GPU never waits on data)."""
+    """The decode-once cache with the engine's loader settings delivers batches well faster than
+    a resnet18 step at 224 px consumes them (the GPU never waits on data). Without augmentation:
+    MONAI's per-item CPU augmentation is a separate cost (see BENCHMARKS.md)."""
     import time
 
     import numpy as np
@@ -157,4 +159,4 @@ def test_cached_loader_feeds_the_gpu_faster_than_it_trains(tmp_path):
     torch.cuda.synchronize()
     result = train_local(model, loader, cfg, device="cuda", seed=0)
     train = n / result.seconds
-    assert feed > train, (feed, train)
+    assert feed > 1.5 * train, (feed, train)  # training includes loading: a starved GPU gives feed ≈ train

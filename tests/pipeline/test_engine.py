@@ -145,3 +145,26 @@ def test_cache_workers_reach_the_cache_builder(tiny_manifests, tmp_path, monkeyp
     images = runner.dataset("train", CLASSES, [], augment=False)
     assert seen == [2] and len(images) > 0
     assert np.asarray(images.images).dtype == np.uint8
+
+
+def test_persistent_loader_is_kept_across_rounds_and_changes_nothing(tiny_manifests, tmp_path):
+    """With persistent workers a site keeps its training loader (workers start once per run)
+    and re-seeds it every round; the rounds' results equal those of fresh, worker-less loaders."""
+    cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", augment=True))
+    outcomes, params = {}, None
+    for workers in (0, 2):
+        runner = build_runners(cfg, torch.device("cpu"), progress=False)["nih_style"]
+        runner.engine = dataclasses.replace(runner.engine, num_workers=workers, persistent_workers=workers > 0,
+                                            prefetch_factor=2 if workers else None)
+        params = params or cpu_state(runner.model(CLASSES, []))
+        replies = []
+        for round_ in (0, 1):
+            config = {"round": round_, "seed": 0, "role": "source", "head_classes": CLASSES,
+                      "param_classes": CLASSES, "aux_tasks": [], "lr": 1e-3, "batch_size": 8, "steps": 3}
+            replies.append(runner.handle("train", params, config).params)
+        assert len(runner._loaders) == (1 if workers else 0)
+        outcomes[workers] = replies
+    for fresh, kept in zip(outcomes[0], outcomes[2]):
+        for key in fresh:
+            assert torch.equal(fresh[key], kept[key]), key
+    assert not all(torch.equal(outcomes[0][0][k], outcomes[0][1][k]) for k in outcomes[0][0])  # rounds differ
