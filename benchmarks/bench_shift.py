@@ -275,6 +275,8 @@ PREDICTIONS = [
     ("Target_Only > FedDA", "Target_Only", "FedDA", "shift", False),
     ("FedDA > FedAvg", "FedDA", "FedAvg", "shift", False),
     ("FedDA_Auto ≫ FedDA", "FedDA_Auto", "FedDA", "shift", False),
+    ("FedGP > FedDA (implied by the chain)", "FedGP", "FedDA", "shift", False),
+    ("FedGP_Auto > FedAvg (implied by the chain)", "FedGP_Auto", "FedAvg", "shift", False),
 ]
 
 
