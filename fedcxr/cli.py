@@ -16,15 +16,16 @@ from typing import Callable, Optional, Sequence
 import fedcxr
 from fedcxr.errors import RunFailed, UserError
 from fedcxr.logs import configure as configure_logging
-from fedcxr.logs import progress_wanted, verbosity
+from fedcxr.logs import verbosity
 
 #: subcommand → "module:function(args) -> int"
 HANDLERS: dict[str, str] = {
-    "ingest": "fedcxr.cli:_ingest",
+    "ingest": "fedcxr.commands.ingest:cli_ingest",
     "synth": "fedcxr.synth:cli_synth",
     "train": "fedcxr.commands.train:cli_train",
     "evaluate": "fedcxr.commands.evaluate:cli_evaluate",
     "predict": "fedcxr.commands.predict:cli_predict",
+    "export-bundle": "fedcxr.bundle.export:cli_export_bundle",
     "report": "fedcxr.commands.report:cli_report",
     "demo": "fedcxr.commands.demo:cli_demo",
     "sweep": "fedcxr.commands.sweep:cli_sweep",
@@ -92,6 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="share of patients in val when the source has no official split")
     p.add_argument("--test-fraction", type=float, default=0.2,
                    help="share of patients in test when the source has no official split")
+    p.add_argument("--site-key", type=Path, default=None, metavar="FILE",
+                   help="secret key for the keyed patient/study pseudonyms (stays at the site; "
+                        "unset: $FEDCXR_SITE_KEY, else OUT/.fedcxr_site_key, created on first use)")
+    p.add_argument("--max-pixels", type=int, default=100_000_000, metavar="N",
+                   help="set aside an image whose header declares more pixel values (DICOM: rows x "
+                        "columns x frames x samples), before decoding it; training decodes under the same bound")
+    p.add_argument("--follow-links", action="store_true",
+                   help="accept image paths whose symbolic links lead out of the export folder "
+                        "(unset: such rows are set aside with the reason)")
 
     p = command("synth", "write a synthetic multi-hospital export in native formats")
     p.add_argument("--out", required=True, type=Path, help="folder to write the exports into")
@@ -115,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", type=int, default=1000,
                    help="patient-level bootstrap resamples for 95%% CIs (0: DeLong CIs)")
     _device(p, what="the run's device")
+    p.add_argument("--cam", type=int, nargs="?", const=3, default=0, metavar="N",
+                   help="opt-in: Grad-CAM gallery of the N (default 3) top-scoring images per class in report.md "
+                        "(PNGs under RUN_DIR/cam/, derived from patient pixels)")
 
     p = command("predict", "score new images with a trained model (CSV of keys, probabilities, decisions)")
     p.add_argument("run_dir", type=Path, help="a finished run directory (operating points: run `fedcxr evaluate` first)")
@@ -128,6 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cam", type=int, default=0, metavar="N",
                    help="Grad-CAM overlays of the N top-scoring images per class into FILE.cam/ (patient pixels)")
     p.add_argument("--batch-size", type=int, default=32, help="images per forward pass")
+    p.add_argument("--site-key", type=Path, default=None,
+                   help="site key file for a plain folder's pseudonyms (stable keys across runs); "
+                        "unset: $FEDCXR_SITE_KEY, else a fresh key per run")
+
+    p = command("export-bundle", "a trained model as a MONAI bundle (TorchScript + configs for MONAI's runner)")
+    p.add_argument("run_dir", type=Path, help="a finished run directory")
+    p.add_argument("--out", required=True, type=Path, help="bundle folder to create (new or empty)")
+    p.add_argument("--site", default=None, help="export this site's own model (PFL, FedBN, Individual); unset: global")
 
     p = command("report", "method-comparison table across runs")
     p.add_argument("run_dirs", nargs="+", type=Path, help="evaluated run directories")
@@ -175,31 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default=None,
                    help="export: the server's run directory (a stable path makes the run resumable); "
                         "unset: a folder in the FLARE job workspace")
+    p.add_argument("--no-cross-site", dest="cross_site", action="store_false",
+                   help="skip the cross-site evaluation after the last round (each site scores the final "
+                        "model on its own test split and sends back only the AUROC summary)")
+    p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
+                   help="patient-bootstrap resamples of the cross-site evaluation (0: DeLong CIs)")
     return parser
-
-
-def _ingest(args: argparse.Namespace) -> int:
-    from fedcxr.site_adapters.ingest import run_ingest
-
-    report = run_ingest(
-        args.source, args.input, args.out,
-        site_by=args.site_by, site_name=args.site_name, uncertain=args.uncertain,
-        mapping=args.mapping, labels_csv=args.labels, verify_pixels=args.verify_pixels,
-        workers=args.workers, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
-        progress=progress_wanted(args),
-    )
-    print(f"read {report['rows_read']} rows: kept {report['rows_kept']}, set aside {report['rows_set_aside']}")
-    for reason, count in report["set_aside_by_reason"].items():
-        print(f"  set aside {count}: {reason}")
-    for site, info in report["sites"].items():
-        splits = ", ".join(f"{k} {v}" for k, v in info["rows_per_split"].items())
-        if info.get("unlabeled"):
-            print(f"  site {site}: unlabeled site: {info['rows']} images, no finding labels ({splits}); "
-                  "usable by `fedcxr predict` and as FACT's unlabeled target, not as a labeled source")
-            continue
-        print(f"  site {site}: {info['rows']} rows ({splits}); classes: {', '.join(info['class_set'])}")
-    print(f"manifests and ingest_report.json in {args.out}")
-    return 0
 
 
 def _resolve(name: str) -> Callable[[argparse.Namespace], int]:

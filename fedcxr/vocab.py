@@ -25,7 +25,7 @@ import math
 import re
 from typing import Optional
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: keyed (HMAC) pseudonyms and the image_key column
 
 CLASSES: list[str] = [
     "atelectasis",

@@ -6,6 +6,7 @@ The packages below never import each other across the train/evaluate divide
 =============  ===============================================================================
 module         command
 =============  ===============================================================================
+``ingest``     ``fedcxr ingest`` — an export → per-site manifests (:mod:`fedcxr.site_adapters`)
 ``train``      ``fedcxr train`` — one experiment in-process (:mod:`fedcxr.pipeline.federation`)
 ``evaluate``   ``fedcxr evaluate`` — predictions (pipeline) → per-class AUROC report (evaluation)
 ``predict``    ``fedcxr predict`` — a trained model on new images (keys, probabilities, decisions)
@@ -14,6 +15,5 @@ module         command
 ``demo``       ``fedcxr demo`` — synth → ingest → train → evaluate on the embedded default
 =============  ===============================================================================
 
-``fedcxr ingest`` and ``fedcxr synth`` need no training side (``fedcxr.cli``,
-:mod:`fedcxr.synth`); ``fedcxr flare`` lives with FLARE (:mod:`fedcxr.flare.cli`).
+``fedcxr synth`` needs no training side (:mod:`fedcxr.synth`); ``fedcxr flare`` lives with FLARE (:mod:`fedcxr.flare.cli`).
 """

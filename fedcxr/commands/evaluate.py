@@ -17,7 +17,7 @@ from typing import Optional
 
 import pandas as pd
 
-from fedcxr.atomic import atomic_write_json
+from fedcxr.atomic import atomic_write_bytes, atomic_write_json
 from fedcxr.errors import UserError
 from fedcxr.evaluation.operating import operating_point_thresholds
 from fedcxr.evaluation.report import build_report, fmt, fmt_ci, write_report
@@ -28,9 +28,12 @@ OPERATING_POINTS = "operating_points.json"
 
 
 def evaluate_run(run_dir: Path | str, *, split: str = "test", n_boot: int = 1000, seed: int = 0,
-                 device: Optional[str] = None) -> dict:
+                 device: Optional[str] = None, cam: int = 0) -> dict:
     """Evaluate one run (writing its predictions first if missing) and write the report files
-    into ``run_dir``; returns the report dict (``report.json`` content, NaN where undefined)."""
+    into ``run_dir``; returns the report dict (``report.json`` content, NaN where undefined).
+
+    ``cam`` > 0 (opt-in): Grad-CAM overlays of the ``cam`` top-scoring images per class and site
+    under ``run_dir/cam/`` and a gallery section in report.md (images derived from patient pixels)."""
     run_dir = check_run_dir(run_dir)
     if n_boot < 0:
         raise UserError(f"--bootstrap must be 0 (DeLong CIs) or a positive number of resamples, got {n_boot}")
@@ -42,7 +45,28 @@ def evaluate_run(run_dir: Path | str, *, split: str = "test", n_boot: int = 1000
         atomic_write_json(run_dir / OPERATING_POINTS, thresholds)
     report = build_report(predictions, info, split=split, n_boot=n_boot, seed=seed, val_predictions=val)
     write_report(run_dir, report, predictions)
+    if cam:
+        from fedcxr.pipeline.explain import write_gallery  # torch only when asked for
+
+        _append_gallery(run_dir / "report.md", write_gallery(run_dir, split=split, top_n=int(cam), device=device),
+                        split)
     return report
+
+
+def _append_gallery(report_md: Path, gallery: dict[str, dict[str, list[str]]], split: str) -> None:
+    """A Grad-CAM section at the end of report.md, linking the PNGs under the run directory."""
+    lines = ["", "## Grad-CAM gallery", "",
+             f"Top-scoring {split} images per class, with Grad-CAM of that class (left: the image as the model "
+             "saw it). **These PNGs are derived from patient pixels**: they were written because `--cam` was "
+             "given, they are named by pseudonymous row key only, and they must stay where the images are "
+             "(do not share the run directory's `cam/` folder).", ""]
+    for site, per_class in gallery.items():
+        lines += [f"### {site}", ""]
+        for cls, files in per_class.items():
+            lines.append(f"**{cls}**: " + " ".join(f"[![{Path(f).stem}]({f})]({f})" for f in files))
+            lines.append("")
+    text = report_md.read_text(encoding="utf-8").rstrip("\n") + "\n" + "\n".join(lines) + "\n"
+    atomic_write_bytes(report_md, text.encode("utf-8"))
 
 
 def _predictions(run_dir: Path, split: str, classes: list[str], device: Optional[str], *,
@@ -68,7 +92,7 @@ def cli_evaluate(args: argparse.Namespace) -> int:
     """Evaluate one run; prints where report.md is and the mean AUROC per site."""
     report = evaluate_run(args.run_dir, split=getattr(args, "split", "test") or "test",
                           n_boot=int(getattr(args, "bootstrap", 1000)), seed=int(getattr(args, "seed", 0) or 0),
-                          device=getattr(args, "device", None))
+                          device=getattr(args, "device", None), cam=int(getattr(args, "cam", 0) or 0))
     print(f"report: {Path(args.run_dir) / 'report.md'}")
     for site, entry in report["sites"].items():
         line = (f"  {site}: mean AUROC {fmt_ci(entry['mean_auroc'], entry['mean_auroc_ci_low'], entry['mean_auroc_ci_high'])}"

@@ -19,6 +19,11 @@ Two files come out:
     DIR), plus every file that could not be scored and why (``status``). It identifies images,
     so it stays where the images are.
 
+Keys of a plain folder are stable from one ``fedcxr predict`` to the next only under the same
+site key (``--site-key FILE`` or ``$FEDCXR_SITE_KEY``, :mod:`fedcxr.site_adapters.sitekey`);
+without one, the on-the-fly ingest draws a fresh key and each run's keys are new (the key map
+of each run still links them to the images).
+
 The model is the run's global one; ``--site NAME`` takes that site's own model where the
 method keeps one (PFL heads, FedBN statistics, Individual) and that site's thresholds.
 Without ``--site``, thresholds come from the run's target (or its only evaluated site).
@@ -31,6 +36,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import secrets
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -82,23 +89,37 @@ def thresholds_for(run_dir: Path, run: dict, site: Optional[str]) -> tuple[Optio
     return site, stored[site]
 
 
-def _input_site(input_dir: Path, tmp: Path, progress: bool) -> tuple[pd.DataFrame, Path, list[dict]]:
+def _input_site(input_dir: Path, tmp: Path, progress: bool,
+                site_key: Optional[Path] = None) -> tuple[pd.DataFrame, Path, list[dict]]:
     """``(manifest, export root, files set aside)`` of DIR: a manifest folder, or a folder ingested here."""
     from fedcxr.pipeline.data import load_site
     from fedcxr.site_adapters.ingest import run_ingest
+    from fedcxr.site_adapters.sitekey import ENV_VAR as KEY_ENV
 
     if not input_dir.is_dir():
         raise UserError(f"--input {input_dir}: no such directory")
     if (input_dir / "manifest.parquet").is_file():
         site = load_site(input_dir)
         return site.manifest, site.export_root, []
-    report = run_ingest("images", input_dir, tmp, site_name="input", progress=progress)
+    if site_key is None and not os.environ.get(KEY_ENV):
+        site_key = _ephemeral_key(tmp)
+    report = run_ingest("images", input_dir, tmp / "manifests", site_name="input", progress=progress,
+                        site_key=site_key)
     aside = report["set_aside"]
     if not report["sites"]:
         reasons = "; ".join(f"{k}: {v}" for k, v in report["set_aside_by_reason"].items())
         raise UserError(f"--input {input_dir}: no image could be read ({reasons or 'no image files'})")
-    site = load_site(tmp / "input")
+    site = load_site(tmp / "manifests" / "input")
     return site.manifest, input_dir, aside
+
+
+def _ephemeral_key(tmp: Path) -> Path:
+    """A one-run site key in the temporary folder (deleted with it): fresh keys, nothing to keep."""
+    path = tmp / "ephemeral_site_key"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_hex(32) + "\n")
+    return path
 
 
 def _contained(root: Path, relative: str, row: int) -> Path:
@@ -111,7 +132,7 @@ def _contained(root: Path, relative: str, row: int) -> Path:
 
 def predict_folder(run_dir: Path | str, input_dir: Path | str, out: Path | str, *, site: Optional[str] = None,
                    device: Optional[str] = None, cam: int = 0, batch_size: int = 32,
-                   progress: bool = True) -> dict:
+                   progress: bool = True, site_key: Optional[Path | str] = None) -> dict:
     """Score every image of ``input_dir``; writes ``out`` and its private key map. Returns a summary."""
     from fedcxr.pipeline.inference import load_run_model, score_files
     from fedcxr.pipeline.local import resolve_device
@@ -125,7 +146,7 @@ def predict_folder(run_dir: Path | str, input_dir: Path | str, out: Path | str, 
     loaded = load_run_model(run_dir, site)
     dev = resolve_device(device or "auto")
     with tempfile.TemporaryDirectory(prefix="fedcxr-predict-") as tmp:
-        manifest, root, aside = _input_site(input_dir, Path(tmp), progress)
+        manifest, root, aside = _input_site(input_dir, Path(tmp), progress, Path(site_key) if site_key else None)
         keys = row_keys(manifest).to_numpy()
         relative = manifest["image_path"].astype(str).tolist()
         paths = [_contained(root, rel, i) for i, rel in enumerate(relative)]
@@ -165,13 +186,14 @@ def predict_folder(run_dir: Path | str, input_dir: Path | str, out: Path | str, 
 def cli_predict(args: argparse.Namespace) -> int:
     summary = predict_folder(args.run_dir, args.input, args.out, site=args.site, device=args.device,
                              cam=int(args.cam or 0), batch_size=int(args.batch_size),
-                             progress=progress_wanted(args))
+                             progress=progress_wanted(args), site_key=getattr(args, "site_key", None))
     print(f"scored {summary['scored']} image(s) with the {summary['model']} model "
           f"({len(summary['classes'])} classes): {summary['out']}")
     if summary["thresholds_from"]:
         print(f"  decisions at the operating points chosen on {summary['thresholds_from']}'s validation split")
     if summary["not_scored"]:
-        print(f"  {summary['not_scored']} file(s) could not be read: see the status column of the key map")
+        print(f"  {summary['not_scored']} file(s) not scored (unreadable, or a duplicate of a scored image): "
+              "see the status column of the key map")
     print(f"  key → image path (identifies images: keep it local): {summary['private_key_map']}")
     if summary["cam"]:
         print(f"  {len(summary['cam'])} Grad-CAM overlay(s) in {cam_dir(Path(summary['out']))}")

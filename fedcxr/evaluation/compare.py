@@ -19,6 +19,11 @@ Tests against ``baseline`` (per column, on the same test rows, joined on (site, 
 Seed pairing: runs of the two methods with the same seed are paired; when the two methods
 share no seed, the lowest seed of each is paired (recorded as ``paired_by``). The DeLong
 test uses the first pair (lowest common seed), so it compares two concrete models.
+
+Federated runs whose predictions never left the sites (FLARE cross-site evaluation) have no
+``predictions/<split>.parquet``; their cells come from the site summaries in ``report.json``
+(:func:`fedcxr.evaluation.report_table.load_summary_results`), and their DeLong rows are
+empty (no rows to pair) while the t-test over class AUROCs still runs.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ from scipy.sparse.csgraph import connected_components
 from fedcxr.errors import UserError
 from fedcxr.evaluation import metrics
 from fedcxr.evaluation.report import evaluate_rows, fmt, fmt_ci, is_binary_task, write_json, write_text
-from fedcxr.evaluation.runs import load_predictions, load_run_info, predictions_path
+from fedcxr.evaluation.report_table import load_summary_results
+from fedcxr.evaluation.runs import ID_COLUMNS, load_predictions, load_run_info, predictions_path
 
 #: 2: DeLong clustered by patient_key; per-class q_value (BH), significant, n_patients.
 SCHEMA_VERSION = 2
@@ -51,6 +57,7 @@ class _Run:
     predictions: pd.DataFrame
     sites: list[str]
     results: dict[str, dict] = field(default_factory=dict)  # site → evaluate_rows result
+    from_summaries: bool = False  # results from the sites' summaries (report_table); no predictions here
 
     @property
     def method(self) -> str:
@@ -75,7 +82,12 @@ def _load_runs(run_dirs: Sequence[Path | str], split: str) -> list[_Run]:
     runs, seen = [], {}
     for run_dir in run_dirs:
         info = load_run_info(run_dir)
-        frame = load_predictions(run_dir, split, info["classes"])
+        summaries = None if predictions_path(run_dir, split).is_file() else load_summary_results(run_dir, split)
+        if summaries is not None:  # a federated run: only the sites' summaries left the sites
+            frame = pd.DataFrame(columns=list(ID_COLUMNS) + [f"{k}__{c}" for c in info["classes"]
+                                                              for k in ("label", "prob")])
+        else:
+            frame = load_predictions(run_dir, split, info["classes"])
         key = (info["method"], info.get("target"), int(info["seed"]))
         if key in seen:
             raise UserError(f"{run_dir} and {seen[key]} are both method {key[0]!r}, target {key[1]!r}, "
@@ -86,7 +98,11 @@ def _load_runs(run_dirs: Sequence[Path | str], split: str) -> list[_Run]:
                             "(rows must be unique per (site, row_key))")
         present = list(dict.fromkeys(frame["site"]))
         wanted = [s for s in info.get("eval_sites") or [] if s in present]
-        runs.append(_Run(Path(run_dir), info, frame, wanted + [s for s in present if s not in wanted]))
+        if summaries is not None:
+            present = list(summaries)
+            wanted = [s for s in info.get("eval_sites") or [] if s in present]
+        runs.append(_Run(Path(run_dir), info, frame, wanted + [s for s in present if s not in wanted],
+                         results=dict(summaries or {}), from_summaries=summaries is not None))
     return runs
 
 
@@ -110,6 +126,8 @@ def compare_runs(
         group.sort(key=lambda r: r.seed)
         boot = n_boot if len(group) == 1 else 0  # several seeds: spread over seeds, no CI
         for run in group:
+            if run.from_summaries:
+                continue
             binary = is_binary_task(run.info["classes"])
             for site in run.sites:
                 rows = run.predictions[run.predictions["site"] == site]

@@ -8,7 +8,10 @@ module              what it holds
                     :func:`fedcxr.pipeline.federation.run_experiment`) and its transport
 ``client``          the hospital: :class:`FlareSite` around a :class:`SiteRunner`, the Client API loop
 ``fedcxr_client``   the two-line client script FLARE copies into each site's app
-``job``             the FLARE job (controller + client script per site), export to a folder
+``site_evaluation`` the ``validate`` task: a site scores a model on its own split, replies with summaries
+``cross_site``      the server's cross-site evaluation after the last round: report from site summaries
+``persistor``       FLARE's persistor and model locator: the global model where FLARE's tools look
+``job``             the FLARE job (controller, persistor, tracking receiver, client script per site)
 ``run``             the FLARE simulator and POC mode: processes started, waited for, stopped
 ``cli``             ``fedcxr flare export|simulate|poc``
 ==================  ==========================================================================

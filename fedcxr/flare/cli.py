@@ -4,7 +4,9 @@
 * ``simulate`` runs the job in FLARE's simulator on this machine;
 * ``poc`` runs it in a POC system on loopback (mTLS), started and stopped here.
 
-Both runs write the run directory of ``fedcxr train`` (so ``fedcxr evaluate RUN_DIR`` works).
+Both runs write the run directory of ``fedcxr train`` (so ``fedcxr evaluate RUN_DIR`` works) and,
+unless ``--no-cross-site``, the cross-site evaluation's ``report.json``/``report.md``/``per_class.csv``
+(each site scores the final model on its own test split; ``--bootstrap N`` resamples there).
 """
 
 from __future__ import annotations
@@ -25,21 +27,30 @@ def cli_flare(args) -> int:
     return handler[args.flare_command](args)
 
 
-def _summary(payload: dict, run_dir: Path, what: str) -> None:
+def _summary(payload: dict, run_dir: Path, what: str, cross_site: bool = False) -> None:
     print(f"{payload['method']} on {what}: finished {payload['rounds']} rounds; run directory {run_dir}")
     if payload.get("missed"):
         print(f"  {len(payload['missed'])} site replies missing or rejected (see run.json 'missed')")
     print(f"  FLARE job and logs: {run_dir / 'flare'}")
-    print(f"  next: fedcxr evaluate {run_dir}")
+    if cross_site and (run_dir / "report.md").is_file():
+        print(f"  cross-site evaluation (each site on its own test split): {run_dir / 'report.md'}")
+    else:
+        print(f"  next: fedcxr evaluate {run_dir}")
 
 
 def _cli_run(args, runner, what: str) -> int:
     cfg = load_flare_config(args.config, args.overrides, need_manifests=True)
     run_dir = Path(args.out) if args.out else default_run_dir(cfg)
+    if getattr(args, "bootstrap", 1000) < 0:
+        raise UserError(f"--bootstrap must be 0 (DeLong CIs) or a positive number of resamples, got {args.bootstrap}")
     payload = runner(cfg, run_dir, resume=args.resume, task_timeout=args.timeout, device=args.device,
-                     progress=progress_wanted(args))
-    _summary(payload, run_dir, what)
+                     progress=progress_wanted(args), evaluation=_evaluation(args))
+    _summary(payload, run_dir, what, cross_site=bool(getattr(args, "cross_site", True)))
     return 0
+
+
+def _evaluation(args) -> dict:
+    return {"enabled": bool(getattr(args, "cross_site", True)), "n_boot": int(getattr(args, "bootstrap", 1000))}
 
 
 def cli_simulate(args) -> int:
@@ -56,7 +67,8 @@ def cli_export(args) -> int:
         raise UserError("fedcxr flare export needs --out JOB_DIR (the job folder to write)")
     # the server never reads the manifests or the image cache: keep this machine's paths out of the job
     cfg = cfg.model_copy(update={"manifests": None, "cache_dir": None})
-    job_dir = export_job([(cfg, args.run_dir or "", True)], Path(args.out), task_timeout=args.timeout)
+    job_dir = export_job([(cfg, args.run_dir or "", True)], Path(args.out), task_timeout=args.timeout,
+                         evaluation=_evaluation(args))
     sites = ", ".join(check_flare_sites(cfg))
     print(f"FLARE job written to {job_dir} (clients: {sites})")
     print("  each site needs fedcxr[flare] installed and its own local/fedcxr_site.json "

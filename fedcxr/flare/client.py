@@ -42,13 +42,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import fedcxr.flare.site_evaluation  # noqa: F401  (registers validate: cross-site evaluation)
 import fedcxr.pipeline.site_tasks  # noqa: F401  (registers train_combine and fact_target)
 from fedcxr.atomic import atomic_torch_save
 from fedcxr.pipeline.checkpoints import load_tensors
 from fedcxr.pipeline.data import default_cache_dir
+from fedcxr.pipeline.engine import apply_backend, resolve_engine
 from fedcxr.pipeline.local import resolve_device
 from fedcxr.pipeline.messages import Reply
-from fedcxr.pipeline.site_runner import SiteRunner
+from fedcxr.pipeline.site_runner import OPTIMIZER_PREFIX, SiteRunner
 
 log = logging.getLogger(__name__)
 
@@ -148,12 +150,15 @@ class FlareSite:
             cfg = self.site_cfg
             model_cfg = dict(settings.get("model") or {})
             model_cfg["weights"] = None  # the server sends every weight; no local file is read
-            workers = cfg.num_workers if cfg.num_workers is not None else int(settings.get("num_workers", 0))
+            workers = cfg.num_workers if cfg.num_workers is not None else settings.get("num_workers")
+            device = resolve_device(cfg.device or settings.get("device"))
+            engine = resolve_engine(device, settings.get("engine"), workers)
+            apply_backend(engine)  # one site per client process: its cuDNN switches are its own
             self.runners[key] = SiteRunner(
                 self.name, cfg.manifest_dir, model_cfg=model_cfg, image_size=int(settings["image_size"]),
-                cache_dir=cfg.cache_dir or default_cache_dir(),
-                device=resolve_device(cfg.device or settings.get("device")),
-                augment=bool(settings.get("augment", True)), num_workers=workers, progress=False,
+                cache_dir=cfg.cache_dir or default_cache_dir(), device=device,
+                augment=bool(settings.get("augment", True)), progress=False, engine=engine,
+                task=settings.get("task"),
             )
         return self.runners[key]
 
@@ -204,7 +209,9 @@ class FlareSite:
         runner = self.runner_for(runner_settings, run)
         self._restore(runner, task, config, run)
         if task == "local_state":
-            return Reply(site=self.name, params=runner.get_local_state(), class_set=runner.class_set)
+            # the model's local entries only: optimiser moments never leave the site
+            state = {k: v for k, v in runner.get_local_state().items() if not k.startswith(OPTIMIZER_PREFIX)}
+            return Reply(site=self.name, params=state, class_set=runner.class_set)
         reply = runner.handle(task, params, config)
         if task in STATE_CHANGING_TASKS:
             self._save(runner, config, run)
@@ -216,11 +223,10 @@ class FlareSite:
 
 def serve(flare_api: Any, site: FlareSite) -> int:
     """``receive → handle → send`` until the job ends; returns the number of tasks answered."""
-    from nvflare.app_common.abstract.fl_model import FLModel
-
     from fedcxr.flare.wire import decode_task, encode_error, encode_reply
 
     answered = 0
+    writer = _site_writer()
     while flare_api.is_running():
         incoming = flare_api.receive()
         if incoming is None:
@@ -229,13 +235,51 @@ def serve(flare_api: Any, site: FlareSite) -> int:
         try:
             task = decode_task(incoming.params, incoming.meta)
             reply = site.handle(task["task"] or task_name, task["params"], task["config"], task["runner"], task["run"])
-            params, meta = encode_reply(reply)
+            diff = task["diff"] and task["params"] is not None and reply.params is not None
+            params, meta = encode_reply(reply, reference=task["params"] if diff else None)
+            _stream(writer, task["task"] or task_name, task["config"], reply.metrics)
         except Exception as exc:  # answer, and keep serving the next rounds
             log.exception("site %s: task %s failed", site.name, task_name)
-            params, meta = encode_error(exc)
-        flare_api.send(FLModel(params=params, meta=meta))
+            params, meta, diff = *encode_error(exc), False
+        flare_api.send(reply_model(params, meta, diff=diff, steps=reply.n_batches if diff else 0))
         answered += 1
     return answered
+
+
+def reply_model(params: dict, meta: dict, *, diff: bool, steps: int):
+    """The ``FLModel`` sent back: a reply of differences is marked ``DIFF`` (FLARE's ``WEIGHT_DIFF``)
+    with its optimizer steps, which NVFLARE's ``PercentilePrivacy`` reads to work per step."""
+    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+    if not diff:
+        return FLModel(params=params, meta=meta)
+    return FLModel(params=params, params_type=ParamsType.DIFF,
+                   meta={**meta, "NUM_STEPS_CURRENT_ROUND": max(int(steps), 1)})
+
+
+def _site_writer():
+    """FLARE's experiment-tracking writer (the server's TensorBoard receiver gets the scalars), or None."""
+    try:
+        from nvflare.client.tracking import SummaryWriter
+
+        return SummaryWriter()
+    except Exception as exc:  # tracking never stops a site
+        log.info("FLARE experiment tracking unavailable (%s); scalars stay in the server's run directory", exc)
+        return None
+
+
+def _stream(writer, task: str, config: dict, metrics: dict) -> None:
+    """This round's scalars of the site (:func:`fedcxr.tracking.site_scalars`: no ids, no paths)."""
+    from fedcxr.tracking import site_scalars
+
+    step = config.get("round")
+    if writer is None or not isinstance(step, int):
+        return
+    try:
+        for tag, value in site_scalars(task, metrics):
+            writer.add_scalar(tag, value, global_step=step)
+    except Exception as exc:
+        log.warning("FLARE experiment tracking failed (%s: %s); training goes on", type(exc).__name__, exc)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

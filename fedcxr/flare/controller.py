@@ -68,11 +68,13 @@ def require_nvflare() -> None:
 class FlareTransport(Transport):
     """:class:`Transport` over a running FLARE job (built by :class:`FedcxrController`)."""
 
-    def __init__(self, controller: "FedcxrController", site_names: list[str], *, runner: dict, run: str):
+    def __init__(self, controller: "FedcxrController", site_names: list[str], *, runner: dict, run: str,
+                 diff: bool = False):
         self.controller = controller
         self.site_names = list(site_names)
         self.runner = dict(runner)
         self.run_key = run
+        self.diff = diff  # privacy.filters: sites reply with differences (fedcxr.flare.wire)
         self.rejected: list[dict] = []  # {"round", "task", "site", "reason"} of refused replies (status file)
 
     def run(self, task, targets, params, config, *, per_site=None):
@@ -81,21 +83,25 @@ class FlareTransport(Transport):
         if unknown:
             raise ValueError(f"task {task!r} for sites {unknown} that are not clients of this job")
         shared = [s for s in targets if s not in per_site]
-        groups = []
+        groups, sent = [], {}
         if shared:
-            groups.append((shared, encode_task(task, params, config, runner=self.runner, run=self.run_key)))
+            groups.append((shared, encode_task(task, params, config, runner=self.runner, run=self.run_key,
+                                               diff=self.diff)))
+            sent.update({s: params for s in shared})
         for site in targets:
             if site in per_site:
                 site_params, site_config = per_site[site]
                 groups.append(([site], encode_task(task, site_params, site_config, runner=self.runner,
-                                                   run=self.run_key)))
+                                                   run=self.run_key, diff=self.diff)))
+                sent[site] = site_params
         round_ = config.get("round") if config else None
         if round_ is None and per_site:
             round_ = next(iter(per_site.values()))[1].get("round")
         raw = self.controller.dispatch(task, groups, round_=round_)
-        return self._decode(task, targets, raw, round_)
+        return self._decode(task, targets, raw, round_, sent)
 
-    def _decode(self, task: str, targets: list[str], raw: Mapping[str, Any], round_) -> dict[str, Reply]:
+    def _decode(self, task: str, targets: list[str], raw: Mapping[str, Any], round_,
+                sent: Mapping[str, Any]) -> dict[str, Reply]:
         replies = {}
         for site in targets:
             if site not in raw:
@@ -104,7 +110,12 @@ class FlareTransport(Transport):
             try:
                 if isinstance(answer, str):
                     raise WireError(answer)
-                replies[site] = decode_reply(site, answer.params, answer.meta)
+                replies[site] = decode_reply(site, answer.params, answer.meta, reference=sent.get(site),
+                                             task=task)
+                excluded = replies[site].metrics.get("excluded")
+                if excluded:
+                    log.info("round %s, task %s: %s's filters removed %d entries (kept at the sent value)",
+                             round_, task, site, len(excluded))
             except WireError as exc:
                 log.warning("round %s, task %s: rejected reply from %s: %s", round_, task, site, exc)
                 self.rejected.append({"round": round_, "task": task, "site": site, "reason": str(exc)})
@@ -119,7 +130,8 @@ class FedcxrController(_ControllerBase):
 
     Args (all JSON-able, FLARE writes them into ``config_fed_server.json``):
         experiments: ``[{"config": ExperimentConfig.model_dump(mode="json"), "run_dir": str,
-            "resume": bool}]``. ``run_dir`` is the server-side run directory (default
+            "resume": bool, "evaluation": {"enabled", "n_boot", "split", "seed"}}]``; ``evaluation``
+            is the cross-site evaluation after the last round (:mod:`fedcxr.flare.cross_site`). ``run_dir`` is the server-side run directory (default
             ``<job workspace>/fedcxr_run[_N]``; give a stable path to be able to resume after a
             server crash); ``resume`` (default true) continues from its last checkpoint. Several
             experiments (a sweep) share one deployment; a failed one does not stop the next.
@@ -134,7 +146,8 @@ class FedcxrController(_ControllerBase):
     def __init__(self, experiments: Optional[list] = None, task_timeout: int = 0, task_check_period: float = 0.1,
                  fedcxr_version: str = ""):
         require_nvflare()
-        super().__init__(persistor_id="", ignore_result_error=True, task_check_period=task_check_period)
+        # the job's FedcxrModelPersistor (fedcxr.flare.persistor) receives each final global model
+        super().__init__(persistor_id="persistor", ignore_result_error=True, task_check_period=task_check_period)
         self.experiments = [dict(e) for e in experiments or []]
         self.task_timeout = int(task_timeout)
         self.fedcxr_version = str(fedcxr_version or "")
@@ -148,16 +161,18 @@ class FedcxrController(_ControllerBase):
         for i, spec in enumerate(self.experiments):
             default = "fedcxr_run" if len(self.experiments) == 1 else f"fedcxr_run_{i}"
             run_dir = Path(spec.get("run_dir") or Path(self.get_run_dir()) / default)
-            if not self.run_one(spec["config"], run_dir, resume=bool(spec.get("resume", True))):
+            if not self.run_one(spec["config"], run_dir, resume=bool(spec.get("resume", True)),
+                                evaluation=spec.get("evaluation")):
                 failed.append(str(run_dir))
         if failed:
             raise RuntimeError(f"{len(failed)} of {len(self.experiments)} experiments failed: {failed}")
 
-    def run_one(self, config: dict, run_dir: Path, *, resume: bool) -> bool:
+    def run_one(self, config: dict, run_dir: Path, *, resume: bool, evaluation: Optional[dict] = None) -> bool:
         """One experiment, exactly as ``fedcxr train`` runs it, over FLARE; False when it failed."""
         cfg = ExperimentConfig.model_validate(config)
         sites = [cfg.site_name(s) for s in cfg.all_sites()]
-        transport = FlareTransport(self, sites, runner=runner_settings(cfg), run=config_fingerprint(cfg))
+        transport = FlareTransport(self, sites, runner=runner_settings(cfg), run=config_fingerprint(cfg),
+                                   diff=bool(cfg.privacy.filters))
         if resume:  # replies refused before a server restart stay on record
             transport.rejected = list(read_status(run_dir).get("rejected", []))
         self.info(f"fedcxr {cfg.strategy}: {cfg.rounds} rounds over {sites}; run directory {run_dir}")
@@ -165,11 +180,14 @@ class FedcxrController(_ControllerBase):
         try:
             payload = run_experiment(cfg, run_dir, resume=resume, device="cpu", progress=False, transport=transport)
             self._collect_local_states(run_dir, transport, sites)
+            self._persist(run_dir, cfg)
         except Exception as exc:
             self.exception(f"fedcxr {cfg.strategy} failed: {type(exc).__name__}: {exc}")
             _write_status(run_dir, "failed", error=f"{type(exc).__name__}: {exc}", rejected=transport.rejected)
             return False
-        _write_status(run_dir, "finished", missed=payload.get("missed", []), rejected=transport.rejected)
+        evaluated = self._cross_site(run_dir, transport, evaluation)
+        _write_status(run_dir, "finished", missed=payload.get("missed", []), rejected=transport.rejected,
+                      cross_site=evaluated)
         self.info(f"fedcxr {cfg.strategy}: finished; {len(payload.get('missed', []))} replies missed or rejected")
         return True
 
@@ -181,6 +199,31 @@ class FedcxrController(_ControllerBase):
         replies = transport.run("local_state", sites, None, {})
         final["local_states"] = {s: rep.params or {} for s, rep in replies.items()}
         save_final(run_dir, final)
+
+    def _persist(self, run_dir: Path, cfg: ExperimentConfig) -> None:
+        """The final global model through FLARE's persistor (FLARE's tools find it there)."""
+        if getattr(self, "persistor", None) is None:
+            return
+        from nvflare.app_common.abstract.fl_model import FLModel
+
+        from fedcxr.flare.persistor import to_numpy
+
+        final = load_final_model(run_dir)
+        self.save_model(FLModel(params=to_numpy(final["global"]), meta={"method": cfg.strategy}))
+
+    def _cross_site(self, run_dir: Path, transport: FlareTransport, evaluation: Optional[dict]) -> str:
+        """Cross-site evaluation (:mod:`fedcxr.flare.cross_site`); its failure does not undo the training."""
+        from fedcxr.flare.cross_site import cross_site_evaluate, evaluation_settings
+
+        settings = evaluation_settings(evaluation)
+        if not settings["enabled"]:
+            return "off"
+        try:
+            report = cross_site_evaluate(transport, run_dir, settings)
+        except Exception as exc:
+            self.exception(f"cross-site evaluation failed: {type(exc).__name__}: {exc}")
+            return f"failed: {type(exc).__name__}: {exc}"
+        return f"{len(report['sites'])} sites reported, {len(report['sites_without_predictions'])} not"
 
     # ------------------------------------------------------------------ one task, many sites
     def dispatch(self, task: str, groups: list[tuple[list[str], tuple[dict, dict]]],
@@ -252,7 +295,8 @@ def version_problem(job_version: str) -> Optional[str]:
 def runner_settings(cfg) -> dict:
     """What a site needs from the experiment to build its network and data (no paths, no data)."""
     return {"model": cfg.model.model_dump(mode="json"), "image_size": cfg.image_size, "augment": cfg.augment,
-            "num_workers": cfg.num_workers, "device": cfg.device}
+            "num_workers": cfg.num_workers, "device": cfg.device, "engine": cfg.engine.model_dump(mode="json"),
+            "task": cfg.task.model_dump(mode="json") if cfg.task else None}
 
 
 def _write_status(run_dir: Path, status: str, **extra) -> None:

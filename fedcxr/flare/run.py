@@ -9,8 +9,10 @@
   result, then stops and removes everything it started — also on error or Ctrl-C.
 
 Both runs write the run directory of ``fedcxr train`` (so ``fedcxr evaluate RUN_DIR`` works)
-plus ``RUN_DIR/flare/``: the job, each site's ``fedcxr_site.json``, the sites' resume state and
-the FLARE logs of every attempt (``flare/logs/attempt-N``; startup kits and keys are never
+plus ``RUN_DIR/flare/``: the job, each site's ``fedcxr_site.json``, the sites' resume state,
+the scalars the sites streamed through FLARE's experiment tracking (``flare/tensorboard/<site>``),
+the global model as FLARE's persistor wrote it (``flare/FL_global_model.pt``)
+and the FLARE logs of every attempt (``flare/logs/attempt-N``; startup kits and keys are never
 copied).
 """
 
@@ -39,7 +41,8 @@ from fedcxr.pipeline.checkpoints import latest_checkpoint
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.data import default_cache_dir
 from fedcxr.flare.controller import mark_submitted, read_status
-from fedcxr.flare.job import CONTROLLER_PATH, check_flare_sites, export_job
+from fedcxr.flare.job import CONTROLLER_PATH, TB_FOLDER, check_flare_sites, export_job
+from fedcxr.flare.persistor import GLOBAL_MODEL_FILE, LOCATOR_PATH, PERSISTOR_PATH
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +93,7 @@ def write_site_configs(cfgs: list, flare_dir: Path, *, device: Optional[str]) ->
 
 
 def _prepare(runs: list, *, resume: bool, task_timeout: int, device: Optional[str], client_script: Optional[Path],
-             flare_dir: Optional[Path]) -> tuple[list, Path, Path, list[str]]:
+             flare_dir: Optional[Path], evaluation: Optional[dict] = None) -> tuple[list, Path, Path, list[str]]:
     """Check the run dirs, write site configs and the job; ``(runs, flare_dir, job_dir, sites)``."""
     runs = [(cfg, Path(run_dir).resolve()) for cfg, run_dir in runs]
     if not runs:
@@ -103,7 +106,8 @@ def _prepare(runs: list, *, resume: bool, task_timeout: int, device: Optional[st
     flare_dir = Path(flare_dir).resolve() if flare_dir else runs[0][1] / "flare"
     site_configs = write_site_configs([cfg for cfg, _ in runs], flare_dir, device=device)
     job_dir = export_job([(cfg, str(run_dir), resume) for cfg, run_dir in runs], flare_dir / "job",
-                         task_timeout=task_timeout, site_configs=site_configs, client_script=client_script)
+                         task_timeout=task_timeout, site_configs=site_configs, client_script=client_script,
+                         evaluation=evaluation)
     return runs, flare_dir, job_dir, sites
 
 
@@ -262,6 +266,31 @@ def copy_logs(src: Path, dest: Path) -> None:
             shutil.copy2(path, target)
 
 
+def copy_tensorboard(src: Path, dest: Path) -> None:
+    """The sites' streamed scalars (FLARE's ``tb_events/<site>/``) into ``dest/<site>/``."""
+    if not src.is_dir():
+        return
+    for folder in src.rglob(TB_FOLDER):
+        if not folder.is_dir() or any(part in NEVER_COPY for part in folder.relative_to(src).parts):
+            continue
+        for path in folder.rglob("events.out.tfevents.*"):
+            target = dest / path.relative_to(folder)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+
+
+def copy_global_model(src: Path, flare_dir: Path) -> None:
+    """The persistor's ``FL_global_model.pt`` (FLARE's convention, :mod:`fedcxr.flare.persistor`) into ``flare/``."""
+    if not src.is_dir():
+        return
+    found = [p for p in src.rglob(GLOBAL_MODEL_FILE)
+             if p.is_file() and not any(part in NEVER_COPY for part in p.relative_to(src).parts)]
+    if found:
+        newest = max(found, key=lambda p: p.stat().st_mtime)
+        flare_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(newest, flare_dir / GLOBAL_MODEL_FILE)
+
+
 # --------------------------------------------------------------------------- simulator
 
 
@@ -273,17 +302,20 @@ def simulate(cfg, run_dir: Path, **kwargs) -> dict:
 def simulate_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device: Optional[str] = None,
                   client_script: Optional[Path] = None, progress: bool = True, timeout: Optional[float] = None,
                   flare_dir: Optional[Path] = None, env: Optional[dict] = None,
-                  on_start: Optional[Callable[[subprocess.Popen], None]] = None) -> list[dict]:
+                  on_start: Optional[Callable[[subprocess.Popen], None]] = None,
+                  evaluation: Optional[dict] = None) -> list[dict]:
     """Run ``[(ExperimentConfig, run_dir)]`` one after the other in one FLARE simulator job.
 
     One client process per site (named as the configs' sites), the server in the simulator
     process. ``flare_dir`` (default ``<first run dir>/flare``) receives the job, the site
     configs, the sites' resume state and the logs (the simulator's workspace is removed after
     the run). ``env`` adds environment variables; ``on_start`` is called with the simulator
-    process (its own process group) once it runs.
+    process (its own process group) once it runs. ``evaluation``: the cross-site evaluation after
+    the last round (``{"enabled", "n_boot", "split", "seed"}``, :mod:`fedcxr.flare.cross_site`).
     """
     runs, flare_dir, job_dir, sites = _prepare(runs, resume=resume, task_timeout=task_timeout, device=device,
-                                               client_script=client_script, flare_dir=flare_dir)
+                                               client_script=client_script, flare_dir=flare_dir,
+                                               evaluation=evaluation)
     workspace = flare_dir / "simulator"
     shutil.rmtree(workspace, ignore_errors=True)
     logs = next_log_dir(flare_dir)
@@ -303,6 +335,8 @@ def simulate_many(runs: list, *, resume: bool = False, task_timeout: int = 0, de
             tree.stop()
             proc.wait()
             copy_logs(workspace, logs)
+            copy_tensorboard(workspace, flare_dir / "tensorboard")
+            copy_global_model(workspace, flare_dir)
             shutil.rmtree(workspace, ignore_errors=True)
     return _finish(runs, "FLARE simulator", log_path)
 
@@ -338,7 +372,8 @@ def write_project(path: Path, sites: list[str], port: int) -> Path:
 
 
 def allow_controller(server_kit: Path) -> None:
-    """Let the server build fedcxr's controller: add it to ``local/resources.json``'s ``class_allow_list``.
+    """Let the server build fedcxr's controller, persistor and model locator: add them to
+    ``local/resources.json``'s ``class_allow_list``.
 
     A provisioned FLARE server only builds components its operator allowed (jobs without
     custom code are checked against this list); production servers need the same line.
@@ -347,9 +382,14 @@ def allow_controller(server_kit: Path) -> None:
     if not path.is_file():
         path = server_kit / "local" / "resources.json.default"
     resources = json.loads(path.read_text())
-    allowed = resources.setdefault("class_allow_list", [])
-    if CONTROLLER_PATH not in allowed and "*" not in allowed:
-        allowed.append(CONTROLLER_PATH)
+    if "class_allow_list" not in resources:  # an explicit list replaces FLARE's default one: start from it
+        from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
+
+        resources["class_allow_list"] = list(DEFAULT_CLASS_ALLOW_LIST)
+    allowed = resources["class_allow_list"]
+    for path in (CONTROLLER_PATH, PERSISTOR_PATH, LOCATOR_PATH):
+        if path not in allowed and "*" not in allowed:
+            allowed.append(path)
     (server_kit / "local" / "resources.json").write_text(json.dumps(resources, indent=2))
 
 
@@ -384,16 +424,18 @@ def poc(cfg, run_dir: Path, **kwargs) -> dict:
 
 def poc_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device: Optional[str] = None,
              client_script: Optional[Path] = None, progress: bool = True, timeout: Optional[float] = None,
-             flare_dir: Optional[Path] = None, env: Optional[dict] = None) -> list[dict]:
+             flare_dir: Optional[Path] = None, env: Optional[dict] = None,
+             evaluation: Optional[dict] = None) -> list[dict]:
     """Run ``[(ExperimentConfig, run_dir)]`` as one job on a POC system on this machine.
 
     Provisions the server, an admin and one client per site (mTLS startup kits), starts them,
     submits through the FLARE API, waits, downloads the server's result, and always stops the
     system, ends any process left in its group and removes the POC workspace (logs are kept
-    in ``flare/logs``).
+    in ``flare/logs``). ``evaluation``: as in :func:`simulate_many`.
     """
     runs, flare_dir, job_dir, sites = _prepare(runs, resume=resume, task_timeout=task_timeout, device=device,
-                                               client_script=client_script, flare_dir=flare_dir)
+                                               client_script=client_script, flare_dir=flare_dir,
+                                               evaluation=evaluation)
     workspace = flare_dir / "poc"
     shutil.rmtree(workspace, ignore_errors=True)
     env = {**_env(), **(env or {}), "NVFLARE_POC_WORKSPACE": str(workspace)}
@@ -417,6 +459,7 @@ def poc_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device:
             _submit_and_wait(job_dir, workspace, flare_dir, runs, progress, timeout, tick=tree.snapshot)
         finally:
             _stop_poc(env, out, tree, workspace, logs)
+            copy_tensorboard(flare_dir / "result", flare_dir / "tensorboard")
     return _finish(runs, "FLARE POC", log_path)
 
 
@@ -457,6 +500,8 @@ def _stop_poc(env: dict, out, tree: Optional[ProcessTree], workspace: Path, logs
             tree.stop(grace=30)
     finally:
         copy_logs(workspace, logs)
+        copy_tensorboard(workspace, logs.parent.parent / "tensorboard")
+        copy_global_model(workspace, logs.parent.parent)
         try:
             _run_cli(["poc", "clean"], env, out, 120)
         except Exception as exc:

@@ -8,10 +8,17 @@ should never send.
 
 Layout (``meta["fedcxr"]`` holds our part; FLARE may add its own keys beside it)::
 
-    task  params: {"p/<state key>": array}            meta: {"kind": "task", "task", "config", "runner", "run"}
-    reply params: {"p/<state key>": array, "x/<extra key>": array}
-          meta:   {"kind": "reply", "has_params", "n_samples", "n_batches", "class_set", "metrics"}
+    task  params: {"p/<state key>": array}     meta: {"kind": "task", "task", "config", "runner", "run", "diff"}
+    reply params: {"p/<state key>": array, "d/<state key>": array, "x/<extra key>": array}
+          meta:   {"kind": "reply", "has_params", "n_samples", "n_batches", "class_set", "metrics", "keys"}
     error meta:   {"kind": "error", "error": "<exception type name>"}   (no message: it could quote a path)
+
+A task with ``diff`` set (the experiment has ``privacy.filters``) is answered with differences:
+``d/<key>`` = the site's value − the value it received, for every floating entry of the same
+shape (others stay ``p/``), and ``keys`` lists every entry the site produced. FLARE's result
+filters (:mod:`fedcxr.flare.job`) then act on updates, as NVFLARE's ``PercentilePrivacy``
+expects; an entry a filter removed (``ExcludeVars``) comes back as the received value — a zero
+update — and is named in the reply's ``metrics["excluded"]``.
 
 Tensors go as numpy arrays (FLARE's serializer carries them natively, large ones streamed);
 no pickled objects, no strings in ``params``. A reply is accepted only if its counts are
@@ -23,6 +30,7 @@ what it sent (a surgical head has the site's classes, not the global ones).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -34,9 +42,11 @@ from fedcxr.pipeline.state import check_update
 META_KEY = "fedcxr"
 WIRE_VERSION = 1
 PARAM_PREFIX = "p/"
+DIFF_PREFIX = "d/"
 EXTRA_PREFIX = "x/"
 #: keys a reply's meta may hold (anything else is refused: nothing leaves a site unchecked)
-REPLY_KEYS = frozenset({"version", "kind", "has_params", "n_samples", "n_batches", "class_set", "metrics", "error"})
+REPLY_KEYS = frozenset({"version", "kind", "has_params", "n_samples", "n_batches", "class_set", "metrics", "error",
+                        "keys"})
 
 
 class WireError(ValueError):
@@ -80,11 +90,14 @@ def _finite_problem(state: StateDict, what: str) -> Optional[str]:
 
 
 def encode_task(task: str, params: Optional[StateDict], config: dict, *, runner: dict,
-                run: str) -> tuple[dict, dict]:
-    """(params, meta) of one task; ``runner`` = site settings from the experiment, ``run`` = its fingerprint."""
+                run: str, diff: bool = False) -> tuple[dict, dict]:
+    """(params, meta) of one task; ``runner`` = site settings from the experiment, ``run`` = its fingerprint.
+
+    ``diff``: ask for the reply as differences from ``params`` (see the module docstring).
+    """
     arrays = to_numpy(params, PARAM_PREFIX) if params is not None else {}
     meta = {META_KEY: {"version": WIRE_VERSION, "kind": "task", "task": task, "has_params": params is not None,
-                       "config": dict(config), "runner": dict(runner), "run": run}}
+                       "config": dict(config), "runner": dict(runner), "run": run, "diff": bool(diff)}}
     return arrays, meta
 
 
@@ -98,22 +111,41 @@ def decode_task(params: Optional[Mapping[str, Any]], meta: Optional[Mapping[str,
                         "install the same fedcxr version on the server and the sites")
     state = to_torch(params or {}, PARAM_PREFIX) if body.get("has_params") else None
     return {"task": body.get("task"), "params": state, "config": dict(body.get("config") or {}),
-            "runner": dict(body.get("runner") or {}), "run": str(body.get("run") or "")}
+            "runner": dict(body.get("runner") or {}), "run": str(body.get("run") or ""),
+            "diff": bool(body.get("diff", False))}
 
 
 # --------------------------------------------------------------------------- site → server
 
 
-def encode_reply(reply: Reply) -> tuple[dict, dict]:
-    """(params, meta) of a reply: parameters, extra tensors, counts, class names and metrics only."""
-    arrays = to_numpy(reply.params, PARAM_PREFIX) if reply.params is not None else {}
+def encode_reply(reply: Reply, reference: Optional[StateDict] = None) -> tuple[dict, dict]:
+    """(params, meta) of a reply: parameters, extra tensors, counts, class names and metrics only.
+
+    ``reference`` (the params the task carried, when it asked for ``diff``): floating entries of
+    the same shape go as ``d/`` differences from it, and ``keys`` names every entry.
+    """
+    arrays = {}
+    if reply.params is not None:
+        if reference is None:
+            arrays = to_numpy(reply.params, PARAM_PREFIX)
+        else:
+            diffs = {k: v - reference[k] for k, v in reply.params.items() if _diffable(v, reference.get(k))}
+            arrays = to_numpy(diffs, DIFF_PREFIX)
+            arrays.update(to_numpy({k: v for k, v in reply.params.items() if k not in diffs}, PARAM_PREFIX))
     arrays.update(to_numpy(reply.extra or {}, EXTRA_PREFIX))
-    meta = {META_KEY: {
+    body = {
         "version": WIRE_VERSION, "kind": "reply", "has_params": reply.params is not None,
         "n_samples": int(reply.n_samples), "n_batches": int(reply.n_batches),
         "class_set": [str(c) for c in reply.class_set], "metrics": plain(reply.metrics),
-    }}
-    return arrays, meta
+    }
+    if reference is not None and reply.params is not None:
+        body["keys"] = list(reply.params)
+    return arrays, {META_KEY: body}
+
+
+def _diffable(value: torch.Tensor, ref: Optional[torch.Tensor]) -> bool:
+    return (ref is not None and value.is_floating_point() and ref.is_floating_point()
+            and tuple(value.shape) == tuple(ref.shape))
 
 
 def encode_error(exc: BaseException) -> tuple[dict, dict]:
@@ -121,8 +153,14 @@ def encode_error(exc: BaseException) -> tuple[dict, dict]:
     return {}, {META_KEY: {"version": WIRE_VERSION, "kind": "error", "error": type(exc).__name__}}
 
 
-def decode_reply(site: str, params: Optional[Mapping[str, Any]], meta: Optional[Mapping[str, Any]]) -> Reply:
-    """The :class:`Reply` of ``site``; :class:`WireError` (the reason) when it must not be used."""
+def decode_reply(site: str, params: Optional[Mapping[str, Any]], meta: Optional[Mapping[str, Any]],
+                 reference: Optional[StateDict] = None, task: Optional[str] = None) -> Reply:
+    """The :class:`Reply` of ``site``; :class:`WireError` (the reason) when it must not be used.
+
+    ``reference``: the params the task sent, needed for a reply of differences (``d/``).
+    ``task`` ``validate`` (cross-site evaluation): the reply must be a summary — no tensors,
+    metrics passing :func:`check_summary`.
+    """
     body = (meta or {}).get(META_KEY)
     if not isinstance(body, dict):
         raise WireError("no 'fedcxr' block in the reply meta (not a fedcxr client?)")
@@ -141,10 +179,18 @@ def decode_reply(site: str, params: Optional[Mapping[str, Any]], meta: Optional[
     if not isinstance(metrics, dict) or not _is_plain(metrics):
         raise WireError("metrics hold something other than numbers, strings, lists and dicts")
     arrays = dict(params or {})
-    stray = sorted(k for k in arrays if not k.startswith((PARAM_PREFIX, EXTRA_PREFIX)))
+    stray = sorted(k for k in arrays if not k.startswith((PARAM_PREFIX, DIFF_PREFIX, EXTRA_PREFIX)))
     if stray:
         raise WireError(f"unexpected parameter entries {stray[:5]}")
+    if task in SUMMARY_TASKS:
+        if arrays or body.get("has_params"):
+            raise WireError(f"a {task} reply carries tensors; it may hold summaries only")
+        check_summary(metrics)
     state = to_torch(arrays, PARAM_PREFIX) if body.get("has_params") else None
+    if state is not None and ("keys" in body or any(k.startswith(DIFF_PREFIX) for k in arrays)):
+        state, excluded = _undiff(state, to_torch(arrays, DIFF_PREFIX), body.get("keys"), reference)
+        if excluded:
+            metrics = {**metrics, "excluded": excluded}
     extra = to_torch(arrays, EXTRA_PREFIX)
     for part, what in ((state, "parameters"), (extra, "extra tensors")):
         problem = _finite_problem(part, what) if part else None
@@ -152,6 +198,42 @@ def decode_reply(site: str, params: Optional[Mapping[str, Any]], meta: Optional[
             raise WireError(problem)
     return Reply(site=site, params=state, n_samples=n_samples, n_batches=n_batches,
                  class_set=list(class_set), metrics=metrics, extra=extra)
+
+
+def _undiff(full: StateDict, diffs: StateDict, keys: Any, reference: Optional[StateDict]) -> tuple[StateDict, list]:
+    """Received value + difference per ``d/`` entry; an entry named in ``keys`` but removed by a
+    filter comes back as the received value (a zero update) and is returned in ``excluded``."""
+    if reference is None:
+        raise WireError("a reply of differences to a task that sent no parameters")
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise WireError("a reply of differences needs 'keys', the list of its entries")
+    state, excluded = {}, []
+    for key in keys:
+        if key in diffs:
+            if key not in reference or tuple(reference[key].shape) != tuple(diffs[key].shape):
+                raise WireError(f"difference entry {key!r} does not match the parameters sent")
+            state[key] = reference[key] + diffs[key].to(reference[key].dtype)
+        elif key in full:
+            state[key] = _as_sent(full[key], reference.get(key))
+        elif key in reference:
+            state[key] = reference[key].clone()
+            excluded.append(key)
+        else:
+            raise WireError(f"entry {key!r} is missing from the reply and was not sent")
+    unlisted = sorted((set(full) | set(diffs)) - set(keys))
+    if unlisted:
+        raise WireError(f"entries {unlisted[:5]} are not among the reply's keys")
+    return state, excluded
+
+
+def _as_sent(value: torch.Tensor, ref: Optional[torch.Tensor]) -> torch.Tensor:
+    """An entry in the dtype it was sent in: NVFLARE's PercentilePrivacy returns a 0-dim integer
+    (BatchNorm's ``num_batches_tracked``) as a float."""
+    if ref is None or value.dtype == ref.dtype or tuple(value.shape) != tuple(ref.shape):
+        return value
+    if not ref.is_floating_point() and value.is_floating_point():
+        return torch.round(value).to(ref.dtype)
+    return value.to(ref.dtype)
 
 
 def _count(body: dict, key: str) -> int:
@@ -189,3 +271,52 @@ def _is_plain(value: Any, depth: int = 0) -> bool:
     if isinstance(value, list):
         return all(_is_plain(v, depth + 1) for v in value)
     return False
+
+
+# --------------------------------------------------------------------------- evaluation summaries
+
+#: tasks whose reply is an evaluation summary (:func:`check_summary`), never tensors
+SUMMARY_TASKS = frozenset({"validate"})
+#: keys that name rows, patients, images or per-row outputs: never in a summary
+FORBIDDEN_KEYS = frozenset({"row_key", "patient_key", "patient_id", "study_id", "image_path", "path", "paths",
+                            "index", "indices", "probs", "predictions", "labels", "label_mask", "ids"})
+FORBIDDEN_PREFIXES = ("prob__", "label__", "aux__")
+#: longest list in a summary: classes (22), subgroups, calibration bins — a per-image vector is longer
+MAX_SUMMARY_LIST = 64
+MAX_SUMMARY_STRING = 200
+_HEX_RUN = re.compile(r"[0-9a-fA-F]{16,}")  # row/patient keys and content hashes are long hex strings
+
+
+def check_summary(value: Any, where: str = "metrics") -> None:
+    """Refuse a summary that could carry predictions, ids or paths (:class:`WireError` names where).
+
+    Summaries are numbers, short strings and small dicts/lists: no key naming rows, patients,
+    images or per-row outputs; no string with a path separator or a long hex run (a hashed key);
+    no list longer than :data:`MAX_SUMMARY_LIST` (a per-image vector).
+    """
+    if isinstance(value, dict):
+        for key, item in value.items():
+            name = str(key)
+            if name.lower() in FORBIDDEN_KEYS or name.startswith(FORBIDDEN_PREFIXES):
+                raise WireError(f"{where}: key {name!r} is not allowed in an evaluation summary")
+            _check_summary_string(name, f"{where} key")
+            check_summary(item, f"{where}.{name}")
+    elif isinstance(value, (list, tuple)):
+        if len(value) > MAX_SUMMARY_LIST:
+            raise WireError(f"{where}: a list of {len(value)} values (at most {MAX_SUMMARY_LIST} in a summary: "
+                            "per-image values never leave a site)")
+        for i, item in enumerate(value):
+            check_summary(item, f"{where}[{i}]")
+    elif isinstance(value, str):
+        _check_summary_string(value, where)
+    elif value is not None and not isinstance(value, (bool, int, float, np.integer, np.floating)):
+        raise WireError(f"{where}: a {type(value).__name__} is not allowed in an evaluation summary")
+
+
+def _check_summary_string(text: str, where: str) -> None:
+    if len(text) > MAX_SUMMARY_STRING:
+        raise WireError(f"{where}: a string of {len(text)} characters (at most {MAX_SUMMARY_STRING})")
+    if "/" in text or "\\" in text:
+        raise WireError(f"{where}: {text[:40]!r} looks like a path")
+    if _HEX_RUN.search(text):
+        raise WireError(f"{where}: {text[:40]!r} holds a long hex string (a hashed id?)")

@@ -43,12 +43,38 @@ StateDict = dict[str, torch.Tensor]
 # --------------------------------------------------------------------------- backbones
 
 
-def _resnet(layers: list[int], inplanes: list[int], in_channels: int) -> nn.Module:
+NORMS = ("batch", "group")
+#: GroupNorm groups: divides every channel count of the backbones (8 … 1024)
+GROUPS = 8
+
+
+def _norm(norm: str):
+    """MONAI's norm argument: BatchNorm (default) or GroupNorm (DP-SGD: Opacus refuses BatchNorm)."""
+    if norm not in NORMS:
+        raise UserError(f"model.norm: unknown normalisation {norm!r}; choose one of {', '.join(NORMS)}")
+    return "batch" if norm == "batch" else ("group", {"num_groups": GROUPS})
+
+
+def _group_norm_everywhere(module: nn.Module) -> nn.Module:
+    """Every BatchNorm of ``module`` replaced by a GroupNorm of the same width (fresh affine init).
+
+    MONAI 1.6's ``ResNet(norm=...)`` normalises only the stem that way; its residual blocks
+    keep BatchNorm (``_make_layer`` is not passed ``norm``), so the swap is done here.
+    """
+    for name, child in module.named_children():
+        if isinstance(child, _BatchNorm):
+            setattr(module, name, nn.GroupNorm(GROUPS, child.num_features, eps=child.eps, affine=child.affine))
+        else:
+            _group_norm_everywhere(child)
+    return module
+
+
+def _resnet(layers: list[int], inplanes: list[int], in_channels: int, norm: str = "batch") -> nn.Module:
     from monai.networks.nets import ResNet
 
     # conv1_t_stride=2 gives the torchvision stem (stride-2 7x7 conv + max-pool): 7x faster
     # than MONAI's stride-1 default at the same accuracy class (DESIGN §9).
-    return ResNet(
+    net = ResNet(
         block="basic",
         layers=layers,
         block_inplanes=inplanes,
@@ -56,27 +82,33 @@ def _resnet(layers: list[int], inplanes: list[int], in_channels: int) -> nn.Modu
         n_input_channels=in_channels,
         conv1_t_stride=2,
         feed_forward=False,
+        norm=_norm(norm),
     )
+    return _group_norm_everywhere(net) if norm == "group" else net
 
 
-def make_backbone(name: str, in_channels: int = 1) -> tuple[nn.Module, int]:
+def make_backbone(name: str, in_channels: int = 1, norm: str = "batch") -> tuple[nn.Module, int]:
     """A MONAI 2-D backbone without classifier, and its feature width ``F``.
 
-    ``forward(x: (B, in_channels, H, W)) -> (B, F)``.
+    ``forward(x: (B, in_channels, H, W)) -> (B, F)``. ``norm``: ``batch`` or ``group``
+    (GroupNorm of :data:`GROUPS` groups, for DP-SGD).
     """
     if name == "densenet121":
         from monai.networks.nets import DenseNet121
 
-        net = DenseNet121(spatial_dims=2, in_channels=in_channels, out_channels=1, pretrained=False)
+        net = DenseNet121(spatial_dims=2, in_channels=in_channels, out_channels=1, pretrained=False,
+                          norm=_norm(norm))
+        if norm == "group":
+            _group_norm_everywhere(net)
         width = net.class_layers.out.in_features
         net.class_layers.out = nn.Identity()  # keep relu → pool → flatten, drop the Linear
         return net, width
     if name == "resnet18":
-        return _resnet([2, 2, 2, 2], [64, 128, 256, 512], in_channels), 512
+        return _resnet([2, 2, 2, 2], [64, 128, 256, 512], in_channels, norm), 512
     if name == "resnet10":
-        return _resnet([1, 1, 1, 1], [64, 128, 256, 512], in_channels), 512
+        return _resnet([1, 1, 1, 1], [64, 128, 256, 512], in_channels, norm), 512
     if name == "resnet_tiny":  # for tests and the demo: ~0.1 M parameters
-        return _resnet([1, 1, 1, 1], [8, 16, 32, 64], in_channels), 64
+        return _resnet([1, 1, 1, 1], [8, 16, 32, 64], in_channels, norm), 64
     raise UserError(f"model.backbone: unknown backbone {name!r}; choose one of {', '.join(BACKBONES)}")
 
 
@@ -101,12 +133,13 @@ class CXRNet(nn.Module):
         aux_tasks: Optional[Mapping[str, int]] = None,
         in_channels: int = 1,
         weights: str | Path | None = None,
+        norm: str = "batch",
     ) -> None:
         super().__init__()
         self.classes: list[str] = _check_classes(classes)
         self.aux_tasks: dict[str, int] = {str(t): int(k) for t, k in (aux_tasks or {}).items()}
         self.backbone_name = backbone
-        self.backbone, width = make_backbone(backbone, in_channels)
+        self.backbone, width = make_backbone(backbone, in_channels, norm)
         self.feature_dim = width
         if hidden:
             self.proj: nn.Module = nn.Sequential(nn.Linear(width, int(hidden)), nn.ReLU(inplace=True))
@@ -140,26 +173,6 @@ def _check_classes(classes: Sequence[str]) -> list[str]:
     if len(set(out)) != len(out):
         raise UserError(f"model.classes: duplicate class names in {out}")
     return out
-
-
-def build_model(model_cfg: Mapping[str, Any]) -> CXRNet:
-    """A :class:`CXRNet` from a config mapping.
-
-    Keys: ``classes`` (required), ``backbone`` (default resnet18), ``hidden`` (default 128;
-    0/None = no projection), ``aux_tasks`` (mapping task → number of classes, or a list of task
-    names whose sizes come from :data:`fedcxr.vocab.AUX_VOCAB`), ``weights`` (local file),
-    ``in_channels`` (default 1).
-    """
-    if "classes" not in model_cfg:
-        raise UserError("model.classes is required")
-    return CXRNet(
-        model_cfg["classes"],
-        backbone=model_cfg.get("backbone") or "resnet18",
-        hidden=model_cfg.get("hidden", 128),
-        aux_tasks=aux_task_sizes(model_cfg.get("aux_tasks")),
-        in_channels=int(model_cfg.get("in_channels", 1)),
-        weights=model_cfg.get("weights"),
-    )
 
 
 def aux_task_sizes(aux_tasks: Mapping[str, int] | Sequence[str] | None) -> dict[str, int]:
@@ -363,22 +376,6 @@ def _bn_modules(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if isinstance(m, _BatchNorm)]
 
 
-def is_bn_key(key: str, state: nn.Module | Mapping[str, torch.Tensor]) -> bool:
-    """True when ``key`` is a BatchNorm entry (weight, bias, running stats, num_batches_tracked).
-
-    With a module, detection is by module type (a BN layer named anything); with a bare state
-    dict, by its siblings: ``X.weight``/``X.bias`` are BN when ``X.running_mean`` exists.
-    """
-    owner, _, leaf = key.rpartition(".")
-    if isinstance(state, nn.Module):
-        return owner in set(_bn_modules(state))
-    if leaf in ("running_mean", "running_var", "num_batches_tracked"):
-        return True
-    if leaf in ("weight", "bias"):
-        return f"{owner}.running_mean" in state or f"{owner}.running_var" in state
-    return False
-
-
 def bn_keys(model: nn.Module) -> list[str]:
     """State-dict keys of every BatchNorm layer (FedBN keeps these local), in state_dict order."""
     owners = set(_bn_modules(model))
@@ -388,84 +385,3 @@ def bn_keys(model: nn.Module) -> list[str]:
 def head_keys(model: nn.Module) -> list[str]:
     """Main-head entries (``head.weight``, ``head.bias``)."""
     return [k for k in model.state_dict() if k.startswith("head.")]
-
-
-def aux_keys(model: nn.Module) -> list[str]:
-    """Aux-head entries (``aux_heads.<task>.weight|bias``)."""
-    return [k for k in model.state_dict() if k.startswith("aux_heads.")]
-
-
-def backbone_keys(model: nn.Module) -> list[str]:
-    """Everything that is not a head: ``backbone.`` and ``proj.`` (the shared feature extractor)."""
-    return [k for k in model.state_dict() if not k.startswith(("head.", "aux_heads."))]
-
-
-# --------------------------------------------------------------------------- head rows by class
-
-
-def _class_index(model_classes: Sequence[str], wanted: Sequence[str]) -> list[int]:
-    position = {c: i for i, c in enumerate(model_classes)}
-    missing = [c for c in wanted if c not in position]
-    if missing:
-        raise KeyError(f"class(es) {missing} not in the head's classes {list(model_classes)}")
-    return [position[c] for c in wanted]
-
-
-def select_head_rows(
-    state: Mapping[str, torch.Tensor] | nn.Module,
-    model_classes: Sequence[str],
-    wanted_classes: Sequence[str],
-) -> dict[str, torch.Tensor]:
-    """Rows of ``head.weight`` (|wanted|, F') and ``head.bias`` (|wanted|,) in ``wanted`` order.
-
-    ``state`` is a state dict (or a model) whose head rows follow ``model_classes``. Returns
-    copies, so the caller may modify them freely.
-    """
-    if isinstance(state, nn.Module):
-        state = state.state_dict()
-    idx = torch.as_tensor(_class_index(model_classes, wanted_classes), dtype=torch.long)
-    return {
-        "weight": state["head.weight"].detach().index_select(0, idx).clone(),
-        "bias": state["head.bias"].detach().index_select(0, idx).clone(),
-    }
-
-
-@torch.no_grad()
-def set_head_rows(model: CXRNet, classes: Sequence[str], rows: Mapping[str, torch.Tensor]) -> None:
-    """Write ``rows["weight"][i]``/``rows["bias"][i]`` into the head row of ``classes[i]``.
-
-    Rows of classes not listed are left untouched.
-    """
-    idx = _class_index(model.classes, classes)
-    weight, bias = rows["weight"], rows["bias"]
-    if weight.shape != (len(idx), model.head.in_features) or bias.shape != (len(idx),):
-        raise ValueError(
-            f"head rows for {len(idx)} classes must be weight ({len(idx)}, {model.head.in_features}) "
-            f"and bias ({len(idx)},); got {tuple(weight.shape)} and {tuple(bias.shape)}"
-        )
-    index = torch.as_tensor(idx, dtype=torch.long, device=model.head.weight.device)
-    model.head.weight.index_copy_(0, index, weight.to(model.head.weight))
-    model.head.bias.index_copy_(0, index, bias.to(model.head.bias))
-
-
-@torch.no_grad()
-def resize_head(model: CXRNet, classes: Sequence[str]) -> CXRNet:
-    """Give ``model`` a head over ``classes`` (in place; returns the model).
-
-    Rows of classes the old head had are kept (matched by name); new classes get a fresh
-    ``nn.Linear`` init (torch's global RNG).
-    """
-    classes = _check_classes(classes)
-    old_classes, old = model.classes, model.head
-    new = nn.Linear(old.in_features, len(classes)).to(old.weight.device, old.weight.dtype)
-    kept = [c for c in classes if c in old_classes]
-    if kept:
-        src = torch.as_tensor(_class_index(old_classes, kept), device=old.weight.device)
-        dst = torch.as_tensor(_class_index(classes, kept), device=old.weight.device)
-        new.weight.index_copy_(0, dst, old.weight.index_select(0, src))
-        new.bias.index_copy_(0, dst, old.bias.index_select(0, src))
-    new.weight.requires_grad_(old.weight.requires_grad)
-    new.bias.requires_grad_(old.bias.requires_grad)
-    model.head = new
-    model.classes = classes
-    return model

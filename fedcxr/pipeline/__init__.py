@@ -17,7 +17,8 @@ site side             ``site_runner`` (one site: its data, model, tasks), ``loca
                       training + prediction), ``data`` (decode-once cache, datasets, loaders)
 rules and helpers     ``aggregate`` (pure aggregation rules), ``state`` (state-dict plumbing,
                       the one flatten), ``messages`` (the reply type and payload layouts),
-                      ``config`` (the experiment YAML)
+                      ``config`` (the experiment YAML), ``engine`` (how training uses the
+                      hardware: AMP, channels-last, cuDNN, loader workers, offloading)
 ====================  ========================================================================
 
 ``evaluation`` never imports this package and this package never imports ``evaluation``:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -35,6 +36,9 @@ from fedcxr.vocab import AUX_TASKS, CLASS_SET
 
 #: Keys of older configs that were replaced, with what to write instead (exit 2 naming it).
 RENAMED_KEYS = {
+    "head_warmup_rounds": "use `head_warmup: {epochs: N, lr: 1e-3}` (head-only local epochs before the first "
+                          "round, the best-validation head kept, as the surgical aggregation code; epochs: 0 "
+                          "turns it off)",
     "surgical_weighting": "use `backbone_weighting: uniform|samples` (it now applies to every method's "
                           "backbone average, not only FL_Surgical)",
 }
@@ -45,13 +49,17 @@ class _Strict(BaseModel):
 
 
 class LocalTrainingConfig(_Strict):
-    """How one site trains in one round (Adam, fresh each round as in the papers)."""
+    """How one site trains in one round (optimiser and whether its state carries over: per method)."""
 
     lr: float = Field(1e-3, gt=0)
     batch_size: int = Field(32, ge=1)
     epochs: int = Field(1, ge=0)
     steps: Optional[int] = Field(None, ge=1, description="optimizer steps per round; overrides epochs")
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: Optional[float] = Field(
+        None, ge=0, description="default per method: 5e-4 for FACT (its code's SGD), 0 otherwise")
+    optimizer: Optional[Literal["adam", "adamw", "sgd"]] = Field(
+        None, description="default per method: sgd (momentum 0.9) for FACT/FACT_NF (FACT client.py), adam "
+        "otherwise (AuxInfo+GP, AutoFedGP and surgical aggregation code)")
     max_rows: Optional[int] = Field(None, ge=1, description="use at most this many training rows (speed)")
 
 
@@ -64,11 +72,51 @@ class TargetTrainingConfig(LocalTrainingConfig):
     )
 
 
+class HeadWarmupConfig(_Strict):
+    """FL, FL_PartialLoss, FL_Surgical, PFL: head-only local epochs before round 0 (surgical aggregation code)."""
+
+    epochs: int = Field(15, ge=0, description="head-only epochs on the frozen backbone, the head with the lowest "
+                        "validation loss kept; each client starts round 0 from its own warmed model (surgical "
+                        "aggregation code: warmup_epochs=15, ModelCheckpoint on val_loss); 0: no warm-up")
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate of the warm-up (its __train_local default 1e-3)")
+    batch_size: Optional[int] = Field(None, ge=1, description="default: source.batch_size")
+
+
+class SharedTaskConfig(_Strict):
+    """One binary output shared by every site, each site mapping its own condition onto it
+    (AuxInfo+GP paper's CheXpert domains; :mod:`fedcxr.pipeline.shared_task`)."""
+
+    output: str = Field(..., description="the one output, a canonical class (the head's row is named by it; "
+                        "e.g. the target's condition)")
+    site_labels: dict[str, str] = Field(..., description="site → the class that site labels, mapped onto `output`")
+    balance: bool = Field(True, description="per site and split: all positives and as many negatives "
+                          "(AuxInfo+GP: 2,000 positive / 2,000 negative per domain)")
+    negatives: Literal["zero", "unmentioned"] = Field(
+        "zero", description="zero: rows labeled 0 for the site's condition (the paper's text); unmentioned: "
+        "rows where it is blank (the authors' preprocessing code)")
+
+    @field_validator("site_labels")
+    @classmethod
+    def _known(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted({c for c in value.values() if c not in CLASS_SET})
+        if unknown:
+            raise ValueError(f"unknown class(es) {unknown}; canonical classes: {sorted(CLASS_SET)}")
+        return value
+
+    @field_validator("output")
+    @classmethod
+    def _known_output(cls, value: str) -> str:
+        if value not in CLASS_SET:
+            raise ValueError(f"unknown class {value!r}; the output is named by a canonical class: {sorted(CLASS_SET)}")
+        return value
+
+
 class ModelConfig(_Strict):
     backbone: Literal["resnet18", "resnet10", "resnet_tiny", "densenet121"] = "resnet18"
     hidden: Optional[int] = Field(128, ge=1)
     weights: Optional[Path] = None
     classes: Optional[list[str]] = Field(None, description="model head classes; default: see `class_source`")
+    norm: Literal["batch", "group"] = Field("batch", description="BatchNorm, or GroupNorm (needed by privacy.dp)")
 
     @field_validator("classes")
     @classmethod
@@ -78,6 +126,90 @@ class ModelConfig(_Strict):
             if unknown:
                 raise ValueError(f"unknown class(es) {unknown}; canonical classes: {sorted(CLASS_SET)}")
         return value
+
+
+class DPConfig(_Strict):
+    """DP-SGD (Opacus) for every site's local training: per-sample clipping plus Gaussian noise.
+
+    Needs ``pip install 'fedcxr[dp]'`` and a GroupNorm backbone (``model.norm: group``):
+    Opacus refuses BatchNorm, whose statistics mix the samples of a batch. Each site's ε
+    (for ``delta``) is accumulated over rounds and reported per site in ``run.json``.
+    """
+
+    noise_multiplier: float = Field(1.0, gt=0, description="σ: noise std / max_grad_norm")
+    max_grad_norm: float = Field(1.0, gt=0, description="per-sample gradient clipping norm C")
+    delta: float = Field(1e-5, gt=0, lt=1, description="δ of the reported (ε, δ)")
+
+
+class PrivacyConfig(_Strict):
+    """Who sees which update in the GP-family methods, FLARE output filters and DP (README "Privacy modes").
+
+    * ``combine_at`` — fixed-β GP, FedDA, FedGP: ``server`` (default; the target sends its
+      fine-tuned model, the server combines, no source update reaches a peer hospital) or
+      ``target`` (the server sends every source update to the target, which combines).
+    * ``auto_weights_at`` — FedDA_Auto/FedGP_Auto: ``server`` (default; the target also sends
+      its per-batch updates, B × model size, to the server) or ``target`` (the sources'
+      updates go to the target, which estimates β_i and combines).
+    * ``filters`` — NVFLARE result filters every site applies to what it sends (FLARE runs only):
+      ``{exclude_vars: REGEX | [names]}`` (those entries keep the global value) and
+      ``{percentile_privacy: {percentile: 10, gamma: 0.01}}`` (Shokri & Shmatikov). With any
+      filter, sites send updates as differences from the model they received.
+    * ``dp`` — DP-SGD local training (:class:`DPConfig`); null: off.
+    """
+
+    combine_at: Literal["server", "target"] = "server"
+    auto_weights_at: Literal["server", "target"] = "server"
+    filters: list[dict[str, Any]] = Field(default_factory=list)
+    dp: Optional[DPConfig] = None
+
+    @field_validator("filters")
+    @classmethod
+    def _known_filters(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, item in enumerate(value):
+            if not isinstance(item, dict) or len(item) != 1 or next(iter(item)) not in FILTERS:
+                raise ValueError(f"filters[{i}]: each filter is one of {{{', '.join(FILTERS)}: ...}}, got {item!r}")
+            kind, args = next(iter(item.items()))
+            if kind == "exclude_vars":
+                ok = isinstance(args, str) and args or (isinstance(args, list) and args
+                                                        and all(isinstance(a, str) for a in args))
+                if not ok:
+                    raise ValueError(f"filters[{i}].exclude_vars: a regular expression or a list of entry names")
+                if isinstance(args, str):
+                    try:
+                        re.compile(args)
+                    except re.error as exc:
+                        raise ValueError(f"filters[{i}].exclude_vars: not a regular expression ({exc})") from None
+            else:
+                unknown = sorted(set(args or {}) - {"percentile", "gamma"}) if isinstance(args, dict) else ["?"]
+                if unknown:
+                    raise ValueError(f"filters[{i}].percentile_privacy: a mapping of percentile and gamma, "
+                                     f"got {args!r}")
+                if not 0 <= float(args.get("percentile", 10)) <= 100 or float(args.get("gamma", 0.01)) <= 0:
+                    raise ValueError(f"filters[{i}].percentile_privacy: percentile in 0..100, gamma > 0")
+        return value
+
+
+#: FLARE result filters ``privacy.filters`` may name (mapped in :mod:`fedcxr.flare.job`).
+FILTERS = ("exclude_vars", "percentile_privacy")
+
+
+class EngineConfig(_Strict):
+    """How training uses the hardware (:mod:`fedcxr.pipeline.engine`); ``null`` = auto.
+
+    Auto is right on CPU and on CUDA: AMP, channels-last, cuDNN autotuning, pinned memory and
+    moving waiting sites' models off the GPU are on for CUDA only. None of these keys is part
+    of the config fingerprint (like ``device``), so a run may resume with other values.
+    """
+
+    amp: Optional[bool] = Field(None, description="float16 autocast on CUDA (auto: on)")
+    channels_last: Optional[bool] = Field(None, description="NHWC model and batches (auto: on CUDA)")
+    cudnn_benchmark: Optional[bool] = Field(None, description="cuDNN autotuning (auto: on CUDA unless deterministic)")
+    deterministic: bool = Field(False, description="deterministic CUDA kernels (slower; CPU runs always are)")
+    pin_memory: Optional[bool] = Field(None, description="page-locked batches (auto: on CUDA)")
+    persistent_workers: Optional[bool] = Field(None, description="keep loader workers between epochs (auto: on)")
+    prefetch_factor: Optional[int] = Field(None, ge=1, description="batches each loader worker prepares ahead")
+    cache_workers: int = Field(0, ge=0, description="processes decoding a site's image cache (0: every core)")
+    offload_idle: Optional[bool] = Field(None, description="a site's model leaves the GPU between its turns")
 
 
 class ExperimentConfig(_Strict):
@@ -113,9 +245,16 @@ class ExperimentConfig(_Strict):
         "(1/K) or `samples` (n_i/Σn). Default per method: uniform for FL, FL_PartialLoss, FL_Surgical, PFL "
         "(surgical aggregation paper Eq. 1 and its code's np.mean over clients); samples for FedAvg and the "
         "GP/FedDA/FedGP family (AuxInfo+GP and AutoFedGP code: clients_size_frac)")
-    head_warmup_rounds: int = Field(0, ge=0, description="surgical/FL: rounds training heads only first")
+    head_warmup: HeadWarmupConfig = Field(HeadWarmupConfig(), description=HeadWarmupConfig.__doc__)
+    optimizer_state: Optional[Literal["fresh", "kept"]] = Field(
+        None, description="`kept`: each site's optimiser state carries over from round to round (saved in "
+        "checkpoints); `fresh`: a new optimiser every round. Default per method as the authors' code: kept "
+        "for FL, FL_PartialLoss, FL_Surgical, PFL (surgical aggregation: one compiled Keras Adam per client) "
+        "and FACT/FACT_NF (one SGD per client); fresh for the rest (AuxInfo+GP and AutoFedGP build a new "
+        "Adam in every train() call)")
     min_sites: int = Field(1, ge=1, description="a round needs at least this many source replies")
     model: ModelConfig = ModelConfig()
+    task: Optional[SharedTaskConfig] = Field(None, description=SharedTaskConfig.__doc__)
     class_source: Literal["target", "union", "sources"] = "target"
     image_size: int = Field(224, ge=8)
     augment: bool = True
@@ -124,7 +263,12 @@ class ExperimentConfig(_Strict):
     cache_dir: Optional[Path] = None
     eval_sites: Optional[list[str]] = Field(None, description="sites evaluated; default target or all")
     eval_every: int = Field(1, ge=0, description="validation AUROC every N rounds (0: never)")
-    num_workers: int = Field(0, ge=0)
+    num_workers: Optional[int] = Field(None, ge=0, description="loader processes (auto: 0 on CPU, up to 8 on CUDA)")
+    engine: EngineConfig = EngineConfig()
+    privacy: PrivacyConfig = PrivacyConfig()
+    tracking: Optional[Literal["none", "tensorboard", "mlflow"]] = Field(
+        None, description="per-round scalars: tensorboard (RUN_DIR/tensorboard), mlflow, none; "
+                          "default tensorboard when installed (fedcxr.tracking)")
 
     @model_validator(mode="before")
     @classmethod
@@ -160,11 +304,27 @@ class ExperimentConfig(_Strict):
         return out
 
     @model_validator(mode="after")
+    def _dp_needs_group_norm(self) -> "ExperimentConfig":
+        """Opacus computes per-sample gradients; BatchNorm mixes the samples of a batch, so DP-SGD refuses it."""
+        if self.privacy.dp is not None and self.model.norm != "group":
+            raise ValueError("privacy.dp: DP-SGD (Opacus) cannot train BatchNorm layers, which mix the samples of a "
+                             "batch; set model.norm: group (GroupNorm backbone) or remove privacy.dp")
+        return self
+
+    @model_validator(mode="after")
     def _target_not_a_source(self) -> "ExperimentConfig":
         """A site is a source or the target, never both (a target listed in ``sites`` was silently dropped)."""
         if self.target is not None and self.site_name(self.target) in {self.site_name(s) for s in self.sites}:
             raise ValueError(f"target {self.target!r} is also listed under `sites`; a site is either a source "
                              "or the target: remove it from `sites`")
+        return self
+
+    @model_validator(mode="after")
+    def _every_site_has_a_task_label(self) -> "ExperimentConfig":
+        if self.task is not None:
+            missing = [self.site_name(s) for s in self.all_sites() if self.site_name(s) not in self.task.site_labels]
+            if missing:
+                raise ValueError(f"task.site_labels: no class given for site(s) {missing}")
         return self
 
     def source_sites(self) -> list[str]:
@@ -264,9 +424,17 @@ def dump_config(cfg: ExperimentConfig) -> str:
 
 
 def config_fingerprint(cfg: ExperimentConfig) -> str:
-    """Hash of everything that changes a run's result (device, workers, cache and where the manifests
-    folder lies do not: the sites' content is checked separately, by manifest hash, on resume)."""
+    """Hash of everything that changes a run's result (device, workers, the engine block, cache and
+    where the manifests folder lies do not: the sites' content is checked separately, by manifest
+    hash, on resume)."""
     data = cfg.model_dump(mode="json")
-    for key in ("device", "num_workers", "cache_dir", "manifests"):
+    for key in ("device", "num_workers", "cache_dir", "manifests", "engine", "tracking"):
         data.pop(key, None)
+    if data.get("model", {}).get("norm") == "batch":  # the default: the fingerprint of earlier versions
+        data["model"].pop("norm")
+    privacy = data.pop("privacy", {})
+    for key in ("combine_at", "auto_weights_at"):  # where a rule is computed does not change its result
+        privacy.pop(key, None)
+    if privacy != {"filters": [], "dp": None}:  # no privacy options: the fingerprint of earlier versions
+        data["privacy"] = privacy
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

@@ -22,9 +22,11 @@ rotation/zoom padding and gamma contrast are defined on [0, 1] intensities): sma
 zoom, gamma contrast, and optionally a horizontal flip (off by default: in a chest radiograph
 the heart is on the patient's left, so a flipped image is not a plausible one).
 
-Randomness belongs to the loader (:func:`make_loader`): shuffling and augmentation are seeded
-from ``seed`` and the epoch count of that loader, never from global RNG state, so the same seed
-(and the same ``num_workers``) gives the same batches and the same augmentations.
+Randomness belongs to the loader (:func:`make_loader`): shuffling is seeded from ``seed`` and
+the epoch count of that loader, and each item's augmentation from ``(seed, epoch, position)``
+— the seed travels with the index from the sampler to whichever process loads the item —
+never from global RNG state. So the same seed gives the same batches and the same
+augmentations whatever ``num_workers``, ``persistent_workers`` or ``prefetch_factor`` are.
 """
 
 from __future__ import annotations
@@ -34,20 +36,21 @@ import logging
 import math
 import os
 import re
-from concurrent.futures import ProcessPoolExecutor
+from collections import deque
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from fedcxr.atomic import atomic_path
 from fedcxr.errors import UserError
 from fedcxr.logs import bar_disabled
-from fedcxr.site_adapters.images import read_image_resized
+from fedcxr.site_adapters.images import MAX_PIXELS, read_image_resized
 from fedcxr.site_adapters.manifest import (
     SPLITS,
     atomic_write_json,
@@ -62,6 +65,7 @@ log = logging.getLogger(__name__)
 #: Normalisation applied after augmentation: ``(x - NORM_MEAN) / NORM_STD`` on [0, 1] images.
 NORM_MEAN = 0.5
 NORM_STD = 0.25
+CACHE_CHUNK = 64  # images per decode job (a few MB of uint8 at 224 px)
 CACHE_FORMAT = 2  # bump when the cached pixels change meaning (decoder rules, dtype, layout); 2: VOI LUT / window
 
 
@@ -184,6 +188,7 @@ def _decode_into(site: SiteInfo, size: int, tmp: Path, *, progress: bool, worker
     from tqdm import tqdm
 
     paths = [str(site.export_root / p) for p in site.manifest["image_path"].astype(str)]
+    max_pixels = int((site.meta.get("options") or {}).get("max_pixels") or MAX_PIXELS)  # ingest's bound
     n = len(paths)
     if n == 0:
         tmp.write_bytes(b"")
@@ -191,17 +196,18 @@ def _decode_into(site: SiteInfo, size: int, tmp: Path, *, progress: bool, worker
     out = np.memmap(tmp, dtype=np.uint8, mode="w+", shape=(n, size, size))
     bar = tqdm(total=n, desc=f"caching {site.name} at {size}px", unit="img", disable=bar_disabled(progress))
     try:
-        chunk = 64
+        parallel = workers > 1 and n > CACHE_CHUNK  # a pool costs more than it saves on a few images
+        chunk = max(8, min(CACHE_CHUNK, -(-n // (4 * workers)))) if parallel else CACHE_CHUNK
         starts = range(0, n, chunk)
-        if workers > 1 and n > chunk:
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                parts = pool.map(_decode_chunk, [paths[s:s + chunk] for s in starts], [size] * len(starts))
-                for start, part in zip(starts, parts):
+        if parallel:
+            with ProcessPoolExecutor(max_workers=min(workers, len(starts))) as pool:
+                jobs = ((start, paths[start:start + chunk]) for start in starts)
+                for start, part in bounded_map(pool, _decode_chunk, jobs, size, max_pixels, limit=2 * workers):
                     _store(out, start, part, paths, site, size)
                     bar.update(len(part))
         else:
             for start in starts:
-                part = _decode_chunk(paths[start:start + chunk], size)
+                part = _decode_chunk(paths[start:start + chunk], size, max_pixels)
                 _store(out, start, part, paths, site, size)
                 bar.update(len(part))
         out.flush()
@@ -210,12 +216,37 @@ def _decode_into(site: SiteInfo, size: int, tmp: Path, *, progress: bool, worker
         del out
 
 
-def _decode_chunk(paths: list[str], size: int) -> list[tuple[Optional[np.ndarray], Optional[str]]]:
-    """Decode a chunk; a failure becomes a reason string (module-level: process pools pickle it)."""
+def bounded_map(pool: Executor, fn, jobs: Iterable[tuple[int, Any]], *args: Any,
+                limit: int) -> Iterator[tuple[int, Any]]:
+    """``(key, fn(job, *args))`` for ``(key, job)`` in ``jobs``, in order, with at most ``limit``
+    jobs submitted and not yet consumed.
+
+    ``Executor.map`` submits every chunk at once and keeps every finished one until the
+    consumer reaches it; here at most ``limit`` decoded chunks exist at a time, so building
+    the cache of a 200,000-image site needs a few chunks of memory, not the site.
+    """
+    pending: deque = deque()
+    for key, job in jobs:
+        if len(pending) >= limit:
+            done_key, future = pending.popleft()
+            yield done_key, future.result()
+        pending.append((key, pool.submit(fn, job, *args)))
+    while pending:
+        done_key, future = pending.popleft()
+        yield done_key, future.result()
+
+
+def _decode_chunk(
+    paths: list[str], size: int, max_pixels: int = MAX_PIXELS
+) -> list[tuple[Optional[np.ndarray], Optional[str]]]:
+    """Decode a chunk; a failure becomes a reason string (module-level: process pools pickle it).
+
+    ``max_pixels`` bounds each image's declared size before it is decoded (ingest's option).
+    """
     results: list[tuple[Optional[np.ndarray], Optional[str]]] = []
     for path in paths:
         try:
-            results.append((read_image_resized(path, size), None))
+            results.append((read_image_resized(path, size, max_pixels), None))
         except Exception as exc:  # any decoder failure is reported with the file's name
             results.append((None, f"{type(exc).__name__}: {exc}"))
     return results
@@ -445,19 +476,57 @@ class _Positioned(Dataset):
     """Sets ``index`` to the item's position in the dataset handed to :func:`make_loader`.
 
     With a ``Subset`` or ``ConcatDataset`` around site datasets, each site dataset's own index
-    is not the position the caller asked for; predictions are mapped back by this one.
+    is not the position the caller asked for; predictions are mapped back by this one. Keys
+    are ``(position, augmentation seed or None)`` from :class:`_SeededSampler`: the site
+    datasets are seeded for that one item before it is loaded (one item at a time per
+    process), so the item's augmentation does not depend on which worker loads it.
     """
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset
+        self._sites: Optional[list[SiteDataset]] = None
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
+    def __getitem__(self, key: Any) -> dict[str, Any]:
+        if isinstance(key, tuple):
+            i, seed = key
+            if self._sites is None:
+                self._sites = site_datasets(self.dataset)
+            for ds in self._sites:
+                ds.augment = seed is not None
+                if seed is not None:
+                    ds.set_random_state(seed)
+        else:
+            i = key
         item = dict(self.dataset[i])
         item["index"] = int(i)
         return item
+
+
+class _SeededSampler(Sampler):
+    """Yields ``(position, item seed)``: positions in order, or shuffled by a generator seeded
+    from the loader's current epoch seed only (never the ``DataLoader``'s own generator, whose
+    draws differ between fresh and persistent workers), and per item the augmentation seed
+    derived from the same epoch seed (``None`` when the loader does not augment)."""
+
+    def __init__(self, n: int, shuffle: bool, loader: "SeededLoader") -> None:
+        self.n = int(n)
+        self.shuffle = bool(shuffle)
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[tuple[int, Optional[int]]]:
+        epoch_seed, augment = self.loader.epoch_seed, self.loader.augment
+        if self.shuffle:
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(epoch_seed)).tolist()
+        else:
+            order = range(self.n)
+        for i in order:
+            yield int(i), (_sub_seed(epoch_seed, int(i)) if augment else None)
+
+    def __len__(self) -> int:
+        return self.n
 
 
 def site_datasets(obj: Any, _seen: Optional[set] = None) -> list[SiteDataset]:
@@ -480,42 +549,36 @@ def _sub_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) % (2**63) for p in parts]).generate_state(1)[0])
 
 
-def _seed_worker(worker_id: int) -> None:
-    """Give each worker's copy of the site datasets its own stream, derived from the loader's seed."""
-    info = torch.utils.data.get_worker_info()
-    for k, ds in enumerate(site_datasets(info.dataset)):
-        ds.set_random_state(_sub_seed(info.seed, k))
-
-
 class SeededLoader(DataLoader):
     """A ``DataLoader`` whose shuffling and augmentation depend only on ``seed`` and its epoch.
 
-    Each ``iter()`` is one epoch: the shuffle generator and the augmentation random states are
-    re-seeded from ``(seed, epoch)``, so iterating a fresh loader with the same seed repeats the
-    same batches, and :meth:`set_epoch` reproduces any later epoch (resume). While iterating,
-    the site datasets augment exactly when ``augment`` is true.
+    Each ``iter()`` is one epoch: the shuffle generator is re-seeded from ``(seed, epoch)`` and
+    every item's augmentation from ``(seed, epoch, position)``, so iterating a fresh loader
+    with the same seed repeats the same batches, and :meth:`set_epoch` reproduces any later
+    epoch (resume) — with or without worker processes, persistent or not. While iterating, the
+    site datasets augment exactly when ``augment`` is true.
     """
 
-    def __init__(self, dataset: Dataset, *, seed: int, augment: bool, **kwargs: Any) -> None:
+    def __init__(self, dataset: Dataset, *, seed: int, augment: bool, shuffle: bool = False,
+                 **kwargs: Any) -> None:
         self.seed = int(seed)
         self.augment = bool(augment)
         self.epoch = 0
-        super().__init__(_Positioned(dataset), generator=torch.Generator(), worker_init_fn=_seed_worker,
-                         **kwargs)
+        self.epoch_seed = _sub_seed(self.seed, 0)
+        wrapped = _Positioned(dataset)
+        sampler = _SeededSampler(len(wrapped), shuffle, self)
+        super().__init__(wrapped, sampler=sampler, generator=torch.Generator(), **kwargs)
 
     def set_epoch(self, epoch: int) -> None:
         """The next ``iter()`` yields epoch ``epoch`` (0-based)."""
         self.epoch = int(epoch)
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        epoch_seed = _sub_seed(self.seed, self.epoch)
+        self.epoch_seed = _sub_seed(self.seed, self.epoch)
         self.epoch += 1
-        self.generator.manual_seed(epoch_seed)
+        self.generator.manual_seed(self.epoch_seed)
         datasets = site_datasets(self.dataset)
         previous = [ds.augment for ds in datasets]
-        for k, ds in enumerate(datasets):
-            ds.augment = self.augment
-            ds.set_random_state(_sub_seed(epoch_seed, k))  # num_workers=0; workers reseed themselves
         try:
             yield from super().__iter__()
         finally:
@@ -533,21 +596,33 @@ def make_loader(
     num_workers: int = 0,
     pin_memory: bool = False,
     drop_last: bool = False,
+    persistent_workers: bool = False,
+    prefetch_factor: Optional[int] = None,
 ) -> SeededLoader:
     """A :class:`SeededLoader` over ``dataset`` (a site dataset, or a Subset/Concat of them).
 
-    Same ``seed`` and ``num_workers`` → same batches and augmentations; ``augment`` switches the
-    site datasets' random transforms on for this loader's iterations. ``pin_memory`` only
-    matters for CUDA training. Batches are dicts of stacked tensors (see the module doc) with
-    ``index`` = positions in ``dataset``.
+    Same ``seed`` → same batches and augmentations (whatever the worker settings);
+    ``augment`` switches the site datasets' random transforms on for this loader's
+    iterations. ``pin_memory`` only matters for CUDA training; ``persistent_workers`` keeps
+    the worker processes between the epochs of this loader and ``prefetch_factor`` is how
+    many batches each prepares ahead (both need ``num_workers`` > 0; see
+    :func:`fedcxr.pipeline.engine.loader_options`). Batches are dicts of stacked tensors (see
+    the module doc) with ``index`` = positions in ``dataset``.
     """
+    workers = int(num_workers)
+    extra: dict[str, Any] = {}
+    if workers > 0:
+        extra["persistent_workers"] = bool(persistent_workers)
+        if prefetch_factor is not None:
+            extra["prefetch_factor"] = int(prefetch_factor)
     return SeededLoader(
         dataset,
         seed=seed,
         augment=augment,
         batch_size=int(batch_size),
         shuffle=bool(shuffle) and len(dataset) > 0,  # type: ignore[arg-type]  (RandomSampler rejects 0 rows)
-        num_workers=int(num_workers),
+        num_workers=workers,
         pin_memory=bool(pin_memory),
         drop_last=bool(drop_last),
+        **extra,
     )

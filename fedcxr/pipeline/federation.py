@@ -5,6 +5,7 @@ Run directory::
     RUN_DIR/config.yaml           the resolved config
     RUN_DIR/run.json              method, seed, target, classes, sites, status, missed rounds
     RUN_DIR/metrics.jsonl         one line per round: per-site training losses, val AUROC
+    RUN_DIR/tensorboard/          the same numbers as TensorBoard scalars (config `tracking`, fedcxr.tracking)
     RUN_DIR/checkpoints/round_NNNN.pt   atomic, with a .sha256 beside it; the last two are kept
     RUN_DIR/final_model.pt        global model (+ per-site models/state where the method has them)
 
@@ -34,13 +35,16 @@ from fedcxr.errors import UserError
 from fedcxr.logs import bar_disabled
 from fedcxr.pipeline.checkpoints import latest_checkpoint, load_latest_intact, save_checkpoint, save_final
 from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint, dump_config
-from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
+from fedcxr.pipeline.dp import ledger_for
+from fedcxr.pipeline.engine import backend_settings
+from fedcxr.pipeline.inprocess import InProcessTransport, build_runners, run_engine
 from fedcxr.pipeline.local import resolve_device
 from fedcxr.pipeline.messages import StateDict
 from fedcxr.pipeline.protocols import CENTRAL_SITE, Context, RoundProtocol, get_protocol
-from fedcxr.pipeline.site_runner import derive_seed
+from fedcxr.pipeline.site_runner import OPTIMIZER_PREFIX, derive_seed
 from fedcxr.pipeline.transport import Transport
 from fedcxr.vocab import CLASSES
+from fedcxr.tracking import make_tracker
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +100,7 @@ def build_context(cfg: ExperimentConfig, protocol: RoundProtocol, transport: Tra
         aux_tasks=list(cfg.aux_tasks) if aux_on else [],
         sources=[cfg.site_name(s) for s in cfg.source_sites()],
         target=cfg.site_name(cfg.target) if cfg.target else None,
+        task_defaults=protocol.task_defaults(),
     )
 
 
@@ -107,7 +112,7 @@ def initial_model(cfg: ExperimentConfig, ctx: Context) -> StateDict:
     torch.manual_seed(derive_seed(cfg.seed, "init"))
     model = CXRNet(
         ctx.classes, backbone=cfg.model.backbone, hidden=cfg.model.hidden,
-        aux_tasks={t: len(AUX_VOCAB[t]) for t in ctx.aux_tasks}, weights=cfg.model.weights,
+        aux_tasks={t: len(AUX_VOCAB[t]) for t in ctx.aux_tasks}, weights=cfg.model.weights, norm=cfg.model.norm,
     )
     ctx.bn_keys = list(bn_keys(model))
     ctx.head_keys = list(head_keys(model))
@@ -127,8 +132,17 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | str, *, resume: bool =
     """
     run_dir = Path(run_dir)
     protocol = get_protocol(cfg.strategy)
-    if transport is None:
-        transport = InProcessTransport(build_runners(cfg, resolve_device(device or cfg.device), progress))
+    if transport is not None:
+        return _run(cfg, run_dir, protocol, transport, resume=resume, progress=progress)
+    dev = resolve_device(device or cfg.device)
+    transport = InProcessTransport(build_runners(cfg, dev, progress))
+    with backend_settings(run_engine(cfg, dev)):  # cuDNN autotuning / deterministic kernels, restored after
+        return _run(cfg, run_dir, protocol, transport, resume=resume, progress=progress)
+
+
+def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transport: Transport, *,
+         resume: bool, progress: bool) -> dict:
+    transport, ledger = ledger_for(cfg, transport)  # privacy.dp: each site's ε over the rounds
     ctx = build_context(cfg, protocol, transport)
     theta = initial_model(cfg, ctx)
     state, start, history = protocol.init_state(ctx, theta), 0, []
@@ -138,11 +152,14 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | str, *, resume: bool =
         raise UserError(f"{run_dir} already holds a finished run; choose another --out or pass --resume")
     if resume:
         state, start, history = _resume(run_dir, fingerprint, hashes, transport, ctx, state)
+        if ledger is not None:
+            ledger.history = _resumed_dp(run_dir, start)
     elif latest_checkpoint(run_dir):
         raise UserError(f"{run_dir} holds checkpoints of an earlier run; pass --resume to continue it")
     else:
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     _write_run_files(run_dir, cfg, ctx, protocol, status="running")
+    tracker = make_tracker(cfg.tracking, run_dir, name=f"{cfg.name}-{cfg.strategy}-seed{cfg.seed}")
     bar = tqdm(range(start, cfg.rounds), desc=f"{protocol.name} rounds", unit="round",
                disable=bar_disabled(progress), initial=start, total=cfg.rounds)
     for r in bar:
@@ -152,18 +169,34 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | str, *, resume: bool =
         metrics["seconds"] = round(time.perf_counter() - t0, 3)
         history.append(metrics)
         _append_metrics(run_dir, metrics)
+        tracker.log_round(metrics)
         save_checkpoint(run_dir, r, {
             "round": r, "fingerprint": fingerprint, "data_hashes": hashes, "state": state,
             "missed": ctx.missed, "local_states": transport.local_states(), "classes": ctx.classes,
+            **({"dp_history": ledger.history} if ledger is not None else {}),
         })
         bar.set_postfix(_postfix(metrics))
+    tracker.close()
     final = protocol.final_models(ctx, state)
     save_final(run_dir, {
-        "global": final["global"], "per_site": final["per_site"], "local_states": transport.local_states(),
+        "global": final["global"], "per_site": final["per_site"], "local_states": model_states(transport),
         "eval_local_keys": protocol.eval_local_keys(ctx), "classes": ctx.classes, "aux_tasks": ctx.aux_tasks,
         "model": cfg.model.model_dump(mode="json"), "image_size": cfg.image_size,
     })
-    return _write_run_files(run_dir, cfg, ctx, protocol, status="finished")
+    return _write_run_files(run_dir, cfg, ctx, protocol, status="finished", ledger=ledger)
+
+
+def _resumed_dp(run_dir: Path, start: int) -> dict:
+    """The DP spending recorded up to the checkpoint a resume continues from (plain lists)."""
+    found = load_latest_intact(run_dir) if start else None
+    return {site: [list(c) for c in calls] for site, calls in ((found[1].get("dp_history") or {}) if found
+                                                                else {}).items()}
+
+
+def model_states(transport: Transport) -> dict[str, dict]:
+    """The sites' local state without optimiser moments (evaluation needs only the model's entries)."""
+    return {site: {k: v for k, v in state.items() if not k.startswith(OPTIMIZER_PREFIX)}
+            for site, state in transport.local_states().items()}
 
 
 def data_hashes(ctx: Context) -> dict[str, str]:
@@ -248,7 +281,7 @@ def _json_default(value):
 
 
 def _write_run_files(run_dir: Path, cfg: ExperimentConfig, ctx: Context, protocol: RoundProtocol, *,
-                     status: str) -> dict:
+                     status: str, ledger=None) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     payload = {
@@ -261,5 +294,7 @@ def _write_run_files(run_dir: Path, cfg: ExperimentConfig, ctx: Context, protoco
         "config": cfg.model_dump(mode="json"), "fingerprint": config_fingerprint(cfg),
         "data_hashes": data_hashes(ctx),
     }
+    if ledger is not None:
+        payload["dp"] = ledger.report()
     atomic_write_json(run_dir / "run.json", payload)
     return payload

@@ -57,6 +57,17 @@ class ImageFiles(Dataset):
         return {"image": image, "index": int(i)}
 
 
+class MainLogits(torch.nn.Module):
+    """The network's main-head logits only: one tensor out (TorchScript export, Grad-CAM)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)["main"]
+
+
 @dataclass
 class RunModel:
     """A run's model ready to score: the network (eval mode) and what describes it."""
@@ -68,8 +79,10 @@ class RunModel:
     run: dict  # run.json
 
 
-def load_run_model(run_dir: Path | str, site: Optional[str] = None) -> RunModel:
-    """The run's global model, or ``site``'s own; raises :class:`UserError` for an unknown site."""
+def load_run_model(run_dir: Path | str, site: Optional[str] = None, *, warn_global: bool = True) -> RunModel:
+    """The run's global model, or ``site``'s own; raises :class:`UserError` for an unknown site.
+
+    ``warn_global``: warn when ``site`` is asked for but the method keeps no per-site model."""
     from fedcxr.models.network import CXRNet
     from fedcxr.pipeline.predict import site_params
     from fedcxr.vocab import AUX_VOCAB
@@ -92,7 +105,7 @@ def load_run_model(run_dir: Path | str, site: Optional[str] = None) -> RunModel:
         sites = list(run.get("sites") or [])
         if site not in sites:
             raise UserError(f"--site {site!r}: not a site of this run (its sites: {', '.join(sites)})")
-        if site not in final.get("per_site", {}) and not final.get("eval_local_keys"):
+        if warn_global and site not in final.get("per_site", {}) and not final.get("eval_local_keys"):
             log.warning("method %s keeps no per-site model: site %s uses the global model",
                         run.get("method"), site)
         params = site_params(final, site)
@@ -121,4 +134,4 @@ def score_files(model: torch.nn.Module, paths: Sequence[str | Path], *, size: in
     return out
 
 
-__all__ = ["ImageFiles", "RunModel", "load_run_model", "preprocess", "score_files"]
+__all__ = ["ImageFiles", "MainLogits", "RunModel", "load_run_model", "preprocess", "score_files"]

@@ -8,6 +8,7 @@ live in this process.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Mapping
 
@@ -16,9 +17,12 @@ import torch
 import fedcxr.pipeline.site_tasks  # noqa: F401  (registers train_combine and fact_target)
 from fedcxr.pipeline.config import ExperimentConfig
 from fedcxr.pipeline.data import default_cache_dir
+from fedcxr.pipeline.engine import Engine, resolve_engine
 from fedcxr.pipeline.protocols import CENTRAL_SITE
 from fedcxr.pipeline.site_runner import SiteRunner
 from fedcxr.pipeline.transport import Transport
+
+log = logging.getLogger(__name__)
 
 
 class InProcessTransport(Transport):
@@ -45,11 +49,26 @@ class InProcessTransport(Transport):
 
 
 def build_runners(cfg: ExperimentConfig, device: torch.device, progress: bool) -> dict[str, SiteRunner]:
-    """One SiteRunner per site of the config (plus the pooled one for the Central baseline)."""
+    """One SiteRunner per site of the config (plus the pooled one for the Central baseline).
+
+    They share one :class:`~fedcxr.pipeline.engine.Engine`; on CUDA each runner's model leaves
+    the GPU after its turn (``engine.offload_idle``), so N simulated sites need one model's
+    worth of GPU memory, not N.
+    """
+    if cfg.privacy.filters:
+        log.warning("privacy.filters are NVIDIA FLARE result filters: they act in `fedcxr flare` runs only, "
+                    "not in this in-process run")
     cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+    engine = run_engine(cfg, device)
     common = dict(model_cfg=cfg.model.model_dump(mode="json"), image_size=cfg.image_size, cache_dir=cache,
-                  device=device, augment=cfg.augment, num_workers=cfg.num_workers, progress=progress)
+                  device=device, augment=cfg.augment, progress=progress, engine=engine,
+                  task=cfg.task.model_dump(mode="json") if cfg.task else None)
     runners = {cfg.site_name(s): SiteRunner(cfg.site_name(s), cfg.site_dir(s), **common) for s in cfg.all_sites()}
     if cfg.strategy == "Central":
         runners[CENTRAL_SITE] = SiteRunner(CENTRAL_SITE, [cfg.site_dir(s) for s in cfg.all_sites()], **common)
     return runners
+
+
+def run_engine(cfg: ExperimentConfig, device: torch.device) -> Engine:
+    """The experiment's ``engine:`` block and ``num_workers`` resolved for ``device``."""
+    return resolve_engine(device, cfg.engine.model_dump(), cfg.num_workers)

@@ -7,8 +7,10 @@
   whose label is missing, adds nothing;
 * ``L_aux_k`` (:func:`aux_ce`): cross-entropy of aux task ``k`` over the rows whose value is known.
 
-A plain PyTorch loop (DESIGN §9): a fresh optimizer per call (the papers restart Adam every
-round), optional AMP on CUDA, and — for FedDA/FedGP auto-weighting — the model-state change of
+A plain PyTorch loop (DESIGN §9): a fresh optimizer per call unless the caller hands in the
+optimizer state of the site's previous call (:func:`train_local` ``optimizer_state``: the
+surgical aggregation code keeps each client's Adam across rounds, FACT its SGD), optional AMP
+on CUDA, and — for FedDA/FedGP auto-weighting — the model-state change of
 every optimizer step (:func:`train_local` ``record_batch_updates``).
 """
 
@@ -81,7 +83,9 @@ class LocalConfig:
     """Hyper-parameters of one local training call.
 
     ``steps`` (when set) overrides ``epochs``: that many optimizer steps, cycling the loader.
-    ``amp`` only takes effect on CUDA. ``optimizer``: adam | adamw | sgd (momentum 0.9).
+    ``amp`` only takes effect on CUDA. ``channels_last``: the model and every batch in NHWC
+    memory layout (tensor cores on CUDA; :mod:`fedcxr.pipeline.engine` turns it on there).
+    ``optimizer``: adam | adamw | sgd (momentum 0.9).
     """
 
     lr: float = 1e-3
@@ -93,6 +97,8 @@ class LocalConfig:
     weight_decay: float = 0.0
     amp: bool = True
     optimizer: str = "adam"
+    channels_last: bool = False
+    dp: Optional[dict] = None  # privacy.dp: DP-SGD with Opacus (fedcxr.pipeline.dp); AMP off then
 
 
 @dataclass
@@ -110,6 +116,7 @@ class LocalResult:
     main_loss: float
     aux_loss: float
     batch_updates: Optional[torch.Tensor]
+    optimizer_state: Optional[dict[str, torch.Tensor]] = None
     samples_seen: int = 0
     skipped_batches: int = 0
     seconds: float = 0.0
@@ -223,6 +230,8 @@ def train_local(
     loss_classes_mask: Optional[torch.Tensor] = None,
     record_batch_updates: bool = False,
     freeze_bn: bool = False,
+    optimizer_state: Optional[Mapping[str, torch.Tensor]] = None,
+    frozen_bn_trains: bool = False,
 ) -> LocalResult:
     """Train ``model`` in place on ``loader``'s batches; return counts, losses and updates.
 
@@ -233,6 +242,13 @@ def train_local(
       updated) and its affine weight/bias do not learn — FedBN+ of the surgical aggregation
       paper (Keras ``BatchNormalization.trainable = False``), so the initial (pretrained) BN
       is carried along unchanged.
+    * ``frozen_bn_trains``: BatchNorm layers whose parameters are frozen still run in train
+      mode (batch statistics; FACT fine-tunes its heads with G in train mode).
+    * ``optimizer_state``: per-parameter optimizer state of an earlier call
+      (:func:`optimizer_state_dict`, keyed ``<parameter name>.<field>``; ``{}`` for none yet):
+      loaded into the fresh optimizer for the parameters that train, and the state after this
+      call is returned in ``LocalResult.optimizer_state``. Keyed by name, so a call that trains
+      only the head continues the head's moments of a call that trained everything.
     * ``loss_classes_mask``: optional (C,) 0/1 multiplied into every batch's ``label_mask``.
     * ``record_batch_updates``: return ``(n_batches, M)`` float32: row ``j`` = state after step
       ``j`` − state before it, over every non-0-dim ``state_dict`` entry in order (parameters
@@ -248,7 +264,7 @@ def train_local(
     """
     device = resolve_device(device)
     use_cuda = device.type == "cuda"
-    model.to(device)
+    model.to(device, memory_format=_memory_format(cfg.channels_last))
     modes = {m: m.training for m in model.modules()}
     flags = _set_trainable(model, trainable)
     if freeze_bn:
@@ -258,7 +274,8 @@ def train_local(
         gpus = [device.index if device.index is not None else torch.cuda.current_device()] if use_cuda else []
         with torch.random.fork_rng(devices=gpus, device_type="cuda"):
             torch.manual_seed(int(seed))
-            return _loop(model, loader, cfg, device, loss_classes_mask, record_batch_updates, started)
+            return _loop(model, loader, cfg, device, loss_classes_mask, record_batch_updates, started,
+                         optimizer_state, frozen_bn_trains)
     finally:
         for name, p in model.named_parameters():
             p.requires_grad_(flags[name])
@@ -267,16 +284,42 @@ def train_local(
 
 
 def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
-          loss_classes_mask: Optional[torch.Tensor], record: bool, started: float) -> LocalResult:
+          loss_classes_mask: Optional[torch.Tensor], record: bool, started: float,
+          optimizer_state: Optional[Mapping[str, torch.Tensor]] = None, frozen_bn_trains: bool = False) -> LocalResult:
     use_cuda = device.type == "cuda"
     amp = bool(cfg.amp) and use_cuda
-    params = [p for p in model.parameters() if p.requires_grad]
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
     optimizer = make_optimizer(params, cfg)
+    if optimizer_state:
+        load_optimizer_state(optimizer, named, optimizer_state)
+    forward, close = model, None
+    if cfg.dp:
+        from fedcxr.pipeline.dp import private
+
+        forward, optimizer, close = private(model, optimizer, cfg.dp, cfg.batch_size)
+        amp = False
+    try:
+        return _steps(model, forward, optimizer, loader, cfg, device, amp, loss_classes_mask, record, started,
+                      named=named, optimizer_state=optimizer_state, frozen_bn_trains=frozen_bn_trains)
+    finally:
+        if close is not None:
+            close()
+
+
+def _steps(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimizer, loader: Any, cfg: LocalConfig,
+           device: torch.device, amp: bool, loss_classes_mask: Optional[torch.Tensor], record: bool,
+           started: float, *, named: Sequence[tuple[str, nn.Parameter]],
+           optimizer_state: Optional[Mapping[str, torch.Tensor]], frozen_bn_trains: bool) -> LocalResult:
+    use_cuda = device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=amp)
     tasks = list(getattr(model, "aux_tasks", {}) or {})
     use_aux = bool(cfg.use_aux) and bool(tasks)
     class_mask = None if loss_classes_mask is None else loss_classes_mask.to(device, torch.float32)
-    _train_mode(model)
+    if frozen_bn_trains:
+        model.train()
+    else:
+        _train_mode(model)
     bn_training = _has_training_bn(model)
 
     keys = update_keys(model.state_dict()) if record else []
@@ -289,8 +332,9 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
 
     sums = torch.zeros(3, device=device)  # total, main, aux
     steps = seen = skipped = 0
+    layout = _memory_format(cfg.channels_last)
     for batch in batches(loader, cfg):
-        x = batch["image"].to(device, non_blocking=use_cuda)
+        x = batch["image"].to(device, non_blocking=use_cuda, memory_format=layout)
         if bn_training and x.shape[0] < 2:
             skipped += 1
             continue
@@ -299,7 +343,7 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
         if class_mask is not None:
             mask = mask * class_mask
         with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=amp):
-            out = model(x)
+            out = forward(x)
         main = masked_bce(out["main"], y, mask)
         if use_aux:
             aux = aux_ce(out["aux"], batch["aux"].to(device), batch["aux_mask"].to(device), tasks)
@@ -311,6 +355,8 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
+        if cfg.dp:  # expanded weights refuse a forward while last step's per-sample gradients remain
+            optimizer.zero_grad(set_to_none=True)
         sums += torch.stack([loss.detach(), main.detach(), aux.detach()])
         if record:
             after = _flat(model, keys)
@@ -343,10 +389,44 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
         main_loss=means[1],
         aux_loss=means[2],
         batch_updates=batch_updates,
+        optimizer_state=None if optimizer_state is None else {
+            **dict(optimizer_state), **optimizer_state_dict(optimizer, named)},
         samples_seen=seen,
         skipped_batches=skipped,
         seconds=time.perf_counter() - started,
     )
+
+
+def optimizer_state_dict(optimizer: torch.optim.Optimizer,
+                         named: Sequence[tuple[str, nn.Parameter]]) -> dict[str, torch.Tensor]:
+    """The optimizer's per-parameter state as ``{"<name>.<field>": tensor}`` on CPU.
+
+    Tensors only (Adam's ``step``, ``exp_avg``, ``exp_avg_sq``; SGD's ``momentum_buffer``), so
+    it travels in a site's local state and loads with ``torch.load(weights_only=True)``;
+    learning rates are not part of it (each call sets its own, e.g. FACT's schedule).
+    """
+    out = {}
+    for name, p in named:
+        for field, value in optimizer.state.get(p, {}).items():
+            if isinstance(value, torch.Tensor):
+                out[f"{name}.{field}"] = value.detach().to("cpu", copy=True)
+    return out
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, named: Sequence[tuple[str, nn.Parameter]],
+                         state: Mapping[str, torch.Tensor]) -> None:
+    """Inverse of :func:`optimizer_state_dict` for the parameters this optimizer trains."""
+    for name, p in named:
+        prefix = name + "."
+        fields = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix) and "." not in k[len(prefix):]}
+        if not fields:
+            continue
+        optimizer.state[p] = {f: (v.clone() if f == "step" else v.to(p.device, copy=True)) for f, v in fields.items()}
+
+
+def _memory_format(channels_last: bool) -> torch.memory_format:
+    """NHWC (channels-last) or the model's own layout (``preserve_format`` leaves it as it is)."""
+    return torch.channels_last if channels_last else torch.preserve_format
 
 
 def _flat(model: nn.Module, keys: list[str]) -> torch.Tensor:
@@ -376,24 +456,27 @@ def _dataset_len(loader: Any) -> int:
 
 
 @torch.no_grad()
-def predict(model: nn.Module, loader: Any, *, device: torch.device | str) -> dict[str, Any]:
+def predict(model: nn.Module, loader: Any, *, device: torch.device | str, amp: bool = True,
+            channels_last: bool = False) -> dict[str, Any]:
     """Sigmoid probabilities of every item of ``loader`` (model in eval mode, restored after).
 
+    ``amp`` (float16 autocast) only applies on CUDA; ``channels_last`` as in :class:`LocalConfig`.
     Returns ``probs`` (N, C) float32 numpy in the head's class order, ``aux_probs``
     ``{task: (N, K)}`` (softmax), ``index`` (N,) int64 positions in the loader's dataset,
     and ``labels``/``label_mask`` (N, C) as the batches carried them.
     """
     device = resolve_device(device)
     use_cuda = device.type == "cuda"
-    model.to(device)
+    layout = _memory_format(channels_last)
+    model.to(device, memory_format=layout)
     modes = {m: m.training for m in model.modules()}
     model.eval()
     probs, index, labels, masks = [], [], [], []
     aux_probs: dict[str, list[np.ndarray]] = {t: [] for t in getattr(model, "aux_tasks", {}) or {}}
     try:
         for batch in loader:
-            x = batch["image"].to(device, non_blocking=use_cuda)
-            with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=use_cuda):
+            x = batch["image"].to(device, non_blocking=use_cuda, memory_format=layout)
+            with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=use_cuda and amp):
                 out = model(x)
             probs.append(torch.sigmoid(out["main"].float()).cpu().numpy())
             for task, logits in out["aux"].items():

@@ -14,9 +14,16 @@ Task configs (plain JSON-able dicts, built by the round protocols):
               classes), ``aux_tasks``, ``alpha``, ``use_aux``, ``trainable``
               (all/head/backbone), ``missing_as_negative``, ``local_keys`` (kept on site),
               ``record_batch_updates``, ``freeze_bn`` (FedBN+: BatchNorm frozen in eval mode),
+              ``optimizer``, ``weight_decay``, ``keep_optimizer`` (continue this site's
+              optimiser state of earlier rounds), ``frozen_bn_trains``, ``from_warm`` (start
+              from the head this site kept in ``warmup_head``),
               ``labeled`` (target: labeled rows used), and the
               training hyper-parameters ``lr``, ``batch_size``, ``epochs``, ``steps``.
 ``evaluate``  → per-class validation AUROC of the received model on ``split``.
+
+A ``train`` task with ``hold_for_combine`` keeps the trained model on the site (:attr:`SiteRunner.held`)
+and answers with counts and metrics only: the target's fine-tuning of a GP-family round runs
+beside the sources, and the round's ``train_combine`` uses it.
 
 Tasks beyond these three (``train_combine`` of GP/FedDA/FedGP, ``fact_target`` of FACT) are
 registered with :func:`register_task` by :mod:`fedcxr.pipeline.site_tasks`; the runner never
@@ -28,19 +35,27 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset
 
+from fedcxr.pipeline.engine import Engine, loader_options, offload, resolve_engine
 from fedcxr.pipeline.messages import Reply, StateDict
 from fedcxr.pipeline.state import cpu_state
 from fedcxr.site_adapters.manifest import content_hash, patient_bucket
 from fedcxr.vocab import AUX_VOCAB, CLASSES, label_column
 
+if TYPE_CHECKING:
+    from fedcxr.pipeline.local import LocalConfig
+
 log = logging.getLogger(__name__)
 
+#: Local-state entries holding optimiser state kept across rounds: ``optimizer.<param>.<field>``.
+OPTIMIZER_PREFIX = "optimizer."
+#: Local-state entries of the head kept by the surgical head warm-up until round 0 uses it.
+WARM_PREFIX = "warm."
 #: A site-side task: ``handler(runner, params, config) -> Reply``.
 TaskHandler = Callable[["SiteRunner", Optional[StateDict], dict], Reply]
 #: Tasks registered beyond the built-in ``metadata``/``train``/``evaluate`` (name → handler).
@@ -76,22 +91,32 @@ class SiteRunner:
         cache_dir: Path,
         device: torch.device,
         augment: bool = True,
-        num_workers: int = 0,
+        num_workers: Optional[int] = None,
         progress: bool = False,
+        task: Optional[dict] = None,
+        engine: Optional[Engine] = None,
     ):
         from fedcxr.pipeline.data import load_site
+        from fedcxr.pipeline.shared_task import apply_shared_task, site_task
 
         self.name = name
         dirs = [site_dirs] if isinstance(site_dirs, (str, Path)) else list(site_dirs)
-        self.sites = [load_site(d) for d in dirs]  # several dirs = pooled (Central baseline)
+        # several dirs = pooled (Central baseline); ``task``: the shared-task spec (each site maps its own label)
+        self.sites = [load_site(d) for d in dirs]
+        if task:
+            self.sites = [apply_shared_task(site, site_task(task, Path(d).name if len(dirs) > 1 else name))
+                          for d, site in zip(dirs, self.sites)]
         self.model_cfg = dict(model_cfg)
         self.image_size = image_size
         self.cache_dir = Path(cache_dir)
         self.device = device
         self.augment = augment
-        self.num_workers = num_workers
+        self.engine = engine or resolve_engine(device, None, num_workers)
+        self.num_workers = self.engine.num_workers
         self.progress = progress
         self.local_state: StateDict = {}
+        #: (round, θ0, reply) of a target fine-tuning held for the round's ``train_combine``
+        self.held: Optional[tuple[object, StateDict, Reply]] = None
         self._models: dict[tuple, torch.nn.Module] = {}
         self._datasets: dict[tuple, Dataset] = {}
         self._labeled: dict[tuple, list[int]] = {}
@@ -123,14 +148,36 @@ class SiteRunner:
     def set_local_state(self, state: StateDict) -> None:
         self.local_state = {k: v.clone() for k, v in state.items()}
 
+    def optimizer_state(self) -> StateDict:
+        """The optimiser state kept from this site's earlier rounds (``{}`` before the first)."""
+        n = len(OPTIMIZER_PREFIX)
+        return {k[n:]: v for k, v in self.local_state.items() if k.startswith(OPTIMIZER_PREFIX)}
+
+    def keep_optimizer_state(self, state: StateDict) -> None:
+        """Store the optimiser state in the local state (checkpointed with it, so a resume is exact)."""
+        for key, value in state.items():
+            self.local_state[OPTIMIZER_PREFIX + key] = value
+
     # ------------------------------------------------------------------ tasks
     def handle(self, task: str, params: Optional[StateDict], config: dict) -> Reply:
         built_in = {"metadata": self._metadata, "train": self._train, "evaluate": self._evaluate}
-        if task in built_in:
-            return built_in[task](params, config)
-        if task not in TASKS:
+        if task not in built_in and task not in TASKS:
             raise ValueError(f"site {self.name}: unknown task {task!r} (registered: {sorted(TASKS)})")
-        return TASKS[task](self, params, config)
+        try:
+            return built_in[task](params, config) if task in built_in else TASKS[task](self, params, config)
+        finally:
+            if self.engine.offload_idle:
+                offload(self._models, "cpu")  # this site now waits: its model holds no GPU memory
+
+    def loader_options(self, *, train: bool = True) -> dict:
+        """``make_loader`` keyword arguments for this site's engine (workers, pinning, prefetch)."""
+        return loader_options(self.engine, train=train)
+
+    def local_config(self, **values) -> LocalConfig:
+        """A :class:`~fedcxr.pipeline.local.LocalConfig` with this site's engine switches."""
+        from fedcxr.pipeline.local import LocalConfig
+
+        return LocalConfig(amp=self.engine.amp, channels_last=self.engine.channels_last, **values)
 
     def _metadata(self, params, config) -> Reply:
         labeled, per_class = 0, {}
@@ -162,6 +209,7 @@ class SiteRunner:
             self._models[key] = CXRNet(
                 head_classes, backbone=cfg.get("backbone", "resnet18"), hidden=cfg.get("hidden", 128),
                 aux_tasks={t: len(AUX_VOCAB[t]) for t in aux_tasks}, weights=cfg.get("weights"),
+                norm=cfg.get("norm") or "batch",
             ).to(self.device)
         return self._models[key]
 
@@ -210,7 +258,7 @@ class SiteRunner:
                 make_dataset(
                     site, split, classes=classes, aux_tasks=aux_tasks, image_size=self.image_size,
                     cache_dir=self.cache_dir, augment=augment, loss_classes=loss_classes,
-                    missing_as_negative=missing_as_negative,
+                    missing_as_negative=missing_as_negative, workers=self.engine.cache_workers,
                 )
                 for site in self.sites
             ]
@@ -243,11 +291,8 @@ class SiteRunner:
         return sorted(rows[order][: max(1, limit)].tolist())
 
     # ------------------------------------------------------------------ train
-    def _train(self, params: Optional[StateDict], config: dict) -> Reply:
-        from fedcxr.pipeline.data import make_loader
-        from fedcxr.pipeline.local import LocalConfig, train_local
-
-        model, head_classes, aux_tasks, local_keys = self.prepared_model(params, config)
+    def training_data(self, config: dict, head_classes: list[str], aux_tasks: list[str]) -> Subset:
+        """The training rows a ``train``-like task config asks for (labeled, capped, negatives policy)."""
         loss_classes = [c for c in head_classes if c in self.class_set]
         negatives = bool(config.get("missing_as_negative"))  # Vanilla FL / Central: unlabeled = negative
         base = self.dataset("train", head_classes, aux_tasks, augment=self.augment,
@@ -259,14 +304,35 @@ class SiteRunner:
             rows = self.labeled_rows("train", head_classes if negatives else loss_classes, config.get("labeled"))
         if config.get("max_rows"):
             rows = rows[: int(config["max_rows"])]
-        data = Subset(base, rows)
+        return Subset(base, rows)
+
+    def load_warm_head(self, model: torch.nn.Module) -> None:
+        """Put the head kept by ``warmup_head`` into ``model`` (once: the entries are dropped after)."""
+        weight = self.local_state.pop(WARM_PREFIX + "head.weight", None)
+        bias = self.local_state.pop(WARM_PREFIX + "head.bias", None)
+        if weight is None or bias is None:
+            raise ValueError(f"site {self.name}: asked to start from its warmed-up head, but none is kept "
+                             "(the warmup_head task did not run here)")
+        with torch.no_grad():
+            model.head.weight.copy_(weight)
+            model.head.bias.copy_(bias)
+
+    def _train(self, params: Optional[StateDict], config: dict) -> Reply:
+        from fedcxr.pipeline.data import make_loader
+        from fedcxr.pipeline.local import train_local
+
+        model, head_classes, aux_tasks, local_keys = self.prepared_model(params, config)
+        if config.get("from_warm"):
+            self.load_warm_head(model)
+        data = self.training_data(config, head_classes, aux_tasks)
         seed = derive_seed(int(config.get("seed", 0)), "train", self.name, config.get("round", 0),
                            config.get("role", "source"), *([config["repeat"]] if config.get("repeat") else []))
-        cfg = LocalConfig(
+        cfg = self.local_config(
             lr=float(config["lr"]), batch_size=int(config["batch_size"]), epochs=int(config.get("epochs", 1)),
             steps=config.get("steps"), alpha=float(config.get("alpha", 1.0)),
             use_aux=bool(config.get("use_aux", False)) and bool(aux_tasks),
-            weight_decay=float(config.get("weight_decay", 0.0)),
+            weight_decay=float(config.get("weight_decay") or 0.0), optimizer=str(config.get("optimizer") or "adam"),
+            dp=config.get("dp") or None,
         )
         if len(data) == 0:
             # the server says so once per run (protocols.base.valid_replies); here only at debug level
@@ -274,27 +340,39 @@ class SiteRunner:
                       self.name, head_classes)
             return Reply(site=self.name, params=cpu_state(model), n_samples=0, n_batches=0,
                          class_set=head_classes, metrics={"loss": float("nan")})
-        loader = make_loader(
-            data, batch_size=cfg.batch_size, shuffle=True, seed=seed, augment=self.augment,
-            num_workers=self.num_workers, pin_memory=self.device.type == "cuda",
-        )
+        loader = make_loader(data, batch_size=cfg.batch_size, shuffle=True, seed=seed, augment=self.augment,
+                             **self.loader_options())
         result = train_local(
             model, loader, cfg, device=self.device, seed=seed, trainable=config.get("trainable", "all"),
             record_batch_updates=bool(config.get("record_batch_updates", False)),
             freeze_bn=bool(config.get("freeze_bn", False)),
+            optimizer_state=self.optimizer_state() if config.get("keep_optimizer") else None,
+            frozen_bn_trains=bool(config.get("frozen_bn_trains", False)),
         )
+        if result.optimizer_state is not None:
+            self.keep_optimizer_state(result.optimizer_state)
         state = cpu_state(model)
         for key in local_keys:
             self.local_state[key] = state[key].clone()
         extra = {}
         if result.batch_updates is not None:
             extra["batch_updates"] = result.batch_updates.detach().cpu()
-        return Reply(
+        metrics = {"loss": result.loss, "main_loss": result.main_loss, "aux_loss": result.aux_loss}
+        if cfg.dp:
+            from fedcxr.pipeline.dp import spent
+
+            metrics["dp"] = spent(cfg.dp, cfg.batch_size, len(data), result.n_batches)
+        reply = Reply(
             site=self.name, params=state, n_samples=result.n_samples, n_batches=result.n_batches,
-            class_set=head_classes,
-            metrics={"loss": result.loss, "main_loss": result.main_loss, "aux_loss": result.aux_loss},
-            extra=extra,
+            class_set=head_classes, metrics=metrics, extra=extra,
         )
+        if config.get("hold_for_combine"):
+            # GP family, target-side combination: the fine-tuned model stays here for the round's
+            # train_combine task; only counts and metrics go back now
+            self.held = (config.get("round"), {k: v.clone() for k, v in params.items()}, reply)
+            return Reply(site=self.name, n_samples=reply.n_samples, n_batches=reply.n_batches,
+                         class_set=head_classes, metrics=metrics)
+        return reply
 
     # ------------------------------------------------------------------ evaluate
     def _evaluate(self, params: Optional[StateDict], config: dict) -> Reply:
@@ -307,8 +385,8 @@ class SiteRunner:
         if len(data) == 0:
             return Reply(site=self.name, class_set=head_classes, metrics={"split": split, "n": 0})
         loader = make_loader(data, batch_size=int(config.get("batch_size", 64)), shuffle=False, seed=0,
-                             augment=False, num_workers=self.num_workers)
-        out = predict(model, loader, device=self.device)
+                             augment=False, **self.loader_options(train=False))
+        out = predict(model, loader, device=self.device, amp=self.engine.amp, channels_last=self.engine.channels_last)
         aurocs = quick_auroc(out["labels"], out["label_mask"], out["probs"], head_classes)
         defined = [v for v in aurocs.values() if np.isfinite(v)]
         return Reply(

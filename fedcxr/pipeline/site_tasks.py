@@ -1,8 +1,11 @@
 """Site-side tasks beyond training and evaluation, registered with :class:`SiteRunner`.
 
-* ``train_combine`` (GP / FedDA / FedGP, DESIGN §8): fine-tune from θ0 on the target's labels,
+* ``train_combine`` (GP / FedDA / FedGP, DESIGN §8): fine-tune from θ0 on the target's labels
+  (or take the fine-tuning held from this round's ``train`` with ``hold_for_combine``),
   then combine with the source deltas (:mod:`fedcxr.pipeline.combine`); only the combined
   model and the β_i leave the site — its fine-tuned model and per-batch updates do not.
+* ``warmup_head`` (surgical aggregation paper): head-only epochs before round 0, the head with
+  the best validation loss kept on the site for round 0.
 * ``fact_target`` (FACT, DESIGN §5): update the feature extractor G' to minimise the
   inter-domain distance of two source heads on the target's unlabeled images.
 
@@ -20,9 +23,16 @@ from torch.utils.data import Subset
 from fedcxr.pipeline import aggregate as agg
 from fedcxr.pipeline.combine import combine
 from fedcxr.pipeline.data import make_loader
-from fedcxr.pipeline.local import LocalConfig, batches, make_optimizer
+from fedcxr.pipeline.local import (
+    batches,
+    load_optimizer_state,
+    make_optimizer,
+    optimizer_state_dict,
+    predict,
+    train_local,
+)
 from fedcxr.pipeline.messages import FACT_HEAD_A, FACT_HEAD_B, Reply, StateDict, unpack_combine
-from fedcxr.pipeline.site_runner import SiteRunner, derive_seed, register_task
+from fedcxr.pipeline.site_runner import WARM_PREFIX, SiteRunner, derive_seed, register_task
 from fedcxr.pipeline.state import cpu_state
 
 
@@ -31,11 +41,65 @@ def train_combine(runner: SiteRunner, params: StateDict, config: dict) -> Reply:
     """Fine-tune from θ0 on the target's labeled rows, then combine with the source deltas."""
     spec = config["combine"]
     theta0, deltas = unpack_combine(params, len(spec["n_sources"]))
-    reply = runner.handle("train", theta0, {**config, "record_batch_updates": bool(spec.get("auto"))})
+    reply = _held(runner, theta0, config.get("round"))
+    if reply is None:  # not fine-tuned beside the sources (or the site restarted since): do it now
+        reply = runner.handle("train", theta0, {**config, "record_batch_updates": bool(spec.get("auto"))})
     theta, betas = combine(theta0, reply.params, deltas, spec, n_target=reply.n_samples,
                            batch_updates=reply.extra.get("batch_updates"), target_steps=reply.n_batches)
     return Reply(site=runner.name, params=theta, n_samples=reply.n_samples, n_batches=reply.n_batches,
                  class_set=reply.class_set, metrics={**reply.metrics, "betas": betas})
+
+
+@register_task("warmup_head")
+def warmup_head(runner: SiteRunner, params: StateDict, config: dict) -> Reply:
+    """Surgical head warm-up: the head alone learns for ``epochs`` epochs on the frozen backbone
+    (one Adam), the head with the lowest validation loss is kept on this site for round 0.
+
+    As the surgical aggregation code (``__train_local(only_warmup_model=True)``: frozen base
+    model, Adam(1e-3), ``ModelCheckpoint(monitor="val_loss", save_best_only=True)``). Nothing
+    but the losses leaves the site.
+    """
+    model, head_classes, aux_tasks, _ = runner.prepared_model(params, config)
+    data = runner.training_data(config, head_classes, aux_tasks)
+    negatives = bool(config.get("missing_as_negative"))
+    val = runner.dataset("val", head_classes, aux_tasks, augment=False, missing_as_negative=negatives,
+                         loss_classes=head_classes if negatives else [c for c in head_classes if c in runner.class_set])
+    cfg = runner.local_config(lr=float(config["lr"]), batch_size=int(config["batch_size"]), epochs=1,
+                              optimizer=str(config.get("optimizer") or "adam"), use_aux=False)
+    losses, best, state = [], None, {}
+    for epoch in range(int(config["epochs"]) if len(data) else 0):
+        seed = derive_seed(int(config.get("seed", 0)), "warmup_head", runner.name, epoch)
+        loader = make_loader(data, batch_size=cfg.batch_size, shuffle=True, seed=seed, augment=runner.augment,
+                             num_workers=runner.num_workers)
+        state = train_local(model, loader, cfg, device=runner.device, seed=seed, trainable="head",
+                            optimizer_state=state, freeze_bn=bool(config.get("freeze_bn"))).optimizer_state
+        losses.append(_val_loss(model, val, runner) if len(val) else float("nan"))
+        if best is None or not len(val) or losses[-1] < losses[best[0]]:
+            best = (epoch, {k: v.detach().to("cpu", copy=True) for k, v in model.head.state_dict().items()})
+    if best is not None:
+        runner.local_state.update({WARM_PREFIX + "head." + k: v for k, v in best[1].items()})
+    return Reply(site=runner.name, n_samples=len(data), class_set=head_classes,
+                 metrics={"val_loss": losses, "best_epoch": best[0] if best else None})
+
+
+def _val_loss(model, data, runner) -> float:
+    """Mean BCE over the observed validation entries (Keras ``val_loss`` of the warm-up)."""
+    out = predict(model, make_loader(data, batch_size=64, shuffle=False, seed=0, augment=False), device=runner.device)
+    p = torch.as_tensor(out["probs"], dtype=torch.float64).clamp(1e-7, 1 - 1e-7)
+    y = torch.as_tensor(out["labels"], dtype=torch.float64)
+    mask = torch.as_tensor(out["label_mask"], dtype=torch.float64) > 0
+    bce = -(y * p.log() + (1 - y) * (1 - p).log())
+    return float(bce[mask].mean()) if bool(mask.any()) else float("nan")
+
+
+def _held(runner: SiteRunner, theta0: StateDict, r) -> Optional[Reply]:
+    """The fine-tuning this site did from ``theta0`` in round ``r`` (``hold_for_combine``), used once."""
+    held, runner.held = runner.held, None
+    if held is None or held[0] != r or held[1].keys() != theta0.keys():
+        return None
+    if not all(torch.equal(held[1][k], theta0[k]) for k in theta0):
+        return None
+    return held[2]
 
 
 @register_task("fact_target")
@@ -51,15 +115,19 @@ def fact_target(runner: SiteRunner, params: Optional[StateDict], config: dict) -
         data = Subset(data, list(range(min(len(data), int(config["max_rows"])))))
     seed = derive_seed(int(config.get("seed", 0)), "fact_target", runner.name, config.get("round", 0))
     loader = make_loader(data, batch_size=int(config["batch_size"]), shuffle=True, seed=seed,
-                         augment=runner.augment)
-    cfg = LocalConfig(lr=float(config["lr"]), batch_size=int(config["batch_size"]),
-                      epochs=int(config.get("epochs") or 1), steps=config.get("steps"),
-                      weight_decay=float(config.get("weight_decay", 0.0)))
+                         augment=runner.augment, **runner.loader_options())
+    cfg = runner.local_config(lr=float(config["lr"]), batch_size=int(config["batch_size"]),
+                              epochs=int(config.get("epochs") or 1), steps=config.get("steps"),
+                              weight_decay=float(config.get("weight_decay") or 0.0),
+                              optimizer=str(config.get("optimizer") or "adam"))
     device = runner.device
     model.to(device).train()
     for p in model.head.parameters():
         p.requires_grad_(False)
-    optimizer = make_optimizer([p for n, p in model.named_parameters() if not n.startswith("head.")], cfg)
+    named = [(n, p) for n, p in model.named_parameters() if not n.startswith("head.")]
+    optimizer = make_optimizer([p for _, p in named], cfg)
+    if config.get("keep_optimizer"):  # FACT: the target keeps its SGD on G across rounds
+        load_optimizer_state(optimizer, named, runner.optimizer_state())
     torch.manual_seed(seed)
     losses = []
     for batch in batches(loader, cfg):  # the same epochs/steps budget as local training
@@ -70,13 +138,16 @@ def fact_target(runner: SiteRunner, params: Optional[StateDict], config: dict) -
         optimizer.step()
         losses.append(float(loss.detach()))
     steps = len(losses)
+    if config.get("keep_optimizer"):
+        runner.keep_optimizer_state(optimizer_state_dict(optimizer, named))
     for p in model.head.parameters():
         p.requires_grad_(True)
     plain = runner.dataset("train", classes, [], augment=False)
-    after = _measure_idd(model, head_a, head_b, plain, device)
+    after = _measure_idd(model, head_a, head_b, plain, device, runner.loader_options(train=False))
     state = {k: v for k, v in cpu_state(model).items() if not k.startswith("head.")}
     return Reply(site=runner.name, params=state, n_samples=len(data), n_batches=steps, class_set=classes,
-                 metrics={"idd_train": sum(losses) / max(len(losses), 1), "idd_after": after})
+                 metrics={"idd_train": sum(losses) / max(len(losses), 1), "idd_train_sum": sum(losses),
+                          "idd_after": after})
 
 
 def _head(params: StateDict, prefix: str, model) -> torch.nn.Linear:
@@ -90,10 +161,10 @@ def _head(params: StateDict, prefix: str, model) -> torch.nn.Linear:
 
 
 @torch.no_grad()
-def _measure_idd(model, head_a, head_b, data, device) -> float:
+def _measure_idd(model, head_a, head_b, data, device, options: dict) -> float:
     """IDD of the updated extractor on the target's images (eval mode, no augmentation)."""
     model.eval()
-    loader = make_loader(data, batch_size=64, shuffle=False, seed=0, augment=False)
+    loader = make_loader(data, batch_size=64, shuffle=False, seed=0, augment=False, **options)
     total, count = 0.0, 0
     for batch in loader:
         feats = model.features(batch["image"].to(device))

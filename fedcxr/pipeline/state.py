@@ -251,5 +251,9 @@ def unflatten(flat: torch.Tensor, spec: FlatSpec) -> StateDict:
 
 
 def cpu_state(model: torch.nn.Module) -> StateDict:
-    """A detached CPU copy of ``model.state_dict()`` (safe to send, store or aggregate)."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    """A detached CPU copy of ``model.state_dict()`` (safe to send, store or aggregate).
+
+    Always in the default (contiguous) layout, also when the model trains channels-last.
+    """
+    return {k: v.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+            for k, v in model.state_dict().items()}

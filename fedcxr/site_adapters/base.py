@@ -9,8 +9,8 @@ Columns of ``SourceTable.frame`` (one row per image):
 
 ===================  ======================================================================
 ``image_path``       str, relative to ``SourceTable.root`` (POSIX separators)
-``patient_id``       str, pseudonymous
-``study_id``         str
+``patient_id``       str, the export's patient id (ingest keys it; see below)
+``study_id``         str, the export's study id (ingest keys it)
 ``raw__<class>``     float: 1 positive, 0 negative, -1 uncertain, NaN not labeled — one column
                      per class in ``SourceTable.classes``
 ``aux__<task>``      nullable Int64 code (see :mod:`fedcxr.vocab`) for sex, age_bin, race, view
@@ -19,7 +19,13 @@ Columns of ``SourceTable.frame`` (one row per image):
 ``group__<name>``    optional str columns the ``--site-by`` partitions use (race, state, ...)
 ``source_file``      str, the metadata file the row came from (relative to the input dir)
 ``source_row``       int, 1-based data row number within ``source_file`` (header excluded)
+``instance_uid``     optional str, the DICOM SOPInstanceUID: ingest sets aside a second row
+                     of the same instance (never written to a manifest)
 ===================  ======================================================================
+
+``patient_id``/``study_id`` are the export's own ids here; :func:`fedcxr.site_adapters.ingest.run_ingest`
+replaces them by keyed pseudonyms (:mod:`fedcxr.site_adapters.sitekey`) before anything is written,
+and keeps every ``image_path`` inside ``root`` (:mod:`fedcxr.site_adapters.paths`).
 """
 
 from __future__ import annotations
@@ -90,11 +96,6 @@ Adapter = Callable[[Path, AdapterOptions], SourceTable]
 def empty_aux(n: int) -> dict[str, pd.Series]:
     """All-null aux columns of length ``n`` (for sources that lack a task)."""
     return {aux_column(t): pd.Series(pd.array([pd.NA] * n, dtype="Int64")) for t in AUX_TASKS}
-
-
-def codes_to_series(codes: list[Optional[int]] | np.ndarray, index: pd.Index | None = None) -> pd.Series:
-    """A nullable Int64 series from a list of codes where ``None`` means unknown."""
-    return pd.Series(pd.array(list(codes), dtype="Int64"), index=index)
 
 
 def ensure_columns(frame: pd.DataFrame, classes: list[str]) -> pd.DataFrame:

@@ -72,7 +72,8 @@ LABEL_COLUMNS: list[str] = [
     "Pleural Other", "Fracture", "Support Devices",
 ]
 CLASS_OF: dict[str, str] = {c: canonical_class(c) for c in LABEL_COLUMNS}
-CHEXPERT_CLASSES: list[str] = [c for c in CLASSES if c in set(CLASS_OF.values())]
+#: The classes this source labels (every adapter declares them; ``None``: read from the export).
+SOURCE_CLASSES: tuple[str, ...] = tuple(c for c in CLASSES if c in set(CLASS_OF.values()))
 
 PATH, SEX, AGE, FRONTAL_LATERAL, AP_PA = "Path", "Sex", "Age", "Frontal/Lateral", "AP/PA"
 RELEASE_DIRS = ["CheXpert-v1.0-small", "CheXpert-v1.0"]
@@ -112,7 +113,7 @@ def read_chexpert(input_dir: Path, options: AdapterOptions) -> SourceTable:
     notes += demo_notes
     return SourceTable(
         source="chexpert", adapter_version=ADAPTER_VERSION, root=root, frame=frame,
-        classes=list(CHEXPERT_CLASSES), set_aside=set_aside, rows_read=rows_read, notes=notes,
+        classes=list(SOURCE_CLASSES), set_aside=set_aside, rows_read=rows_read, notes=notes,
     )
 
 

@@ -76,7 +76,8 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, require_columns
-from fedcxr.site_adapters.tables import failed_note, map_distinct, to_codes
+from fedcxr.site_adapters.paths import OUTSIDE, lexical
+from fedcxr.site_adapters.tables import check_csv_header, failed_note, map_distinct, to_codes
 from fedcxr.vocab import (
     AGE_BIN_EDGES,
     AUX_VOCAB,
@@ -92,6 +93,8 @@ from fedcxr.vocab import (
 )
 
 ADAPTER_VERSION = "1"
+#: The classes this source labels: ``None`` — read from the export (the mapping YAML decides).
+SOURCE_CLASSES: None = None
 SOURCE = "csv"
 
 #: Used when a ``labels`` entry gives no ``values``: the CheXpert/MIMIC numeric encoding.
@@ -477,11 +480,14 @@ def read_csv_mapping(input_dir: Path, options: AdapterOptions) -> SourceTable:
 def _read_table(path: Path, mapping: CsvMapping) -> pd.DataFrame:
     if not path.is_file():
         raise IngestError(f"{path}: no such file (mapping key 'csv')")
+    check_csv_header(path, str(path), sep=mapping.delimiter, encoding=mapping.encoding)
     try:
         table = pd.read_csv(path, sep=mapping.delimiter, dtype=str, keep_default_na=False,
                             encoding=mapping.encoding)
     except (UnicodeDecodeError, pd.errors.ParserError, LookupError) as exc:
         raise IngestError(f"{path}: cannot read as CSV ({exc})") from None
+    if table.empty:
+        raise IngestError(f"{path}: header row only, no data rows")
     table = table.reset_index(drop=True)
     for column in table.columns:
         table[column] = table[column].astype(str).str.strip()
@@ -543,10 +549,13 @@ def _ids(table: pd.DataFrame, mapping: CsvMapping, frame: pd.DataFrame, rows: _R
 
 
 def _escapes(paths: pd.Series) -> np.ndarray:
-    """Absolute paths, drive letters and ``..`` parts would point outside the export root."""
-    text = paths.astype(str)
-    wrapped = "/" + text + "/"
-    return (text.str.startswith("/") | (text.str[1:2] == ":") | wrapped.str.contains("/../", regex=False)).to_numpy()
+    """Absolute paths, drive letters and ``..`` escapes would point outside the export root.
+
+    ``..`` is resolved first (``images/../images/x.png`` stays inside); symbolic links are
+    checked by the ingest for every source (:func:`fedcxr.site_adapters.ingest.contain_paths`).
+    """
+    reasons = [lexical(p)[1] if p else None for p in paths.astype(str)]
+    return np.array([r is not None and r.startswith(OUTSIDE) for r in reasons], dtype=bool)
 
 
 def _map_labels(

@@ -48,12 +48,13 @@ that cannot be mapped (an age of ``0XYZ`` or ``150Y``, a sex of ``X``) becomes u
 (null): the row is kept, the count is noted, and it shows as missing in ``site.json``'s aux
 availability. DICOM has no race.
 
-Identifiers: ``patient_id`` = first 16 hex digits of sha256(fixed salt + ``PatientID``), since
-PatientID may be a real medical record number; ``study_id`` likewise from
-``StudyInstanceUID``. A file with no PatientID falls back to its study (then its SOP UID or
-path) as its own patient, and the count is noted. This is pseudonymisation, not
-anonymisation: a short MRN can be recovered by hashing candidates with the public salt, so
-the manifests stay inside the hospital like the images. Site column for ``--site-by``:
+Identifiers: the adapter's ``patient_id`` is the first 16 hex digits of sha256(fixed salt +
+``PatientID``) and ``study_id`` likewise from ``StudyInstanceUID``: a fixed-length source id,
+**not** the pseudonym. ``fedcxr ingest`` replaces both by HMAC-SHA256 pseudonyms under the
+site's secret key (:mod:`fedcxr.site_adapters.sitekey`) before anything is written, because
+a public salt alone lets anyone recover a short MRN by hashing candidates. A file with no
+PatientID falls back to its study (then its SOP UID or path) as its own patient, and the
+count is noted. The manifests stay inside the hospital like the images. Site column for ``--site-by``:
 ``folder`` (the top-level subfolder of the file; files at the top level have none).
 """
 
@@ -71,7 +72,8 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable
-from fedcxr.site_adapters.images import KIND_DICOM, read_headers
+from fedcxr.site_adapters.images import KIND_DICOM, MAX_PIXELS, read_headers
+from fedcxr.site_adapters.paths import Container
 from fedcxr.site_adapters.tables import failed_note, label_columns, map_distinct, read_table, to_codes
 from fedcxr.vocab import (
     CLASSES,
@@ -85,6 +87,8 @@ from fedcxr.vocab import (
 )
 
 ADAPTER_VERSION = "1"
+#: The classes this source labels: ``None`` — read from the export (the label csv or StudyDescription decides).
+SOURCE_CLASSES: None = None
 PSEUDONYM_SALT = "fedcxr-dicom-pseudonym-v1"
 
 #: Extensions (lower case) of files that are never images in a DICOM export.
@@ -105,7 +109,11 @@ _SPLITS = {"train": "train", "val": "val", "validate": "val", "validation": "val
 
 
 def pseudonym(value: str) -> str:
-    """First 16 hex digits of sha256(salt + value): stable, not reversible without guessing."""
+    """First 16 hex digits of sha256(public salt + value): the adapter's source id.
+
+    Not a pseudonym on its own (anyone can hash candidate MRNs with the public salt); ingest
+    keys it with the site's secret (:func:`fedcxr.site_adapters.ingest.pseudonymise`).
+    """
     return hashlib.sha256(f"{PSEUDONYM_SALT}:{value}".encode()).hexdigest()[:16]
 
 
@@ -150,16 +158,25 @@ def read_dicom_headers(
     input_dir: Path, files: list[str], options: AdapterOptions
 ) -> tuple[list[Optional[dict]], list[Optional[str]]]:
     """Header dict (or None) and reason (or None) per file; PNG/JPEG get a reason too
-    (unless ``options.extra["raster"]``: the ``images`` source)."""
-    results = read_headers([str(input_dir / f) for f in files], workers=options.workers,
-                           progress=bool(options.extra.get("progress", True)))
-    headers, reasons = [], []
+    (unless ``options.extra["raster"]``: the ``images`` source).
+
+    A file whose path leaves the export (a symbolic link out, unless ``follow_links``) or whose
+    name is not valid UTF-8 is never opened: it gets the reason from
+    :mod:`fedcxr.site_adapters.paths` instead.
+    """
+    box = Container(input_dir, follow_links=bool(options.extra.get("follow_links", False)))
+    reasons: list[Optional[str]] = [box.contain(f)[2] for f in files]
+    to_read = [i for i, r in enumerate(reasons) if r is None]
+    results = read_headers([str(input_dir / files[i]) for i in to_read], workers=options.workers,
+                           progress=bool(options.extra.get("progress", True)),
+                           max_pixels=int(options.extra.get("max_pixels", MAX_PIXELS)))
+    headers: list[Optional[dict]] = [None] * len(files)
     raster = bool(options.extra.get("raster"))
-    for header, reason in results:
+    for i, (header, reason) in zip(to_read, results):
         if reason is None and header["kind"] != KIND_DICOM and not raster:
             reason = f"not a DICOM file (a {header['kind'].upper()} image in a DICOM export)"
-        headers.append(header if reason is None else None)
-        reasons.append(reason)
+        headers[i] = header if reason is None else None
+        reasons[i] = reason
     return headers, reasons
 
 
@@ -454,6 +471,7 @@ def read_dicom_folder(input_dir: Path, options: AdapterOptions) -> SourceTable:
         "group__folder": pd.Series([f.split("/", 1)[0] if "/" in f else None for f in kept_files], dtype=object),
         "source_file": paths,
         "source_row": pd.Series([i + 1 for i in keep], dtype="int64"),
+        "instance_uid": tags["SOPInstanceUID"],
     })
     bad = np.array([p is not None for p in problems], dtype=bool)
     set_aside += [SetAside(f, int(r), p, f) for f, r, p in

@@ -35,6 +35,12 @@ Decoding rules (DESIGN §3):
 * **Colour** (RGB/RGBA/palette PNG or JPEG, RGB/YBR DICOM) → grey with ITU-R 601 luma
   (``0.299 R + 0.587 G + 0.114 B``, Pillow's ``L``); alpha is dropped.
 
+Memory is bounded before any decode: a header that declares more than ``max_pixels`` values
+(default :data:`MAX_PIXELS`, 100 million: a 10k × 10k radiograph; DICOM counts Rows × Columns ×
+frames × samples per pixel) raises :class:`ImageTooLarge`, at ingest (the row is set aside)
+and before every decode in training, so a 6 KB file declaring 60000 × 60000 pixels never gets
+its 7 GB allocated. Pillow's own decompression-bomb guard is set to the same limit.
+
 Header checks are cheap and never decode: PNG by parsing the IHDR chunk and looking for the
 IEND chunk at the end of the file (a cut-off download has none), JPEG by Pillow's lazy open
 plus the end-of-image marker, DICOM by ``stop_before_pixels`` plus a walk over the pixel data
@@ -78,23 +84,53 @@ _LONG_VRS = {b"OB", b"OW", b"OF", b"OD", b"OL", b"OV", b"UN", b"UT", b"SQ", b"UC
 _MAX_FRAGMENTS = 1_000_000
 _O_BINARY = getattr(os, "O_BINARY", 0)  # Windows: no newline translation
 _MAX_REASON = 240
+#: Default bound on the values one image may declare (``fedcxr ingest --max-pixels``).
+MAX_PIXELS = 100_000_000
 
 
 class ImageError(ValueError):
     """A file that cannot be used as an image; ``str(exc)`` is the short reason users see."""
 
 
+class ImageTooLarge(ImageError):
+    """The header declares more pixel values than allowed: never decoded."""
+
+
+def check_pixel_count(rows: int, cols: int, max_pixels: int, *, frames: int = 1, samples: int = 1) -> None:
+    """Raise :class:`ImageTooLarge` when ``rows × cols × frames × samples`` exceeds ``max_pixels``."""
+    count = int(rows) * int(cols) * max(1, int(frames)) * max(1, int(samples))
+    if count > int(max_pixels):
+        extra = (f", {frames} frames" if frames > 1 else "") + (f", {samples} samples per pixel" if samples > 1 else "")
+        raise ImageTooLarge(f"image too large: header declares {rows}x{cols}{extra} = {count:,} values, "
+                            f"more than --max-pixels {int(max_pixels):,}")
+
+
+@contextlib.contextmanager
+def pil_pixel_limit(max_pixels: int):
+    """Pillow's decompression-bomb limit set to ``max_pixels`` (its warning silenced) while open."""
+    from PIL import Image
+
+    previous = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = max(1, int(max_pixels))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = previous
+
+
 # --------------------------------------------------------------------------- headers
 
 
-def read_header(path: str | Path) -> dict[str, Any]:
+def read_header(path: str | Path, max_pixels: int = MAX_PIXELS) -> dict[str, Any]:
     """Cheap header of one image, without decoding pixels.
 
     Returns at least ``kind`` (``'dicom'|'png'|'jpeg'``), ``rows`` and ``cols`` (ints). DICOM
     adds ``frames``, ``samples_per_pixel``, ``bits_stored``, ``TransferSyntaxUID`` and every
     tag in :data:`DICOM_TAGS` (stripped ``str`` or ``None``). Raises :class:`ImageError`
-    with the reason when the file is missing, not an image, truncated, or needs a decoder
-    that is not installed.
+    with the reason when the file is missing, not an image, truncated, needs a decoder
+    that is not installed, or declares more than ``max_pixels`` values (:class:`ImageTooLarge`).
     """
     path = os.fspath(path)
     try:
@@ -109,7 +145,9 @@ def read_header(path: str | Path) -> dict[str, Any]:
         size = os.fstat(fd).st_size
         head = os.read(fd, 132)
         if head[:8] == _PNG_SIG:
-            return _png_header(fd, head, size)
+            header = _png_header(fd, head, size)
+            check_pixel_count(header["rows"], header["cols"], max_pixels)
+            return header
     except IsADirectoryError:
         raise ImageError("not a file (a directory)") from None
     finally:
@@ -117,8 +155,8 @@ def read_header(path: str | Path) -> dict[str, Any]:
     if size == 0:
         raise ImageError("empty file (0 bytes)")
     if head[:3] == _JPEG_SOI:
-        return _jpeg_header(path, size)
-    return _dicom_header(path, size, has_preamble=head[128:132] == b"DICM")
+        return _jpeg_header(path, size, max_pixels)
+    return _dicom_header(path, size, has_preamble=head[128:132] == b"DICM", max_pixels=max_pixels)
 
 
 def _png_header(fd: int, head: bytes, size: int) -> dict[str, Any]:
@@ -143,15 +181,18 @@ def _read_at(fd: int, offset: int, n: int) -> bytes:
     return os.read(fd, n)
 
 
-def _jpeg_header(path: str, size: int) -> dict[str, Any]:
+def _jpeg_header(path: str, size: int, max_pixels: int = MAX_PIXELS) -> dict[str, Any]:
     """Pillow's lazy open (markers up to the frame header) plus the end-of-image marker."""
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as im:
+        with pil_pixel_limit(max_pixels), Image.open(path) as im:
             width, height, mode = im.size[0], im.size[1], im.mode
+    except Image.DecompressionBombError as exc:
+        raise ImageTooLarge(f"image too large: {_short(exc)}") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise ImageError(f"corrupt JPEG header: {_short(exc)}") from None
+    check_pixel_count(height, width, max_pixels)
     with open(path, "rb") as fp:
         fp.seek(max(0, size - 2))
         if fp.read(2) != _JPEG_EOI:
@@ -163,13 +204,13 @@ def _jpeg_header(path: str, size: int) -> dict[str, Any]:
     return {"kind": KIND_JPEG, "rows": height, "cols": width, "mode": mode}
 
 
-def _dicom_header(path: str, size: int, *, has_preamble: bool) -> dict[str, Any]:
+def _dicom_header(path: str, size: int, *, has_preamble: bool, max_pixels: int = MAX_PIXELS) -> dict[str, Any]:
     """Tags up to the pixel data, the pixel data's length against the file, decoder check."""
     with quiet_pydicom():
-        return _dicom_header_inner(path, size, has_preamble)
+        return _dicom_header_inner(path, size, has_preamble, max_pixels)
 
 
-def _dicom_header_inner(path: str, size: int, has_preamble: bool) -> dict[str, Any]:
+def _dicom_header_inner(path: str, size: int, has_preamble: bool, max_pixels: int = MAX_PIXELS) -> dict[str, Any]:
     import pydicom
 
     not_image = "not a DICOM/PNG/JPEG file"
@@ -187,6 +228,9 @@ def _dicom_header_inner(path: str, size: int, has_preamble: bool) -> dict[str, A
     rows, cols = _int_tag(ds, "Rows"), _int_tag(ds, "Columns")
     if not rows or not cols:
         raise ImageError("DICOM has no image: Rows/Columns missing (a non-image object or a cut-off header)")
+    check_pixel_count(rows, cols, max_pixels, frames=_int_tag(ds, "NumberOfFrames") or 1,
+                      samples=_int_tag(ds, "SamplesPerPixel") or 1)  # before anything sized by them
+    check_modality_tags(ds)
     header: dict[str, Any] = {
         "kind": KIND_DICOM, "rows": rows, "cols": cols,
         "frames": _int_tag(ds, "NumberOfFrames") or 1,
@@ -201,6 +245,39 @@ def _dicom_header_inner(path: str, size: int, has_preamble: bool) -> dict[str, A
     if ts != _DEFLATED:  # offsets of a deflated file are in the inflated stream
         _check_pixel_data_length(path, size, pixel_pos, ds, header)
     return header
+
+
+def check_modality_tags(ds) -> None:
+    """Raise :class:`ImageError` when the Modality LUT cannot be applied as the file states it.
+
+    pydicom keeps an unparseable ``RescaleSlope`` (``'abcd'``) as text and the decoder would
+    then ignore or trip over it; a broken ``ModalityLUTSequence`` fails only at decode time,
+    in training. Both are found here, at the header check, with the tag named.
+    """
+    from pydicom.pixels import apply_modality_lut
+
+    values = {}
+    for keyword in ("RescaleSlope", "RescaleIntercept"):
+        if keyword not in ds:
+            continue
+        raw = ds[keyword].value
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
+            continue
+        try:
+            values[keyword] = float(raw)
+        except (TypeError, ValueError):
+            raise ImageError(f"unusable Modality LUT: {keyword} {str(raw)[:40]!r} is not a number") from None
+        if not np.isfinite(values[keyword]):
+            raise ImageError(f"unusable Modality LUT: {keyword} is {values[keyword]}")
+    if values.get("RescaleSlope") == 0.0:
+        raise ImageError("unusable Modality LUT: RescaleSlope is 0 (every pixel would get the same value)")
+    if "ModalityLUTSequence" in ds:
+        signed = (_int_tag(ds, "PixelRepresentation") or 0) == 1
+        probe = np.zeros((1, 1), dtype=np.int16 if signed else np.uint16)
+        try:
+            apply_modality_lut(probe, ds)
+        except Exception as exc:  # pydicom raises many types on a malformed sequence
+            raise ImageError(f"unusable Modality LUT Sequence: {_short(exc)}") from None
 
 
 @contextlib.contextmanager
@@ -343,27 +420,51 @@ def _str_tag(ds, keyword: str) -> Optional[str]:
 # --------------------------------------------------------------------------- decoding
 
 
-def read_image(path: str | Path) -> np.ndarray:
+def read_image(path: str | Path, max_pixels: int = MAX_PIXELS) -> np.ndarray:
     """Decode one image: float32 ``(rows, cols)`` in [0, 1], grey, pydicom/PIL orientation.
 
     See the module doc for the rules (first frame, Modality LUT, min/max scaling, MONOCHROME1
-    inversion, colour → luma). Raises :class:`ImageError` for files that are not images, and
-    the decoder's own exception when the pixel data is corrupt.
+    inversion, colour → luma). Raises :class:`ImageError` for files that are not images,
+    :class:`ImageTooLarge` (before decoding) for a header over ``max_pixels``, and the
+    decoder's own exception when the pixel data is corrupt.
     """
-    return _read_unit(os.fspath(path), draft=None)
+    path = os.fspath(path)
+    ensure_pixel_budget(path, max_pixels)
+    return _bounded_unit(path, None, max_pixels)
 
 
-def read_image_resized(path: str | Path, size: int) -> np.ndarray:
+def ensure_pixel_budget(path: str, max_pixels: int) -> None:
+    """Raise :class:`ImageTooLarge` when the header declares too many values; nothing else.
+
+    Other header problems are left to the decoder, which reports them in its own words.
+    """
+    try:
+        read_header(path, max_pixels)
+    except ImageTooLarge:
+        raise
+    except Exception:  # noqa: BLE001 — the decode that follows names the problem
+        pass
+
+
+def _bounded_unit(path: str, draft: Optional[int], max_pixels: int) -> np.ndarray:
+    with pil_pixel_limit(max_pixels):
+        return _read_unit(path, draft=draft)
+
+
+def read_image_resized(path: str | Path, size: int, max_pixels: int = MAX_PIXELS) -> np.ndarray:
     """:func:`read_image` resized to ``(size, size)`` and quantised to uint8 (0–255).
 
     The aspect ratio is not kept (the whole image is squeezed into the square, as MONAI's
     ``Resize`` does); antialiased bilinear resampling (Pillow). JPEGs are decoded at the
     smallest DCT scale that is still ≥ ``size`` (Pillow ``draft``), which is much faster for
-    large JPEGs and indistinguishable after the resize. Training caches these arrays.
+    large JPEGs and indistinguishable after the resize. Training caches these arrays. The
+    header is checked against ``max_pixels`` first (:class:`ImageTooLarge`, nothing decoded).
     """
     from PIL import Image
 
-    unit = _read_unit(os.fspath(path), draft=int(size))
+    path = os.fspath(path)
+    ensure_pixel_budget(path, max_pixels)
+    unit = _bounded_unit(path, int(size), max_pixels)
     image = Image.fromarray(unit, mode="F") if unit.shape != (size, size) else None
     if image is not None:
         unit = np.asarray(image.resize((size, size), Image.Resampling.BILINEAR, reducing_gap=3.0))
@@ -565,26 +666,32 @@ def _decode_pil(path: str, draft: Optional[int]) -> np.ndarray:
 # --------------------------------------------------------------------------- checks
 
 
-def check_image(path: str | Path, decode: bool = False) -> Optional[str]:
+def check_image(path: str | Path, decode: bool = False, max_pixels: int = MAX_PIXELS) -> Optional[str]:
     """``None`` when the image is usable, else a short reason (never raises for bad files).
 
     ``decode=False`` checks the header only (see :func:`read_header`); ``decode=True`` also
     decodes the pixels and compares the decoded shape with the header's rows × cols.
     """
-    return header_or_reason(path, decode=decode)[1]
+    return header_or_reason(path, decode=decode, max_pixels=max_pixels)[1]
 
 
-def header_or_reason(path: str | Path, decode: bool = False) -> tuple[Optional[dict], Optional[str]]:
-    """``(header, None)`` for a usable image, ``(header or None, reason)`` otherwise."""
+def header_or_reason(
+    path: str | Path, decode: bool = False, max_pixels: int = MAX_PIXELS
+) -> tuple[Optional[dict], Optional[str]]:
+    """``(header, None)`` for a usable image, ``(header or None, reason)`` otherwise.
+
+    With ``decode``, an image whose pixels all have one value (a blank export, a failed
+    anonymiser burn-out) is unusable too: it carries no information and would train as noise.
+    """
     try:
-        header = read_header(path)
+        header = read_header(path, max_pixels)
     except ImageError as exc:
         return None, str(exc)
     except Exception as exc:  # a bug or an exotic file: report it, never crash the ingest
         return None, f"unreadable file: {_short(exc)}"
     if decode:
         try:
-            unit = read_image(path)
+            unit = _bounded_unit(os.fspath(path), None, max_pixels)
         except ImageError as exc:
             return header, str(exc)
         except Exception as exc:
@@ -594,22 +701,26 @@ def header_or_reason(path: str | Path, decode: bool = False) -> tuple[Optional[d
                 f"pixel decode failed: decoded {unit.shape[0]}x{unit.shape[1]}, "
                 f"header says {header['rows']}x{header['cols']}"
             )
+        if unit.size and float(unit.max()) == float(unit.min()):
+            return header, "constant image: every pixel has the same value"
     return header, None
 
 
-def check_images_batch(paths: list[str], decode: bool = False) -> list[Optional[str]]:
+def check_images_batch(paths: list[str], decode: bool = False, max_pixels: int = MAX_PIXELS) -> list[Optional[str]]:
     """:func:`check_image` over a chunk of paths (module-level, so process pools can pickle it)."""
-    return [check_image(p, decode) for p in paths]
+    return [check_image(p, decode, max_pixels) for p in paths]
 
 
-def headers_batch(paths: list[str], decode: bool = False) -> list[tuple[Optional[dict], Optional[str]]]:
+def headers_batch(
+    paths: list[str], decode: bool = False, max_pixels: int = MAX_PIXELS
+) -> list[tuple[Optional[dict], Optional[str]]]:
     """:func:`header_or_reason` over a chunk of paths (picklable for process pools)."""
-    return [header_or_reason(p, decode) for p in paths]
+    return [header_or_reason(p, decode, max_pixels) for p in paths]
 
 
 def read_headers(
     paths: Sequence[str], *, workers: int = 1, decode: bool = False, progress: bool = False,
-    chunk: int = 256,
+    chunk: int = 256, max_pixels: int = MAX_PIXELS,
 ) -> list[tuple[Optional[dict], Optional[str]]]:
     """:func:`header_or_reason` for every path, in ``workers`` processes; results in input order."""
     from tqdm import tqdm
@@ -622,12 +733,12 @@ def read_headers(
     try:
         if workers > 1 and len(chunks) > 1:
             with ProcessPoolExecutor(max_workers=min(workers, len(chunks))) as pool:
-                for part in pool.map(headers_batch, chunks, [decode] * len(chunks)):
+                for part in pool.map(headers_batch, chunks, [decode] * len(chunks), [max_pixels] * len(chunks)):
                     out.extend(part)
                     bar.update(len(part))
         else:
             for c in chunks:
-                out.extend(headers_batch(c, decode))
+                out.extend(headers_batch(c, decode, max_pixels))
                 bar.update(len(c))
     finally:
         bar.close()
@@ -642,7 +753,8 @@ def _short(exc: BaseException) -> str:
 
 
 __all__ = [
-    "DICOM_TAGS", "ImageError", "KIND_DICOM", "KIND_JPEG", "KIND_PNG", "check_image",
+    "DICOM_TAGS", "ImageError", "ImageTooLarge", "KIND_DICOM", "KIND_JPEG", "KIND_PNG", "MAX_PIXELS", "check_image",
+    "check_modality_tags", "check_pixel_count", "ensure_pixel_budget", "pil_pixel_limit",
     "check_images_batch", "header_or_reason", "headers_batch", "read_header", "read_headers",
     "read_image", "read_image_resized", "scale_unit", "sniff_kind", "to_uint8", "transfer_syntax",
     "apply_voi", "check_display_tags", "presentation_inverse",

@@ -1,8 +1,15 @@
 """``fedcxr ingest``: one export → per-site manifests, with every set-aside row accounted for.
 
-Flow: adapter (vendor format → canonical rows) → duplicate check → image check (exists +
+Flow: adapter (vendor format → canonical rows) → image paths kept inside the export root
+(:mod:`fedcxr.site_adapters.paths`) → keyed pseudonyms for patient and study ids
+(:mod:`fedcxr.site_adapters.sitekey`) → duplicate check (same path, same file, same DICOM
+instance) → image check (exists +
 header; full decode with ``verify_pixels``) → uncertain-label policy → partition into sites →
 patient-disjoint splits → one manifest per site → ``ingest_report.json``.
+
+The adapters return the export's own patient/study ids; they are replaced by HMAC pseudonyms
+under the site's secret key before anything else looks at them, so no later step (partitions,
+splits, reports, manifests) ever sees or writes a raw id.
 
 Invariant checked before anything is written: rows kept + rows set aside == rows read.
 
@@ -15,6 +22,7 @@ with no labeled class is still set aside: there the missing labels are a problem
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -29,13 +37,18 @@ import pandas as pd
 from tqdm import tqdm
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, ensure_columns
+from fedcxr.site_adapters.images import MAX_PIXELS
 from fedcxr.site_adapters.manifest import (
     apply_uncertain_policy,
     assign_splits,
+    atomic_write_bytes,
     atomic_write_json,
     write_site,
 )
+from fedcxr.site_adapters.paths import contain_all, printable
 from fedcxr.site_adapters.partition import partition
+from fedcxr.site_adapters.sitekey import ENV_VAR as KEY_ENV
+from fedcxr.site_adapters.sitekey import SiteKey, load_site_key
 from fedcxr.vocab import label_column
 
 log = logging.getLogger(__name__)
@@ -77,19 +90,43 @@ def run_ingest(
     val_fraction: float = 0.1,
     test_fraction: float = 0.2,
     progress: bool = True,
+    site_key: Optional[Path | str | SiteKey] = None,
+    follow_links: bool = False,
+    max_pixels: int = MAX_PIXELS,
 ) -> dict:
-    """Ingest one export; return the ``ingest_report.json`` payload (also written to OUT)."""
+    """Ingest one export; return the ``ingest_report.json`` payload (also written to OUT).
+
+    ``site_key``: the secret key file for pseudonyms (see :func:`fedcxr.site_adapters.sitekey.load_site_key`;
+    unset: ``$FEDCXR_SITE_KEY``, else ``OUT/.fedcxr_site_key``, created on first use).
+    ``follow_links``: accept image paths whose symbolic links lead out of the export root
+    (:mod:`fedcxr.site_adapters.paths`; by default such rows are set aside).
+    ``max_pixels``: an image whose header declares more values is set aside before any decode
+    (:func:`fedcxr.site_adapters.images.check_pixel_count`); training decodes under the same bound.
+    """
     started = time.perf_counter()
     input_dir, out_dir = Path(input_dir), Path(out_dir)
     if not input_dir.exists():
         raise IngestError(f"--input {input_dir}: no such directory")
+    if int(max_pixels) < 1:
+        raise IngestError(f"--max-pixels must be a positive number of pixels, got {max_pixels}")
     adapter = get_adapter(source)
+    # A key given by the user is checked before the (possibly long) adapter run; the default key
+    # in OUT is created only after the adapter succeeded, so a failed ingest leaves OUT alone.
+    if isinstance(site_key, SiteKey):  # a key object (synthetic exports: a fixed, public key)
+        key: Optional[SiteKey] = site_key
+    elif site_key is not None or os.environ.get(KEY_ENV):
+        key = load_site_key(site_key, out_dir)
+    else:
+        key = None
     options = AdapterOptions(
         uncertain=uncertain,
         mapping=Path(mapping) if mapping else None,
         labels_csv=Path(labels_csv) if labels_csv else None,
         workers=max(1, int(workers)),
-        extra={"out_dir": out_dir},  # adapters that must write files (medmnist PNGs) write under OUT
+        # adapters that must write files (medmnist PNGs) write under OUT; adapters that read
+        # images themselves (dicom, midrc) keep them inside the export unless follow_links
+        extra={"out_dir": out_dir, "follow_links": follow_links, "progress": progress,
+               "max_pixels": int(max_pixels)},
     )
     table: SourceTable = adapter(input_dir, options)
     frame = ensure_columns(table.frame, table.classes)
@@ -98,12 +135,17 @@ def run_ingest(
         raise IngestError(
             f"adapter {source!r} bug: {len(frame)} rows + {len(set_aside)} set aside != {table.rows_read} read"
         )
+    key = key or load_site_key(None, out_dir)
+    frame, outside = contain_paths(frame, table.root, follow_links=follow_links)
+    set_aside += outside
+    frame = pseudonymise(frame, key)
 
     frame, dupes = drop_duplicate_images(frame)
     set_aside += dupes
+    frame = frame.drop(columns=[c for c in ("real_path", "instance_uid") if c in frame])
     frame, bad_images = check_images(
         frame, table.root, decode=verify_pixels, skip_headers=table.headers_checked,
-        workers=options.workers, progress=progress,
+        workers=options.workers, progress=progress, max_pixels=int(max_pixels),
     )
     set_aside += bad_images
 
@@ -132,7 +174,8 @@ def run_ingest(
         raise IngestError(f"internal error: {kept} kept + {len(set_aside)} set aside != {table.rows_read} read")
 
     run_options = {
-        "site_by": site_by, "uncertain": uncertain, "verify_pixels": verify_pixels,
+        "site_by": site_by, "uncertain": uncertain, "verify_pixels": verify_pixels, "follow_links": follow_links,
+        "max_pixels": int(max_pixels),
         "mapping": str(mapping) if mapping else None, "val_fraction": val_fraction,
         "test_fraction": test_fraction,
     }
@@ -143,7 +186,7 @@ def run_ingest(
             out_dir, site, rows,
             classes=[c for c in parts.class_sets.get(site, table.classes) if c in table.classes],
             source=source, adapter_version=table.adapter_version, export_root=table.root,
-            set_aside=site_rows_aside, options=run_options, unlabeled=unlabeled,
+            set_aside=site_rows_aside, options=run_options, unlabeled=unlabeled, key_id=key.key_id,
         )
         site_summaries[site] = {
             "rows": payload["rows"], "rows_per_split": payload["rows_per_split"],
@@ -161,14 +204,87 @@ def run_ingest(
         "rows_kept": kept,
         "rows_set_aside": len(set_aside),
         "set_aside_by_reason": dict(Counter(_reason_family(s.reason) for s in set_aside).most_common()),
-        "set_aside": [s.as_dict() for s in set_aside],
+        "set_aside": [_printable_row(s) for s in set_aside],
         "sites": site_summaries,
         "options": run_options,
-        "notes": table.notes,
+        "pseudonym_key_id": key.key_id,
+        "notes": [printable(n) for n in table.notes],
         "seconds": round(time.perf_counter() - started, 3),
     }
     atomic_write_json(out_dir / "ingest_report.json", report)
+    write_set_aside_csv(out_dir / "set_aside.csv", set_aside, key)
+    if kept == 0:
+        raise IngestError(nothing_kept_message(report, out_dir))
     return report
+
+
+def nothing_kept_message(report: dict, out_dir: Path) -> str:
+    """Why an ingest kept no row: the commonest reasons, and where the full list is."""
+    if report["rows_read"] == 0:
+        return f"--input {report['input']}: the export has no data rows; nothing to ingest"
+    reasons = "; ".join(f"{count} {reason}" for reason, count in list(report["set_aside_by_reason"].items())[:3])
+    return (f"no row kept: all {report['rows_read']} row(s) read were set aside ({reasons}); every row and "
+            f"its reason is in {out_dir / 'set_aside.csv'}")
+
+
+def _printable_row(row: SetAside) -> dict:
+    """A set-aside row for JSON, with undecodable bytes of file names made visible."""
+    return {k: printable(v) if isinstance(v, str) else v for k, v in row.as_dict().items()}
+
+
+def write_set_aside_csv(path: Path, rows: list[SetAside], key: SiteKey) -> None:
+    """``OUT/set_aside.csv``: one line per set-aside row: file, row, image_path, image_key, reason.
+
+    ``file``/``row`` point into the export's own metadata (the csv and its 1-based data row, or
+    the DICOM file), ``image_path`` is the path relative to the export root as the export named
+    it, ``image_key`` its keyed hash (the manifest's pseudonymous row name). No patient or study
+    id is written: reasons never quote one, and the file stays at the site with the manifests.
+    """
+    frame = pd.DataFrame(
+        [{"file": printable(str(s.file)), "row": s.row if s.row is not None else "",
+          "image_path": printable(s.image_path) if s.image_path else "",
+          "image_key": key.pseudonym("image", s.image_path) if s.image_path else "",
+          "reason": printable(s.reason)} for s in rows],
+        columns=["file", "row", "image_path", "image_key", "reason"],
+    )
+    atomic_write_bytes(path, frame.to_csv(index=False).encode("utf-8"))
+
+
+def contain_paths(frame: pd.DataFrame, root: Path, *, follow_links: bool = False) -> tuple[pd.DataFrame, list[SetAside]]:
+    """Normalise every ``image_path`` inside ``root``; set aside the ones that leave it.
+
+    See :mod:`fedcxr.site_adapters.paths`: absolute paths, ``..`` escapes, NUL bytes, non-UTF-8
+    names and (unless ``follow_links``) symbolic links out of the export are set aside with
+    the reason. Adds ``real_path`` (every link resolved), used to find the same file under
+    two names.
+    """
+    norms, reals, reasons = contain_all(root, frame["image_path"].astype(str).tolist(), follow_links=follow_links)
+    bad = np.array([r is not None for r in reasons], dtype=bool)
+    aside = [
+        SetAside(f, int(r), reasons[i], p)
+        for i, f, r, p in zip(np.flatnonzero(bad), frame.loc[bad, "source_file"], frame.loc[bad, "source_row"],
+                              frame.loc[bad, "image_path"])
+    ]
+    out = frame.copy()
+    out["image_path"] = [n if n is not None else p for n, p in zip(norms, out["image_path"])]
+    out["real_path"] = reals
+    return out.loc[~bad].copy(), aside
+
+
+def pseudonymise(frame: pd.DataFrame, key: SiteKey) -> pd.DataFrame:
+    """Replace ``patient_id``/``study_id`` by keyed pseudonyms and add ``image_key``.
+
+    The study pseudonym is keyed by patient and study together, so two patients whose exports
+    reuse a study number (csv sources number studies per patient) never share a study id.
+    ``image_key`` is the keyed hash of the image's relative path: a stable pseudonymous name
+    for the row (same key, same path → same value) that does not reveal the path.
+    """
+    out = frame.copy()
+    patient = out["patient_id"].astype(str)
+    out["study_id"] = key.pseudonyms("study", patient + "\x00" + out["study_id"].astype(str))
+    out["patient_id"] = key.pseudonyms("patient", patient)
+    out["image_key"] = key.pseudonyms("image", out["image_path"].astype(str))
+    return out
 
 
 def _reason_family(reason: str) -> str:
@@ -177,16 +293,53 @@ def _reason_family(reason: str) -> str:
 
 
 def drop_duplicate_images(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[SetAside]]:
-    """Keep the first row of each image; later rows pointing at the same file are set aside."""
+    """Keep the first row of each image; later rows showing the same image are set aside.
+
+    The same image is found three ways: the same relative path; the same file under another
+    name (``real_path`` when present: a symbolic link, or a hard link with the same device and
+    inode); and, for DICOM, the same SOPInstanceUID (``instance_uid`` when present: one
+    instance copied into two folders). A copy under another patient gets a reason saying so:
+    it could otherwise put one image in two splits. Reasons name rows and paths, never ids.
+    """
     dup = frame.duplicated(subset=["image_path"], keep="first")
-    if not dup.any():
-        return frame, []
-    first_row = frame.loc[~dup].set_index("image_path")["source_row"]
-    aside = [
-        SetAside(f, int(r), f"duplicate row: same image as row {int(first_row[p])}", p)
-        for f, r, p in zip(frame.loc[dup, "source_file"], frame.loc[dup, "source_row"], frame.loc[dup, "image_path"])
-    ]
-    return frame.loc[~dup].copy(), aside
+    aside: list[SetAside] = []
+    if dup.any():
+        first_row = frame.loc[~dup].set_index("image_path")["source_row"]
+        aside = [
+            SetAside(f, int(r), f"duplicate row: same image as row {int(first_row[p])}", p)
+            for f, r, p in zip(frame.loc[dup, "source_file"], frame.loc[dup, "source_row"],
+                               frame.loc[dup, "image_path"])
+        ]
+        frame = frame.loc[~dup]
+    for column, what in (("real_path", "same file as"), ("instance_uid", "same SOPInstanceUID as")):
+        if column not in frame:
+            continue
+        identity = _file_identity(frame[column]) if column == "real_path" else frame[column]
+        known = identity.notna() & (identity.astype(str) != "")
+        dup = known & identity.duplicated(keep="first")
+        if not dup.any():
+            continue
+        first = frame.loc[known & ~dup].assign(_id=identity[known & ~dup]).set_index("_id")
+        for f, r, p, pid, ident in zip(frame.loc[dup, "source_file"], frame.loc[dup, "source_row"],
+                                       frame.loc[dup, "image_path"], frame.loc[dup, "patient_id"], identity[dup]):
+            keeper = first.loc[ident]
+            other = " under another patient" if keeper["patient_id"] != pid else ""
+            aside.append(SetAside(f, int(r), f"duplicate image{other}: {what} row {int(keeper['source_row'])} "
+                                              f"({keeper['image_path']})", p))
+        frame = frame.loc[~dup]
+    return frame.copy(), aside
+
+
+def _file_identity(real_paths: pd.Series) -> pd.Series:
+    """``dev:inode`` of each existing file (hard links agree), else its real path."""
+    out = []
+    for real in real_paths.tolist():
+        try:
+            info = os.stat(real)
+            out.append(f"{info.st_dev}:{info.st_ino}")
+        except (OSError, TypeError, ValueError):
+            out.append(real)
+    return pd.Series(out, index=real_paths.index, dtype=object)
 
 
 def check_images(
@@ -197,6 +350,7 @@ def check_images(
     skip_headers: bool = False,
     workers: int = 1,
     progress: bool = True,
+    max_pixels: int = MAX_PIXELS,
 ) -> tuple[pd.DataFrame, list[SetAside]]:
     """Set aside rows whose image is missing, unreadable or (with ``decode``) undecodable."""
     from fedcxr.site_adapters.images import check_images_batch
@@ -206,7 +360,8 @@ def check_images(
     # Plain string joins: building 10^5 pathlib.Path objects cost ~1 s on NIH's 112,120 rows.
     prefix = os.path.join(str(root), "")
     paths = [prefix + p for p in frame["image_path"].tolist()]
-    reasons = _map_chunks(check_images_batch, paths, decode=decode, workers=workers, progress=progress)
+    check = functools.partial(check_images_batch, max_pixels=int(max_pixels))
+    reasons = _map_chunks(check, paths, decode=decode, workers=workers, progress=progress)
     bad = np.array([r is not None for r in reasons], dtype=bool)
     aside = [
         SetAside(f, int(r), reason, p)
@@ -241,4 +396,5 @@ def _map_chunks(func, items: Sequence[str], *, decode: bool, workers: int, progr
     return results
 
 
-__all__ = ["ADAPTERS", "run_ingest", "get_adapter", "check_images", "drop_duplicate_images"]
+__all__ = ["ADAPTERS", "run_ingest", "get_adapter", "check_images", "contain_paths", "drop_duplicate_images",
+           "pseudonymise"]

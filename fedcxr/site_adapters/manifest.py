@@ -5,6 +5,8 @@ Output of one ingest (DESIGN §2)::
     OUT/<site>/manifest.parquet   one row per image, canonical columns
     OUT/<site>/site.json          class mask, counts, aux availability, provenance, hash
     OUT/ingest_report.json        rows read / kept / set aside (file, row, reason) per site
+    OUT/set_aside.csv             the set-aside rows, one per line, with their reasons
+    OUT/.fedcxr_site_key          the site's secret pseudonym key (unless given elsewhere)
 
 Files are written to a temporary name and renamed, so a crash never leaves a half manifest,
 and re-running an ingest into the same OUT replaces the sites it writes.
@@ -147,16 +149,20 @@ def verify_patient_disjoint(frame: pd.DataFrame) -> None:
 
 
 MANIFEST_COLUMNS_HEAD = ["image_path", "patient_id", "study_id", "site", "split", "age"]
+#: Oldest ``manifest_version`` this fedcxr reads: version 1 manifests kept the export's own
+#: patient/study ids (csv, NIH, CheXpert, MIMIC) and a publicly salted hash (DICOM, MIDRC).
+OLDEST_READABLE_VERSION = 2
 
 
 def manifest_columns(frame: pd.DataFrame) -> list[str]:
     """Canonical column order: ids, labels, raw labels, aux codes, provenance."""
+    head = MANIFEST_COLUMNS_HEAD[:1] + (["image_key"] if "image_key" in frame else []) + MANIFEST_COLUMNS_HEAD[1:]
     labels = [label_column(c) for c in CLASSES]
     raws = [raw_column(c) for c in CLASSES if raw_column(c) in frame]
     aux = [aux_column(t) for t in AUX_TASKS]
     tail = [c for c in ("source_file", "source_row") if c in frame]
     groups = sorted(c for c in frame.columns if c.startswith("group__"))
-    return MANIFEST_COLUMNS_HEAD + labels + raws + aux + groups + tail
+    return head + labels + raws + aux + groups + tail
 
 
 def content_hash(frame: pd.DataFrame) -> str:
@@ -215,11 +221,14 @@ def write_site(
     set_aside: list[SetAside],
     options: dict,
     unlabeled: bool = False,
+    key_id: Optional[str] = None,
 ) -> dict:
     """Write ``OUT/<site>/manifest.parquet`` and ``site.json``; return the site.json payload.
 
     ``unlabeled``: the source labels no finding (``site.json`` ``"unlabeled": true``, empty
-    class set); such a site can be scored or be FACT's target, never a labeled source."""
+    class set); such a site can be scored or be FACT's target, never a labeled source.
+    ``key_id`` is the fingerprint of the site key the pseudonyms were made with (never the key).
+    """
     ordered = frame[manifest_columns(frame)].reset_index(drop=True)
     ordered["site"] = site
     site_dir = out_dir / site
@@ -243,6 +252,7 @@ def write_site(
         },
         "options": options,
         "unlabeled": bool(unlabeled),
+        "pseudonyms": {"method": "hmac-sha256", "key_id": key_id},
         "content_hash": content_hash(ordered),
     }
     atomic_write_json(site_dir / "site.json", payload)
@@ -273,8 +283,19 @@ def read_manifest(site_dir: Path | str, split: Optional[str] = None) -> pd.DataF
 
 
 def read_site_json(site_dir: Path | str) -> dict:
-    """Load a site's ``site.json``."""
+    """Load a site's ``site.json``; refuse one written before keyed pseudonyms (version < 2)."""
     path = Path(site_dir) / "site.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no site.json (run `fedcxr ingest` first)")
-    return json.loads(path.read_text())
+    meta = json.loads(path.read_text())
+    version = meta.get("manifest_version") if isinstance(meta, dict) else None
+    if not isinstance(version, int) or version < OLDEST_READABLE_VERSION:
+        raise IngestError(
+            f"{path}: manifest_version {version!r} was written by an older fedcxr whose manifests may hold "
+            f"the export's own patient ids; run `fedcxr ingest` again (version {MANIFEST_VERSION} keys "
+            "every id with the site's secret key)"
+        )
+    if version > MANIFEST_VERSION:
+        raise IngestError(f"{path}: manifest_version {version} is newer than this fedcxr reads "
+                          f"({MANIFEST_VERSION}); upgrade fedcxr")
+    return meta

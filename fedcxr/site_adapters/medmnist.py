@@ -39,6 +39,8 @@ from fedcxr.site_adapters.base import AdapterOptions, IngestError, SourceTable, 
 from fedcxr.vocab import canonical_class, raw_column
 
 ADAPTER_VERSION = "1"
+#: The classes this source labels: ``None`` — read from the export (the .npz's label set decides).
+SOURCE_CLASSES: None = None
 SOURCE = "medmnist"
 SPLITS = ("train", "val", "test")
 

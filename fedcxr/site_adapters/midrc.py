@@ -49,7 +49,8 @@ unsupported transfer syntax...), and every image of a case with an unknown
 Age is the study's ``age_at_imaging`` when given (the age at the X-ray), else the case's
 ``age_at_index``; ``*_gt89 = Yes`` → 90. Unmappable sex/race/age values become unknown (null,
 rows kept, counted in the notes). ``patient_id`` and ``study_id`` are salted hashes of the case
-submitter id and the study UID (:func:`fedcxr.site_adapters.dicom_folder.pseudonym`).
+submitter id and the study UID (:func:`fedcxr.site_adapters.dicom_folder.pseudonym`), which
+ingest keys with the site's secret before writing anything.
 ``--site-by`` columns: ``state``, ``site_id``, ``race``.
 """
 
@@ -66,13 +67,15 @@ import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable
 from fedcxr.site_adapters.dicom_folder import list_candidates, pseudonym, skipped_note
-from fedcxr.site_adapters.images import KIND_DICOM, read_headers
-from fedcxr.site_adapters.tables import failed_note, map_distinct, relative_name
+from fedcxr.site_adapters.images import KIND_DICOM, MAX_PIXELS, read_headers
+from fedcxr.site_adapters.paths import Container
+from fedcxr.site_adapters.tables import check_csv_header, failed_note, map_distinct, relative_name
 from fedcxr.site_adapters.zip3 import zip3_state
 from fedcxr.vocab import AUX_VOCAB, age_bin_code, aux_column, parse_age, race_code, raw_column, sex_code, view_code
 
 ADAPTER_VERSION = "1"
-CLASSES = ["covid19"]
+#: The classes this source labels (every adapter declares them; ``None``: read from the export).
+SOURCE_CLASSES: tuple[str, ...] = ("covid19",)
 NODES = ("cr_series_file", "dx_series_file", "imaging_study", "measurement", "case")
 SERIES_NODES = ("cr_series_file", "dx_series_file")
 
@@ -124,6 +127,7 @@ def _tsv_files(input_dir: Path) -> list[Path]:
 
 
 def _read_tsv(path: Path, name: str) -> pd.DataFrame:
+    check_csv_header(path, name, sep="\t")
     try:
         frame = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False, index_col=False)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as exc:
@@ -367,9 +371,14 @@ def read_midrc(input_dir: Path, options: AdapterOptions) -> SourceTable:
     if not images:
         raise IngestError(f"--input {input_dir}: no images (no series-file rows and no DICOM files)")
 
+    box = Container(input_dir, follow_links=bool(options.extra.get("follow_links", False)))
+    for image in images:  # a file_name leaving the export is never opened
+        if image.problem is None and image.path:
+            image.problem = box.contain(image.path)[2]
     to_read = [i for i, im in enumerate(images) if im.problem is None]
     results = read_headers([str(input_dir / images[i].path) for i in to_read], workers=options.workers,
-                           progress=bool(options.extra.get("progress", True)))
+                           progress=bool(options.extra.get("progress", True)),
+                           max_pixels=int(options.extra.get("max_pixels", MAX_PIXELS)))
     headers: list[dict] = [{} for _ in images]
     for i, (header, reason) in zip(to_read, results):
         if reason is None and header["kind"] != KIND_DICOM:
@@ -418,6 +427,7 @@ def _build(input_dir: Path, images: list[ImageRow], headers: list[dict], cases: 
             "group__race": AUX_VOCAB["race"][cases.race[case]] if cases.race[case] is not None else None,
             "source_file": image.source_file,
             "source_row": image.source_row,
+            "instance_uid": header.get("SOPInstanceUID"),
         })
     frame = pd.DataFrame.from_records(records, columns=_COLUMNS)
     frame[aux_column("view")] = pd.array([view_code(v) for v in view_values], dtype="Int64")
@@ -431,13 +441,13 @@ def _build(input_dir: Path, images: list[ImageRow], headers: list[dict], cases: 
         notes.append(f"{unknown_state} image(s) with no state (zip 000, blank or unassigned): "
                      "set aside under --site-by state")
     return SourceTable(
-        source="midrc", adapter_version=ADAPTER_VERSION, root=input_dir, frame=frame, classes=list(CLASSES),
+        source="midrc", adapter_version=ADAPTER_VERSION, root=input_dir, frame=frame, classes=list(SOURCE_CLASSES),
         set_aside=set_aside, rows_read=rows_read, headers_checked=True, notes=notes,
     )
 
 
 _COLUMNS = ["image_path", "patient_id", "study_id", raw_column("covid19"), aux_column("sex"),
             aux_column("race"), aux_column("age_bin"), "age", "group__state", "group__site_id", "group__race",
-            "source_file", "source_row"]
+            "source_file", "source_row", "instance_uid"]
 
-__all__ = ["ADAPTER_VERSION", "CLASSES", "find_tsvs", "read_cases", "read_midrc", "read_studies"]
+__all__ = ["ADAPTER_VERSION", "SOURCE_CLASSES", "find_tsvs", "read_cases", "read_midrc", "read_studies"]

@@ -47,7 +47,8 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SourceTable, require_columns
-from fedcxr.site_adapters.chexpert import CLASS_OF, CHEXPERT_CLASSES, LABEL_COLUMNS
+from fedcxr.site_adapters.chexpert import CLASS_OF, LABEL_COLUMNS
+from fedcxr.site_adapters.chexpert import SOURCE_CLASSES as SOURCE_CLASSES  # MIMIC-CXR-JPG uses CheXpert's labeler
 from fedcxr.site_adapters.tables import (
     code_names,
     failed_note,
@@ -131,7 +132,7 @@ def read_mimic(input_dir: Path, options: AdapterOptions) -> SourceTable:
     set_aside = rows_set_aside(name, rows[bad], [reasons[i] for i in np.flatnonzero(bad)], image_path[bad])
     return SourceTable(
         source="mimic", adapter_version=ADAPTER_VERSION, root=root,
-        frame=frame.loc[~bad].reset_index(drop=True), classes=list(CHEXPERT_CLASSES),
+        frame=frame.loc[~bad].reset_index(drop=True), classes=list(SOURCE_CLASSES),
         set_aside=set_aside, rows_read=n, notes=notes,
     )
 
@@ -203,13 +204,13 @@ def _study_labels(
     unlabeled = int((joined["_row"].isna() & images[KEYS].notna().all(axis=1)).sum())
     if unlabeled:
         notes.append(f"{unlabeled} image(s) whose study has no row in {name}: kept with no labels")
-    raw_cols = [raw_column(c) for c in CHEXPERT_CLASSES]
+    raw_cols = [raw_column(c) for c in SOURCE_CLASSES]
     return joined[raw_cols].reset_index(drop=True), joined["_reason"].reset_index(drop=True), notes
 
 
 def _resolve_duplicate_studies(labels: pd.DataFrame, name: str) -> pd.DataFrame:
     """One label row per study: identical repeats collapse; disagreeing repeats → a reason."""
-    raw_cols = [raw_column(c) for c in CHEXPERT_CLASSES]
+    raw_cols = [raw_column(c) for c in SOURCE_CLASSES]
     labels = labels.drop_duplicates(subset=KEYS + raw_cols, keep="first")
     dup = labels.duplicated(subset=KEYS, keep=False)
     if dup.any():

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SourceTable, require_columns
+from fedcxr.site_adapters.paths import is_utf8
 from fedcxr.site_adapters.tables import (
     failed_note,
     find_file,
@@ -47,15 +48,16 @@ from fedcxr.vocab import CLASSES, age_bin_code, aux_column, canonical_class, par
 
 ADAPTER_VERSION = "1"
 
-#: The 14 NIH findings + no_finding, in canonical order.
-NIH_CLASSES: list[str] = [
+#: The classes this source labels (every adapter declares them; ``None``: read from the export):
+#: the 14 NIH findings + no_finding, in canonical order.
+SOURCE_CLASSES: tuple[str, ...] = tuple(
     c for c in CLASSES
     if c in {
         "atelectasis", "cardiomegaly", "consolidation", "edema", "pleural_effusion", "pneumonia",
         "pneumothorax", "infiltration", "mass", "nodule", "emphysema", "fibrosis",
         "pleural_thickening", "hernia", "no_finding",
     }
-]
+)
 
 METADATA_FILES = [
     "Data_Entry_2017_v2020.csv.gz", "Data_Entry_2017_v2020.csv",
@@ -107,7 +109,7 @@ def read_nih(input_dir: Path, options: AdapterOptions) -> SourceTable:
         "image_path": image_path,
         "patient_id": patient,
         "study_id": _study_ids(df, patient, image),
-        **{raw_column(c): labels[:, j] for j, c in enumerate(NIH_CLASSES)},
+        **{raw_column(c): labels[:, j] for j, c in enumerate(SOURCE_CLASSES)},
         "official_split": official,
         "source_file": name,
         "source_row": rows,
@@ -118,7 +120,7 @@ def read_nih(input_dir: Path, options: AdapterOptions) -> SourceTable:
     set_aside = rows_set_aside(name, rows[bad], [reasons[i] for i in np.flatnonzero(bad)], image_path[bad])
     return SourceTable(
         source="nih", adapter_version=ADAPTER_VERSION, root=root,
-        frame=frame.loc[~bad].reset_index(drop=True), classes=list(NIH_CLASSES),
+        frame=frame.loc[~bad].reset_index(drop=True), classes=list(SOURCE_CLASSES),
         set_aside=set_aside, rows_read=n, notes=notes,
     )
 
@@ -129,9 +131,9 @@ def _parse_findings(values: pd.Series) -> tuple[np.ndarray, list]:
     Parsed once per distinct string (NIH has ~800) and broadcast by integer codes.
     """
     codes, uniques = pd.factorize(values, use_na_sentinel=True)
-    table = np.zeros((len(uniques) + 1, len(NIH_CLASSES)))
+    table = np.zeros((len(uniques) + 1, len(SOURCE_CLASSES)))
     errors: list = []
-    position = {c: j for j, c in enumerate(NIH_CLASSES)}
+    position = {c: j for j, c in enumerate(SOURCE_CLASSES)}
     for u, text in enumerate(list(uniques) + [None]):
         tokens = [t.strip() for t in str(text).split("|") if t.strip()] if text is not None else []
         error = None if tokens else f"missing value: empty {LABELS!r}"
@@ -172,7 +174,10 @@ def _official_splits(image: pd.Series, root: Path, input_dir: Path) -> tuple[pd.
 
 
 def _image_index(root: Path) -> dict[str, str]:
-    """Image file name → path relative to ``root``, from one listing per image folder."""
+    """Image file name → path relative to ``root``, from one listing per image folder.
+
+    File names that are not valid UTF-8 are left out: no csv row can name them.
+    """
     folders: list[tuple[str, Path]] = []
     with os.scandir(root) as it:
         subdirs = sorted(e.name for e in it if e.is_dir() and e.name.lower().startswith("images"))
@@ -185,7 +190,8 @@ def _image_index(root: Path) -> dict[str, str]:
     for prefix, folder in folders:
         with os.scandir(folder) as it:
             for entry in it:
-                if entry.name not in index and not entry.is_dir():
+                # a name that is not UTF-8 can match no csv row (and would break Arrow strings)
+                if entry.name not in index and is_utf8(entry.name) and not entry.is_dir():
                     index[entry.name] = prefix + entry.name
     return index
 

@@ -16,6 +16,8 @@ Conventions shared by the adapters:
 
 from __future__ import annotations
 
+import csv
+import gzip
 import os
 from collections import deque
 from pathlib import Path
@@ -91,6 +93,29 @@ def relative_name(path: Path, base: Path) -> str:
         return path.as_posix()
 
 
+def check_csv_header(path: Path, name: str, *, sep: str = ",", encoding: str = "utf-8") -> list[str]:
+    """The header row's column names; :class:`IngestError` for an empty file or repeated names.
+
+    pandas would silently rename a repeated column (``Edema`` → ``Edema.1``), so a second
+    label column with the same name would be read as something else; an empty file would
+    surface as a parser traceback. Both are the export's problem and are named here.
+    """
+    opener = gzip.open if path.suffix.lower() == ".gz" else open
+    try:
+        with opener(path, "rt", encoding=encoding, newline="") as handle:
+            first = next(csv.reader(handle, delimiter=sep), None)
+    except (OSError, UnicodeDecodeError, csv.Error, LookupError, EOFError) as exc:
+        raise IngestError(f"{name}: cannot read ({type(exc).__name__}: {exc})") from None
+    if first is None or not any(cell.strip() for cell in first):
+        raise IngestError(f"{name}: empty file: no header row")
+    names = [cell.strip().lstrip("\ufeff") for cell in first]
+    repeated = sorted({c for c in names if c and names.count(c) > 1})
+    if repeated:
+        raise IngestError(f"{name}: column name(s) {', '.join(repr(c) for c in repeated)} appear more than once "
+                          "in the header row; every column needs its own name")
+    return names
+
+
 def read_table(path: Path, *, base: Path, usecols=None, dtype=None) -> pd.DataFrame:
     """Read a CSV (optionally gzipped) or an Excel sheet; errors name the file.
 
@@ -104,6 +129,7 @@ def read_table(path: Path, *, base: Path, usecols=None, dtype=None) -> pd.DataFr
         if path.suffix.lower() in {".xlsx", ".xls"}:
             frame = pd.read_excel(path, dtype=dtype)
             return frame if usecols is None else frame[[c for c in frame.columns if usecols(c)]]
+        check_csv_header(path, name)
         return pd.read_csv(
             path, usecols=usecols, dtype=dtype, keep_default_na=False, na_values=[""],
             index_col=False, low_memory=False,

@@ -97,12 +97,17 @@ def ingest_synthetic(out: Path | str, manifests: Path | str, **kwargs) -> dict[s
     (a shared ``manifests/ingest_report.json`` would hold only the last hospital's).
     ``kwargs`` go to :func:`fedcxr.site_adapters.ingest.run_ingest` (``uncertain``,
     ``verify_pixels``, ``progress``...; ``progress`` defaults to False).
+
+    The pseudonym key defaults to one derived from the export's seed (:func:`synthetic_site_key`):
+    synthetic patients need no secret, and the same seed must give the same splits (and so the
+    same demo and test results) on every machine.
     """
     from fedcxr.site_adapters.ingest import run_ingest
 
     out, manifests = Path(out), Path(manifests)
     spec = read_synth_json(out)
     kwargs.setdefault("progress", False)
+    kwargs.setdefault("site_key", synthetic_site_key(int(spec.get("seed", 0))))
     sites: dict[str, Path] = {}
     for name, info in spec["hospitals"].items():
         options = dict(info["ingest_kwargs"])
@@ -115,8 +120,18 @@ def ingest_synthetic(out: Path | str, manifests: Path | str, **kwargs) -> dict[s
                             f"(see {manifests / 'ingest_report.json'})")
         site_dir = manifests / options["site_name"]
         (manifests / "ingest_report.json").replace(site_dir / "ingest_report.json")
+        (manifests / "set_aside.csv").replace(site_dir / "set_aside.csv")
         sites[name] = site_dir
     return sites
+
+
+def synthetic_site_key(seed: int):
+    """A fixed, public pseudonym key for synthetic exports (never use it for real data)."""
+    import hashlib
+
+    from fedcxr.site_adapters.sitekey import SiteKey
+
+    return SiteKey(hashlib.sha256(f"fedcxr-synthetic-export:{seed}".encode()).digest(), "synthetic")
 
 
 def cli_synth(args: argparse.Namespace) -> int:

@@ -31,3 +31,20 @@ def test_evaluate_chooses_operating_points_on_val_and_reports_them(tiny_manifest
     assert (run / "calibration_dicom_style.png").stat().st_size > 5_000
     val = pd.read_parquet(run / "predictions" / "val.parquet")
     assert set(val.columns) >= {"site", "row_key", "patient_key"} and "patient_id" not in val.columns
+
+
+def test_evaluate_cam_adds_an_opt_in_gallery(evaluated_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(evaluated_run, run)
+    assert "Grad-CAM" not in (run / "report.md").read_text() and not (run / "cam").exists()  # off by default
+    assert main(["evaluate", str(run), "--bootstrap", "0", "--cam", "1", "-q"]) == 0
+    report = (run / "report.md").read_text()
+    assert "## Grad-CAM gallery" in report and "derived from patient pixels" in report
+    test = pd.read_parquet(run / "predictions" / "test.parquet")
+    classes = json.loads((run / "run.json").read_text())["classes"]
+    for cls in classes:
+        top = test.loc[test[f"prob__{cls}"].idxmax(), "row_key"]
+        link = f"cam/dicom_style/{cls}/{top}.png"
+        assert link in report and (run / link).stat().st_size > 1000

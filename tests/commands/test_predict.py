@@ -25,12 +25,14 @@ def test_predict_on_a_new_dicom_and_png_folder(evaluated_run, scan_folder, tmp_p
     assert main(["predict", str(evaluated_run), "--input", str(scan_folder), "--out", str(out), "--device", "cpu",
                  "-q"]) == 0
     printed = capsys.readouterr().out
-    assert "scored 10 image(s) with the global model" in printed and "private-key-map.csv" in printed
+    # 8 real DICOMs (one a second copy of another's SOPInstanceUID: not scored twice) and 2 PNGs
+    assert "scored 9 image(s) with the global model" in printed and "private-key-map.csv" in printed
+    assert "1 file(s) not scored" in printed
     assert _snapshot(scan_folder) == before  # nothing written into the input
 
     preds = pd.read_csv(out, dtype={"key": str})
     classes = json.loads((evaluated_run / "run.json").read_text())["classes"]
-    assert len(preds) == 10 and preds["key"].is_unique
+    assert len(preds) == 9 and preds["key"].is_unique
     assert [c for c in preds.columns if c.startswith("prob__")] == [f"prob__{c}" for c in classes]
     probs = preds[[f"prob__{c}" for c in classes]].to_numpy()
     assert np.isfinite(probs).all() and ((probs > 0) & (probs < 1)).all()
@@ -42,8 +44,11 @@ def test_predict_on_a_new_dicom_and_png_folder(evaluated_run, scan_folder, tmp_p
     text = out.read_text()
     for path in scan_folder.rglob("*"):
         assert path.stem not in text  # no file name, no path in the shareable CSV
-    key_map = pd.read_csv(out.with_name("preds.private-key-map.csv"), dtype={"key": str})
-    assert set(key_map["key"]) == set(preds["key"]) and (key_map["status"] == "scored").all()
+    key_map = pd.read_csv(out.with_name("preds.private-key-map.csv"), dtype={"key": str}, keep_default_na=False)
+    scored = key_map.loc[key_map["status"] == "scored"]
+    assert set(scored["key"]) == set(preds["key"])
+    duplicate = key_map.loc[key_map["status"] != "scored"]
+    assert len(duplicate) == 1 and duplicate["status"].iloc[0].startswith("not scored: duplicate image")
     assert set(key_map["image_path"]) == {str(p.relative_to(scan_folder).as_posix())
                                           for p in scan_folder.rglob("*") if p.is_file()}
 
@@ -100,7 +105,7 @@ def test_unreadable_files_are_listed_not_dropped(evaluated_run, scan_folder, tmp
     (scan_folder / "broken.dcm").write_bytes(b"DICM" * 10)
     out = tmp_path / "p.csv"
     assert main(["predict", str(evaluated_run), "--input", str(scan_folder), "--out", str(out), "-q"]) == 0
-    assert len(pd.read_csv(out)) == 10
+    assert len(pd.read_csv(out)) == 9
     key_map = pd.read_csv(tmp_path / "p.private-key-map.csv", keep_default_na=False)
     broken = key_map.loc[key_map["image_path"] == "broken.dcm"]
     assert len(broken) == 1 and broken["status"].iloc[0].startswith("not scored: ") and broken["key"].iloc[0] == ""
@@ -112,4 +117,17 @@ def test_predict_uses_cuda_when_asked(evaluated_run, scan_folder, tmp_path):
     out = tmp_path / "p.csv"
     assert main(["predict", str(evaluated_run), "--input", str(scan_folder), "--out", str(out), "--device", "cuda",
                  "-q"]) == 0
-    assert len(pd.read_csv(out)) == 10
+    assert len(pd.read_csv(out)) == 9
+
+
+def test_predict_cam_writes_overlays_of_the_top_images(evaluated_run, scan_folder, tmp_path):
+    out = tmp_path / "p.csv"
+    assert main(["predict", str(evaluated_run), "--input", str(scan_folder), "--out", str(out), "--cam", "2",
+                 "-q"]) == 0
+    preds = pd.read_csv(out, dtype={"key": str})
+    classes = [c.removeprefix("prob__") for c in preds.columns if c.startswith("prob__")]
+    cam = tmp_path / "p.cam"
+    for cls in classes:
+        top = set(preds.nlargest(2, f"prob__{cls}")["key"])
+        assert {p.stem for p in (cam / cls).glob("*.png")} == top
+    assert not any(p.stem in str(f) for f in cam.rglob("*") for p in scan_folder.rglob("*.dcm"))

@@ -5,9 +5,11 @@ experiments share them):
 
 * job 1 runs E2 (FL_Surgical), E3 (FedAvg_Finetune_GP), E1 (FedAvg over four sites: at round 1
   one sends NaN, one Inf, one a wrong-shape head; at round 2 that last site's training
-  process stops) and E4 (FedAvg + FedBN), and is SIGKILLed — server and clients — right after
+  process stops; the Inf site fails its cross-site evaluation) and E4 (FedAvg + FedBN), and is SIGKILLed — server and clients — right after
   E4's first checkpoint;
 * job 2 resubmits the same experiments: E1–E3 are finished (nothing to redo), E4 continues.
+
+Every experiment ends with the cross-site evaluation (10 bootstrap resamples).
 
 A test client script wraps fedcxr's own: it injects the faults above into E1 only and
 records every payload a site sends, for the privacy checks.
@@ -34,7 +36,7 @@ from fedcxr.cli import main  # noqa: E402
 from fedcxr.pipeline.config import config_fingerprint, load_config  # noqa: E402
 from fedcxr.pipeline.federation import run_experiment  # noqa: E402
 from fedcxr.flare.run import poc_many, simulate_many  # noqa: E402
-from fedcxr.flare.wire import REPLY_KEYS  # noqa: E402
+from fedcxr.flare.wire import REPLY_KEYS, check_summary  # noqa: E402
 from fedcxr.vocab import CLASSES  # noqa: E402
 
 from ..conftest import tiny_config  # noqa: E402
@@ -67,7 +69,10 @@ def recording_send(model, *args, **kwargs):
 
 
 def faulty_handle(self, task, params, config, settings, run):
-    fault = FAULTS.get(run, {}).get(self.name, {}).get(str(config.get("round"))) if task == "train" else None
+    key = str(config.get("round")) if task == "train" else task
+    fault = FAULTS.get(run, {}).get(self.name, {}).get(key) if task in ("train", "validate") else None
+    if fault == "error":
+        raise RuntimeError("test fault")
     if fault == "exit":
         raise SystemExit(0)  # the site's training process stops
     reply = _handle(self, task, params, config, settings, run)
@@ -126,10 +131,10 @@ def flare_runs(tiny_manifests, tmp_path_factory):
     script.write_text(TEST_CLIENT)
     record = root / "payloads"
     record.mkdir()
-    faults = {config_fingerprint(exps["E1"]): {"chexpert_style": {"1": "nan"}, "midrc_style": {"1": "inf"},
+    faults = {config_fingerprint(exps["E1"]): {"chexpert_style": {"1": "nan"}, "midrc_style": {"1": "inf", "validate": "error"},
                                                "dicom_style": {"1": "shape", "2": "exit"}}}
     env = {"FEDCXR_TEST_FAULTS": json.dumps(faults), "FEDCXR_TEST_RECORD": str(record)}
-    common = dict(client_script=script, progress=False, env=env, timeout=600)
+    common = dict(client_script=script, progress=False, env=env, timeout=600, evaluation={"n_boot": 10})
 
     # E1 after E2/E3: its dicom site stops for good; E4 does not need it
     runs = [(exps[n], dirs[n]) for n in ("E2", "E3", "E1", "E4")]
@@ -155,7 +160,8 @@ def flare_runs(tiny_manifests, tmp_path_factory):
     start = time.time()
     payloads = simulate_many(runs, resume=True, **common)
     resumed_seconds = time.time() - start
-    return SimpleNamespace(exps=exps, dirs=dirs, refs=refs, record=record, killed=killed, root=root,
+    reports = {n: json.loads((dirs[n] / "report.json").read_text()) for n in dirs}  # before `fedcxr evaluate`
+    return SimpleNamespace(exps=exps, dirs=dirs, refs=refs, record=record, killed=killed, root=root, reports=reports,
                            payloads=dict(zip(("E2", "E3", "E1", "E4"), payloads)),
                            resumed_seconds=resumed_seconds, manifests=tiny_manifests)
 
@@ -190,6 +196,69 @@ def test_killed_server_resumes_to_the_uninterrupted_weights(flare_runs):
     assert rounds == [0, 1]
     logs = flare_runs.dirs["E2"] / "flare" / "logs"
     assert (logs / "attempt-1").is_dir() and (logs / "attempt-2").is_dir(), "the killed attempt's logs are kept"
+
+
+def test_every_site_reports_the_final_model_on_its_own_test_split(flare_runs):
+    for name in ("E2", "E3", "E4"):
+        report = flare_runs.reports[name]
+        run = json.loads((flare_runs.dirs[name] / "run.json").read_text())
+        assert report["source"] == "site summaries" and report["ci"]["n_boot"] == 10
+        assert list(report["sites"]) == run["eval_sites"] and not report["sites_without_predictions"]
+        for site, entry in report["sites"].items():
+            assert entry["n_rows"] > 0 and [r["class"] for r in entry["per_class"]] == report["classes"]
+            assert set(entry["subgroups"]) == {"sex", "age_bin", "race"}
+        assert (flare_runs.dirs[name] / "cross_site_val" / "cross_val_results.json").is_file()
+    models = flare_runs.reports["E4"]["cross_site"]["models"]  # FedBN: own statistics and the global model
+    assert set(models) == {"SRV_server", *ALL[:3]} and set(models["SRV_server"]) == set(ALL[:3])
+
+
+def test_a_site_failing_its_evaluation_is_named_and_the_others_are_reported(flare_runs):
+    report = flare_runs.reports["E1"]
+    assert list(report["sites"]) == ["nih_style", "chexpert_style", "dicom_style"]
+    failed = {item["site"]: item["reason"] for item in report["sites_without_predictions"]}
+    assert list(failed) == ["midrc_style"] and failed["midrc_style"].startswith("evaluation failed")
+    assert "RuntimeError" in failed["midrc_style"] and "test fault" not in failed["midrc_style"]
+    assert "Site midrc_style: not evaluated" in (flare_runs.dirs["E1"] / "report.md").read_text()
+    assert json.loads((flare_runs.dirs["E1"] / "flare_status.json").read_text())["cross_site"].startswith(
+        "3 sites reported, 1 not")
+
+
+def test_fedcxr_report_builds_the_papers_table_from_flare_runs(flare_runs, tmp_path):
+    names = ("E2", "E3")  # cross-site reports only: no predictions left the sites
+    dirs = [str(flare_runs.dirs[n]) for n in names]
+    assert main(["report", *dirs, "--out", str(tmp_path / "cmp")]) == 0
+    result = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
+    labels = {(c["target"], c["site"]): c["label"] for c in result["columns"]}
+    rows = {row["method"]: row["cells"] for row in result["table"]}
+    assert len(rows) == 2
+    for name in names:
+        report = flare_runs.reports[name]
+        for site, entry in report["sites"].items():
+            cell = rows[report["method"]][labels[report["target"], site]]
+            assert cell["auroc_mean"] == pytest.approx(entry["mean_auroc"])
+
+
+def test_the_sites_stream_their_scalars_to_the_server_through_flare_experiment_tracking(flare_runs):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def tags(folder: Path) -> set:
+        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+        acc.Reload()
+        return set(acc.Tags()["scalars"])
+
+    streamed = flare_runs.dirs["E2"] / "flare" / "tensorboard"  # one FLARE job: its first run's flare/ folder
+    assert {p.name for p in streamed.iterdir()} == set(ALL)
+    for site in ALL:
+        assert "train/loss" in tags(streamed / site), site
+    server = tags(flare_runs.dirs["E1"] / "tensorboard")  # the server's own per-round scalars, as in-process
+    assert {f"train/{s}/loss" for s in ("nih_style",)} <= server and "round/seconds" in server
+    assert all(re.fullmatch(r"[A-Za-z0-9_/ ()+.-]+", t) for t in server | tags(streamed / "nih_style"))
+
+
+def test_flares_persistor_holds_the_last_experiments_global_model(flare_runs):
+    saved = torch.load(flare_runs.dirs["E2"] / "flare" / "FL_global_model.pt", weights_only=True)["model"]
+    assert _max_diff(saved, _final(flare_runs.dirs["E4"])["global"]) == 0.0
 
 
 def test_fedcxr_evaluate_works_on_a_flare_run_directory(flare_runs):
@@ -247,12 +316,21 @@ def test_only_parameters_counts_class_names_and_metrics_leave_a_site(flare_runs)
     words = set(CLASSES) | set(REPLY_KEYS) | {"reply", "loss", "main_loss", "aux_loss", "n_train", "n_val", "n_test",
                                               "n_labeled_train", "labeled_per_class", "split", "val", "n", "auroc",
                                               "mean_auroc", "idd_train", "idd_after", "fedcxr", "error", "betas",
-                                                  "manifest_hash"}
+                                                  "manifest_hash", "model_owner", "SRV_server", "test",
+                                              "RuntimeError",
+                                              "summary", *ALL}
+    summaries = 0
     for entry in entries:
+        metrics = entry["meta"]["fedcxr"].get("metrics") or {}
+        if "model_owner" in metrics:  # a cross-site evaluation reply: a summary, scanned, and no tensors
+            assert entry["param_keys"] == []
+            check_summary(metrics.pop("summary", {}))
+            summaries += 1
         assert set(entry["param_keys"]) <= allowed_keys, set(entry["param_keys"]) - allowed_keys
         assert set(entry["dtype_kinds"]) <= {"f", "i", "u", "b"}
         assert set(entry["meta"]) == {"fedcxr"}
         assert set(_strings(entry["meta"])) <= words, set(_strings(entry["meta"])) - words
+    assert summaries >= 9, "every evaluated site of every experiment sent a summary"
 
 
 def _strings(value):

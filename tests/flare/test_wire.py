@@ -113,3 +113,109 @@ def test_error_reply_carries_only_the_exception_type():
 def test_bfloat16_is_refused_before_sending():
     with pytest.raises(WireError, match="bfloat16"):
         encode_reply(Reply(site="a", params={"w": torch.zeros(2, dtype=torch.bfloat16)}))
+
+
+# --------------------------------------------------------------------------- replies of differences (privacy.filters)
+
+
+def _sent_and_trained():
+    sent = {"conv.weight": torch.randn(4, 1, 3, 3), "bn.num_batches_tracked": torch.tensor(7),
+            "head.weight": torch.randn(2, 4), "head.bias": torch.tensor([0.5, -1.0])}
+    trained = {k: (v + 0.25 if v.is_floating_point() else v + 1) for k, v in sent.items()}
+    trained["head.weight"] = torch.randn(1, 4)  # a head of another shape goes whole
+    return sent, trained
+
+
+def test_a_reply_of_differences_carries_updates_and_decodes_to_the_trained_values():
+    sent, trained = _sent_and_trained()
+    params, meta = encode_reply(Reply(site="a", params=trained, n_samples=3, n_batches=2), reference=sent)
+    assert sorted(params) == ["d/conv.weight", "d/head.bias", "p/bn.num_batches_tracked", "p/head.weight"]
+    assert np.allclose(params["d/conv.weight"], 0.25)
+    reply = decode_reply("a", params, meta, reference=sent)
+    assert reply.params.keys() == trained.keys() and "excluded" not in reply.metrics
+    for key, value in trained.items():
+        assert torch.allclose(reply.params[key].double(), value.double(), atol=1e-6)
+        assert reply.params[key].dtype == value.dtype
+
+
+def test_an_entry_removed_by_a_filter_keeps_the_sent_value_and_is_named():
+    sent, trained = _sent_and_trained()
+    params, meta = encode_reply(Reply(site="a", params=trained, n_samples=3, n_batches=2), reference=sent)
+    del params["d/conv.weight"]  # what NVFLARE's ExcludeVars does to the reply
+    reply = decode_reply("a", params, meta, reference=sent)
+    assert torch.equal(reply.params["conv.weight"], sent["conv.weight"])
+    assert reply.metrics["excluded"] == ["conv.weight"]
+
+
+def test_a_reply_of_differences_is_refused_without_keys_or_with_unlisted_entries():
+    sent, trained = _sent_and_trained()
+    params, meta = encode_reply(Reply(site="a", params=trained), reference=sent)
+    with pytest.raises(WireError, match="sent no parameters"):
+        decode_reply("a", params, meta, reference=None)
+    stray = dict(params, **{"d/other.weight": np.zeros(2, np.float32)})
+    with pytest.raises(WireError, match="not among the reply's keys"):
+        decode_reply("a", stray, meta, reference=sent)
+    del meta[META_KEY]["keys"]
+    with pytest.raises(WireError, match="needs 'keys'"):
+        decode_reply("a", params, meta, reference=sent)
+
+
+def test_a_task_says_whether_it_wants_differences():
+    assert decode_task(*encode_task("train", _state(), {}, runner={}, run="r", diff=True))["diff"] is True
+    assert decode_task(*encode_task("train", _state(), {}, runner={}, run="r"))["diff"] is False
+
+
+def test_an_integer_entry_a_filter_turned_into_a_float_comes_back_as_sent():
+    sent, trained = _sent_and_trained()
+    params, meta = encode_reply(Reply(site="a", params=trained), reference=sent)
+    params["p/bn.num_batches_tracked"] = np.float64(8.0)  # NVFLARE's PercentilePrivacy on a 0-dim int
+    reply = decode_reply("a", params, meta, reference=sent)
+    assert reply.params["bn.num_batches_tracked"].dtype == torch.int64
+    assert int(reply.params["bn.num_batches_tracked"]) == 8
+
+
+# --------------------------------------------------------------------------- cross-site evaluation summaries
+
+
+def _summary() -> dict:
+    row = {"class": "edema", "auroc": 0.71, "ci_low": 0.6, "ci_high": 0.8, "n": 40, "n_pos": 9,
+           "prevalence": 0.225, "reason": None, "ci_skipped": 0}
+    return {"split": "test", "model_owner": "SRV_server", "n": 40,
+            "summary": {"n_rows": 40, "n_patients": 31, "per_class": [row], "mean_auroc": 0.71,
+                        "subgroups": {"sex": {"groups": {"F": {"n_rows": 21, "per_class": [row]}},
+                                              "skipped": [{"value": "80+", "n_rows": 3,
+                                                           "reason": "fewer than 20 rows"}]}}}}
+
+
+def _validate_reply(metrics: dict) -> tuple[dict, dict]:
+    return encode_reply(Reply(site="a", params=None, n_samples=40, class_set=["edema"], metrics=metrics))
+
+
+def test_a_cross_site_summary_passes_the_payload_scan():
+    params, meta = _validate_reply(_summary())
+    assert decode_reply("a", params, meta, task="validate").metrics["summary"]["n_rows"] == 40
+
+
+@pytest.mark.parametrize("leak, what", [
+    (lambda s: s["summary"].update(row_key=["3f2a"]), "key 'row_key'"),
+    (lambda s: s["summary"].update(patient_key="x"), "key 'patient_key'"),
+    (lambda s: s["summary"].update(prob__edema=[0.1, 0.9]), "key 'prob__edema'"),
+    (lambda s: s["summary"].update(probs=[0.2]), "key 'probs'"),
+    (lambda s: s["summary"]["per_class"][0].update(reason="/data/site_a/images/p0001.png"), "looks like a path"),
+    (lambda s: s["summary"]["per_class"][0].update(reason=r"C:\scans\1.dcm"), "looks like a path"),
+    (lambda s: s["summary"].update(worst=["patient 9f86d081884c7d65"]), "long hex string"),
+    (lambda s: s["summary"].update(scores=[0.5] * 65), "a list of 65 values"),
+])
+def test_the_payload_scan_refuses_predictions_ids_and_paths(leak, what):
+    summary = _summary()
+    leak(summary)
+    params, meta = _validate_reply(summary)
+    with pytest.raises(WireError, match=what.replace("(", r"\(")):
+        decode_reply("a", params, meta, task="validate")
+    decode_reply("a", params, meta)  # other tasks' metrics are not summaries: not scanned this way
+
+
+def test_a_validate_reply_carrying_tensors_is_refused():
+    params, meta = encode_reply(Reply(site="a", params={"w": torch.zeros(3)}, n_samples=1, metrics=_summary()))
+    with pytest.raises(WireError, match="summaries only"):
+        decode_reply("a", params, meta, task="validate")

@@ -43,7 +43,7 @@ def write_toy_site(tmp_path, n: int = 20, name: str = "toy", shape=(40, 36)):
     root.mkdir(exist_ok=True)
     records = []
     for i in range(n):
-        pixels = np.full(shape, 10 * i + 5, dtype=np.uint8)
+        pixels = np.full(shape, (10 * i + 5) % 256, dtype=np.uint8)  # wraps past row 25
         pixels[0, 0], pixels[-1, -1] = 0, 255
         Image.fromarray(pixels).save(root / f"img{i:03d}.png")
         rec = {
@@ -72,9 +72,9 @@ def site(tmp_path):
 def _counting_decoder(monkeypatch):
     calls = []
 
-    def decode(path, size):
+    def decode(path, size, *max_pixels):
         calls.append(path)
-        return read_image_resized(path, size)
+        return read_image_resized(path, size, *max_pixels)
 
     monkeypatch.setattr(data, "read_image_resized", decode)
     return calls
@@ -265,3 +265,66 @@ def test_worker_processes_give_reproducible_augmented_batches(tmp_path):
             for _ in range(2)]
     for (ia, xa), (ib, xb) in zip(*runs):
         assert torch.equal(ia, ib) and torch.equal(xa, xb)
+
+
+def test_cache_built_by_several_processes_equals_the_one_built_by_one(tmp_path):
+    """More rows than one decode chunk, so the parallel path (bounded, in order) really runs."""
+    site = load_site(write_toy_site(tmp_path, n=150, shape=(30, 26)))
+    one = np.array(cache_images(site, 12, tmp_path / "one", progress=False, workers=1))
+    many = np.array(cache_images(site, 12, tmp_path / "many", progress=False, workers=2))
+    assert one.shape == (150, 12, 12)
+    np.testing.assert_array_equal(one, many)
+    np.testing.assert_array_equal(many[:, 6, 6], (np.arange(150) * 10 + 5) % 256)
+
+
+def test_undecodable_image_names_the_file_in_parallel_too(tmp_path):
+    site = load_site(write_toy_site(tmp_path, n=100, shape=(20, 20)))
+    (site.export_root / "img077.png").write_bytes(b"broken")
+    with pytest.raises(UserError, match=r"img077.png \(manifest row 77\)"):
+        cache_images(site, 8, tmp_path / "cache", progress=False, workers=2)
+    assert not list((tmp_path / "cache").glob("*"))
+
+
+def test_bounded_map_keeps_order_and_at_most_limit_chunks_in_flight():
+    from concurrent.futures import ThreadPoolExecutor
+
+    submitted, consumed, peak = [], [], []
+
+    def jobs():
+        for k in range(20):
+            submitted.append(k)
+            peak.append(len(submitted) - len(consumed))
+            yield k, k
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        for key, value in data.bounded_map(pool, lambda job, scale: job * scale, jobs(), 10, limit=4):
+            consumed.append(key)
+            assert value == key * 10
+    assert consumed == list(range(20))
+    assert max(peak) <= 4 + 1  # the job being submitted plus at most `limit` waiting
+
+
+@pytest.mark.parametrize("options", [
+    {"num_workers": 2},
+    {"num_workers": 2, "persistent_workers": True, "prefetch_factor": 3},
+])
+def test_augmented_batches_do_not_depend_on_worker_settings(tmp_path, options):
+    """An item's augmentation is seeded by (seed, epoch, position): workers, persistent or not,
+    give the batches of the main process, epoch after epoch, and set_epoch still resumes."""
+    site = _textured_site(tmp_path)
+    ds = make_dataset(site, "train", classes=["edema"], aux_tasks=[], image_size=16,
+                      cache_dir=tmp_path / "cache", augment=True, progress=False,
+                      augment_config=AugmentConfig(prob=1.0))
+    main = make_loader(ds, batch_size=4, shuffle=True, seed=3, augment=True)
+    workers = make_loader(ds, batch_size=4, shuffle=True, seed=3, augment=True, **options)
+    expected = [_epoch(main), _epoch(main), _epoch(main)]
+    got = [_epoch(workers), _epoch(workers), _epoch(workers)]
+    for epoch_expected, epoch_got in zip(expected, got):
+        for (ia, xa), (ib, xb) in zip(epoch_expected, epoch_got):
+            assert torch.equal(ia, ib) and torch.equal(xa, xb)
+    resumed = make_loader(ds, batch_size=4, shuffle=True, seed=3, augment=True, **options)
+    resumed.set_epoch(2)
+    assert all(torch.equal(x, y) for (_, x), (_, y) in zip(expected[2], _epoch(resumed)))
+    plain = make_loader(ds, batch_size=4, shuffle=False, seed=3, augment=False, **options)
+    first = next(iter(plain))["image"]
+    assert torch.equal(first, torch.stack([(ds.image(i) - NORM_MEAN) / NORM_STD for i in range(4)]))

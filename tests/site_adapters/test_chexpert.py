@@ -11,7 +11,7 @@ from PIL import Image
 
 from fedcxr.cli import main as cli_main
 from fedcxr.site_adapters.base import AdapterOptions, IngestError
-from fedcxr.site_adapters.chexpert import CHEXPERT_CLASSES, LABEL_COLUMNS, PRIMARY_RACE, chexpert_race_code, read_chexpert
+from fedcxr.site_adapters.chexpert import SOURCE_CLASSES as CHEXPERT_CLASSES, LABEL_COLUMNS, PRIMARY_RACE, chexpert_race_code, read_chexpert
 from fedcxr.site_adapters.ingest import run_ingest
 from fedcxr.site_adapters.manifest import read_manifest, read_site_json
 from fedcxr.site_adapters.partition import CHEXPERT_CONDITIONS
@@ -66,7 +66,7 @@ VALID = [row(64541, 1, 1, split="valid", sex="Female", age="45", appa="PA",
 
 def test_reads_paths_ids_views_demographics_and_official_splits(tmp_path):
     table = read_chexpert(write_export(tmp_path / "in", TRAIN, VALID), AdapterOptions())
-    assert table.classes == CHEXPERT_CLASSES and len(CHEXPERT_CLASSES) == 14
+    assert table.classes == list(CHEXPERT_CLASSES) and len(CHEXPERT_CLASSES) == 14
     assert table.root == tmp_path / "in" / RELEASE and table.rows_read == 5 and not table.set_aside
     f = table.frame
     assert f["image_path"].tolist()[0] == "train/patient00001/study1/view1_frontal.jpg"

@@ -173,9 +173,13 @@ def test_real_dicom_folder_with_file_name_labels(shared_data, tmp_path):
     out = tmp_path / "out"
     report = run_ingest("dicom", shared_data / "dicom", out, labels_csv=labels, verify_pixels=True,
                         progress=False)
-    assert report["rows_read"] == 8 and report["rows_kept"] == 8 and report["rows_set_aside"] == 0
+    # the FAKE file is the mono2 file with one tag changed: the same SOPInstanceUID, so one image
+    assert report["rows_read"] == 8 and report["rows_kept"] == 7 and report["rows_set_aside"] == 1
+    assert report["set_aside"][0]["image_path"] == "rsna_pneumonia_cr_chest_pa_jpegbaseline_mono2.dcm"
+    assert report["set_aside"][0]["reason"] == (
+        "duplicate image: same SOPInstanceUID as row 5 (rsna_pneumonia_cr_chest_pa_jpegbaseline_FAKE_mono1_tag.dcm)")
     manifest = read_manifest(out / "dicom").set_index("image_path")
-    rsna = manifest.loc["rsna_pneumonia_cr_chest_pa_jpegbaseline_mono2.dcm"]
+    rsna = manifest.loc["rsna_pneumonia_cr_chest_pa_jpegbaseline_FAKE_mono1_tag.dcm"]
     assert rsna["age"] == 62.0 and rsna["aux__sex"] == 1 and rsna["aux__view"] == 0
     nih = manifest.loc["nih_cxr14_gcp_dx_chest_implicit_le_mono2.dcm"]
     assert nih["age"] == 81.0 and pd.isna(nih["aux__view"])
@@ -185,23 +189,25 @@ def test_real_dicom_folder_with_file_name_labels(shared_data, tmp_path):
 
 
 def test_real_folder_without_labels_is_an_unlabeled_site(shared_data, tmp_path, capsys):
-    """No label csv, no findings in StudyDescription: every image kept, demographics from the tags."""
+    """No label csv, no findings in StudyDescription: every usable image kept, demographics from the
+    tags; the FAKE_mono1 twin shares its SOPInstanceUID with the original and is set aside."""
     from fedcxr.cli import main
 
     out = tmp_path / "out"
     assert main(["ingest", "dicom", "--input", str(shared_data / "dicom"), "--out", str(out),
                  "--site-name", "ward7", "-q"]) == 0
     printed = capsys.readouterr().out
-    assert "kept 8, set aside 0" in printed
-    assert "site ward7: unlabeled site: 8 images, no finding labels" in printed
+    assert "kept 7, set aside 1" in printed and "set aside 1: duplicate image" in printed
+    assert "site ward7: unlabeled site: 7 images, no finding labels" in printed
     report = json.loads((out / "ingest_report.json").read_text())
     assert report["sites"]["ward7"]["unlabeled"] is True and report["sites"]["ward7"]["class_set"] == []
     assert any("StudyDescription of 7 of 8" in n for n in report["notes"])
     site = json.loads((out / "ward7" / "site.json").read_text())
-    assert site["unlabeled"] is True and site["class_set"] == [] and site["rows"] == 8
+    assert site["unlabeled"] is True and site["class_set"] == [] and site["rows"] == 7
     manifest = read_manifest(out / "ward7").set_index("image_path")
     assert manifest.filter(like="label__").isna().all().all()
-    rsna = manifest.loc["rsna_pneumonia_cr_chest_pa_jpegbaseline_mono2.dcm"]
+    (rsna_path,) = [p for p in manifest.index if p.startswith("rsna_pneumonia")]  # one twin kept
+    rsna = manifest.loc[rsna_path]
     assert rsna["age"] == 62.0 and rsna["aux__sex"] == 1 and rsna["aux__view"] == 0
 
 

@@ -149,3 +149,19 @@ def test_verify_pixels_sets_aside_undecodable_images(csv_export, tmp_path):
     assert header_only["rows_kept"] == 4
     assert decoded["rows_kept"] == 3 and decoded["set_aside"][0]["row"] == 4
     assert np.isfinite(decoded["seconds"])
+
+
+def test_every_adapter_declares_the_classes_it_labels():
+    """One convention for all sources: ``SOURCE_CLASSES`` is a tuple of canonical classes (a fixed
+    vocabulary) or ``None`` (the export decides: a mapping, a label csv, the .npz)."""
+    import importlib
+
+    from fedcxr.site_adapters.ingest import ADAPTERS
+    from fedcxr.vocab import CLASSES
+
+    for source, target in ADAPTERS.items():
+        module = importlib.import_module(target.split(":")[0])
+        declared = module.SOURCE_CLASSES
+        assert declared is None or (isinstance(declared, tuple) and declared and set(declared) <= set(CLASSES)), source
+        if declared is not None:
+            assert list(declared) == [c for c in CLASSES if c in declared], f"{source}: not in canonical order"

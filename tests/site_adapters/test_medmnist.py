@@ -148,6 +148,7 @@ def test_ingest_keeps_official_splits_and_writes_pngs_under_out(tmp_path):
     assert report["rows_read"] == report["rows_kept"] == 62
     frames = [read_manifest(out / s) for s in report["sites"]]
     assert sum((f["split"] == "train").sum() for f in frames) == 40
-    assert all((f["split"] == f["patient_id"].str.split("-").str[0]).all() for f in frames)
+    assert all((f["split"] == f["image_path"].str.split("/").str[0]).all() for f in frames)
+    assert not any(f["patient_id"].str.contains("-").any() for f in frames)  # keyed, not <split>-<i>
     assert (out / "_images" / "pneumoniamnist_tiny" / "test" / "11.png").is_file()
     assert read_site_json(out / "site-1")["export_root"].endswith("pneumoniamnist_tiny")

@@ -13,6 +13,7 @@ from fedcxr.cli import main as cli_main
 from fedcxr.site_adapters.base import AdapterOptions, IngestError
 from fedcxr.site_adapters.chexpert import LABEL_COLUMNS
 from fedcxr.site_adapters.ingest import run_ingest
+from fedcxr.site_adapters.sitekey import load_site_key
 from fedcxr.site_adapters.manifest import read_manifest
 from fedcxr.site_adapters.mimic import read_mimic, subject_race
 from fedcxr.vocab import AUX_VOCAB
@@ -181,7 +182,8 @@ def test_site_by_race_gives_one_site_per_race_family(tmp_path):
     assert set(aside) == {"d3a.jpg", "d6a.jpg"}
     assert all(reason == "no value for site column 'race'" for reason in aside.values())
     white = read_manifest(out / "white")
-    assert set(white["patient_id"]) == {"10000001"} and (white["aux__race"] == 0).all()
+    pid = load_site_key(None, out).pseudonym
+    assert set(white["patient_id"]) == {pid("patient", "10000001")} and (white["aux__race"] == 0).all()
     assert report["rows_kept"] + report["rows_set_aside"] == report["rows_read"] == 8
 
 
@@ -223,7 +225,8 @@ def test_unknown_split_value_and_patient_in_two_official_splits(tmp_path):
         assert aside[dicom] == "patient in two official splits (test, train)"
     assert report["rows_kept"] == 4
     m = read_manifest(tmp_path / "out" / "mimic")
-    assert m.set_index("patient_id").loc["10000002", "split"] == "val"
+    pid = load_site_key(None, tmp_path / "out").pseudonym
+    assert m.set_index("patient_id").loc[pid("patient", "10000002"), "split"] == "val"
 
 
 def test_missing_required_column_exits_2_naming_column_and_file(tmp_path, capsys):

@@ -15,8 +15,9 @@ from PIL import Image
 from fedcxr.cli import main as cli_main
 from fedcxr.site_adapters.base import AdapterOptions, IngestError
 from fedcxr.site_adapters.ingest import run_ingest
+from fedcxr.site_adapters.sitekey import load_site_key
 from fedcxr.site_adapters.manifest import read_manifest, read_site_json
-from fedcxr.site_adapters.nih import NIH_CLASSES, read_nih
+from fedcxr.site_adapters.nih import SOURCE_CLASSES as NIH_CLASSES, read_nih
 
 HEADER_2017 = ("Image Index,Finding Labels,Follow-up #,Patient ID,Patient Age,Patient Gender,View Position,"
                "OriginalImage[Width,Height],OriginalImagePixelSpacing[x,y],")
@@ -67,7 +68,7 @@ def by_image(frame: pd.DataFrame) -> pd.DataFrame:
 
 def test_reads_2017_csv_with_trailing_comma_and_nested_image_folders(tmp_path):
     table = read_nih(write_export(tmp_path / "nih"), AdapterOptions())
-    assert table.classes == NIH_CLASSES and len(NIH_CLASSES) == 15
+    assert table.classes == list(NIH_CLASSES) and len(NIH_CLASSES) == 15
     assert table.rows_read == 6 and not table.set_aside
     f = by_image(table.frame)
     assert f.loc["00000001_000.png", "image_path"] == "images_001/images/00000001_000.png"
@@ -184,8 +185,9 @@ def test_duplicate_row_missing_image_and_split_conflicts_are_set_aside_with_reas
     assert (5, "missing file") in reasons
     assert {(6, "patient in two official splits"), (8, "patient in two official splits")} <= reasons
     kept = read_manifest(tmp_path / "out" / "nih")
-    assert set(kept["patient_id"]) == {"1", "2", "3", "8"}
-    assert kept.loc[kept["patient_id"] == "3", "split"].tolist() == ["test"]
+    pid = load_site_key(None, tmp_path / "out").pseudonym
+    assert set(kept["patient_id"]) == {pid("patient", p) for p in ("1", "2", "3", "8")}
+    assert kept.loc[kept["patient_id"] == pid("patient", "3"), "split"].tolist() == ["test"]
     assert kept.groupby("patient_id")["split"].nunique().max() == 1
     on_disk = json.loads((tmp_path / "out" / "ingest_report.json").read_text())
     assert on_disk["rows_set_aside"] == report["rows_set_aside"] == 5
@@ -225,9 +227,10 @@ def test_real_ingest_keeps_the_25_present_images_and_accounts_for_the_rest(share
     assert report["set_aside_by_reason"] == {"missing file": 112_095}
     assert report["rows_kept"] + report["rows_set_aside"] == report["rows_read"]
     manifest = read_manifest(tmp_path / "out" / "nih")
-    patient3 = manifest.loc[manifest["patient_id"] == "3"]
+    three = load_site_key(None, tmp_path / "out").pseudonym("patient", "3")
+    patient3 = manifest.loc[manifest["patient_id"] == three]
     assert len(patient3) == 8 and set(patient3["split"]) == {"test"}
-    assert set(manifest.loc[manifest["patient_id"] != "3", "split"]) <= {"train", "val"}
+    assert set(manifest.loc[manifest["patient_id"] != three, "split"]) <= {"train", "val"}
     site = read_site_json(tmp_path / "out" / "nih")
     assert site["rows"] == 25 and site["rows_per_split"]["test"] == 8
     assert "images_512/00027426_000.png" in set(manifest["image_path"])

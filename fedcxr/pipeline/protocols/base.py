@@ -47,6 +47,7 @@ class Context:
     head_keys: list[str] = field(default_factory=list)
     missed: list[dict] = field(default_factory=list)  # {"round", "task", "site"} for absent replies
     said: set = field(default_factory=set)  # notices already logged this run (see :meth:`once`)
+    task_defaults: dict = field(default_factory=dict)  # the method's optimiser defaults (RoundProtocol.task_defaults)
 
     def class_set(self, site: str) -> list[str]:
         return [c for c in self.classes if c in self.meta[site].class_set]
@@ -72,12 +73,17 @@ def task_config(ctx: Context, r: int, role: str, **overrides) -> dict:
         "aux_tasks": list(ctx.aux_tasks), "alpha": cfg.alpha,
         "use_aux": bool(ctx.aux_tasks) and role == "source",
         "lr": local.lr, "batch_size": local.batch_size, "epochs": local.epochs, "steps": local.steps,
-        "weight_decay": local.weight_decay, "max_rows": local.max_rows,
+        "weight_decay": local.weight_decay if local.weight_decay is not None else
+        ctx.task_defaults.get("weight_decay", 0.0),
+        "optimizer": local.optimizer or ctx.task_defaults.get("optimizer", "adam"),
+        "keep_optimizer": (cfg.optimizer_state or ctx.task_defaults.get("optimizer_state", "fresh")) == "kept",
+        "max_rows": local.max_rows,
         "trainable": "all", "local_keys": [], "record_batch_updates": False,
         "missing_as_negative": False,
         # FedBN+ (surgical aggregation paper): BN frozen in eval mode during local training
         "freeze_bn": cfg.backbone_aggregation == "fedbn_plus",
         "labeled": cfg.target_train.labeled if role == "target" else None,
+        "dp": cfg.privacy.dp.model_dump() if cfg.privacy.dp is not None else None,
     }
     out.update(overrides)
     return out
@@ -177,6 +183,10 @@ class RoundProtocol:
                 )
         if self.needs_sources and not cfg.source_sites():
             raise UserError(f"strategy {self.name} needs at least one source site in `sites:`")
+
+    def task_defaults(self) -> dict:
+        """The method's defaults for ``optimizer``, ``weight_decay`` and ``optimizer_state`` (as its authors' code)."""
+        return {}
 
     def init_state(self, ctx: Context, theta: StateDict) -> dict:
         return {"global": theta, "initial_bn": {k: theta[k].clone() for k in ctx.bn_keys}}

@@ -6,20 +6,25 @@ source then fine-tunes its own head on the frozen G' (``FACT_NF`` skips this ste
 extra transfer of G'). The target updates G' only, minimising the inter-domain distance (IDD:
 mean |p_a − p_b| of the two heads' sigmoid probabilities on its unlabeled images). Then
 G ← the target's G and F ← the mean of the two heads. No target label is ever used: the model
-kept at the end is the one with the lowest IDD measured at the target.
+kept at the end is the one of the round whose summed training-batch IDD at the target was
+lowest (the FACT code records ``loss_dis_sum`` per epoch and evaluates at its minimum).
 
-With more than two sources the pair rotates over all pairs, round by round. Learning rates
-follow the paper's schedule η = η0 · (1 + 10·p)^(−0.75), p = round / rounds.
+As the FACT code: each round's pair is a random draw of two sources (``random.sample``),
+here from the run's seed and the round so a resumed run draws the same; heads are fine-tuned
+with G in train mode (BatchNorm on batch statistics); every client keeps its SGD (momentum
+0.9, weight decay 5e-4) across rounds. Learning rates follow the paper's schedule
+η = η0 · (1 + 10·p)^(−0.75), p = round / rounds.
 """
 
 from __future__ import annotations
 
-import itertools
+import random
 
 from fedcxr.errors import UserError
 from fedcxr.pipeline import aggregate as agg
 from fedcxr.pipeline.messages import FACT_HEAD_A, FACT_HEAD_B, StateDict
 from fedcxr.pipeline.protocols.base import Context, RoundProtocol, ask, ask_one, task_config
+from fedcxr.pipeline.site_runner import derive_seed
 
 
 def lr_schedule(lr0: float, r: int, rounds: int) -> float:
@@ -51,9 +56,13 @@ class FACTProtocol(RoundProtocol):
     def init_state(self, ctx, theta):
         return {"global": theta, "best": theta, "best_idd": float("inf"), "best_round": -1}
 
+    def task_defaults(self) -> dict:
+        # FACT client.py: one SGD(momentum 0.9, weight_decay 5e-4) per client, kept for the whole run
+        return {"optimizer": "sgd", "weight_decay": 5e-4, "optimizer_state": "kept"}
+
     def pair(self, ctx: Context, r: int) -> list[str]:
-        pairs = list(itertools.combinations(ctx.sources, 2))
-        return list(pairs[r % len(pairs)])
+        """Two sources drawn at random (the FACT server's ``random.sample``), seeded by the run and round."""
+        return random.Random(derive_seed(ctx.cfg.seed, "fact_pair", r)).sample(list(ctx.sources), 2)
 
     def run_round(self, ctx: Context, r: int, state: dict) -> tuple[dict, dict]:
         theta0, rounds = state["global"], ctx.cfg.rounds
@@ -65,7 +74,7 @@ class FACTProtocol(RoundProtocol):
         g_prime = agg.fedavg(bodies, [1.0, 1.0])
         heads = {s: _split_head(replies[s].params)[1] for s in pair}
         if self.finetune:
-            cfg = task_config(ctx, r, "source", lr=lr_s, trainable="head")
+            cfg = task_config(ctx, r, "source", lr=lr_s, trainable="head", frozen_bn_trains=True)
             per_site = {s: ({**g_prime, **heads[s]}, cfg) for s in pair}
             tuned = ask(ctx, "train", pair, None, cfg, r=r, per_site=per_site, minimum=2)
             heads = {s: _split_head(tuned[s].params)[1] for s in pair}
@@ -76,7 +85,7 @@ class FACTProtocol(RoundProtocol):
         target = ask_one(ctx, "fact_target", ctx.target, payload, tcfg, r=r, reference=g_prime)
         head = agg.fedavg([heads[pair[0]], heads[pair[1]]], [1.0, 1.0])
         theta = {**target.params, **head}
-        idd_value = float(target.metrics["idd_after"])
+        idd_value = float(target.metrics["idd_train_sum"])
         new = {**state, "global": theta}
         if idd_value < state["best_idd"]:
             new.update(best=theta, best_idd=idd_value, best_round=r)

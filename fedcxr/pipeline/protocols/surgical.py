@@ -27,11 +27,18 @@ class SurgicalFamilyProtocol(RoundProtocol):
       averaged unweighted by default (``backbone_weighting``).
     * ``PFL``: shared backbone, heads stay local.
 
+    Before round 0 every client warms its head up alone (``head_warmup``, 15 epochs at 1e-3 by
+    default) and starts round 0 from its own warmed model, as the paper's code.
+
     Every mode averages the shared entries 1/K by default, as the paper's Eq. 1 and its code
     (``np.mean`` over clients); ``backbone_weighting: samples`` weights them by sample counts.
     """
 
     default_backbone_weighting = "uniform"
+
+    def task_defaults(self) -> dict:
+        # one compiled Keras model (and Adam) per client for the whole run in the authors' code
+        return {"optimizer_state": "kept"}
 
     def __init__(self, name: str, *, mode: str):
         super().__init__(name)
@@ -52,17 +59,26 @@ class SurgicalFamilyProtocol(RoundProtocol):
         return super().default_eval_sites(ctx)
 
     def _site_config(self, ctx: Context, r: int, site: str) -> dict:
-        trainable = "head" if r < ctx.cfg.head_warmup_rounds else "all"
-        cfg = task_config(ctx, r, "source", trainable=trainable, local_keys=self._local_keys(ctx))
+        cfg = task_config(ctx, r, "source", local_keys=self._local_keys(ctx))
         if self.mode == "fl":
             cfg["missing_as_negative"] = True
         if self.mode == "surgical":
             cfg["head_classes"] = ctx.class_set(site)
         return cfg
 
+    def warm_up_heads(self, ctx: Context, theta0: StateDict) -> dict[str, Reply]:
+        """Before round 0: each client trains its head alone and keeps the best-validation one."""
+        hw = ctx.cfg.head_warmup
+        per_site = {s: (theta0, {**self._site_config(ctx, 0, s), "trainable": "head", "lr": hw.lr,
+                                 "epochs": hw.epochs, "steps": None, "batch_size": hw.batch_size or
+                                 ctx.cfg.source.batch_size, "keep_optimizer": False, "optimizer": "adam"})
+                    for s in ctx.sources}
+        return ask(ctx, "warmup_head", ctx.sources, theta0, {}, r=0, per_site=per_site)
+
     def run_round(self, ctx, r, state):
         theta0 = state["global"]
-        per_site = {s: (theta0, self._site_config(ctx, r, s)) for s in ctx.sources}
+        warmed = self.warm_up_heads(ctx, theta0) if r == 0 and ctx.cfg.head_warmup.epochs > 0 else {}
+        per_site = {s: (theta0, {**self._site_config(ctx, r, s), "from_warm": s in warmed}) for s in ctx.sources}
         replies = ask(ctx, "train", ctx.sources, theta0, {}, r=r, per_site=per_site)
         if self.mode == "surgical":
             replies = valid_replies(ctx, replies, self._site_reference(ctx, theta0), r)
@@ -73,7 +89,10 @@ class SurgicalFamilyProtocol(RoundProtocol):
             theta = aggregate_backbone(ctx, replies, theta0, uniform=self.uniform_backbone(ctx), exclude=exclude)
         if ctx.cfg.backbone_aggregation == "fedbn_plus":
             theta = keep_keys(theta, state["initial_bn"], ctx.bn_keys)
-        return {**state, "global": theta}, {"train": {s: rep.metrics for s, rep in replies.items()}}
+        metrics = {"train": {s: rep.metrics for s, rep in replies.items()}}
+        if warmed:
+            metrics["head_warmup"] = {s: rep.metrics for s, rep in warmed.items()}
+        return {**state, "global": theta}, metrics
 
     @staticmethod
     def _site_reference(ctx: Context, theta0: StateDict) -> Callable[[Reply], StateDict]:

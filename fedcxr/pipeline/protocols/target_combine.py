@@ -9,22 +9,50 @@ Warm-up as the authors' code (``warmup_rounds``, counted in ``rounds``): FedDA/F
 start with 2 plain FedAvg rounds (AutoFedGP); GP with 5 rounds whose projection starts from the
 FedAvg of the sources (AuxInfo+GP). The auto versions then run at 0.1× the learning rates
 (``post_warmup_lr_scale``).
+
+Where the rule runs is a privacy choice (``privacy.combine_at`` for fixed β,
+``privacy.auto_weights_at`` for the auto-weighted methods; README "Privacy modes"):
+
+* ``server`` (default) — the sources and the target train from θ0 in **one** request (FLARE
+  runs them at once: a round costs max(sources, target) + combine); the target returns its
+  fine-tuned model (auto: plus its per-batch updates) and the server applies the rule.
+  No source update ever reaches a peer hospital.
+* ``target`` — the target fine-tunes beside the sources and keeps its model
+  (``hold_for_combine``); the server then sends θ0 and every source delta to the target
+  (``train_combine``), which combines and returns only the result (a round costs
+  max(sources, target) + one more round trip).
+
+GP's warm-up rounds start the target from the sources' average, so there the target trains
+after the sources in both modes.
+
+Both call the same :func:`fedcxr.pipeline.combine.combine` on the same numbers.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
+from fedcxr.pipeline.combine import combine
 from fedcxr.pipeline.messages import Reply, pack_combine
-from fedcxr.pipeline.protocols.base import Context, aggregate_backbone, ask, ask_one, task_config, valid_replies
+from fedcxr.pipeline.protocols.base import (
+    Context,
+    RoundFailed,
+    aggregate_backbone,
+    ask,
+    ask_one,
+    task_config,
+    valid_replies,
+)
 from fedcxr.pipeline.protocols.fedavg import FedAvgProtocol
-from fedcxr.pipeline.state import delta
+from fedcxr.pipeline.state import check_update, delta
 
 
 class TargetCombineProtocol(FedAvgProtocol):
-    """Sources train from θ0; the target fine-tunes from θ0 and combines (Alg. 3, DESIGN §8).
+    """Sources train from θ0; the target fine-tunes from θ0; the rule combines (Alg. 3, DESIGN §8).
 
-    The server sends θ0 and the source deltas Δ_i to the target in one ``train_combine`` task;
-    the target applies the pure rule (:mod:`fedcxr.pipeline.target_combine`) and returns only
-    the combined model. Warm-up rounds first (module docstring).
+    At the server (default, :meth:`server_round`) or at the target: the server sends θ0 and the
+    source deltas Δ_i in one ``train_combine`` task and the target returns only the combined
+    model (see the module docstring). Warm-up rounds first (module docstring).
     """
 
     rule = "gp"
@@ -57,12 +85,15 @@ class TargetCombineProtocol(FedAvgProtocol):
             theta, metrics = self.fedavg_round(ctx, r, theta0)
             return {**state, "global": theta}, {**metrics, "warmup": True}
         scale = self.lr_scale(ctx, r)
-        replies = valid_replies(ctx, ask(ctx, "train", ctx.sources, theta0,
-                                         task_config(ctx, r, "source", lr=ctx.cfg.source.lr * scale), r=r),
-                                theta0, r)
-        sites = list(replies)
-        if warmup:  # fedavg_base: the projection starts from the sources' average
+        if self.combine_where(ctx) == "server":
+            return self.server_round(ctx, r, state, warmup=warmup, scale=scale)
+        if warmup:  # fedavg_base: the projection starts from the sources' average; the target after them
+            replies = self.train_sources(ctx, r, theta0, scale)
             theta0 = aggregate_backbone(ctx, replies, theta0, uniform=self.uniform_backbone(ctx))
+        else:  # the target fine-tunes beside the sources and holds its model for the train_combine below
+            hold = self.target_config(ctx, r, scale, hold_for_combine=True)
+            replies, _ = self.train_together(ctx, r, theta0, hold, scale)
+        sites = list(replies)
         payload = pack_combine(theta0, [delta(replies[s].params, theta0) for s in sites])
         tcfg = task_config(ctx, r, "target", lr=ctx.cfg.target_train.lr * scale,
                            combine=self.combine_spec(ctx, replies, scale))
@@ -75,6 +106,68 @@ class TargetCombineProtocol(FedAvgProtocol):
             "betas": dict(zip(sites, [float(b) for b in betas])),
         }
 
+    def combine_where(self, ctx: Context) -> str:
+        """``server`` or ``target``: ``privacy.auto_weights_at`` (auto β) or ``privacy.combine_at``."""
+        privacy = ctx.cfg.privacy
+        return privacy.auto_weights_at if self.auto else privacy.combine_at
+
+    def target_config(self, ctx: Context, r: int, scale: float, **extra) -> dict:
+        """The target's fine-tuning task (its lr scaled after the warm-up; auto: record batch updates)."""
+        return task_config(ctx, r, "target", lr=ctx.cfg.target_train.lr * scale,
+                           record_batch_updates=self.auto, **extra)
+
+    def server_round(self, ctx: Context, r: int, state: dict, *, warmup: bool = False,
+                     scale: float = 1.0) -> tuple[dict, dict]:
+        """Sources and target train from θ0 at once; the server combines (no peer sees a source update).
+
+        In a ``fedavg_base`` warm-up round (GP) the base is the sources' average, so the target
+        trains after the sources, from that average.
+        """
+        theta0 = state["global"]
+        if warmup:
+            replies = self.train_sources(ctx, r, theta0, scale)
+            theta0 = aggregate_backbone(ctx, replies, theta0, uniform=self.uniform_backbone(ctx))
+            target = ask_one(ctx, "train", ctx.target, theta0, self.target_config(ctx, r, scale), r=r)
+        else:
+            replies, target = self.train_together(ctx, r, theta0, self.target_config(ctx, r, scale), scale)
+            if target is None:
+                raise RoundFailed(f"round {r}: the target {ctx.target} did not answer its fine-tuning task")
+            check_target(ctx, target, theta0, r)
+        order = list(replies)
+        spec = self.combine_spec(ctx, replies, scale)
+        theta, betas = combine(theta0, target.params, [delta(replies[s].params, theta0) for s in order], spec,
+                               n_target=target.n_samples, batch_updates=target.extra.get("batch_updates"),
+                               target_steps=target.n_batches)
+        return {**state, "global": theta}, {
+            **({"warmup": True} if warmup else {}),
+            "train": {s: rep.metrics for s, rep in replies.items()},
+            "target": dict(target.metrics),
+            "betas": dict(zip(order, [float(b) for b in betas])),
+        }
+
+    def train_sources(self, ctx: Context, r: int, theta0, scale: float) -> dict[str, Reply]:
+        """The sources alone train from θ0 (GP's warm-up: the target waits for their average)."""
+        scfg = task_config(ctx, r, "source", lr=ctx.cfg.source.lr * scale)
+        return valid_replies(ctx, ask(ctx, "train", ctx.sources, theta0, scfg, r=r), theta0, r)
+
+    def train_together(self, ctx: Context, r: int, theta0, target_config: dict, scale: float = 1.0
+                       ) -> tuple[dict[str, Reply], Optional[Reply]]:
+        """One ``train`` request to the sources and the target at once (FLARE runs them in parallel).
+
+        Returns the sources' valid replies (``min_sites`` enforced) and the target's reply, or
+        ``None`` when the target did not answer.
+        """
+        sites = [*ctx.sources, ctx.target]
+        scfg = task_config(ctx, r, "source", lr=ctx.cfg.source.lr * scale)
+        answered = ask(ctx, "train", sites, theta0, scfg, r=r,
+                       per_site={ctx.target: (theta0, target_config)}, minimum=1)
+        target = answered.pop(ctx.target, None)
+        need = min(len(ctx.sources), ctx.cfg.min_sites)
+        if len(answered) < need:
+            raise RoundFailed(f"round {r}: only {len(answered)} of {len(ctx.sources)} sources answered 'train' "
+                              f"(need {need})")
+        return valid_replies(ctx, answered, theta0, r), target
+
     def combine_spec(self, ctx: Context, replies: dict[str, Reply], lr_scale: float = 1.0) -> dict:
         """What the target needs to know about the sources: counts only, never data."""
         cfg = ctx.cfg
@@ -86,6 +179,14 @@ class TargetCombineProtocol(FedAvgProtocol):
             "lr_source": cfg.source.lr * lr_scale, "lr_target": cfg.target_train.lr * lr_scale,
             "epochs_source": cfg.source.epochs or 1, "epochs_target": cfg.target_train.epochs or 1,
         }
+
+
+def check_target(ctx: Context, target: Reply, theta0, r: int) -> None:
+    """The target's fine-tuned model must be usable: a NaN/Inf or wrong-shape update fails the round."""
+    reason = check_update(target.params, theta0) if target.params is not None else "no parameters"
+    if reason:
+        ctx.missed.append({"round": r, "task": "train", "site": ctx.target, "reason": f"rejected: {reason}"})
+        raise RoundFailed(f"round {r}: rejected the update of {ctx.target} (train): {reason}")
 
 
 class GPProtocol(TargetCombineProtocol):

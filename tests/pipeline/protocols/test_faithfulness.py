@@ -143,21 +143,22 @@ def _recorded_run(tiny_manifests, tmp_path, **overrides):
 
 
 def test_fedgp_auto_warms_up_two_fedavg_rounds_then_runs_at_a_tenth_of_the_lr(tiny_manifests, tmp_path):
-    """AutoFedGP code: 2 FedAvg rounds, then hparams['lr'] *= 0.1 for sources and target."""
+    """AutoFedGP code: 2 FedAvg rounds, then hparams['lr'] *= 0.1 for sources and target
+    (the target fine-tunes with a plain ``train`` task: the server combines by default)."""
     calls = _recorded_run(tiny_manifests, tmp_path, strategy="FedGP_Auto", rounds=3)
     by_round = {r: [(task, site, lr) for rr, task, site, lr in calls if rr == r] for r in range(3)}
     for r in (0, 1):  # plain FedAvg: sources only, full lr
         assert {t for t, _, _ in by_round[r]} == {"train"}
         assert {s for _, s, _ in by_round[r]} == {"nih_style", "chexpert_style"}
         assert all(lr == pytest.approx(2e-3) for _, _, lr in by_round[r])
-    assert ("train_combine", "dicom_style", pytest.approx(1e-4)) in by_round[2]
-    assert all(lr == pytest.approx(2e-4) for t, _, lr in by_round[2] if t == "train")
+    assert ("train", "dicom_style", pytest.approx(1e-4)) in by_round[2]
+    assert all(lr == pytest.approx(2e-4) for t, s, lr in by_round[2] if s != "dicom_style")
 
 
 def test_gp_warms_up_five_rounds_projecting_from_the_sources_average(tiny_manifests, tmp_path):
     """AuxInfo+GP code: for i < 5 the global is the FedAvg of the sources, then GP on top; no lr change."""
     calls = _recorded_run(tiny_manifests, tmp_path, strategy="FedAvg_Finetune_GP", rounds=1)
-    assert ("train_combine", "dicom_style", 1e-3) in [(t, s, lr) for _, t, s, lr in calls]
+    assert ("train", "dicom_style", 1e-3) in [(t, s, lr) for _, t, s, lr in calls]
     rows = _metrics(tmp_path / "run")
     assert rows[0]["warmup"] is True and set(rows[0]["betas"]) == {"nih_style", "chexpert_style"}
 
@@ -165,7 +166,7 @@ def test_gp_warms_up_five_rounds_projecting_from_the_sources_average(tiny_manife
 def test_warmup_and_lr_scale_defaults_can_be_overridden(tiny_manifests, tmp_path):
     calls = _recorded_run(tiny_manifests, tmp_path, strategy="FedDA", rounds=1, warmup_rounds=0,
                           post_warmup_lr_scale=0.5)
-    assert ("train_combine", "dicom_style", pytest.approx(5e-4)) in [(t, s, lr) for _, t, s, lr in calls]
+    assert ("train", "dicom_style", pytest.approx(5e-4)) in [(t, s, lr) for _, t, s, lr in calls]
 
 
 def test_finetune_offline_fine_tunes_the_configured_number_of_passes_after_the_last_round(tiny_manifests, tmp_path):
@@ -179,3 +180,172 @@ def test_finetune_offline_defaults_to_fifty_passes_as_the_fedgp_paper():
     from fedcxr.pipeline.config import ExperimentConfig
 
     assert ExperimentConfig(sites=["a"]).finetune_offline_epochs == 50
+
+
+# --------------------------------------------------------------------------- FACT
+
+
+def test_fact_draws_random_pairs_from_the_runs_seed():
+    """random.sample of two sources per round (FACT server.py), the same for the same seed and round."""
+    from fedcxr.pipeline.config import ExperimentConfig
+    from fedcxr.pipeline.protocols import Context, get_protocol
+
+    def pairs(seed):
+        cfg = ExperimentConfig(sites=["a", "b", "c", "d"], target="t", strategy="FACT", seed=seed)
+        ctx = Context(cfg=cfg, transport=None, meta={}, classes=["edema"], aux_tasks=[],
+                      sources=["a", "b", "c", "d"], target="t")
+        return [tuple(get_protocol("FACT").pair(ctx, r)) for r in range(12)]
+
+    assert pairs(0) == pairs(0)
+    assert pairs(0) != pairs(1)
+    assert len(set(pairs(0))) > 3  # not a fixed rotation: ordered pairs of 4 sources vary
+    assert all(a != b for a, b in pairs(0))
+
+
+def test_fact_fine_tunes_heads_with_g_in_train_mode_and_keeps_sgd_state(tiny_manifests, tmp_path):
+    calls = []
+
+    from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
+    from fedcxr.pipeline.local import resolve_device
+
+    cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", strategy="FACT", target="midrc_style",
+                                       rounds=2, eval_every=0,
+                                       model={"backbone": "resnet_tiny", "hidden": 16, "classes": ["cardiomegaly"]}))
+    inner = InProcessTransport(build_runners(cfg, resolve_device("cpu"), progress=False))
+
+    class Spy(_Recorder):
+        def run(self, task, targets, params, config, *, per_site=None):
+            for site in targets:
+                calls.append((task, (per_site or {}).get(site, (params, config))[1]))
+            return self.inner.run(task, targets, params, config, per_site=per_site)
+
+    run_experiment(cfg, tmp_path / "run", progress=False, transport=Spy(inner))
+    trains = [c for t, c in calls if t in ("train", "fact_target")]
+    assert all(c["optimizer"] == "sgd" and c["weight_decay"] == 5e-4 and c["keep_optimizer"] for c in trains)
+    heads = [c for t, c in calls if t == "train" and c.get("trainable") == "head"]
+    assert heads and all(c["frozen_bn_trains"] for c in heads)
+    for site in ("nih_style", "chexpert_style", "midrc_style"):
+        state = inner.runners[site].local_state
+        assert any(k.startswith("optimizer.") and k.endswith("momentum_buffer") for k in state), site
+    assert not any(k.startswith("optimizer.") for s in _final(tmp_path / "run")["local_states"].values() for k in s)
+
+
+# --------------------------------------------------------------------------- optimiser state across rounds
+
+
+class _Crash(_Recorder):
+    """Dies (like a killed process) when a training task of round ``at`` starts."""
+
+    def __init__(self, inner, at: int):
+        super().__init__(inner)
+        self.at = at
+
+    def run(self, task, targets, params, config, *, per_site=None):
+        rounds = {(per_site or {}).get(s, (params, config))[1].get("round") for s in targets}
+        if task != "evaluate" and self.at in rounds:
+            raise KeyboardInterrupt("killed")
+        return self.inner.run(task, targets, params, config, per_site=per_site)
+
+
+def _transport(cfg):
+    from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
+    from fedcxr.pipeline.local import resolve_device
+
+    return InProcessTransport(build_runners(cfg, resolve_device("cpu"), progress=False))
+
+
+@pytest.mark.parametrize("strategy, extra", [
+    ("FL_Surgical", {"target": None, "class_source": "union", "head_warmup": {"epochs": 2}}),
+    ("FACT", {"target": "midrc_style", "model": {"backbone": "resnet_tiny", "hidden": 16,
+                                                  "classes": ["cardiomegaly"]}}),
+])
+def test_kept_optimiser_state_is_checkpointed_and_a_killed_run_resumes_bit_identical(
+        strategy, extra, tiny_manifests, tmp_path):
+    data = tiny_config(tiny_manifests, tmp_path / "cache", strategy=strategy, rounds=3, eval_every=0, **extra)
+    cfg = load_config(data=data)
+    run_experiment(cfg, tmp_path / "straight", progress=False, transport=_transport(cfg))
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, tmp_path / "killed", progress=False, transport=_Crash(_transport(cfg), at=2))
+    ckpt = torch.load(tmp_path / "killed" / "checkpoints" / "round_0001.pt", weights_only=True)
+    assert any(k.startswith("optimizer.") for state in ckpt["local_states"].values() for k in state)
+    run_experiment(cfg, tmp_path / "killed", resume=True, progress=False, transport=_transport(cfg))
+    straight, resumed = _final(tmp_path / "straight")["global"], _final(tmp_path / "killed")["global"]
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    fresh = load_config(data={**data, "optimizer_state": "fresh"})
+    run_experiment(fresh, tmp_path / "fresh", progress=False, transport=_transport(fresh))
+    other = _final(tmp_path / "fresh")["global"]
+    assert any(not torch.equal(straight[k], other[k]) for k in straight)  # the kept state matters
+
+
+# --------------------------------------------------------------------------- surgical head warm-up
+
+
+def test_head_warmup_keeps_the_best_validation_head_and_round_zero_starts_from_it(tiny_manifests, tmp_path):
+    from fedcxr.pipeline.site_runner import WARM_PREFIX
+
+    calls = []
+    cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", strategy="FL_Surgical", target=None,
+                                       class_source="union", rounds=1, eval_every=0,
+                                       head_warmup={"epochs": 4, "lr": 1e-2}))
+    inner = _transport(cfg)
+
+    class Spy(_Recorder):
+        def run(self, task, targets, params, config, *, per_site=None):
+            for site in targets:
+                calls.append((task, site, (per_site or {}).get(site, (params, config))[1]))
+            if task == "train":  # what each site holds when round 0 starts
+                calls.append(("warm", {s: dict(inner.runners[s].local_state) for s in targets}, None))
+            return self.inner.run(task, targets, params, config, per_site=per_site)
+
+    run_experiment(cfg, tmp_path / "run", progress=False, transport=Spy(inner))
+    warm = [(s, c) for t, s, c in calls if t == "warmup_head"]
+    assert {s for s, _ in warm} == {"nih_style", "chexpert_style"}
+    assert all(c["trainable"] == "head" and c["epochs"] == 4 and c["lr"] == 1e-2 for _, c in warm)
+    held = next(s for t, s, _ in calls if t == "warm")
+    assert all(WARM_PREFIX + "head.weight" in held[s] for s in ("nih_style", "chexpert_style"))
+    assert all(c["from_warm"] for t, _, c in calls if t == "train")
+    row = _metrics(tmp_path / "run")[0]["head_warmup"]
+    measured = 0
+    for site, m in row.items():
+        losses = m["val_loss"]
+        assert len(losses) == 4, site
+        if all(loss != loss for loss in losses):  # a site without validation rows keeps its last head
+            assert m["best_epoch"] == 3, site
+            continue
+        measured += 1
+        assert m["best_epoch"] == min(range(4), key=losses.__getitem__), site
+    assert measured, "no site had validation rows: the test would not test the selection"
+    assert not any(k.startswith(WARM_PREFIX) for r in inner.runners.values() for k in r.local_state)
+
+
+def test_warmed_head_is_the_best_epochs_head(tiny_manifests, tmp_path):
+    """The site keeps the head of the epoch with the lowest validation loss, not the last one."""
+
+    from fedcxr.pipeline.site_runner import WARM_PREFIX
+    from fedcxr.pipeline.site_tasks import _val_loss
+
+    cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", strategy="FL_Surgical", target=None,
+                                       class_source="union", rounds=0))
+    runner = _transport(cfg).runners["chexpert_style"]  # nih_style of the fixture has no val rows
+    classes = runner.class_set
+    model = runner.model(classes, [])
+    theta0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    config = {"round": 0, "seed": 0, "role": "source", "head_classes": classes, "param_classes": classes,
+              "aux_tasks": [], "lr": 0.3, "batch_size": 16, "epochs": 5, "trainable": "head"}
+    reply = runner.handle("warmup_head", theta0, config)
+    losses, best = reply.metrics["val_loss"], reply.metrics["best_epoch"]
+    assert best == min(range(5), key=losses.__getitem__)
+    model.head.weight.data.copy_(runner.local_state[WARM_PREFIX + "head.weight"])
+    model.head.bias.data.copy_(runner.local_state[WARM_PREFIX + "head.bias"])
+    val = runner.dataset("val", classes, [], augment=False, loss_classes=classes)
+    assert _val_loss(model, val, runner) == pytest.approx(losses[best], rel=1e-6)
+    for key in theta0:  # the backbone (and its BN) did not move
+        if not key.startswith("head."):
+            assert torch.equal(theta0[key], model.state_dict()[key].cpu()), key
+
+
+def test_the_replaced_head_warmup_rounds_key_names_head_warmup():
+    from fedcxr.errors import UserError
+
+    with pytest.raises(UserError, match="head_warmup: {epochs"):
+        load_config(data={"sites": ["a"], "head_warmup_rounds": 2}, check_sites=False)

@@ -1,0 +1,167 @@
+"""``fedcxr export-bundle RUN_DIR --out BUNDLE``: a finished run's model as a MONAI bundle.
+
+Layout (MONAI's bundle specification)::
+
+    BUNDLE/models/model.ts           TorchScript: (B, 1, S, S) normalised images → (B, C) logits
+    BUNDLE/configs/metadata.json     version, classes (output channels), input size, the
+                                     operating points stored by ``fedcxr evaluate`` (if any)
+    BUNDLE/configs/inference.json    MONAI evaluator: list the images → fedcxr preprocessing →
+                                     model.ts → sigmoid → OUT/predictions.csv
+    BUNDLE/scripts/fedcxr_runtime.py :mod:`fedcxr.bundle.runtime` (image listing, the transform,
+                                     the CSV writer)
+    BUNDLE/docs/README.md            how to run it
+
+Run it with MONAI's runner::
+
+    python -m monai.bundle run --bundle_root BUNDLE --config_file BUNDLE/configs/inference.json \\
+        --dataset_dir DIR --output_dir OUT
+
+The images are preprocessed by the installed fedcxr (:func:`fedcxr.pipeline.inference.preprocess`),
+so the probabilities equal ``fedcxr predict``'s (the tests check 1e-4). The bundle holds model
+weights, class names and thresholds only: no image, id or path from the run's data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+import fedcxr
+from fedcxr.atomic import atomic_path, atomic_write_json
+from fedcxr.errors import UserError
+from fedcxr.pipeline.inference import MainLogits
+
+RUNTIME = "fedcxr_runtime"
+
+
+def _trace(model: nn.Module, size: int) -> torch.jit.ScriptModule:
+    wrapped = MainLogits(model).eval()
+    example = torch.zeros(2, 1, size, size)
+    with torch.no_grad():
+        traced = torch.jit.trace(wrapped, example, check_trace=False)
+        probe = torch.randn(3, 1, size, size)
+        if not torch.allclose(traced(probe), wrapped(probe), atol=1e-5):
+            raise RuntimeError("TorchScript trace disagrees with the network; cannot export")
+    return traced
+
+
+def _metadata(loaded, thresholds: dict, threshold_site: Optional[str]) -> dict:
+    size = loaded.image_size
+    return {
+        "schema": "https://github.com/Project-MONAI/MONAI-extra-test-data/releases/download/0.8.1/meta_schema_20220324.json",
+        "version": "1.0.0",
+        "changelog": {"1.0.0": f"exported by fedcxr {fedcxr.__version__}"},
+        "monai_version": __import__("monai").__version__,
+        "pytorch_version": torch.__version__.split("+")[0],
+        "numpy_version": __import__("numpy").__version__,
+        "required_packages_version": {"fedcxr": fedcxr.__version__, "pandas": __import__("pandas").__version__,
+                                      "pytorch-ignite": __import__("ignite").__version__},
+        "task": "Chest X-ray multi-label classification",
+        "description": (f"{loaded.run.get('method')} model trained with fedcxr "
+                        f"({'site ' + loaded.site if loaded.site else 'global model'}); sigmoid probability per class"),
+        "authors": "fedcxr",
+        "copyright": "see the training data's licences",
+        "network_data_format": {
+            "inputs": {"image": {
+                "type": "image", "format": "magnitude", "num_channels": 1, "spatial_shape": [size, size],
+                "dtype": "float32", "value_range": [-2.0, 2.0], "is_patch_data": False,
+                "channel_def": {"0": "grey, min/max scaled to [0, 1] then (x - 0.5) / 0.25"},
+            }},
+            "outputs": {"pred": {
+                "type": "probabilities", "format": "classes", "num_channels": len(loaded.classes),
+                "spatial_shape": [len(loaded.classes)], "dtype": "float32", "value_range": [0, 1],
+                "is_onehot": False, "channel_def": {str(i): c for i, c in enumerate(loaded.classes)},
+            }},
+        },
+        "fedcxr": {
+            "classes": loaded.classes, "image_size": size, "method": loaded.run.get("method"),
+            "model": loaded.site or "global", "operating_points": thresholds,
+            "operating_points_site": threshold_site,
+        },
+    }
+
+
+def _inference_config(classes: list[str], size: int) -> dict:
+    return {
+        "imports": ["$import torch"],
+        "bundle_root": ".",
+        "dataset_dir": "images",
+        "output_dir": "$@bundle_root + '/eval'",
+        "classes": classes,
+        "image_size": size,
+        "device": "$torch.device('cuda' if torch.cuda.is_available() else 'cpu')",
+        "datalist": {"_target_": f"scripts.{RUNTIME}.list_images", "dataset_dir": "@dataset_dir"},
+        "network": "$torch.jit.load(@bundle_root + '/models/model.ts', map_location=@device)",
+        "preprocessing": {"_target_": "Compose", "transforms": [
+            {"_target_": f"scripts.{RUNTIME}.LoadFedcxrImaged", "keys": "image", "size": "@image_size"},
+        ]},
+        "dataset": {"_target_": "Dataset", "data": "@datalist", "transform": "@preprocessing"},
+        "dataloader": {"_target_": "DataLoader", "dataset": "@dataset", "batch_size": 16, "shuffle": False,
+                       "num_workers": 0},
+        "inferer": {"_target_": "SimpleInferer"},
+        "postprocessing": {"_target_": "Compose", "transforms": [
+            {"_target_": "Activationsd", "keys": "pred", "sigmoid": True},
+        ]},
+        "handlers": [{"_target_": f"scripts.{RUNTIME}.ProbabilityWriter", "output_dir": "@output_dir",
+                      "classes": "@classes"}],
+        "evaluator": {"_target_": "SupervisedEvaluator", "device": "@device", "val_data_loader": "@dataloader",
+                      "network": "@network", "inferer": "@inferer", "postprocessing": "@postprocessing",
+                      "val_handlers": "@handlers", "amp": False},
+        "initialize": ["$monai.utils.set_determinism(seed=0)"],
+        "run": ["$@evaluator.run()"],
+    }
+
+
+README = """# fedcxr chest X-ray classifier ({method}, {model} model)
+
+Classes (sigmoid probability each): {classes}. Input: one grey image, resized to {size}x{size}.
+
+    python -m monai.bundle run --bundle_root BUNDLE --config_file BUNDLE/configs/inference.json \\
+        --dataset_dir DIR --output_dir OUT
+
+DIR: a folder of DICOM/PNG/JPEG files (searched recursively). OUT/predictions.csv: one row per
+image (its path relative to DIR: keep the file local) and `prob__<class>`. Needs MONAI,
+pytorch-ignite, pandas and fedcxr (its decoder preprocesses the images exactly as in training).
+Operating points chosen on validation data, if the run was evaluated: configs/metadata.json,
+key `fedcxr.operating_points` (call a class positive when prob >= threshold).
+"""
+
+
+def export_bundle(run_dir: Path | str, out: Path | str, *, site: Optional[str] = None) -> Path:
+    """Write the bundle for ``run_dir``'s global model (or ``site``'s own) into ``out``."""
+    from fedcxr.commands.predict import thresholds_for
+    from fedcxr.pipeline.inference import load_run_model
+
+    run_dir, out = Path(run_dir), Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"--out {out}: exists and is not empty; choose a new bundle folder")
+    if out.resolve().is_relative_to(run_dir.resolve()):
+        raise UserError(f"--out {out}: lies inside the run directory {run_dir}; choose a folder outside it")
+    loaded = load_run_model(run_dir, site)
+    threshold_site, thresholds = thresholds_for(run_dir, loaded.run, site)
+    traced = _trace(loaded.model.cpu(), loaded.image_size)
+    (out / "models").mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / "models" / "model.ts") as tmp:
+        torch.jit.save(traced, str(tmp))
+    atomic_write_json(out / "configs" / "metadata.json", _metadata(loaded, thresholds, threshold_site))
+    atomic_write_json(out / "configs" / "inference.json", _inference_config(loaded.classes, loaded.image_size))
+    (out / "scripts").mkdir(parents=True, exist_ok=True)
+    (out / "scripts" / "__init__.py").write_text("")
+    shutil.copyfile(Path(__file__).with_name("runtime.py"), out / "scripts" / f"{RUNTIME}.py")
+    (out / "docs").mkdir(exist_ok=True)
+    (out / "docs" / "README.md").write_text(README.format(
+        method=loaded.run.get("method"), model=site or "global", classes=", ".join(loaded.classes),
+        size=loaded.image_size))
+    return out
+
+
+def cli_export_bundle(args: argparse.Namespace) -> int:
+    out = export_bundle(args.run_dir, args.out, site=args.site)
+    print(f"MONAI bundle in {out}; run it with:\n  python -m monai.bundle run --bundle_root {out} "
+          f"--config_file {out / 'configs' / 'inference.json'} --dataset_dir DIR --output_dir OUT")
+    return 0

@@ -1,0 +1,93 @@
+"""Cross-site evaluation at a hospital: the FLARE ``validate`` task (DESIGN §8).
+
+After the last round the server sends each site the model to evaluate (the final global model,
+and for per-site methods — PFL heads, FedBN statistics — the site's own model). The site scores
+its own ``split`` (default ``test``) where its images are and answers with **summaries only**:
+per class AUROC with patient-bootstrap CI, n, positives, prevalence; the mean AUROC; subgroup
+AUROCs (sex, age bin, race; groups under :data:`~fedcxr.evaluation.report.MIN_SUBGROUP_ROWS`
+rows are named as skipped) and calibration summaries — the ``sites`` entry of ``report.json``,
+computed by the same :mod:`fedcxr.evaluation.report` functions ``fedcxr evaluate`` uses.
+
+No prediction, row, patient key, id or path leaves the site: the prediction table lives in
+memory here, and the reply passes :func:`fedcxr.flare.wire.check_summary` before it is sent
+(the server checks it again). The patient bootstrap resamples the site's own pseudonymous
+patient ids, which never leave it.
+
+Task config (from :mod:`fedcxr.flare.cross_site`): ``classes``, ``aux_tasks``, ``split``,
+``n_boot``, ``seed`` and ``model_owner`` (FLARE's name of whose model this is: ``SRV_server``
+for the global model, the site's name for its own). The params are the full state dict.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from fedcxr.evaluation import calibration
+from fedcxr.evaluation.report import evaluate_rows, is_binary_task, subgroup_analysis
+from fedcxr.flare.wire import check_summary
+from fedcxr.pipeline.data import make_loader
+from fedcxr.pipeline.local import predict
+from fedcxr.pipeline.messages import Reply, StateDict
+from fedcxr.pipeline.site_runner import SiteRunner, register_task
+from fedcxr.vocab import AUX_TASKS, aux_column, label_column
+
+log = logging.getLogger(__name__)
+
+#: FLARE's name of the cross-site validation task (``AppConstants.TASK_VALIDATION``).
+VALIDATE_TASK = "validate"
+
+
+def site_predictions(runner: SiteRunner, params: StateDict, classes: list[str], aux_tasks: list[str],
+                     split: str) -> pd.DataFrame:
+    """The site's prediction table for ``split`` (in memory only: it never leaves the site)."""
+    model = runner.model(classes, aux_tasks)
+    model.load_state_dict(params)
+    data = runner.dataset(split, classes, aux_tasks, augment=False)
+    frames = []
+    for site in runner.sites:
+        in_split = (site.manifest["split"] == split).to_numpy()
+        frames.append(site.manifest.loc[in_split].reset_index(drop=True))
+    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if len(rows) == 0:
+        return pd.DataFrame()
+    out = predict(model, make_loader(data, batch_size=64, shuffle=False, seed=0, augment=False,
+                                     num_workers=runner.num_workers), device=runner.device)
+    order = np.asarray(out["index"], dtype=int)
+    frame = pd.DataFrame({"site": runner.name, "patient_key": rows["patient_id"].astype(str).to_numpy()[order]})
+    for j, cls in enumerate(classes):
+        frame[label_column(cls)] = rows[label_column(cls)].to_numpy()[order]
+        frame[f"prob__{cls}"] = out["probs"][:, j]
+    for task in AUX_TASKS:
+        if aux_column(task) in rows:
+            frame[aux_column(task)] = rows[aux_column(task)].to_numpy()[order]
+    return frame
+
+
+def summarize(frame: pd.DataFrame, classes: list[str], *, split: str, n_boot: int, seed: int) -> dict:
+    """The ``report.json`` site entry of a prediction table (no keys, no rows)."""
+    binary = is_binary_task(classes)
+    entry = evaluate_rows(frame, classes, n_boot=n_boot, seed=seed, split=split, binary=binary)
+    entry["subgroups"] = subgroup_analysis(frame, classes, n_boot=n_boot, seed=seed, split=split, binary=binary)
+    entry["calibration"] = calibration.calibration_summary(frame, classes, split=split)
+    return entry
+
+
+@register_task(VALIDATE_TASK)
+def validate(runner: SiteRunner, params: Optional[StateDict], config: dict) -> Reply:
+    """Evaluate the received model on this site's split; reply with the summary in ``metrics``."""
+    if params is None:
+        raise ValueError("validate needs the model to evaluate")
+    classes, aux_tasks = list(config["classes"]), list(config.get("aux_tasks") or [])
+    split, owner = str(config.get("split", "test")), str(config.get("model_owner", ""))
+    frame = site_predictions(runner, params, classes, aux_tasks, split)
+    metrics: dict = {"split": split, "model_owner": owner, "n": int(len(frame))}
+    if len(frame):
+        metrics["summary"] = summarize(frame, classes, split=split, n_boot=int(config.get("n_boot", 1000)),
+                                       seed=int(config.get("seed", 0)))
+    check_summary(metrics)  # a summary that could leak is never sent (the server checks again)
+    log.info("site %s: evaluated %s's model on %d %s images", runner.name, owner or "the", len(frame), split)
+    return Reply(site=runner.name, n_samples=len(frame), class_set=classes, metrics=metrics)

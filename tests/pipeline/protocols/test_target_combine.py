@@ -1,0 +1,164 @@
+"""Where GP / FedDA / FedGP combine (privacy.combine_at, privacy.auto_weights_at): same weights, less exposure.
+
+Server-side combination must give the weights of target-side combination (up to float
+reductions) for every fixed-β and auto-weighted rule, in-process and through the FLARE wire
+format; and in server mode no site may ever receive another site's update.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fedcxr.flare.wire import decode_reply, decode_task, encode_reply, encode_task
+from fedcxr.pipeline.config import load_config
+from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
+from fedcxr.pipeline.messages import SOURCE_PREFIX
+
+from ...conftest import tiny_config
+
+FIXED = ["FedAvg_Finetune_GP", "FedDA", "FedGP"]
+AUTO = ["FedDA_Auto", "FedGP_Auto"]
+
+
+class RecordingTransport(InProcessTransport):
+    """The in-process transport, optionally through the FLARE wire format, recording what each site receives."""
+
+    def __init__(self, runners, *, wire: bool):
+        super().__init__(runners)
+        self.wire = wire
+        self.received: list[tuple[str, str, list[str]]] = []  # (site, task, param keys)
+
+    def run(self, task, targets, params, config, *, per_site=None):
+        replies = {}
+        for site in targets:
+            site_params, site_config = (per_site or {}).get(site, (params, config))
+            self.received.append((site, task, sorted(site_params or {})))
+            if not self.wire:
+                replies[site] = self.runners[site].handle(task, site_params, dict(site_config))
+                continue
+            arrays, meta = encode_task(task, site_params, site_config, runner={}, run="test")
+            got = decode_task(arrays, json.loads(json.dumps(meta)))
+            reply = self.runners[site].handle(got["task"], got["params"], got["config"])
+            arrays, meta = encode_reply(reply)
+            replies[site] = decode_reply(site, arrays, json.loads(json.dumps(meta)))
+        return replies
+
+
+_RUNS: dict = {}  # (strategy, where, wire) → result: the tests share runs (a run costs seconds on 2 cores)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("combine")
+
+
+def _run(manifests, root, strategy, *, where, wire=False, auto=False):
+    key = (strategy, where, wire)
+    if key not in _RUNS:
+        _RUNS[key] = _fresh_run(manifests, root, strategy, where=where, wire=wire, auto=auto)
+    return _RUNS[key]
+
+
+def _fresh_run(manifests, root, strategy, *, where, wire, auto):
+    key = "auto_weights_at" if auto else "combine_at"
+    # FedDA/FedGP(_Auto) warm up with plain FedAvg rounds: skip them so round 0 combines; GP keeps
+    # its warm-up (the projection from the sources' average, the target after the sources)
+    warmup = {} if strategy.startswith("FedAvg_Finetune") else {"warmup_rounds": 0}
+    cfg = load_config(data=tiny_config(manifests, root / "cache", strategy=strategy, rounds=1, eval_every=0, **warmup,
+                                       target_train={"lr": 1e-3, "batch_size": 8, "steps": 3, "labeled": 0.5},
+                                       privacy={key: where}))
+    transport = RecordingTransport(build_runners(cfg, torch.device("cpu"), False), wire=wire)
+    out = root / f"{strategy}-{where}-{'wire' if wire else 'local'}"
+    run_experiment(cfg, out, progress=False, transport=transport)
+    final = torch.load(out / "final_model.pt", map_location="cpu", weights_only=True)
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return final["global"], metrics, transport.received
+
+
+def _max_diff(a, b):
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a if a[k].numel())
+
+
+def _betas(metrics):
+    return [m["betas"] for m in metrics]
+
+
+@pytest.mark.parametrize("strategy", FIXED)
+def test_server_side_combine_gives_the_target_side_weights(strategy, tiny_manifests, root):
+    server, m_server, seen = _run(tiny_manifests, root, strategy, where="server")
+    target, m_target, seen_target = _run(tiny_manifests, root, strategy, where="target")
+    assert _max_diff(server, target) <= 1e-6
+    assert _betas(m_server) == _betas(m_target)
+    # server mode: every site receives θ0 only; target mode: the target receives the sources' updates
+    assert not any(k.startswith(SOURCE_PREFIX) for _, _, keys in seen for k in keys)
+    assert {task for _, task, _ in seen} == {"metadata", "train"}
+    assert any(task == "train_combine" and any(k.startswith(SOURCE_PREFIX) for k in keys)
+               for _, task, keys in seen_target)
+
+
+@pytest.mark.parametrize("strategy", AUTO)
+def test_auto_weights_at_server_and_at_target_agree(strategy, tiny_manifests, root):
+    server, m_server, seen = _run(tiny_manifests, root, strategy, where="server", auto=True)
+    target, m_target, _ = _run(tiny_manifests, root, strategy, where="target", auto=True)
+    assert _max_diff(server, target) <= 1e-6
+    for a, b in zip(_betas(m_server), _betas(m_target)):
+        assert a.keys() == b.keys() and all(abs(a[s] - b[s]) <= 1e-6 for s in a)
+        assert all(0.0 <= v <= 1.0 for v in a.values())
+    assert not any(k.startswith(SOURCE_PREFIX) for _, _, keys in seen for k in keys)
+
+
+@pytest.mark.parametrize("strategy,auto", [("FedGP", False), ("FedGP_Auto", True)])
+def test_both_modes_agree_through_the_flare_wire_format(strategy, auto, tiny_manifests, root):
+    local, _, _ = _run(tiny_manifests, root, strategy, where="server", auto=auto)
+    server, _, _ = _run(tiny_manifests, root, strategy, where="server", auto=auto, wire=True)
+    target, _, _ = _run(tiny_manifests, root, strategy, where="target", auto=auto, wire=True)
+    assert _max_diff(server, local) <= 1e-6
+    assert _max_diff(server, target) <= 1e-6
+
+
+def test_a_missing_target_fails_the_round_in_server_mode(tiny_manifests, root, tmp_path):
+    from fedcxr.pipeline.protocols import RoundFailed
+
+    cfg = load_config(data=tiny_config(tiny_manifests, root / "cache", strategy="FedGP", rounds=1,
+                                       eval_every=0, warmup_rounds=0))
+    transport = RecordingTransport(build_runners(cfg, torch.device("cpu"), False), wire=False)
+    inner = transport.run
+
+    def without_target(task, targets, params, config, *, per_site=None):
+        replies = inner(task, targets, params, config, per_site=per_site)
+        if task == "train":
+            replies.pop("dicom_style", None)
+        return replies
+
+    transport.run = without_target
+    with pytest.raises(RoundFailed, match="target dicom_style did not answer"):
+        run_experiment(cfg, tmp_path / "run", progress=False, transport=transport)
+
+
+def test_target_side_combination_fine_tunes_once_beside_the_sources(tiny_manifests, root, tmp_path):
+    """combine_at: target — the target trains in the sources' request and train_combine reuses it."""
+    cfg = load_config(data=tiny_config(tiny_manifests, root / "cache", strategy="FedGP", rounds=1, eval_every=0,
+                                       target_train={"lr": 1e-3, "batch_size": 8, "steps": 3, "labeled": 0.5},
+                                       privacy={"combine_at": "target"}))
+    transport = RecordingTransport(build_runners(cfg, torch.device("cpu"), False), wire=True)
+    target = transport.runners["dicom_style"]
+    trained, handle = [], target.handle
+
+    def counting(task, params, config):
+        if task == "train":
+            trained.append(bool(config.get("hold_for_combine")))
+        return handle(task, params, config)
+
+    target.handle = counting
+    run_experiment(cfg, tmp_path / "run", progress=False, transport=transport)
+    assert trained == [True]  # held in the sources' request, never trained again by train_combine
+    assert [(s, t) for s, t, _ in transport.received if t != "metadata"] == [
+        ("nih_style", "train"), ("chexpert_style", "train"), ("dicom_style", "train"),
+        ("dicom_style", "train_combine")]
+    final = torch.load(tmp_path / "run" / "final_model.pt", map_location="cpu", weights_only=True)["global"]
+    assert _max_diff(final, _run(tiny_manifests, root, "FedGP", where="server")[0]) <= 1e-6
