@@ -53,8 +53,9 @@ def test_one_level_two_methods_one_seed(bench, small_npz, tmp_path, one_torch_th
     work = tmp_path / "work"
     target = work / "targets" / "mix3" / "target"
     assert read_site_json(target)["options"]["shift"]["level"] == 3
-    target_ids = set(read_manifest(target)["patient_id"])
-    assert target_ids and all(pid.startswith("test-") for pid in target_ids)
+    rows = read_manifest(target)
+    assert len(rows) == 60 and rows["source_file"].str.endswith(":test").all()
+    target_ids = set(rows["patient_id"])
     for k in (1, 2, 3):
         source = read_manifest(work / "manifests" / f"site-{k}")
         assert not target_ids & set(source["patient_id"])
