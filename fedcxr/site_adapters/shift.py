@@ -32,8 +32,10 @@ exactly (re-encoded as 8-bit PNG).
 
 Reproducible: the noise of each image is drawn from a generator seeded by ``(seed, image
 path)``, so the same input, kind, level and seed give byte-identical PNGs whatever the row
-order. The new manifest's image paths carry ``<kind><level>-seed<seed>/`` so its content hash
-(and the training cache key) differs from the input's and from every other shift.
+order. ``image_key`` (the keyed name predictions use) is kept, so a shifted image's
+predictions pair with its original's. The new manifest's image paths carry
+``<kind><level>-seed<seed>/`` so its content hash (and the training cache key) differs from
+the input's and from every other shift.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def test_level_zero_is_the_identity(real_site, tmp_path):
 def test_rows_labels_and_splits_are_kept_and_the_hash_changes(real_site, tmp_path):
     payload = shift_site(real_site, tmp_path / "out", kind="noise", level=2, seed=1, site_name="shifted", progress=False)
     before, after = read_manifest(real_site), read_manifest(tmp_path / "out" / "shifted")
-    cols = ["patient_id", "split", "label__pneumonia"]
+    cols = ["patient_id", "image_key", "split", "label__pneumonia"]  # same images, same keyed names
     assert after[cols].equals(before[cols])
     assert all(p.startswith("noise2-seed1/") and p.endswith(".png") for p in after["image_path"])
     assert payload["content_hash"] != read_site_json(real_site)["content_hash"]
