@@ -35,7 +35,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -164,6 +164,22 @@ def _decode(task: str, code: int) -> str:
     return vocab[code] if 0 <= code < len(vocab) else f"code {code}"
 
 
+
+def report_header(run_info: Mapping[str, Any], split: str, classes: list[str]) -> dict[str, Any]:
+    """The keys every report opens with (``fedcxr evaluate``'s and the cross-site one alike)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "fedcxr.evaluation.report",
+        "fedcxr_version": fedcxr.__version__,
+        "method": run_info["method"],
+        "seed": run_info["seed"],
+        "target": run_info.get("target"),
+        "split": split,
+        "classes": classes,
+        "binary_task": is_binary_task(classes),
+        "train_sites": list(run_info.get("sites") or []),
+    }
+
 def build_report(
     predictions: pd.DataFrame,
     run_info: dict,
@@ -191,16 +207,7 @@ def build_report(
     wanted = [str(s) for s in run_info.get("eval_sites") or []]
     order = [s for s in wanted if s in present] + [s for s in present if s not in wanted]
     report: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "fedcxr.evaluation.report",
-        "fedcxr_version": fedcxr.__version__,
-        "method": run_info["method"],
-        "seed": run_info["seed"],
-        "target": run_info.get("target"),
-        "split": split,
-        "classes": classes,
-        "binary_task": binary,
-        "train_sites": list(run_info.get("sites") or []),
+        **report_header(run_info, split, classes),
         "ci": {"level": 1 - ALPHA,
                "method": "patient-level bootstrap (percentile)" if n_boot > 0 else "DeLong (normal approximation)",
                "n_boot": int(n_boot), "seed": int(seed)},

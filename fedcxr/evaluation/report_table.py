@@ -23,16 +23,14 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-import fedcxr
 from fedcxr.errors import UserError
 from fedcxr.evaluation import metrics
 from fedcxr.evaluation.report import (
     ALPHA,
     MIN_SUBGROUP_ROWS,
-    SCHEMA_VERSION,
-    is_binary_task,
     per_class_frame,
     render_markdown,
+    report_header,
     write_json,
     write_text,
 )
@@ -87,17 +85,8 @@ def build_summary_report(summaries: Mapping[str, Mapping], run_info: Mapping, *,
         if site not in sites and site not in missing:
             missing[site] = "no summary from the site"
     return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "fedcxr.evaluation.report",
+        **report_header(run_info, split, classes),
         "source": SOURCE,
-        "fedcxr_version": fedcxr.__version__,
-        "method": run_info["method"],
-        "seed": run_info["seed"],
-        "target": run_info.get("target"),
-        "split": split,
-        "classes": classes,
-        "binary_task": is_binary_task(classes),
-        "train_sites": list(run_info.get("sites") or []),
         "ci": {"level": 1 - ALPHA,
                "method": ("patient-level bootstrap (percentile), at each site" if n_boot > 0
                           else "DeLong (normal approximation), at each site"),
