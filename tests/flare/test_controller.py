@@ -246,7 +246,8 @@ def test_only_parameters_counts_class_names_and_metrics_leave_a_site(flare_runs)
     assert len(entries) > 50
     words = set(CLASSES) | set(REPLY_KEYS) | {"reply", "loss", "main_loss", "aux_loss", "n_train", "n_val", "n_test",
                                               "n_labeled_train", "labeled_per_class", "split", "val", "n", "auroc",
-                                              "mean_auroc", "idd_train", "idd_after", "fedcxr", "error", "betas",
+                                              "mean_auroc", "idd_train", "idd_train_sum", "idd_after", "best_epoch", "val_loss",
+                                              "fedcxr", "error", "betas",
                                                   "manifest_hash"}
     for entry in entries:
         assert set(entry["param_keys"]) <= allowed_keys, set(entry["param_keys"]) - allowed_keys
