@@ -315,7 +315,7 @@ def test_only_parameters_counts_class_names_and_metrics_leave_a_site(flare_runs)
     assert len(entries) > 50
     words = set(CLASSES) | set(REPLY_KEYS) | {"reply", "loss", "main_loss", "aux_loss", "n_train", "n_val", "n_test",
                                               "n_labeled_train", "labeled_per_class", "split", "val", "n", "auroc",
-                                              "mean_auroc", "idd_train", "idd_after", "fedcxr", "error", "betas",
+                                              "mean_auroc", "idd_train", "idd_train_sum", "idd_after", "fedcxr", "error", "betas",
                                                   "manifest_hash", "model_owner", "SRV_server", "test",
                                               "RuntimeError", "best_epoch", "val_loss",
                                               "summary", *ALL}
