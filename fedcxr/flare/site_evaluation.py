@@ -23,17 +23,14 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-import numpy as np
 import pandas as pd
 
 from fedcxr.evaluation import calibration
 from fedcxr.evaluation.report import evaluate_rows, is_binary_task, subgroup_analysis
 from fedcxr.flare.wire import check_summary
-from fedcxr.pipeline.data import make_loader
-from fedcxr.pipeline.local import predict
+from fedcxr.pipeline.predict import site_prediction_frame
 from fedcxr.pipeline.messages import Reply, StateDict
 from fedcxr.pipeline.site_runner import SiteRunner, register_task
-from fedcxr.vocab import AUX_TASKS, aux_column, label_column
 
 log = logging.getLogger(__name__)
 
@@ -43,28 +40,9 @@ VALIDATE_TASK = "validate"
 
 def site_predictions(runner: SiteRunner, params: StateDict, classes: list[str], aux_tasks: list[str],
                      split: str) -> pd.DataFrame:
-    """The site's prediction table for ``split`` (in memory only: it never leaves the site)."""
-    model = runner.model(classes, aux_tasks)
-    model.load_state_dict(params)
-    data = runner.dataset(split, classes, aux_tasks, augment=False)
-    frames = []
-    for site in runner.sites:
-        in_split = (site.manifest["split"] == split).to_numpy()
-        frames.append(site.manifest.loc[in_split].reset_index(drop=True))
-    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    if len(rows) == 0:
-        return pd.DataFrame()
-    out = predict(model, make_loader(data, batch_size=64, shuffle=False, seed=0, augment=False,
-                                     num_workers=runner.num_workers), device=runner.device)
-    order = np.asarray(out["index"], dtype=int)
-    frame = pd.DataFrame({"site": runner.name, "patient_key": rows["patient_id"].astype(str).to_numpy()[order]})
-    for j, cls in enumerate(classes):
-        frame[label_column(cls)] = rows[label_column(cls)].to_numpy()[order]
-        frame[f"prob__{cls}"] = out["probs"][:, j]
-    for task in AUX_TASKS:
-        if aux_column(task) in rows:
-            frame[aux_column(task)] = rows[aux_column(task)].to_numpy()[order]
-    return frame
+    """The site's prediction table for ``split`` (in memory only: it never leaves the site);
+    the same rows ``fedcxr evaluate`` scores (:func:`fedcxr.pipeline.predict.site_prediction_frame`)."""
+    return site_prediction_frame(runner, params, classes, aux_tasks, split)
 
 
 def summarize(frame: pd.DataFrame, classes: list[str], *, split: str, n_boot: int, seed: int) -> dict:

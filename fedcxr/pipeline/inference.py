@@ -12,7 +12,6 @@ The model is the run's global one, or a site's own (``site=``) for methods that 
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,6 @@ from torch.utils.data import DataLoader, Dataset
 
 from fedcxr.errors import UserError
 from fedcxr.logs import bar_disabled
-from fedcxr.pipeline.checkpoints import load_final_model
 from fedcxr.pipeline.data import NORM_MEAN, NORM_STD
 
 log = logging.getLogger(__name__)
@@ -84,18 +82,10 @@ def load_run_model(run_dir: Path | str, site: Optional[str] = None, *, warn_glob
 
     ``warn_global``: warn when ``site`` is asked for but the method keeps no per-site model."""
     from fedcxr.models.network import CXRNet
-    from fedcxr.pipeline.predict import site_params
+    from fedcxr.pipeline.predict import load_final, site_params
     from fedcxr.vocab import AUX_VOCAB
 
-    run_dir = Path(run_dir)
-    run_path = run_dir / "run.json"
-    if not run_path.is_file() or not (run_dir / "final_model.pt").is_file():
-        raise UserError(f"{run_dir}: not a finished run (run.json and final_model.pt are needed)")
-    try:
-        run = json.loads(run_path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UserError(f"{run_path}: not valid JSON ({exc})") from None
-    final = load_final_model(run_dir)
+    run, final = load_final(Path(run_dir))
     cfg = dict(final.get("model") or {})
     model = CXRNet(final["classes"], backbone=cfg.get("backbone") or "resnet18", hidden=cfg.get("hidden", 128),
                    aux_tasks={t: len(AUX_VOCAB[t]) for t in final.get("aux_tasks", [])})

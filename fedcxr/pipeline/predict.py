@@ -73,6 +73,42 @@ def patient_keys(manifest: pd.DataFrame, patient_ids: pd.Series) -> pd.Series:
     return patient_ids.astype(str).map(uniq)
 
 
+def site_prediction_frame(runner: SiteRunner, params: dict, classes: list[str], aux_tasks: list[str],
+                          split: str) -> pd.DataFrame:
+    """One site's predictions on ``split``: keys, labels, probabilities and aux values per row.
+
+    The one place a site is scored for evaluation: ``fedcxr evaluate`` writes these rows, the
+    FLARE ``validate`` task summarises them at the site (where they stay). Empty when the site
+    has no row in ``split``.
+    """
+    model = runner.model(classes, aux_tasks)
+    model.load_state_dict(params)
+    parts = []
+    for site in runner.sites:
+        manifest = site.manifest
+        in_split = (manifest["split"] == split).to_numpy()
+        rows = manifest.loc[in_split].reset_index(drop=True)
+        parts.append((rows, row_keys(manifest).to_numpy()[in_split],
+                      patient_keys(manifest, rows["patient_id"]).to_numpy()))
+    rows = pd.concat([r for r, _, _ in parts], ignore_index=True)
+    if len(rows) == 0:
+        return pd.DataFrame()
+    keys = np.concatenate([k for _, k, _ in parts])
+    patients = np.concatenate([p for _, _, p in parts])
+    data = runner.dataset(split, classes, aux_tasks, augment=False)
+    out = predict(model, make_loader(data, batch_size=64, shuffle=False, seed=0, augment=False,
+                                     num_workers=runner.num_workers), device=runner.device)
+    order = np.asarray(out["index"], dtype=int)
+    frame = pd.DataFrame({"site": runner.name, "row_key": keys[order], "patient_key": patients[order]})
+    for j, cls in enumerate(classes):
+        frame[label_column(cls)] = rows[label_column(cls)].to_numpy()[order]
+        frame[f"prob__{cls}"] = out["probs"][:, j]
+    for task in AUX_TASKS:
+        if aux_column(task) in rows:
+            frame[aux_column(task)] = rows[aux_column(task)].to_numpy()[order]
+    return frame
+
+
 def write_predictions(run_dir: Path | str, split: str = "test", device: Optional[str] = None) -> Path:
     """Score every evaluated site's ``split`` and write ``predictions/<split>.parquet``."""
     run_dir = Path(run_dir)
@@ -84,27 +120,9 @@ def write_predictions(run_dir: Path | str, split: str = "test", device: Optional
     for site in run["eval_sites"]:
         runner = SiteRunner(site, Path(run["site_dirs"][site]), model_cfg=final["model"],
                             image_size=final["image_size"], cache_dir=cache, device=dev, augment=False)
-        model = runner.model(classes, aux_tasks)
-        model.load_state_dict(site_params(final, site))
-        data = runner.dataset(split, classes, aux_tasks, augment=False)
-        manifest = runner.sites[0].manifest
-        in_split = (manifest["split"] == split).to_numpy()
-        rows = manifest.loc[in_split].reset_index(drop=True)
-        if len(rows) == 0:
+        frame = site_prediction_frame(runner, site_params(final, site), classes, aux_tasks, split)
+        if len(frame) == 0:
             continue
-        keys = row_keys(manifest).to_numpy()[in_split]
-        out = predict(model, make_loader(data, batch_size=64, shuffle=False, seed=0, augment=False), device=dev)
-        order = np.asarray(out["index"], dtype=int)
-        frame = pd.DataFrame({
-            "site": site,
-            "row_key": keys[order],
-            "patient_key": patient_keys(manifest, rows["patient_id"]).to_numpy()[order],
-        })
-        for j, cls in enumerate(classes):
-            frame[label_column(cls)] = rows[label_column(cls)].to_numpy()[order]
-            frame[f"prob__{cls}"] = out["probs"][:, j]
-        for task in AUX_TASKS:
-            frame[aux_column(task)] = rows[aux_column(task)].to_numpy()[order]
         frames.append(frame)
     if not frames:
         raise UserError(f"{run_dir}: no rows in split {split!r} at the evaluated sites {run['eval_sites']}")
