@@ -264,10 +264,13 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
             "wall_s": round(time.time() - start)}
     bench_shift.write_outputs(frame, "level", args.methods, args.out, args.stem, header="level",
                               xlabel=f"{args.kind} shift level (0 = none)",
-                              title=f"PneumoniaMNIST, unlabelled target = official test images under `{args.kind}` "
-                                    f"shift, {args.seeds} seeds: FACT vs Source_Only", meta=meta, claims=CLAIMS)
+                              title=title(args.kind, args.seeds), meta=meta, claims=CLAIMS)
     print(f"total {time.time() - start:.0f} s; outputs in {args.out}")
     return frame
+
+
+def title(kind: str, seeds: int) -> str:
+    return f"PneumoniaMNIST, unlabelled `{kind}`-shifted target, {seeds} seeds: FACT vs Source_Only"
 
 
 def selected_rounds(sweep: Path, args) -> dict:
