@@ -27,7 +27,9 @@ target = the official *test* images re-split 45/15/40 by patient hash and shifte
 * ``Source_Only_AdaBN`` (diagnostic, no training): each Source_Only model with its BatchNorm
   statistics re-estimated on the unlabelled target's training images (AdaBN; label-free). FACT's
   target step trains G in train mode, so its BatchNorm statistics move to the target too; this
-  separates that effect from the IDD objective's.
+  separates that effect from the IDD objective's;
+* ``FACT_last`` (diagnostic, no training): each FACT run's last-round model instead of its
+  lowest-IDD round (from its last checkpoint): what the label-free model selection adds.
 
 Nothing is tuned on the test split: :data:`FACT_CONFIG` and :data:`ROUNDS` were fixed before any
 test AUROC was seen.
@@ -55,11 +57,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # a real module: its functions must pickle into the worker processes
 import bench_shift  # noqa: E402
 
-METHODS = ["Source_Only", "Source_Only_AdaBN", "FACT", "FACT_NF", "FACT_SGD", "Oracle"]
+METHODS = ["Source_Only", "Source_Only_AdaBN", "FACT", "FACT_last", "FACT_NF", "FACT_SGD", "Oracle"]
 #: trained with the unlabelled copy of the target (the rest: with the labelled target)
 LABEL_FREE = {"Source_Only", "FACT", "FACT_NF", "FACT_SGD"}
-#: derived from another method's finished runs without training: name → (source method, function)
-DERIVED = {"Source_Only_AdaBN": "Source_Only"}
+#: derived from another method's finished runs without training: name → the method it starts from
+DERIVED = {"Source_Only_AdaBN": "Source_Only", "FACT_last": "FACT"}
 #: ``FACT_SGD``: FACT with its authors' optimiser (SGD momentum 0.9, weight decay 5e-4)
 VARIANTS = {"FACT_SGD": "FACT"}
 #: the same optimiser for every method (FACT's default is SGD; see the module doc)
@@ -77,6 +79,7 @@ CLAIMS = [
     ("FACT ≥ FACT_NF", "FACT", "FACT_NF", "all", False),
     ("Oracle > FACT (reference)", "Oracle", "FACT", "all", False),
     ("FACT > Source_Only_AdaBN (diagnostic: IDD beyond BN statistics)", "FACT", "Source_Only_AdaBN", "shift", False),
+    ("FACT > FACT_last (diagnostic: lowest-IDD round vs last round)", "FACT", "FACT_last", "all", False),
 ]
 
 log = logging.getLogger("bench_fact")
@@ -132,7 +135,7 @@ def score_run(run_dir: Path, labeled_target: Path, cache: Path, *, params: Optio
               "strategy": run["config"]["strategy"], "target_unlabeled": not run["class_sets"].get("target"),
               "selected_round": _selected_round(run_dir)}
     if params is not None:
-        result["derived_from"] = run_dir.name
+        result.update(derived_from=run_dir.name, selected_round=None)
     ((out or run_dir) / SCORE_FILE).write_text(json.dumps(result, indent=1))
     return result
 
@@ -173,6 +176,20 @@ def adabn_run(source_run: Path, run_dir: Path, unlabeled_target: Path, labeled_t
     return score_run(source_run, labeled_target, cache, params=state, out=run_dir)
 
 
+def last_round_run(source_run: Path, run_dir: Path, unlabeled_target: Path, labeled_target: Path,
+                   cache: Path) -> dict:
+    """``source_run``'s global model after its last round (its newest checkpoint), scored as
+    :func:`score_run`: FACT without its lowest-IDD model selection."""
+    from fedcxr.pipeline.checkpoints import latest_checkpoint, load_checkpoint
+
+    ckpt = load_checkpoint(latest_checkpoint(source_run))
+    rounds = json.loads((source_run / "run.json").read_text())["rounds"]
+    if ckpt["round"] != rounds - 1:
+        raise SystemExit(f"{source_run}: newest checkpoint is round {ckpt['round']}, not the last ({rounds - 1})")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return score_run(source_run, labeled_target, cache, params=ckpt["state"]["global"], out=run_dir)
+
+
 def run_level(job: tuple) -> float:
     """Every method × seed of one level (in a worker process, one torch thread); returns its wall time."""
     import torch
@@ -198,8 +215,8 @@ def run_level(job: tuple) -> float:
                 source = out / "runs" / f"{DERIVED[method]}-seed{seed}"
                 if not (source / "final_model.pt").is_file():
                     raise SystemExit(f"{method} needs {DERIVED[method]} among --methods, before it")
-                adabn_run(source, run_dir, unlabeled_target, labeled_target,
-                          Path(load_config(config).cache_dir))
+                derive = adabn_run if method == "Source_Only_AdaBN" else last_round_run
+                derive(source, run_dir, unlabeled_target, labeled_target, Path(load_config(config).cache_dir))
                 continue
             cfg = load_config(config, overrides=[*FACT_CONFIG, *overrides, *extra,
                                                  f"strategy={VARIANTS.get(method, method)}", f"seed={seed}"])

@@ -1,5 +1,5 @@
 """Smoke test of ``benchmarks/bench_fact.py`` on real PneumoniaMNIST: one shift level, Source_Only
-and FACT (plus the training-free AdaBN diagnostic), one seed, a tiny slice of the data — the
+and FACT (plus the training-free AdaBN and last-round diagnostics), one seed, a tiny slice of the data — the
 unlabelled target, the runs, the scoring on the labelled test split, table and figure."""
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ def small_npz(shared_data, tmp_path):
 def test_one_level_fact_vs_source_only_one_seed(bench, small_npz, tmp_path, one_torch_thread):
     out, work = tmp_path / "results", tmp_path / "work"
     frame = bench.main(["--npz", str(small_npz), "--work", str(work), "--out", str(out), "--levels", "3",
-                        "--methods", "Source_Only", "Source_Only_AdaBN", "FACT", "--seeds", "1", "--rounds", "2",
+                        "--methods", "Source_Only", "Source_Only_AdaBN", "FACT", "FACT_last", "--seeds", "1", "--rounds", "2",
                         "--set", "source.steps=2", "--set", "target_train.batch_size=10"])
-    assert sorted(frame["method"]) == ["FACT", "Source_Only", "Source_Only_AdaBN"] and set(frame["level"]) == {3}
+    assert sorted(frame["method"]) == ["FACT", "FACT_last", "Source_Only", "Source_Only_AdaBN"]
+    assert set(frame["level"]) == {3}
     assert frame["auroc"].between(0, 1).all()
     for name in ("fact_mix.md", "fact_mix.csv", "fact_mix_runs.csv", "fact_mix.png"):
         assert (out / name).stat().st_size > 0
@@ -66,6 +67,10 @@ def test_one_level_fact_vs_source_only_one_seed(bench, small_npz, tmp_path, one_
     assert score["selected_round"] in (0, 1)  # FACT's lowest-IDD round
     adabn = json.loads((runs / "Source_Only_AdaBN-seed0" / "target_test.json").read_text())
     assert adabn["derived_from"] == "Source_Only-seed0" and adabn["n"] == len(test)
+    last = json.loads((runs / "FACT_last-seed0" / "target_test.json").read_text())
+    assert last["derived_from"] == "FACT-seed0" and last["selected_round"] is None
+    if score["selected_round"] == 1:  # the lowest-IDD round is the last one: the same model
+        assert last["mean_auroc"] == pytest.approx(score["mean_auroc"])
     table = pd.read_csv(out / "fact_mix.csv")
     assert (table["n"] == 1).all()
 
