@@ -19,7 +19,8 @@ Setting (everything built from ``pneumoniamnist_merged.npz``, see ``../shared/da
 Nothing is tuned on the test split: the network, rounds and learning rates are fixed in
 :data:`BASE_CONFIG` (chosen for speed on 2 CPU cores) before any test AUROC was seen.
 
-Re-run (about 30–40 min on 2 loaded CPU cores with the defaults)::
+Re-run (about 3–4 min on 2 idle CPU cores with ``--levels 0 2 3 4 --workers 2``; 30–40 min when
+the cores are shared)::
 
     nice -n 10 python benchmarks/bench_shift.py --work runs/bench_shift --out benchmarks/results
 
