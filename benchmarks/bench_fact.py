@@ -1,7 +1,7 @@
 """FACT on an unlabeled shifted target vs Source_Only (real PneumoniaMNIST; issue 10).
 
-The FACT paper's claim, in its own terms: with several labelled source clients and one
-*unlabelled* target, cross-training pairs of sources and minimising the two source heads'
+The FACT paper's claim, in its own terms: with several labeled source clients and one
+*unlabeled* target, cross-training pairs of sources and minimising the two source heads'
 inter-domain distance (IDD) on the target's images gives a model that predicts the target
 better than the sources' model alone; the head fine-tuning step (FACT vs FACT_NF) helps most on
 the hard targets; the final model is the round of lowest IDD, chosen without a target label.
@@ -11,12 +11,13 @@ describes them): sources = the official *train* images dealt to three sites by p
 target = the official *test* images re-split 45/15/40 by patient hash and shifted with
 ``fedcxr shift --kind mix --level L`` (seed 0). What differs:
 
-* the label-free methods (``Source_Only``, ``FACT``, ``FACT_NF``) train with an **unlabelled
+* the label-free methods (``Source_Only``, ``FACT``, ``FACT_NF``) train with an **unlabeled
   copy** of the shifted target: the same rows and images with every finding label removed and
   ``site.json`` ``"unlabeled": true`` (an empty class set; the config says ``class_source:
   sources``), so no target label — train, val or test — can reach training or model selection;
-* ``Oracle`` (upper reference) trains on the labelled shifted target's 260 training rows;
-* every run is then scored the same way: its final model on the **labelled** shifted target's
+* ``Oracle`` (reference: the target alone with all its labels) trains on the labeled shifted
+  target's 260 training rows;
+* every run is then scored the same way: its final model on the **labeled** shifted target's
   test split (279 images, :func:`fedcxr.pipeline.predict.site_prediction_frame`, AUROC of
   :mod:`fedcxr.evaluation.metrics`), written to ``RUN_DIR/target_test.json``;
 * every method uses Adam (lr 1e-3, no weight decay), as ``bench_shift``'s runs; FACT keeps its
@@ -25,7 +26,7 @@ target = the official *test* images re-split 45/15/40 by patient hash and shifte
   (momentum 0.9, as its code); ``FACT_SGD`` runs it so, at the paper's η0 = 0.005
   (``--fact-sgd LR`` to change);
 * ``Source_Only_AdaBN`` (diagnostic, no training): each Source_Only model with its BatchNorm
-  statistics re-estimated on the unlabelled target's training images (AdaBN; label-free). FACT's
+  statistics re-estimated on the unlabeled target's training images (AdaBN; label-free). FACT's
   target step trains G in train mode, so its BatchNorm statistics move to the target too; this
   separates that effect from the IDD objective's;
 * ``FACT_last`` (diagnostic, no training): each FACT run's last-round model instead of its
@@ -34,9 +35,10 @@ target = the official *test* images re-split 45/15/40 by patient hash and shifte
 Nothing is tuned on the test split: :data:`FACT_CONFIG` and :data:`ROUNDS` were fixed before any
 test AUROC was seen.
 
-Re-run (about 20 min on 2 loaded CPU cores with the defaults)::
+Re-run (5 levels × 10 seeds: 300 trained runs, about 20 min with ``--workers 2`` on 2 shared
+CPU cores)::
 
-    nice -n 10 python benchmarks/bench_fact.py --work runs/bench_shift --out benchmarks/results
+    nice -n 10 python benchmarks/bench_fact.py --work runs/bench_fact --out benchmarks/results --workers 2
 
 Finished runs are skipped, so an interrupted sweep continues where it stopped.
 """
@@ -58,7 +60,7 @@ sys.path.insert(0, str(HERE))  # a real module: its functions must pickle into t
 import bench_shift  # noqa: E402
 
 METHODS = ["Source_Only", "Source_Only_AdaBN", "FACT", "FACT_last", "FACT_NF", "FACT_SGD", "Oracle"]
-#: trained with the unlabelled copy of the target (the rest: with the labelled target)
+#: trained with the unlabeled copy of the target (the rest: with the labeled target)
 LABEL_FREE = {"Source_Only", "FACT", "FACT_NF", "FACT_SGD"}
 #: derived from another method's finished runs without training: name → the method it starts from
 DERIVED = {"Source_Only_AdaBN": "Source_Only", "FACT_last": "FACT"}
@@ -89,7 +91,7 @@ log = logging.getLogger("bench_fact")
 
 
 def unlabeled_copy(target: Path, out: Path) -> Path:
-    """The target's rows and images with every finding label removed, written as an unlabelled
+    """The target's rows and images with every finding label removed, written as an unlabeled
     site (``site.json`` ``"unlabeled": true``, empty class set) under ``out``; returns its folder."""
     from fedcxr.site_adapters.manifest import read_manifest, read_site_json, write_site
     from fedcxr.vocab import CLASSES, label_column
@@ -104,7 +106,7 @@ def unlabeled_copy(target: Path, out: Path) -> Path:
     write_site(out, "target", frame, classes=[], source=meta["source"], adapter_version=meta["adapter_version"],
                export_root=Path(meta["export_root"]), set_aside=[], unlabeled=True,
                key_id=(meta.get("pseudonyms") or {}).get("key_id"),
-               options={**meta.get("options", {}), "bench_fact": "finding labels removed (FACT's unlabelled target)"})
+               options={**meta.get("options", {}), "bench_fact": "finding labels removed (FACT's unlabeled target)"})
     return site
 
 
@@ -113,7 +115,7 @@ def unlabeled_copy(target: Path, out: Path) -> Path:
 
 def score_run(run_dir: Path, labeled_target: Path, cache: Path, *, params: Optional[dict] = None,
               out: Optional[Path] = None) -> dict:
-    """The run's final model (or ``params``) on the labelled target's test split; written to
+    """The run's final model (or ``params``) on the labeled target's test split; written to
     ``out/SCORE_FILE`` (default: the run's folder)."""
     from fedcxr.evaluation.metrics import auroc
     from fedcxr.pipeline.predict import load_final, site_params, site_prediction_frame
@@ -149,7 +151,7 @@ def _selected_round(run_dir: Path) -> Optional[int]:
 
 def adabn_run(source_run: Path, run_dir: Path, unlabeled_target: Path, labeled_target: Path, cache: Path) -> dict:
     """AdaBN: ``source_run``'s final model with every BatchNorm's running statistics re-estimated on
-    the unlabelled target's training images (no label, no gradient), scored as :func:`score_run`."""
+    the unlabeled target's training images (no label, no gradient), scored as :func:`score_run`."""
     import torch
     from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -243,7 +245,7 @@ def parse(argv: Optional[Sequence[str]] = None):
         i = argv.index("--fact-sgd")
         sgd_lr = float(argv[i + 1])
         del argv[i:i + 2]
-    defaults = ["--levels", "0", "2", "4", "--methods", *METHODS, "--seeds", "5", "--stem", "fact_mix",
+    defaults = ["--levels", "0", "1", "2", "3", "4", "--methods", *METHODS, "--seeds", "10", "--stem", "fact_mix",
                 "--rounds", str(ROUNDS)]
     args = bench_shift.parse(defaults + argv)
     args.sgd_lr = sgd_lr if sgd_lr is not None else 5e-3  # the paper's η0
@@ -287,7 +289,7 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
 
 
 def title(kind: str, seeds: int) -> str:
-    return f"PneumoniaMNIST, unlabelled `{kind}`-shifted target, {seeds} seeds: FACT vs Source_Only"
+    return f"PneumoniaMNIST, unlabeled `{kind}`-shifted target, {seeds} seeds: FACT vs Source_Only"
 
 
 def selected_rounds(sweep: Path, args) -> dict:

@@ -1,6 +1,6 @@
 """Smoke test of ``benchmarks/bench_fact.py`` on real PneumoniaMNIST: one shift level, Source_Only
 and FACT (plus the training-free AdaBN and last-round diagnostics), one seed, a tiny slice of the data — the
-unlabelled target, the runs, the scoring on the labelled test split, table and figure."""
+unlabeled target, the runs, the scoring on the labeled test split, table and figure."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_one_level_fact_vs_source_only_one_seed(bench, small_npz, tmp_path, one_
     for method in ("FACT", "Source_Only"):
         run = json.loads((runs / f"{method}-seed0" / "run.json").read_text())
         assert run["class_sets"]["target"] == [] and run["site_dirs"]["target"] == str(unlabeled.resolve())
-    # ... and were scored on the labelled shifted target's test rows (the same images)
+    # ... and were scored on the labeled shifted target's test rows (the same images)
     labeled = read_manifest(work / "targets" / "mix3" / "target")
     test = labeled.loc[labeled["split"] == "test"]
     score = json.loads((runs / "FACT-seed0" / "target_test.json").read_text())
