@@ -30,7 +30,10 @@ target = the official *test* images re-split 45/15/40 by patient hash and shifte
   target step trains G in train mode, so its BatchNorm statistics move to the target too; this
   separates that effect from the IDD objective's;
 * ``FACT_last`` (diagnostic, no training): each FACT run's last-round model instead of its
-  lowest-IDD round (from its last checkpoint): what the label-free model selection adds.
+  lowest-IDD round (from its last checkpoint): what the label-free model selection adds;
+* ``FACT_AdaBN`` (diagnostic, no training): AdaBN applied to each FACT model, so that against
+  ``Source_Only_AdaBN`` both have BatchNorm statistics of the target and only the weights the
+  two methods trained differ.
 
 Nothing is tuned on the test split: :data:`FACT_CONFIG` and :data:`ROUNDS` were fixed before any
 test AUROC was seen.
@@ -59,11 +62,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # a real module: its functions must pickle into the worker processes
 import bench_shift  # noqa: E402
 
-METHODS = ["Source_Only", "Source_Only_AdaBN", "FACT", "FACT_last", "FACT_NF", "FACT_SGD", "Oracle"]
+METHODS = ["Source_Only", "Source_Only_AdaBN", "FACT", "FACT_last", "FACT_AdaBN", "FACT_NF", "FACT_SGD", "Oracle"]
 #: trained with the unlabeled copy of the target (the rest: with the labeled target)
 LABEL_FREE = {"Source_Only", "FACT", "FACT_NF", "FACT_SGD"}
 #: derived from another method's finished runs without training: name → the method it starts from
-DERIVED = {"Source_Only_AdaBN": "Source_Only", "FACT_last": "FACT"}
+DERIVED = {"Source_Only_AdaBN": "Source_Only", "FACT_last": "FACT", "FACT_AdaBN": "FACT"}
 #: ``FACT_SGD``: FACT with its authors' optimiser (SGD momentum 0.9, weight decay 5e-4)
 VARIANTS = {"FACT_SGD": "FACT"}
 #: the same optimiser for every method (FACT's default is SGD; see the module doc)
@@ -82,6 +85,8 @@ CLAIMS = [
     ("Oracle > FACT (reference)", "Oracle", "FACT", "all", False),
     ("FACT > Source_Only_AdaBN (diagnostic: IDD beyond BN statistics)", "FACT", "Source_Only_AdaBN", "shift", False),
     ("FACT > FACT_last (diagnostic: lowest-IDD round vs last round)", "FACT", "FACT_last", "all", False),
+    ("FACT_AdaBN > Source_Only_AdaBN (diagnostic: the weights, BN statistics of the target in both)",
+     "FACT_AdaBN", "Source_Only_AdaBN", "all", False),
 ]
 
 log = logging.getLogger("bench_fact")
@@ -217,7 +222,7 @@ def run_level(job: tuple) -> float:
                 source = out / "runs" / f"{DERIVED[method]}-seed{seed}"
                 if not (source / "final_model.pt").is_file():
                     raise SystemExit(f"{method} needs {DERIVED[method]} among --methods, before it")
-                derive = adabn_run if method == "Source_Only_AdaBN" else last_round_run
+                derive = adabn_run if method.endswith("_AdaBN") else last_round_run
                 derive(source, run_dir, unlabeled_target, labeled_target, Path(load_config(config).cache_dir))
                 continue
             cfg = load_config(config, overrides=[*FACT_CONFIG, *overrides, *extra,

@@ -40,9 +40,10 @@ def small_npz(shared_data, tmp_path):
 def test_one_level_fact_vs_source_only_one_seed(bench, small_npz, tmp_path, one_torch_thread):
     out, work = tmp_path / "results", tmp_path / "work"
     frame = bench.main(["--npz", str(small_npz), "--work", str(work), "--out", str(out), "--levels", "3",
-                        "--methods", "Source_Only", "Source_Only_AdaBN", "FACT", "FACT_last", "--seeds", "1", "--rounds", "2",
+                        "--methods", "Source_Only", "Source_Only_AdaBN", "FACT", "FACT_last", "FACT_AdaBN",
+                        "--seeds", "1", "--rounds", "2",
                         "--set", "source.steps=2", "--set", "target_train.batch_size=10"])
-    assert sorted(frame["method"]) == ["FACT", "FACT_last", "Source_Only", "Source_Only_AdaBN"]
+    assert sorted(frame["method"]) == ["FACT", "FACT_AdaBN", "FACT_last", "Source_Only", "Source_Only_AdaBN"]
     assert set(frame["level"]) == {3}
     assert frame["auroc"].between(0, 1).all()
     for name in ("fact_mix.md", "fact_mix.csv", "fact_mix_runs.csv", "fact_mix.png"):
@@ -67,6 +68,7 @@ def test_one_level_fact_vs_source_only_one_seed(bench, small_npz, tmp_path, one_
     assert score["selected_round"] in (0, 1)  # FACT's lowest-IDD round
     adabn = json.loads((runs / "Source_Only_AdaBN-seed0" / "target_test.json").read_text())
     assert adabn["derived_from"] == "Source_Only-seed0" and adabn["n"] == len(test)
+    assert json.loads((runs / "FACT_AdaBN-seed0" / "target_test.json").read_text())["derived_from"] == "FACT-seed0"
     last = json.loads((runs / "FACT_last-seed0" / "target_test.json").read_text())
     assert last["derived_from"] == "FACT-seed0" and last["selected_round"] is None
     if score["selected_round"] == 1:  # the lowest-IDD round is the last one: the same model
