@@ -38,7 +38,7 @@ target = the official *test* images re-split 45/15/40 by patient hash and shifte
 Nothing is tuned on the test split: :data:`FACT_CONFIG` and :data:`ROUNDS` were fixed before any
 test AUROC was seen.
 
-Re-run (5 levels × 10 seeds: 300 trained runs, about 20 min with ``--workers 2`` on 2 shared
+Re-run (5 levels × 10 seeds: 250 trained runs, about 20 min with ``--workers 2`` on 2 shared
 CPU cores)::
 
     nice -n 10 python benchmarks/bench_fact.py --work runs/bench_fact --out benchmarks/results --workers 2
