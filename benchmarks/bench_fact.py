@@ -62,6 +62,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # a real module: its functions must pickle into the worker processes
 import bench_shift  # noqa: E402
 
+from fedcxr.errors import UserError  # noqa: E402
+
 METHODS = ["Source_Only", "Source_Only_AdaBN", "FACT", "FACT_last", "FACT_AdaBN", "FACT_NF", "FACT_SGD", "Oracle"]
 #: trained with the unlabeled copy of the target (the rest: with the labeled target)
 LABEL_FREE = {"Source_Only", "FACT", "FACT_NF", "FACT_SGD"}
@@ -88,8 +90,6 @@ CLAIMS = [
     ("FACT_AdaBN > Source_Only_AdaBN (diagnostic: the weights, BN statistics of the target in both)",
      "FACT_AdaBN", "Source_Only_AdaBN", "all", False),
 ]
-
-log = logging.getLogger("bench_fact")
 
 
 # --------------------------------------------------------------------------- data
@@ -122,14 +122,14 @@ def score_run(run_dir: Path, labeled_target: Path, cache: Path, *, params: Optio
               out: Optional[Path] = None) -> dict:
     """The run's final model (or ``params``) on the labeled target's test split; written to
     ``out/SCORE_FILE`` (default: the run's folder)."""
+    import torch
+
     from fedcxr.evaluation.metrics import auroc
     from fedcxr.pipeline.predict import load_final, site_params, site_prediction_frame
     from fedcxr.pipeline.site_runner import SiteRunner
     from fedcxr.vocab import label_column
 
     run, final = load_final(run_dir)
-    import torch
-
     runner = SiteRunner("target", labeled_target, model_cfg=final["model"], image_size=final["image_size"],
                         cache_dir=cache, device=torch.device("cpu"), augment=False)
     classes = final["classes"]
@@ -192,7 +192,7 @@ def last_round_run(source_run: Path, run_dir: Path, unlabeled_target: Path, labe
     ckpt = load_checkpoint(latest_checkpoint(source_run))
     rounds = json.loads((source_run / "run.json").read_text())["rounds"]
     if ckpt["round"] != rounds - 1:
-        raise SystemExit(f"{source_run}: newest checkpoint is round {ckpt['round']}, not the last ({rounds - 1})")
+        raise UserError(f"{source_run}: newest checkpoint is round {ckpt['round']}, not the last ({rounds - 1})")
     run_dir.mkdir(parents=True, exist_ok=True)
     return score_run(source_run, labeled_target, cache, params=ckpt["state"]["global"], out=run_dir)
 
@@ -221,7 +221,7 @@ def run_level(job: tuple) -> float:
             if method in DERIVED:
                 source = out / "runs" / f"{DERIVED[method]}-seed{seed}"
                 if not (source / "final_model.pt").is_file():
-                    raise SystemExit(f"{method} needs {DERIVED[method]} among --methods, before it")
+                    raise UserError(f"{method} needs {DERIVED[method]} among --methods, before it")
                 derive = adabn_run if method.endswith("_AdaBN") else last_round_run
                 derive(source, run_dir, unlabeled_target, labeled_target, Path(load_config(config).cache_dir))
                 continue

@@ -103,3 +103,11 @@ def test_adabn_changes_only_batchnorm_statistics(bench, small_npz, tmp_path, one
     before, after = load_final(run)[1]["global"], captured["params"]
     moved = {k for k in before if not torch.equal(before[k], after[k])}
     assert moved and all(k.endswith(("running_mean", "running_var", "num_batches_tracked")) for k in moved)
+
+
+def test_a_diagnostic_without_its_method_says_which_is_missing(bench, small_npz, tmp_path):
+    from fedcxr.errors import UserError
+
+    with pytest.raises(UserError, match="FACT_last needs FACT among --methods"):
+        bench.main(["--npz", str(small_npz), "--work", str(tmp_path / "work"), "--out", str(tmp_path / "results"),
+                    "--levels", "3", "--methods", "FACT_last", "--seeds", "1"])
