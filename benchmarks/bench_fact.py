@@ -35,6 +35,10 @@ target = the official *test* images re-split 45/15/40 by patient hash and shifte
   ``Source_Only_AdaBN`` both have BatchNorm statistics of the target and only the weights the
   two methods trained differ.
 
+The paper's favourable case is sources from *distinct* domains, which IID sites are not:
+``--source-shift noise gamma blur`` (with ``--source-level L``, default 3) shifts site-k with the
+k-th kind first, so each source is its own domain (``--stem fact_domains`` keeps its outputs apart).
+
 Nothing is tuned on the test split: :data:`FACT_CONFIG` and :data:`ROUNDS` were fixed before any
 test AUROC was seen.
 
@@ -116,6 +120,21 @@ def unlabeled_copy(target: Path, out: Path) -> Path:
 
 
 # --------------------------------------------------------------------------- runs
+
+
+def shifted_sources(manifests: Path, work: Path, kinds: Sequence[str], level: int) -> list[str]:
+    """Source site-k shifted with ``kinds[k-1]`` at ``level`` (seed 0): one domain per source;
+    returns the site folders."""
+    from fedcxr.site_adapters.shift import shift_site
+
+    folders = []
+    for k, kind in enumerate(kinds, start=1):
+        out = work / "sources" / f"{kind}{level}"
+        if not (out / f"site-{k}" / "site.json").is_file():
+            shift_site(manifests / f"site-{k}", out, kind=kind, level=level, seed=0, site_name=f"site-{k}",
+                       progress=False)
+        folders.append(str((out / f"site-{k}").resolve()))
+    return folders
 
 
 def score_run(run_dir: Path, labeled_target: Path, cache: Path, *, params: Optional[dict] = None,
@@ -245,16 +264,30 @@ def run_auroc(run_dir: Path) -> float:
 
 def parse(argv: Optional[Sequence[str]] = None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    sgd_lr = None
-    if "--fact-sgd" in argv:  # FACT_SGD at this lr (FACT's own optimiser)
-        i = argv.index("--fact-sgd")
-        sgd_lr = float(argv[i + 1])
-        del argv[i:i + 2]
+    sgd_lr = float(_pop(argv, "--fact-sgd", 1)[0] or 5e-3)  # FACT_SGD's lr: the paper's η0 by default
+    source_level = int(_pop(argv, "--source-level", 1)[0] or 3)
+    source_shift = _pop(argv, "--source-shift", None)
     defaults = ["--levels", "0", "1", "2", "3", "4", "--methods", *METHODS, "--seeds", "10", "--stem", "fact_mix",
                 "--rounds", str(ROUNDS)]
     args = bench_shift.parse(defaults + argv)
-    args.sgd_lr = sgd_lr if sgd_lr is not None else 5e-3  # the paper's η0
+    args.sgd_lr, args.source_level, args.source_shift = sgd_lr, source_level, [k for k in source_shift if k]
+    if args.source_shift and len(args.source_shift) != args.sources:
+        raise UserError(f"--source-shift needs one kind per source site ({args.sources}), got {args.source_shift}")
     return args
+
+
+def _pop(argv: list[str], flag: str, n: Optional[int]) -> list[Optional[str]]:
+    """Remove ``flag`` and its values from ``argv`` (``n`` values, or all up to the next flag)."""
+    if flag not in argv:
+        return [None]
+    i = argv.index(flag)
+    j = i + 1 + n if n is not None else next((k for k in range(i + 1, len(argv)) if argv[k].startswith("--")),
+                                             len(argv))
+    values = argv[i + 1:j]
+    if not values or len(values) != (n or len(values)):
+        raise UserError(f"{flag} needs {n or 'at least one'} value(s)")
+    del argv[i:j]
+    return values
 
 
 def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
@@ -267,6 +300,8 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
     sweep = args.work / "sweep" / args.stem
     manifests = bench_shift.prepare_sites(args.npz, args.work, n_sources=args.sources,
                                           target_split=args.target_split, target_from=args.target_from)
+    sources = (shifted_sources(manifests, args.work, args.source_shift, args.source_level)
+               if args.source_shift else None)
     jobs = []
     for level in args.levels:
         labeled = bench_shift.shifted_target(manifests, args.work, args.kind, level)
@@ -274,7 +309,8 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
         out = sweep / f"level{level}"
         configs = {
             name: bench_shift.level_config(args.work, manifests, site, args.sources, None, args.rounds, out,
-                                           name=f"config-{name}.yaml", extra={"class_source": "sources"})
+                                           name=f"config-{name}.yaml", extra={"class_source": "sources"},
+                                           sites=sources)
             for name, site in (("unlabeled", unlabeled), ("labeled", labeled))}
         bench_shift.warm_caches(configs["labeled"])
         bench_shift.warm_caches(configs["unlabeled"])
@@ -282,19 +318,22 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
     bench_shift.run_levels(jobs, args.workers, job_fn=run_level)
     frame = bench_shift.collect(sweep, args.methods, args.seeds, args.levels, scored=SCORE_FILE, score=run_auroc)
     meta = {"kind": args.kind, "levels": args.levels, "seeds": args.seeds, "sources": args.sources,
+            "source_shift": args.source_shift, "source_level": args.source_level if args.source_shift else None,
             "rounds": args.rounds, "target_split": args.target_split, "overrides": [*FACT_CONFIG, *args.overrides],
             "fact_sgd_lr": args.sgd_lr if "FACT_SGD" in args.methods else None, "workers": args.workers,
             "selected_rounds": selected_rounds(sweep, args), "base_config": bench_shift.BASE_CONFIG,
             "wall_s": round(time.time() - start)}
     bench_shift.write_outputs(frame, "level", args.methods, args.out, args.stem, header="level",
                               xlabel=f"{args.kind} shift level (0 = none)",
-                              title=title(args.kind, args.seeds), meta=meta, claims=CLAIMS)
+                              title=title(args.kind, args.seeds, args.source_shift, args.source_level),
+                              meta=meta, claims=CLAIMS)
     print(f"total {time.time() - start:.0f} s; outputs in {args.out}")
     return frame
 
 
-def title(kind: str, seeds: int) -> str:
-    return f"PneumoniaMNIST, unlabeled `{kind}`-shifted target, {seeds} seeds: FACT vs Source_Only"
+def title(kind: str, seeds: int, source_shift: Sequence[str] = (), source_level: int = 0) -> str:
+    sources = f"sources shifted {'/'.join(source_shift)} {source_level}, " if source_shift else ""
+    return f"PneumoniaMNIST, {sources}unlabeled `{kind}`-shifted target, {seeds} seeds: FACT vs Source_Only"
 
 
 def selected_rounds(sweep: Path, args) -> dict:

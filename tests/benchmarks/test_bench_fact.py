@@ -111,3 +111,25 @@ def test_a_diagnostic_without_its_method_says_which_is_missing(bench, small_npz,
     with pytest.raises(UserError, match="FACT_last needs FACT among --methods"):
         bench.main(["--npz", str(small_npz), "--work", str(tmp_path / "work"), "--out", str(tmp_path / "results"),
                     "--levels", "3", "--methods", "FACT_last", "--seeds", "1"])
+
+
+def test_source_shift_gives_each_source_its_own_domain(bench, small_npz, tmp_path, one_torch_thread):
+    """``--source-shift noise gamma blur``: site-k is shifted with the k-th kind (the paper's distinct domains)."""
+    work = tmp_path / "work"
+    frame = bench.main(["--npz", str(small_npz), "--work", str(work), "--out", str(tmp_path / "results"),
+                        "--levels", "0", "--methods", "Source_Only", "--seeds", "1", "--rounds", "1",
+                        "--source-shift", "noise", "gamma", "blur", "--source-level", "2", "--stem", "fact_domains",
+                        "--set", "source.steps=2"])
+    assert len(frame) == 1 and frame["auroc"].between(0, 1).all()
+    run_dir = work / "sweep" / "fact_domains" / "level0" / "runs" / "Source_Only-seed0"
+    run = json.loads((run_dir / "run.json").read_text())
+    for k, kind in enumerate(("noise", "gamma", "blur"), start=1):
+        site = work / "sources" / f"{kind}2" / f"site-{k}"
+        assert run["site_dirs"][f"site-{k}"] == str(site.resolve())
+        assert read_site_json(site)["options"]["shift"] == {**read_site_json(site)["options"]["shift"],
+                                                            "kind": kind, "level": 2}
+    assert "sources shifted noise/gamma/blur 2" in (tmp_path / "results" / "fact_domains.md").read_text()
+    from fedcxr.errors import UserError
+
+    with pytest.raises(UserError, match="one kind per source site"):
+        bench.parse(["--source-shift", "noise", "gamma"])
