@@ -86,7 +86,7 @@ SCORE_FILE = "target_test.json"
 CLAIMS = [
     ("FACT > Source_Only", "FACT", "Source_Only", "shift", False),
     ("FACT_NF > Source_Only", "FACT_NF", "Source_Only", "shift", False),
-    ("FACT ≈ Source_Only (IID sources, no shift)", "FACT", "Source_Only", "none", True),
+    ("FACT ≈ Source_Only (no shift)", "FACT", "Source_Only", "none", True),
     ("FACT ≥ FACT_NF", "FACT", "FACT_NF", "all", False),
     ("Oracle > FACT (reference)", "Oracle", "FACT", "all", False),
     ("FACT > Source_Only_AdaBN (diagnostic: IDD beyond BN statistics)", "FACT", "Source_Only_AdaBN", "shift", False),
@@ -94,6 +94,15 @@ CLAIMS = [
     ("FACT_AdaBN > Source_Only_AdaBN (diagnostic: the weights, BN statistics of the target in both)",
      "FACT_AdaBN", "Source_Only_AdaBN", "all", False),
 ]
+
+
+
+def claims_for(source_shift: Sequence[str]) -> list[tuple]:
+    """:data:`CLAIMS`, or with every source its own domain (``--source-shift``) the target differs
+    from each source at every level, so the paper expects FACT's gains at level 0 too."""
+    if not source_shift:
+        return CLAIMS
+    return [(c, a, b, "all", x) for c, a, b, _, x in CLAIMS if "≈" not in c]
 
 
 # --------------------------------------------------------------------------- data
@@ -326,7 +335,7 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
     bench_shift.write_outputs(frame, "level", args.methods, args.out, args.stem, header="level",
                               xlabel=f"{args.kind} shift level (0 = none)",
                               title=title(args.kind, args.seeds, args.source_shift, args.source_level),
-                              meta=meta, claims=CLAIMS)
+                              meta=meta, claims=claims_for(args.source_shift))
     print(f"total {time.time() - start:.0f} s; outputs in {args.out}")
     return frame
 
