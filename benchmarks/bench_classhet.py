@@ -228,14 +228,16 @@ def compare_with_individual(sweep: Path, methods: Sequence[str], norm: str, seed
 # --------------------------------------------------------------------------- summary
 
 
-#: The paper's predicted orderings: (claim, better, worse, metric).
+#: The paper's predicted orderings: (claim, better, worse, metric). Against the individually
+#: trained models on their own test sets it reports parity (Table 2: NIH n.s.) or a gain
+#: (CheXpert), and on unique classes parity (NIH) or a gain (CheXpert, Table 3).
 PREDICTIONS = [
     ("FL_Surgical > FL_PartialLoss", "FL_Surgical", "FL_PartialLoss", "sites"),
     ("FL_Surgical > FL", "FL_Surgical", "FL", "sites"),
-    ("FL_Surgical > Individual", "FL_Surgical", "Individual", "sites"),
+    ("FL_Surgical ≈ Individual", "FL_Surgical", "Individual", "sites"),
     ("FL_Surgical > FL_PartialLoss", "FL_Surgical", "FL_PartialLoss", "unique"),
     ("FL_Surgical > FL", "FL_Surgical", "FL", "unique"),
-    ("FL_Surgical > Individual", "FL_Surgical", "Individual", "unique"),
+    ("FL_Surgical ≥ Individual", "FL_Surgical", "Individual", "unique"),
     ("FL_Surgical ≈ FL_PartialLoss", "FL_Surgical", "FL_PartialLoss", "shared"),
     ("FL_Surgical ≈ Individual", "FL_Surgical", "Individual", "shared"),
 ]

@@ -59,7 +59,7 @@ def test_one_cell_one_seed(bench, tmp_path, one_torch_thread):
     table = pd.read_csv(out / "classhet.csv")
     assert set(table["method"]) == {"Individual", "FL_Surgical"} and (table["n"] == 1).all()
     md = (out / "classhet.md").read_text()
-    assert "| FL_Surgical |" in md and "FL_Surgical > Individual" in md
+    assert "| FL_Surgical |" in md and "FL_Surgical ≈ Individual" in md
     assert "Significance against FL_Surgical" in (out / "classhet_fedbn_plus_comparison.md").read_text()
 
 
