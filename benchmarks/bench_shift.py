@@ -19,7 +19,8 @@ Setting (everything built from ``pneumoniamnist_merged.npz``, see ``../shared/da
 Nothing is tuned on the test split: the network, rounds and learning rates are fixed in
 :data:`BASE_CONFIG` (chosen for speed on 2 CPU cores) before any test AUROC was seen.
 
-Re-run (about 30–40 min on 2 loaded CPU cores with the defaults)::
+Re-run (about 3–4 min on 2 idle CPU cores with ``--levels 0 2 3 4 --workers 2``; 30–40 min when
+the cores are shared)::
 
     nice -n 10 python benchmarks/bench_shift.py --work runs/bench_shift --out benchmarks/results
 
@@ -123,15 +124,17 @@ def shifted_target(manifests: Path, work: Path, kind: str, level: int) -> Path:
 # --------------------------------------------------------------------------- runs
 
 
-def level_config(work: Path, manifests: Path, target: Path, n_sources: int, labeled: int, rounds: int,
-                 out: Path) -> Path:
-    """The YAML every run of one level shares (written into the level's sweep folder ``out``)."""
+def level_config(work: Path, manifests: Path, target: Path, n_sources: int, labeled: Optional[int], rounds: int,
+                 out: Path, *, name: str = "config.yaml", extra: Optional[dict] = None) -> Path:
+    """The YAML every run of one level shares (written into the level's sweep folder ``out``);
+    ``extra``: more top-level keys (``bench_fact.py``: ``class_source``)."""
     cfg = json.loads(json.dumps(BASE_CONFIG))
     cfg.update({"manifests": str(manifests.resolve()), "sites": [f"site-{k}" for k in range(1, n_sources + 1)],
                 "target": str(target.resolve()), "cache_dir": str((work / "cache").resolve()), "rounds": rounds})
     cfg["target_train"]["labeled"] = labeled
+    cfg.update(extra or {})
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "config.yaml"
+    path = out / name
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 
@@ -158,17 +161,20 @@ def _run_level_job(job: tuple) -> float:
     return time.time() - t0
 
 
-def run_levels(jobs: list[tuple], workers: int) -> None:
-    """Every level's sweep, ``workers`` levels at a time (spawned processes)."""
+def run_levels(jobs: list[tuple], workers: int, job_fn=None) -> None:
+    """Every level's sweep, ``workers`` levels at a time (spawned processes); ``job_fn(job)`` runs
+    one level and returns its wall time (default: one ``fedcxr sweep``; it must be a module-level
+    function of an importable module to reach the workers)."""
+    job_fn = job_fn or _run_level_job
     if workers <= 1:
         for job in jobs:
-            print(f"{job[3].name}: {_run_level_job(job):.0f} s")
+            print(f"{job[3].name}: {job_fn(job):.0f} s")
         return
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-        for job, wall in zip(jobs, pool.map(_run_level_job, jobs)):
+        for job, wall in zip(jobs, pool.map(job_fn, jobs)):
             print(f"{job[3].name}: {wall:.0f} s")
 
 
@@ -186,14 +192,18 @@ def run_auroc(run_dir: Path) -> float:
     return float(value) if value is not None else float("nan")
 
 
-def collect(out: Path, methods: Sequence[str], seeds: int, levels: Sequence[int], key: str = "level") -> pd.DataFrame:
+def collect(out: Path, methods: Sequence[str], seeds: int, levels: Sequence[int], key: str = "level", *,
+            scored: str = "report.json", score=None) -> pd.DataFrame:
+    """Every finished run's AUROC: ``score(run_dir)`` (default :func:`run_auroc`) for each run
+    that has the file ``scored``."""
+    score = score or run_auroc
     rows = []
     for level in levels:
         for method in methods:
             for seed in range(seeds):
                 run_dir = out / f"{key}{level}" / "runs" / f"{method}-seed{seed}"
-                if (run_dir / "report.json").is_file():
-                    rows.append({key: level, "method": method, "seed": seed, "auroc": run_auroc(run_dir)})
+                if (run_dir / scored).is_file():
+                    rows.append({key: level, "method": method, "seed": seed, "auroc": score(run_dir)})
     return pd.DataFrame(rows)
 
 
@@ -311,12 +321,15 @@ def verdict(claim: str, lo: float, hi: float) -> str:
     return "unresolved (interval spans 0)"
 
 
-def prediction_table(frame: pd.DataFrame, key: str = "level") -> str:
-    """Each predicted ordering at the levels it applies to: paired difference over seeds and the verdict."""
+def prediction_table(frame: pd.DataFrame, key: str = "level", claims: Optional[Sequence[tuple]] = None) -> str:
+    """Each predicted ordering at the levels it applies to: paired difference over seeds and the verdict.
+
+    ``claims``: rows as :data:`PREDICTIONS` (default), whose ``when`` is ``"none"`` (level 0 only),
+    ``"shift"`` (levels > 0) or ``"all"``."""
     lines = ["| claim | level | mean diff [95% interval], n seeds | verdict |", "|---|---|---|---|"]
-    for claim, a, b, when, _ in PREDICTIONS:
+    for claim, a, b, when, _ in (PREDICTIONS if claims is None else claims):
         for value in sorted(frame[key].unique()):
-            if (when == "none") != (value == 0):
+            if when != "all" and (when == "none") != (value == 0):
                 continue
             mean, lo, hi, n = paired_diff(frame, key, value, a, b)
             if n == 0:
@@ -326,14 +339,15 @@ def prediction_table(frame: pd.DataFrame, key: str = "level") -> str:
 
 
 def write_outputs(frame: pd.DataFrame, key: str, methods: Sequence[str], out: Path, stem: str, *,
-                  header: str, xlabel: str, title: str, meta: dict) -> pd.DataFrame:
+                  header: str, xlabel: str, title: str, meta: dict,
+                  claims: Optional[Sequence[tuple]] = None) -> pd.DataFrame:
     table = summary_table(frame, key, methods)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / f"{stem}_runs.csv", index=False)
     table.to_csv(out / f"{stem}.csv", index=False)
     md = markdown_table(table, key, methods, header)
     if key == "level":
-        md += "\n\nThe papers' predicted orderings (paired over seeds):\n\n" + prediction_table(frame, key)
+        md += "\n\nThe papers' predicted orderings (paired over seeds):\n\n" + prediction_table(frame, key, claims)
     (out / f"{stem}.md").write_text(f"{title}\n\n{md}\n\n```json\n{json.dumps(meta, indent=1, default=str)}\n```\n")
     plot(table, key, methods, out / f"{stem}.png", xlabel=xlabel, title=title)
     print(md)

@@ -168,6 +168,10 @@ def _columns(runs: list[_Run]) -> list[dict[str, Any]]:
             col = columns.setdefault(key, {"label": _column_label(run.target, site), "target": run.target,
                                            "site": site, "binary": True})
             col["binary"] = col["binary"] and is_binary_task(run.info["classes"])
+    labels = [c["label"] for c in columns.values()]
+    for col in columns.values():  # site X scored by runs without a target and by runs targeting X
+        if col["target"] is None and labels.count(col["label"]) > 1:
+            col["label"] = f"{col['site']} (no target)"
     return list(columns.values())
 
 

@@ -69,30 +69,44 @@ def _group_norm_everywhere(module: nn.Module) -> nn.Module:
     return module
 
 
-def _resnet(layers: list[int], inplanes: list[int], in_channels: int, norm: str = "batch") -> nn.Module:
+#: ResNet stems: ``imagenet`` (7x7 stride-2 conv + max-pool, torchvision's) or ``small``
+#: (3x3 stride-1 conv, no max-pool: the CIFAR-style ResNet MedMNIST trains on 28 px images,
+#: where the ImageNet stem leaves a 7x7 map after two layers). DenseNet keeps its own stem.
+STEMS = ("imagenet", "small")
+
+
+def _resnet(layers: list[int], inplanes: list[int], in_channels: int, norm: str = "batch",
+            stem: str = "imagenet") -> nn.Module:
     from monai.networks.nets import ResNet
 
     # conv1_t_stride=2 gives the torchvision stem (stride-2 7x7 conv + max-pool): 7x faster
     # than MONAI's stride-1 default at the same accuracy class (DESIGN §9).
+    shape = {"conv1_t_size": 7, "conv1_t_stride": 2} if stem == "imagenet" else \
+        {"conv1_t_size": 3, "conv1_t_stride": 1, "no_max_pool": True}
     net = ResNet(
         block="basic",
         layers=layers,
         block_inplanes=inplanes,
         spatial_dims=2,
         n_input_channels=in_channels,
-        conv1_t_stride=2,
         feed_forward=False,
         norm=_norm(norm),
+        **shape,
     )
     return _group_norm_everywhere(net) if norm == "group" else net
 
 
-def make_backbone(name: str, in_channels: int = 1, norm: str = "batch") -> tuple[nn.Module, int]:
+def make_backbone(name: str, in_channels: int = 1, norm: str = "batch",
+                  stem: str = "imagenet") -> tuple[nn.Module, int]:
     """A MONAI 2-D backbone without classifier, and its feature width ``F``.
 
     ``forward(x: (B, in_channels, H, W)) -> (B, F)``. ``norm``: ``batch`` or ``group``
-    (GroupNorm of :data:`GROUPS` groups, for DP-SGD).
+    (GroupNorm of :data:`GROUPS` groups, for DP-SGD). ``stem``: one of :data:`STEMS` (ResNets).
     """
+    if stem not in STEMS:
+        raise UserError(f"model.stem: unknown stem {stem!r}; choose one of {', '.join(STEMS)}")
+    if stem != "imagenet" and not name.startswith("resnet"):
+        raise UserError(f"model.stem: {stem!r} applies to the ResNet backbones, not {name!r}")
     if name == "densenet121":
         from monai.networks.nets import DenseNet121
 
@@ -104,11 +118,11 @@ def make_backbone(name: str, in_channels: int = 1, norm: str = "batch") -> tuple
         net.class_layers.out = nn.Identity()  # keep relu → pool → flatten, drop the Linear
         return net, width
     if name == "resnet18":
-        return _resnet([2, 2, 2, 2], [64, 128, 256, 512], in_channels, norm), 512
+        return _resnet([2, 2, 2, 2], [64, 128, 256, 512], in_channels, norm, stem), 512
     if name == "resnet10":
-        return _resnet([1, 1, 1, 1], [64, 128, 256, 512], in_channels, norm), 512
+        return _resnet([1, 1, 1, 1], [64, 128, 256, 512], in_channels, norm, stem), 512
     if name == "resnet_tiny":  # for tests and the demo: ~0.1 M parameters
-        return _resnet([1, 1, 1, 1], [8, 16, 32, 64], in_channels, norm), 64
+        return _resnet([1, 1, 1, 1], [8, 16, 32, 64], in_channels, norm, stem), 64
     raise UserError(f"model.backbone: unknown backbone {name!r}; choose one of {', '.join(BACKBONES)}")
 
 
@@ -134,12 +148,13 @@ class CXRNet(nn.Module):
         in_channels: int = 1,
         weights: str | Path | None = None,
         norm: str = "batch",
+        stem: str = "imagenet",
     ) -> None:
         super().__init__()
         self.classes: list[str] = _check_classes(classes)
         self.aux_tasks: dict[str, int] = {str(t): int(k) for t, k in (aux_tasks or {}).items()}
         self.backbone_name = backbone
-        self.backbone, width = make_backbone(backbone, in_channels, norm)
+        self.backbone, width = make_backbone(backbone, in_channels, norm, stem)
         self.feature_dim = width
         if hidden:
             self.proj: nn.Module = nn.Sequential(nn.Linear(width, int(hidden)), nn.ReLU(inplace=True))
@@ -161,6 +176,20 @@ class CXRNet(nn.Module):
     def forward(self, x: torch.Tensor) -> dict[str, Any]:
         feats = self.features(x)
         return {"main": self.head(feats), "aux": {t: h(feats) for t, h in self.aux_heads.items()}}
+
+
+def network_from_config(classes: Sequence[str], model_cfg: Mapping[str, Any],
+                        aux_tasks: Optional[Mapping[str, int]] = None, *, load_weights_file: bool = True) -> "CXRNet":
+    """The network a run's ``model:`` block describes (config or ``final_model.pt``'s copy of it).
+
+    One place, so training, evaluation, prediction and the bundle build the same architecture
+    (backbone, projection, norm, stem); ``load_weights_file`` False skips ``model.weights`` (a
+    finished run's own weights are loaded instead)."""
+    return CXRNet(
+        classes, backbone=model_cfg.get("backbone") or "resnet18", hidden=model_cfg.get("hidden", 128),
+        aux_tasks=aux_tasks, weights=model_cfg.get("weights") if load_weights_file else None,
+        norm=model_cfg.get("norm") or "batch", stem=model_cfg.get("stem") or "imagenet",
+    )
 
 
 def _check_classes(classes: Sequence[str]) -> list[str]:

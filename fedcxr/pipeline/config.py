@@ -117,6 +117,9 @@ class ModelConfig(_Strict):
     weights: Optional[Path] = None
     classes: Optional[list[str]] = Field(None, description="model head classes; default: see `class_source`")
     norm: Literal["batch", "group"] = Field("batch", description="BatchNorm, or GroupNorm (needed by privacy.dp)")
+    stem: Literal["imagenet", "small"] = Field(
+        "imagenet", description="ResNet stem: `imagenet` (7x7 stride-2 conv + max-pool) or `small` (3x3 stride-1, "
+        "no max-pool: for images of about 64 px or less, as MedMNIST's ResNet at 28 px; ~8x the compute)")
 
     @field_validator("classes")
     @classmethod
@@ -263,6 +266,11 @@ class ExperimentConfig(_Strict):
     cache_dir: Optional[Path] = None
     eval_sites: Optional[list[str]] = Field(None, description="sites evaluated; default target or all")
     eval_every: int = Field(1, ge=0, description="validation AUROC every N rounds (0: never)")
+    select_round: Literal["last", "best_val"] = Field(
+        "last", description="which round's model becomes final_model.pt: the `last`, or the one with the highest "
+        "mean validation AUROC over the evaluated sites (`best_val`; validation rounds only, see `eval_every`; "
+        "ties keep the earlier round). The test split is never looked at. MedMNIST's training code keeps the "
+        "best-validation epoch the same way")
     num_workers: Optional[int] = Field(None, ge=0, description="loader processes (auto: 0 on CPU, up to 8 on CUDA)")
     engine: EngineConfig = EngineConfig()
     privacy: PrivacyConfig = PrivacyConfig()
@@ -309,6 +317,13 @@ class ExperimentConfig(_Strict):
         if self.privacy.dp is not None and self.model.norm != "group":
             raise ValueError("privacy.dp: DP-SGD (Opacus) cannot train BatchNorm layers, which mix the samples of a "
                              "batch; set model.norm: group (GroupNorm backbone) or remove privacy.dp")
+        return self
+
+    @model_validator(mode="after")
+    def _best_val_needs_validation(self) -> "ExperimentConfig":
+        if self.select_round == "best_val" and self.eval_every == 0:
+            raise ValueError("select_round: best_val picks the round by validation AUROC, but eval_every: 0 "
+                             "never validates; set eval_every ≥ 1 or select_round: last")
         return self
 
     @model_validator(mode="after")
@@ -430,8 +445,11 @@ def config_fingerprint(cfg: ExperimentConfig) -> str:
     data = cfg.model_dump(mode="json")
     for key in ("device", "num_workers", "cache_dir", "manifests", "engine", "tracking"):
         data.pop(key, None)
-    if data.get("model", {}).get("norm") == "batch":  # the default: the fingerprint of earlier versions
-        data["model"].pop("norm")
+    for key, default in (("norm", "batch"), ("stem", "imagenet")):  # defaults: the fingerprint of earlier versions
+        if data.get("model", {}).get(key) == default:
+            data["model"].pop(key)
+    if data.get("select_round") == "last":
+        data.pop("select_round")
     privacy = data.pop("privacy", {})
     for key in ("combine_at", "auto_weights_at"):  # where a rule is computed does not change its result
         privacy.pop(key, None)

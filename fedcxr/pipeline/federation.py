@@ -7,7 +7,8 @@ Run directory::
     RUN_DIR/metrics.jsonl         one line per round: per-site training losses, val AUROC
     RUN_DIR/tensorboard/          the same numbers as TensorBoard scalars (config `tracking`, fedcxr.tracking)
     RUN_DIR/checkpoints/round_NNNN.pt   atomic, with a .sha256 beside it; the last two are kept
-    RUN_DIR/final_model.pt        global model (+ per-site models/state where the method has them)
+    RUN_DIR/final_model.pt        global model (+ per-site models/state where the method has them) of the
+                                  last round, or of the best validation round (`select_round: best_val`)
 
 Only tensors, numbers, class names and pseudonymous counts are written here: no patient
 identifier and no image path (SECURITY.md). Resume checks every site's manifest hash against
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Optional
@@ -106,14 +108,11 @@ def build_context(cfg: ExperimentConfig, protocol: RoundProtocol, transport: Tra
 
 def initial_model(cfg: ExperimentConfig, ctx: Context) -> StateDict:
     """θ0 of round 0, seeded; records BN and head keys on the context."""
-    from fedcxr.models.network import CXRNet, bn_keys, head_keys
+    from fedcxr.models.network import bn_keys, head_keys, network_from_config
     from fedcxr.vocab import AUX_VOCAB
 
     torch.manual_seed(derive_seed(cfg.seed, "init"))
-    model = CXRNet(
-        ctx.classes, backbone=cfg.model.backbone, hidden=cfg.model.hidden,
-        aux_tasks={t: len(AUX_VOCAB[t]) for t in ctx.aux_tasks}, weights=cfg.model.weights, norm=cfg.model.norm,
-    )
+    model = network_from_config(ctx.classes, cfg.model.model_dump(), {t: len(AUX_VOCAB[t]) for t in ctx.aux_tasks})
     ctx.bn_keys = list(bn_keys(model))
     ctx.head_keys = list(head_keys(model))
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -145,13 +144,13 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
     transport, ledger = ledger_for(cfg, transport)  # privacy.dp: each site's ε over the rounds
     ctx = build_context(cfg, protocol, transport)
     theta = initial_model(cfg, ctx)
-    state, start, history = protocol.init_state(ctx, theta), 0, []
+    state, start, history, best = protocol.init_state(ctx, theta), 0, [], None
     fingerprint = config_fingerprint(cfg)
     hashes = data_hashes(ctx)
     if (run_dir / "final_model.pt").exists() and not resume:
         raise UserError(f"{run_dir} already holds a finished run; choose another --out or pass --resume")
     if resume:
-        state, start, history = _resume(run_dir, fingerprint, hashes, transport, ctx, state)
+        state, start, history, best = _resume(run_dir, fingerprint, hashes, transport, ctx, state)
         if ledger is not None:
             ledger.history = _resumed_dp(run_dir, start)
     elif latest_checkpoint(run_dir):
@@ -167,6 +166,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
         state, metrics = protocol.run_round(ctx, r, state)
         metrics = {"round": r, **metrics, "val": _validate(ctx, protocol, state, r)}
         metrics["seconds"] = round(time.perf_counter() - t0, 3)
+        best = _keep_best(cfg, best, r, metrics["val"], state, transport)
         history.append(metrics)
         _append_metrics(run_dir, metrics)
         tracker.log_round(metrics)
@@ -174,16 +174,51 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
             "round": r, "fingerprint": fingerprint, "data_hashes": hashes, "state": state,
             "missed": ctx.missed, "local_states": transport.local_states(), "classes": ctx.classes,
             **({"dp_history": ledger.history} if ledger is not None else {}),
+            **({"best": best} if best is not None else {}),
         })
         bar.set_postfix(_postfix(metrics))
     tracker.close()
-    final = protocol.final_models(ctx, state)
+    if cfg.select_round == "best_val" and best is None:
+        log.warning("select_round: best_val found no validation AUROC in any round (validation splits without "
+                    "both classes?): final_model.pt holds the last round")
+    chosen = best or {"state": state, "local_states": model_states(transport)}
+    final = protocol.final_models(ctx, chosen["state"])
     save_final(run_dir, {
-        "global": final["global"], "per_site": final["per_site"], "local_states": model_states(transport),
+        "global": final["global"], "per_site": final["per_site"], "local_states": chosen["local_states"],
         "eval_local_keys": protocol.eval_local_keys(ctx), "classes": ctx.classes, "aux_tasks": ctx.aux_tasks,
         "model": cfg.model.model_dump(mode="json"), "image_size": cfg.image_size,
     })
-    return _write_run_files(run_dir, cfg, ctx, protocol, status="finished", ledger=ledger)
+    return _write_run_files(run_dir, cfg, ctx, protocol, status="finished", ledger=ledger,
+                            selected={"round": best["round"], "val_auroc": best["score"]} if best else None)
+
+
+def _keep_best(cfg: ExperimentConfig, best: Optional[dict], r: int, val: dict, state: dict,
+               transport: Transport) -> Optional[dict]:
+    """``select_round: best_val``: this round's models when their mean validation AUROC beats the best so far.
+
+    The copy holds the protocol state and the sites' model entries (FedBN's BN, PFL's heads) of that
+    round; it is checkpointed, so a resumed run selects exactly as an uninterrupted one."""
+    if cfg.select_round != "best_val":
+        return None
+    scores = [float(v["mean_auroc"]) for v in val.values() if v.get("mean_auroc") is not None
+              and math.isfinite(float(v["mean_auroc"]))]  # a val split with one class only has no AUROC
+    if not scores:
+        return best
+    score = float(sum(scores) / len(scores))
+    if best is not None and score <= best["score"]:
+        return best
+    return {"round": r, "score": score, "state": _clone(state), "local_states": _clone(model_states(transport))}
+
+
+def _clone(tree):
+    """Deep copy of nested dicts/lists of tensors (the next round's training must not change the kept copy)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().to("cpu", copy=True)
+    if isinstance(tree, dict):
+        return {k: _clone(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_clone(v) for v in tree)
+    return tree
 
 
 def _resumed_dp(run_dir: Path, start: int) -> dict:
@@ -210,7 +245,7 @@ def _resume(run_dir: Path, fingerprint: str, hashes: dict[str, str], transport: 
     found = load_latest_intact(run_dir)
     if found is None:
         log.info("no checkpoint in %s: starting from round 0", run_dir)
-        return state, 0, []
+        return state, 0, [], None
     path, ckpt = found
     if ckpt["fingerprint"] != fingerprint:
         raise UserError(f"{run_dir}: the config differs from the one this run was started with; "
@@ -224,7 +259,7 @@ def _resume(run_dir: Path, fingerprint: str, hashes: dict[str, str], transport: 
     ctx.missed[:] = ckpt.get("missed", [])
     history = _read_metrics(run_dir, upto=ckpt["round"])
     log.info("resuming %s after round %d (%s)", run_dir, ckpt["round"], path.name)
-    return ckpt["state"], ckpt["round"] + 1, history
+    return ckpt["state"], ckpt["round"] + 1, history, ckpt.get("best")
 
 
 def _validate(ctx: Context, protocol: RoundProtocol, state: dict, r: int) -> dict:
@@ -281,7 +316,7 @@ def _json_default(value):
 
 
 def _write_run_files(run_dir: Path, cfg: ExperimentConfig, ctx: Context, protocol: RoundProtocol, *,
-                     status: str, ledger=None) -> dict:
+                     status: str, ledger=None, selected: Optional[dict] = None) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     payload = {
@@ -296,5 +331,7 @@ def _write_run_files(run_dir: Path, cfg: ExperimentConfig, ctx: Context, protoco
     }
     if ledger is not None:
         payload["dp"] = ledger.report()
+    if selected is not None:  # select_round: best_val — the round final_model.pt holds
+        payload["selected_round"] = selected
     atomic_write_json(run_dir / "run.json", payload)
     return payload

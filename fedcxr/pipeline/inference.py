@@ -81,14 +81,14 @@ def load_run_model(run_dir: Path | str, site: Optional[str] = None, *, warn_glob
     """The run's global model, or ``site``'s own; raises :class:`UserError` for an unknown site.
 
     ``warn_global``: warn when ``site`` is asked for but the method keeps no per-site model."""
-    from fedcxr.models.network import CXRNet
+    from fedcxr.models.network import network_from_config
     from fedcxr.pipeline.predict import load_final, site_params
     from fedcxr.vocab import AUX_VOCAB
 
     run, final = load_final(Path(run_dir))
     cfg = dict(final.get("model") or {})
-    model = CXRNet(final["classes"], backbone=cfg.get("backbone") or "resnet18", hidden=cfg.get("hidden", 128),
-                   aux_tasks={t: len(AUX_VOCAB[t]) for t in final.get("aux_tasks", [])})
+    model = network_from_config(final["classes"], cfg, {t: len(AUX_VOCAB[t]) for t in final.get("aux_tasks", [])},
+                                load_weights_file=False)
     if site is None:
         params = final["global"]
     else:

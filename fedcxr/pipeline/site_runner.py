@@ -225,16 +225,13 @@ class SiteRunner:
     # ------------------------------------------------------------------ model + data plumbing
     def model(self, head_classes: list[str], aux_tasks: list[str]) -> torch.nn.Module:
         """The site's network for this head/aux layout (built once, re-loaded every task)."""
-        from fedcxr.models.network import CXRNet
+        from fedcxr.models.network import network_from_config
 
         key = (tuple(head_classes), tuple(aux_tasks))
         if key not in self._models:
             cfg = self.model_cfg
-            self._models[key] = CXRNet(
-                head_classes, backbone=cfg.get("backbone", "resnet18"), hidden=cfg.get("hidden", 128),
-                aux_tasks={t: len(AUX_VOCAB[t]) for t in aux_tasks}, weights=cfg.get("weights"),
-                norm=cfg.get("norm") or "batch",
-            ).to(self.device)
+            self._models[key] = network_from_config(
+                head_classes, cfg, {t: len(AUX_VOCAB[t]) for t in aux_tasks}).to(self.device)
         return self._models[key]
 
     def load_params(self, model: torch.nn.Module, params: StateDict, param_classes: list[str],

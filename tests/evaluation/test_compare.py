@@ -205,3 +205,13 @@ def test_markdown_stars_use_q_and_say_so():
     frame = compare.tests_frame(_tiny_result(rows))
     assert frame["q_value"].iloc[1:].tolist() == pytest.approx([0.16 / 3, 0.0008])
     assert frame["significant"].tolist() == [True, False, True]
+
+
+def test_runs_with_and_without_a_target_get_distinct_columns(tmp_path, make_predictions, make_run):
+    """Site A scored by a run without a target and by a run targeting A: two columns, two labels."""
+    frame = make_predictions(classes=["covid19"], all_negative=(), skill=1.0)
+    dirs = [make_run(tmp_path / "plain", frame, method="FedAvg", classes=["covid19"]),
+            make_run(tmp_path / "adapted", frame, method="FedAvg_Finetune", target="site-a", classes=["covid19"])]
+    labels = [c["label"] for c in compare_runs(dirs, n_boot=0)["columns"]]
+    assert len(labels) == len(set(labels))
+    assert "site-a (no target)" in labels and "site-a" in labels

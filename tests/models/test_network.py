@@ -207,3 +207,31 @@ def test_weights_file_with_code_is_refused_not_run(tmp_path):
     torch.save({"global": {"backbone.conv1.weight": "text"}, "classes": ["edema"]}, tmp_path / "odd.pt")
     with pytest.raises(UserError, match="not all tensors"):
         tiny(weights=tmp_path / "odd.pt")
+
+
+def _layer1_size(model: CXRNet, size: int) -> int:
+    seen = []
+    handle = model.backbone.layer1.register_forward_hook(lambda m, i, o: seen.append(o.shape[-1]))
+    model.eval()
+    with torch.no_grad():
+        model(torch.randn(1, 1, size, size))
+    handle.remove()
+    return seen[0]
+
+
+def test_small_stem_keeps_the_resolution_of_small_images():
+    """MedMNIST-size images: the `small` stem (3x3 stride 1, no max-pool) keeps 28 px where ImageNet's leaves 7."""
+    assert _layer1_size(tiny(), 28) == 7
+    small = tiny(stem="small")
+    assert _layer1_size(small, 28) == 28
+    assert small.backbone.conv1.kernel_size == (3, 3) and small.backbone.conv1.stride == (1, 1)
+    assert small(torch.randn(2, 1, 28, 28))["main"].shape == (2, 3)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"stem": "huge"}, "unknown stem"),
+    ({"backbone": "densenet121", "stem": "small"}, "applies to the ResNet"),
+])
+def test_bad_stems_are_user_errors(kw, message):
+    with pytest.raises(UserError, match=message):
+        tiny(**kw)

@@ -160,3 +160,63 @@ def test_warm_start_from_a_finished_run(tiny_manifests, tmp_path):
     transport = InProcessTransport(build_runners(cfg, torch.device("cpu"), False))
     ctx = build_context(cfg, get_protocol(cfg.strategy), transport)
     assert _same(initial_model(cfg, ctx), _weights(first))
+
+
+# --------------------------------------------------------------------------- select_round: best_val
+
+
+def _val_means(run_dir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    scores = [[v["mean_auroc"] for v in row["val"].values() if v["mean_auroc"] is not None] for row in rows]
+    assert all(s for s in scores), "the test needs a validation AUROC in every round"
+    return [sum(s) / len(s) for s in scores]
+
+
+def test_best_val_keeps_the_round_with_the_highest_validation_auroc(tiny_manifests, tmp_path):
+    """final_model.pt holds the best-validation round: the same weights as a run stopped after that round."""
+    data = tiny_config(tiny_manifests, tmp_path / "cache", rounds=4, strategy="FedAvg",
+                       source={"lr": 5e-2, "batch_size": 16, "steps": 3})
+    run = run_experiment(load_config(data={**data, "select_round": "best_val"}), tmp_path / "best", progress=False)
+    means = _val_means(tmp_path / "best")
+    best = max(range(len(means)), key=lambda r: (means[r], -r))  # ties: the earlier round
+    assert run["selected_round"]["round"] == best
+    assert run["selected_round"]["val_auroc"] == pytest.approx(means[best])
+    run_experiment(load_config(data={**data, "rounds": best + 1}), tmp_path / "stopped", progress=False)
+    assert _same(_weights(tmp_path / "best"), _weights(tmp_path / "stopped"))
+    if best != len(means) - 1:  # the tiny run's validation AUROC moves: the last round is usually not the best
+        run_experiment(load_config(data=data), tmp_path / "last", progress=False)
+        assert not _same(_weights(tmp_path / "best"), _weights(tmp_path / "last"))
+
+
+def test_best_val_survives_a_resume(tiny_manifests, tmp_path):
+    """The kept round is in the checkpoint: resuming after round 2 selects as the uninterrupted run."""
+    import shutil
+
+    data = tiny_config(tiny_manifests, tmp_path / "cache", rounds=4, strategy="FedAvg",
+                       select_round="best_val", source={"lr": 5e-2, "batch_size": 16, "steps": 3})
+    straight = run_experiment(load_config(data=data), tmp_path / "straight", progress=False)
+    shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
+    for name in ("final_model.pt", "final_model.pt.sha256", "checkpoints/round_0003.pt",
+                 "checkpoints/round_0003.pt.sha256"):
+        (tmp_path / "resumed" / name).unlink()
+    resumed = run_experiment(load_config(data=data), tmp_path / "resumed", resume=True, progress=False)
+    assert resumed["selected_round"] == straight["selected_round"]
+    assert _same(_weights(tmp_path / "straight"), _weights(tmp_path / "resumed"))
+
+
+def test_best_val_without_validation_is_a_config_error(tiny_manifests, tmp_path):
+    with pytest.raises(UserError, match="eval_every"):
+        load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", select_round="best_val", eval_every=0))
+
+
+def test_a_finished_run_reloads_with_its_own_architecture(tiny_manifests, tmp_path):
+    """predict/evaluate/bundle rebuild the run's network from final_model.pt's model block: stem and norm included."""
+    from fedcxr.pipeline.inference import load_run_model
+
+    model = {"backbone": "resnet_tiny", "hidden": 16, "stem": "small", "norm": "group"}
+    data = tiny_config(tiny_manifests, tmp_path / "cache", rounds=1, model=model)
+    run_experiment(load_config(data=data), tmp_path / "run", progress=False)
+    loaded = load_run_model(tmp_path / "run").model
+    assert loaded.backbone.conv1.kernel_size == (3, 3)
+    assert any(isinstance(m, torch.nn.GroupNorm) for m in loaded.modules())
+    assert _same(loaded.state_dict(), _weights(tmp_path / "run"))

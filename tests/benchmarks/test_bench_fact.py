@@ -1,0 +1,98 @@
+"""Smoke test of ``benchmarks/bench_fact.py`` on real PneumoniaMNIST: one shift level, Source_Only
+and FACT (plus the training-free AdaBN diagnostic), one seed, a tiny slice of the data — the
+unlabelled target, the runs, the scoring on the labelled test split, table and figure."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedcxr.site_adapters.manifest import read_manifest, read_site_json
+from fedcxr.vocab import label_column
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_fact", REPO / "benchmarks" / "bench_fact.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def small_npz(shared_data, tmp_path):
+    """The first 60/20/60 train/val/test rows of the real merged PneumoniaMNIST file."""
+    data = np.load(shared_data / "medmnist" / "pneumoniamnist_merged.npz")
+    sizes = {"train": 60, "val": 20, "test": 60}
+    arrays = {f"{s}_{k}": data[f"{s}_{k}"][:n] for s, n in sizes.items() for k in ("images", "labels")}
+    path = tmp_path / "pneumoniamnist_small.npz"
+    np.savez(path, **arrays)
+    return path
+
+
+def test_one_level_fact_vs_source_only_one_seed(bench, small_npz, tmp_path, one_torch_thread):
+    out, work = tmp_path / "results", tmp_path / "work"
+    frame = bench.main(["--npz", str(small_npz), "--work", str(work), "--out", str(out), "--levels", "3",
+                        "--methods", "Source_Only", "Source_Only_AdaBN", "FACT", "--seeds", "1", "--rounds", "2",
+                        "--set", "source.steps=2", "--set", "target_train.batch_size=10"])
+    assert sorted(frame["method"]) == ["FACT", "Source_Only", "Source_Only_AdaBN"] and set(frame["level"]) == {3}
+    assert frame["auroc"].between(0, 1).all()
+    for name in ("fact_mix.md", "fact_mix.csv", "fact_mix_runs.csv", "fact_mix.png"):
+        assert (out / name).stat().st_size > 0
+    assert "| FACT > Source_Only | 3 |" in (out / "fact_mix.md").read_text()
+
+    # FACT and Source_Only trained with a target that has no label at all
+    unlabeled = work / "targets" / "mix3-unlabeled" / "target"
+    meta = read_site_json(unlabeled)
+    assert meta["unlabeled"] is True and meta["class_set"] == []
+    assert read_manifest(unlabeled)[label_column("pneumonia")].isna().all()
+    runs = work / "sweep" / "fact_mix" / "level3" / "runs"
+    for method in ("FACT", "Source_Only"):
+        run = json.loads((runs / f"{method}-seed0" / "run.json").read_text())
+        assert run["class_sets"]["target"] == [] and run["site_dirs"]["target"] == str(unlabeled.resolve())
+    # ... and were scored on the labelled shifted target's test rows (the same images)
+    labeled = read_manifest(work / "targets" / "mix3" / "target")
+    test = labeled.loc[labeled["split"] == "test"]
+    score = json.loads((runs / "FACT-seed0" / "target_test.json").read_text())
+    assert score["target_unlabeled"] and score["n"] == len(test)
+    assert score["positives"]["pneumonia"] == int((test[label_column("pneumonia")] == 1).sum())
+    assert score["selected_round"] in (0, 1)  # FACT's lowest-IDD round
+    adabn = json.loads((runs / "Source_Only_AdaBN-seed0" / "target_test.json").read_text())
+    assert adabn["derived_from"] == "Source_Only-seed0" and adabn["n"] == len(test)
+    table = pd.read_csv(out / "fact_mix.csv")
+    assert (table["n"] == 1).all()
+
+
+def test_adabn_changes_only_batchnorm_statistics(bench, small_npz, tmp_path, one_torch_thread):
+    """The diagnostic re-estimates BatchNorm running statistics on target images; nothing else moves."""
+    import torch
+
+    from fedcxr.pipeline.predict import load_final
+
+    work = tmp_path / "work"
+    bench.main(["--npz", str(small_npz), "--work", str(work), "--out", str(tmp_path / "results"), "--levels", "3",
+                "--methods", "Source_Only", "--seeds", "1", "--rounds", "1", "--set", "source.steps=2"])
+    run = work / "sweep" / "fact_mix" / "level3" / "runs" / "Source_Only-seed0"
+    captured = {}
+    real = bench.score_run
+
+    def spy(run_dir, labeled, cache, *, params=None, out=None):
+        captured["params"] = params
+        return real(run_dir, labeled, cache, params=params, out=out)
+
+    bench.score_run = spy
+    try:
+        bench.adabn_run(run, tmp_path / "adabn", work / "targets" / "mix3-unlabeled" / "target",
+                        work / "targets" / "mix3" / "target", work / "cache")
+    finally:
+        bench.score_run = real
+    before, after = load_final(run)[1]["global"], captured["params"]
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and all(k.endswith(("running_mean", "running_var", "num_batches_tracked")) for k in moved)
