@@ -7,7 +7,9 @@ can learn in minutes on a CPU and the site differences federated methods are abo
 * :mod:`fedcxr.synth.phantom` draws the images (procedural radiograph-like phantoms);
 * :mod:`fedcxr.synth.cohort` decides who is imaged and what each image shows;
 * :mod:`fedcxr.synth.hospitals` defines the four hospitals (case mix, look, label sets);
-* :mod:`fedcxr.synth.export` / :mod:`fedcxr.synth.dicom_export` write the vendor formats.
+* :mod:`fedcxr.synth.export` / :mod:`fedcxr.synth.dicom_export` write the vendor formats;
+* :mod:`fedcxr.synth.truth` finds an ingested image's true findings for every class again
+  (benchmarks score sites on classes they do not label).
 
 Output of :func:`write_synthetic_export` (``OUT``)::
 

@@ -191,18 +191,15 @@ def write_chexpert(hospital: Hospital, root: Path, draws: Sequence[ImageDraw], i
     """CheXpert-v1.0-small layout (see module doc) under ``root``."""
     rng = hospital.rng(seed, FORMAT)
     release = root / CHEXPERT_RELEASE
-    patients = sorted({d.patient.index for d in draws})
-    valid = split_patients(patients, 0.2, rng)
-    ordered = [p for p in patients if p not in valid] + [p for p in patients if p in valid]
-    number = {p: i + 1 for i, p in enumerate(ordered)}  # valid patients numbered after train
+    valid, number = chexpert_patients(draws, rng)
+    ordered = sorted(number, key=number.get)
     unknown_sex = ordered[int(rng.integers(len(ordered)))] if len(ordered) >= 20 else None
     rows = {"train": [], "valid": []}
     positives: Counter = Counter()
     for draw in draws:
         part = "valid" if draw.patient.index in valid else "train"
         lateral = draw.subject.view == "LATERAL"
-        rel = (f"{part}/patient{number[draw.patient.index]:05d}/study{draw.study}/"
-               f"view{draw.view_number}_{'lateral' if lateral else 'frontal'}.jpg")
+        rel = chexpert_path(draw, part, number[draw.patient.index])
         img = to_uint(pixels(hospital, draw, image_size, seed), 8)
         (release / rel).parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(img, mode="L").save(release / rel, quality=90)
@@ -222,6 +219,24 @@ def write_chexpert(hospital: Hospital, root: Path, draws: Sequence[ImageDraw], i
         "train": f"{CHEXPERT_RELEASE}/train.csv", "valid": f"{CHEXPERT_RELEASE}/valid.csv",
         "demographics": CHEXPERT_DEMO, "valid_patients": len(valid),
     })
+
+
+def chexpert_patients(draws: Sequence[ImageDraw], rng: np.random.Generator) -> tuple[set[int], dict[int, int]]:
+    """``(valid patients, patient index → patient number)``; valid patients numbered after train.
+
+    The first draws of the hospital's FORMAT stream: :mod:`fedcxr.synth.truth` replays them
+    to find an ingested image's draw again."""
+    patients = sorted({d.patient.index for d in draws})
+    valid = split_patients(patients, 0.2, rng)
+    ordered = [p for p in patients if p not in valid] + [p for p in patients if p in valid]
+    return valid, {p: i + 1 for i, p in enumerate(ordered)}
+
+
+def chexpert_path(draw: ImageDraw, part: str, number: int) -> str:
+    """The image's path inside the release folder (``train/patient00001/study1/view1_frontal.jpg``)."""
+    lateral = draw.subject.view == "LATERAL"
+    view = "lateral" if lateral else "frontal"
+    return f"{part}/patient{number:05d}/study{draw.study}/view{draw.view_number}_{view}.jpg"
 
 
 def _chexpert_labels(labels: dict[str, int], rng: np.random.Generator, *, consensus: bool) -> dict[str, str]:
