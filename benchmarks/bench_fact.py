@@ -341,8 +341,10 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
 
 
 def title(kind: str, seeds: int, source_shift: Sequence[str] = (), source_level: int = 0) -> str:
-    sources = f"sources shifted {'/'.join(source_shift)} {source_level}, " if source_shift else ""
-    return f"PneumoniaMNIST, {sources}unlabeled `{kind}`-shifted target, {seeds} seeds: FACT vs Source_Only"
+    if source_shift:  # shorter: the figure's width
+        return (f"PneumoniaMNIST, sources {'/'.join(source_shift)} {source_level}, unlabeled `{kind}` target, "
+                f"{seeds} seeds")
+    return f"PneumoniaMNIST, unlabeled `{kind}`-shifted target, {seeds} seeds: FACT vs Source_Only"
 
 
 def selected_rounds(sweep: Path, args) -> dict:
