@@ -354,7 +354,7 @@ def plot(table: pd.DataFrame, methods: Sequence[str], norms: Sequence[str], path
     low = np.nanmin(finite) if np.isfinite(finite).any() else 0.5
     np.atleast_1d(axes)[0].set_ylim(max(0.0, low - 0.05), 1.0)
     np.atleast_1d(axes)[0].set_ylabel("test AUROC (mean, 95% interval over seeds)")
-    np.atleast_1d(axes)[-1].legend(fontsize=8, loc="lower right")
+    np.atleast_1d(axes)[-1].legend(fontsize=8, loc="upper right")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
