@@ -1,7 +1,7 @@
 """FACT on an unlabeled shifted target vs Source_Only (real PneumoniaMNIST; issue 10).
 
-The FACT paper's claim, in its own terms: with several labelled source clients and one
-*unlabelled* target, cross-training pairs of sources and minimising the two source heads'
+The FACT paper's claim, in its own terms: with several labeled source clients and one
+*unlabeled* target, cross-training pairs of sources and minimising the two source heads'
 inter-domain distance (IDD) on the target's images gives a model that predicts the target
 better than the sources' model alone; the head fine-tuning step (FACT vs FACT_NF) helps most on
 the hard targets; the final model is the round of lowest IDD, chosen without a target label.
@@ -11,12 +11,13 @@ describes them): sources = the official *train* images dealt to three sites by p
 target = the official *test* images re-split 45/15/40 by patient hash and shifted with
 ``fedcxr shift --kind mix --level L`` (seed 0). What differs:
 
-* the label-free methods (``Source_Only``, ``FACT``, ``FACT_NF``) train with an **unlabelled
+* the label-free methods (``Source_Only``, ``FACT``, ``FACT_NF``) train with an **unlabeled
   copy** of the shifted target: the same rows and images with every finding label removed and
   ``site.json`` ``"unlabeled": true`` (an empty class set; the config says ``class_source:
   sources``), so no target label — train, val or test — can reach training or model selection;
-* ``Oracle`` (upper reference) trains on the labelled shifted target's 260 training rows;
-* every run is then scored the same way: its final model on the **labelled** shifted target's
+* ``Oracle`` (reference: the target alone with all its labels) trains on the labeled shifted
+  target's 260 training rows;
+* every run is then scored the same way: its final model on the **labeled** shifted target's
   test split (279 images, :func:`fedcxr.pipeline.predict.site_prediction_frame`, AUROC of
   :mod:`fedcxr.evaluation.metrics`), written to ``RUN_DIR/target_test.json``;
 * every method uses Adam (lr 1e-3, no weight decay), as ``bench_shift``'s runs; FACT keeps its
@@ -25,16 +26,26 @@ target = the official *test* images re-split 45/15/40 by patient hash and shifte
   (momentum 0.9, as its code); ``FACT_SGD`` runs it so, at the paper's η0 = 0.005
   (``--fact-sgd LR`` to change);
 * ``Source_Only_AdaBN`` (diagnostic, no training): each Source_Only model with its BatchNorm
-  statistics re-estimated on the unlabelled target's training images (AdaBN; label-free). FACT's
+  statistics re-estimated on the unlabeled target's training images (AdaBN; label-free). FACT's
   target step trains G in train mode, so its BatchNorm statistics move to the target too; this
-  separates that effect from the IDD objective's.
+  separates that effect from the IDD objective's;
+* ``FACT_last`` (diagnostic, no training): each FACT run's last-round model instead of its
+  lowest-IDD round (from its last checkpoint): what the label-free model selection adds;
+* ``FACT_AdaBN`` (diagnostic, no training): AdaBN applied to each FACT model, so that against
+  ``Source_Only_AdaBN`` both have BatchNorm statistics of the target and only the weights the
+  two methods trained differ.
+
+The paper's favourable case is sources from *distinct* domains, which IID sites are not:
+``--source-shift noise gamma blur`` (with ``--source-level L``, default 3) shifts site-k with the
+k-th kind first, so each source is its own domain (``--stem fact_domains`` keeps its outputs apart).
 
 Nothing is tuned on the test split: :data:`FACT_CONFIG` and :data:`ROUNDS` were fixed before any
 test AUROC was seen.
 
-Re-run (about 20 min on 2 loaded CPU cores with the defaults)::
+Re-run (5 levels × 10 seeds: 250 trained runs, about 20 min with ``--workers 2`` on 2 shared
+CPU cores)::
 
-    nice -n 10 python benchmarks/bench_fact.py --work runs/bench_shift --out benchmarks/results
+    nice -n 10 python benchmarks/bench_fact.py --work runs/bench_fact --out benchmarks/results --workers 2
 
 Finished runs are skipped, so an interrupted sweep continues where it stopped.
 """
@@ -55,11 +66,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # a real module: its functions must pickle into the worker processes
 import bench_shift  # noqa: E402
 
-METHODS = ["Source_Only", "Source_Only_AdaBN", "FACT", "FACT_NF", "FACT_SGD", "Oracle"]
-#: trained with the unlabelled copy of the target (the rest: with the labelled target)
+from fedcxr.errors import UserError  # noqa: E402
+
+METHODS = ["Source_Only", "Source_Only_AdaBN", "FACT", "FACT_last", "FACT_AdaBN", "FACT_NF", "FACT_SGD", "Oracle"]
+#: trained with the unlabeled copy of the target (the rest: with the labeled target)
 LABEL_FREE = {"Source_Only", "FACT", "FACT_NF", "FACT_SGD"}
-#: derived from another method's finished runs without training: name → (source method, function)
-DERIVED = {"Source_Only_AdaBN": "Source_Only"}
+#: derived from another method's finished runs without training: name → the method it starts from
+DERIVED = {"Source_Only_AdaBN": "Source_Only", "FACT_last": "FACT", "FACT_AdaBN": "FACT"}
 #: ``FACT_SGD``: FACT with its authors' optimiser (SGD momentum 0.9, weight decay 5e-4)
 VARIANTS = {"FACT_SGD": "FACT"}
 #: the same optimiser for every method (FACT's default is SGD; see the module doc)
@@ -77,16 +90,17 @@ CLAIMS = [
     ("FACT ≥ FACT_NF", "FACT", "FACT_NF", "all", False),
     ("Oracle > FACT (reference)", "Oracle", "FACT", "all", False),
     ("FACT > Source_Only_AdaBN (diagnostic: IDD beyond BN statistics)", "FACT", "Source_Only_AdaBN", "shift", False),
+    ("FACT > FACT_last (diagnostic: lowest-IDD round vs last round)", "FACT", "FACT_last", "all", False),
+    ("FACT_AdaBN > Source_Only_AdaBN (diagnostic: the weights, BN statistics of the target in both)",
+     "FACT_AdaBN", "Source_Only_AdaBN", "all", False),
 ]
-
-log = logging.getLogger("bench_fact")
 
 
 # --------------------------------------------------------------------------- data
 
 
 def unlabeled_copy(target: Path, out: Path) -> Path:
-    """The target's rows and images with every finding label removed, written as an unlabelled
+    """The target's rows and images with every finding label removed, written as an unlabeled
     site (``site.json`` ``"unlabeled": true``, empty class set) under ``out``; returns its folder."""
     from fedcxr.site_adapters.manifest import read_manifest, read_site_json, write_site
     from fedcxr.vocab import CLASSES, label_column
@@ -101,25 +115,40 @@ def unlabeled_copy(target: Path, out: Path) -> Path:
     write_site(out, "target", frame, classes=[], source=meta["source"], adapter_version=meta["adapter_version"],
                export_root=Path(meta["export_root"]), set_aside=[], unlabeled=True,
                key_id=(meta.get("pseudonyms") or {}).get("key_id"),
-               options={**meta.get("options", {}), "bench_fact": "finding labels removed (FACT's unlabelled target)"})
+               options={**meta.get("options", {}), "bench_fact": "finding labels removed (FACT's unlabeled target)"})
     return site
 
 
 # --------------------------------------------------------------------------- runs
 
 
+def shifted_sources(manifests: Path, work: Path, kinds: Sequence[str], level: int) -> list[str]:
+    """Source site-k shifted with ``kinds[k-1]`` at ``level`` (seed 0): one domain per source;
+    returns the site folders."""
+    from fedcxr.site_adapters.shift import shift_site
+
+    folders = []
+    for k, kind in enumerate(kinds, start=1):
+        out = work / "sources" / f"{kind}{level}"
+        if not (out / f"site-{k}" / "site.json").is_file():
+            shift_site(manifests / f"site-{k}", out, kind=kind, level=level, seed=0, site_name=f"site-{k}",
+                       progress=False)
+        folders.append(str((out / f"site-{k}").resolve()))
+    return folders
+
+
 def score_run(run_dir: Path, labeled_target: Path, cache: Path, *, params: Optional[dict] = None,
               out: Optional[Path] = None) -> dict:
-    """The run's final model (or ``params``) on the labelled target's test split; written to
+    """The run's final model (or ``params``) on the labeled target's test split; written to
     ``out/SCORE_FILE`` (default: the run's folder)."""
+    import torch
+
     from fedcxr.evaluation.metrics import auroc
     from fedcxr.pipeline.predict import load_final, site_params, site_prediction_frame
     from fedcxr.pipeline.site_runner import SiteRunner
     from fedcxr.vocab import label_column
 
     run, final = load_final(run_dir)
-    import torch
-
     runner = SiteRunner("target", labeled_target, model_cfg=final["model"], image_size=final["image_size"],
                         cache_dir=cache, device=torch.device("cpu"), augment=False)
     classes = final["classes"]
@@ -132,7 +161,7 @@ def score_run(run_dir: Path, labeled_target: Path, cache: Path, *, params: Optio
               "strategy": run["config"]["strategy"], "target_unlabeled": not run["class_sets"].get("target"),
               "selected_round": _selected_round(run_dir)}
     if params is not None:
-        result["derived_from"] = run_dir.name
+        result.update(derived_from=run_dir.name, selected_round=None)
     ((out or run_dir) / SCORE_FILE).write_text(json.dumps(result, indent=1))
     return result
 
@@ -146,7 +175,7 @@ def _selected_round(run_dir: Path) -> Optional[int]:
 
 def adabn_run(source_run: Path, run_dir: Path, unlabeled_target: Path, labeled_target: Path, cache: Path) -> dict:
     """AdaBN: ``source_run``'s final model with every BatchNorm's running statistics re-estimated on
-    the unlabelled target's training images (no label, no gradient), scored as :func:`score_run`."""
+    the unlabeled target's training images (no label, no gradient), scored as :func:`score_run`."""
     import torch
     from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -173,6 +202,20 @@ def adabn_run(source_run: Path, run_dir: Path, unlabeled_target: Path, labeled_t
     return score_run(source_run, labeled_target, cache, params=state, out=run_dir)
 
 
+def last_round_run(source_run: Path, run_dir: Path, unlabeled_target: Path, labeled_target: Path,
+                   cache: Path) -> dict:
+    """``source_run``'s global model after its last round (its newest checkpoint), scored as
+    :func:`score_run`: FACT without its lowest-IDD model selection."""
+    from fedcxr.pipeline.checkpoints import latest_checkpoint, load_checkpoint
+
+    ckpt = load_checkpoint(latest_checkpoint(source_run))
+    rounds = json.loads((source_run / "run.json").read_text())["rounds"]
+    if ckpt["round"] != rounds - 1:
+        raise UserError(f"{source_run}: newest checkpoint is round {ckpt['round']}, not the last ({rounds - 1})")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return score_run(source_run, labeled_target, cache, params=ckpt["state"]["global"], out=run_dir)
+
+
 def run_level(job: tuple) -> float:
     """Every method × seed of one level (in a worker process, one torch thread); returns its wall time."""
     import torch
@@ -197,9 +240,9 @@ def run_level(job: tuple) -> float:
             if method in DERIVED:
                 source = out / "runs" / f"{DERIVED[method]}-seed{seed}"
                 if not (source / "final_model.pt").is_file():
-                    raise SystemExit(f"{method} needs {DERIVED[method]} among --methods, before it")
-                adabn_run(source, run_dir, unlabeled_target, labeled_target,
-                          Path(load_config(config).cache_dir))
+                    raise UserError(f"{method} needs {DERIVED[method]} among --methods, before it")
+                derive = adabn_run if method.endswith("_AdaBN") else last_round_run
+                derive(source, run_dir, unlabeled_target, labeled_target, Path(load_config(config).cache_dir))
                 continue
             cfg = load_config(config, overrides=[*FACT_CONFIG, *overrides, *extra,
                                                  f"strategy={VARIANTS.get(method, method)}", f"seed={seed}"])
@@ -221,16 +264,30 @@ def run_auroc(run_dir: Path) -> float:
 
 def parse(argv: Optional[Sequence[str]] = None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    sgd_lr = None
-    if "--fact-sgd" in argv:  # FACT_SGD at this lr (FACT's own optimiser)
-        i = argv.index("--fact-sgd")
-        sgd_lr = float(argv[i + 1])
-        del argv[i:i + 2]
-    defaults = ["--levels", "0", "2", "4", "--methods", *METHODS, "--seeds", "5", "--stem", "fact_mix",
+    sgd_lr = float(_pop(argv, "--fact-sgd", 1)[0] or 5e-3)  # FACT_SGD's lr: the paper's η0 by default
+    source_level = int(_pop(argv, "--source-level", 1)[0] or 3)
+    source_shift = _pop(argv, "--source-shift", None)
+    defaults = ["--levels", "0", "1", "2", "3", "4", "--methods", *METHODS, "--seeds", "10", "--stem", "fact_mix",
                 "--rounds", str(ROUNDS)]
     args = bench_shift.parse(defaults + argv)
-    args.sgd_lr = sgd_lr if sgd_lr is not None else 5e-3  # the paper's η0
+    args.sgd_lr, args.source_level, args.source_shift = sgd_lr, source_level, [k for k in source_shift if k]
+    if args.source_shift and len(args.source_shift) != args.sources:
+        raise UserError(f"--source-shift needs one kind per source site ({args.sources}), got {args.source_shift}")
     return args
+
+
+def _pop(argv: list[str], flag: str, n: Optional[int]) -> list[Optional[str]]:
+    """Remove ``flag`` and its values from ``argv`` (``n`` values, or all up to the next flag)."""
+    if flag not in argv:
+        return [None]
+    i = argv.index(flag)
+    j = i + 1 + n if n is not None else next((k for k in range(i + 1, len(argv)) if argv[k].startswith("--")),
+                                             len(argv))
+    values = argv[i + 1:j]
+    if not values or len(values) != (n or len(values)):
+        raise UserError(f"{flag} needs {n or 'at least one'} value(s)")
+    del argv[i:j]
+    return values
 
 
 def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
@@ -243,6 +300,8 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
     sweep = args.work / "sweep" / args.stem
     manifests = bench_shift.prepare_sites(args.npz, args.work, n_sources=args.sources,
                                           target_split=args.target_split, target_from=args.target_from)
+    sources = (shifted_sources(manifests, args.work, args.source_shift, args.source_level)
+               if args.source_shift else None)
     jobs = []
     for level in args.levels:
         labeled = bench_shift.shifted_target(manifests, args.work, args.kind, level)
@@ -250,7 +309,8 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
         out = sweep / f"level{level}"
         configs = {
             name: bench_shift.level_config(args.work, manifests, site, args.sources, None, args.rounds, out,
-                                           name=f"config-{name}.yaml", extra={"class_source": "sources"})
+                                           name=f"config-{name}.yaml", extra={"class_source": "sources"},
+                                           sites=sources)
             for name, site in (("unlabeled", unlabeled), ("labeled", labeled))}
         bench_shift.warm_caches(configs["labeled"])
         bench_shift.warm_caches(configs["unlabeled"])
@@ -258,16 +318,22 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
     bench_shift.run_levels(jobs, args.workers, job_fn=run_level)
     frame = bench_shift.collect(sweep, args.methods, args.seeds, args.levels, scored=SCORE_FILE, score=run_auroc)
     meta = {"kind": args.kind, "levels": args.levels, "seeds": args.seeds, "sources": args.sources,
+            "source_shift": args.source_shift, "source_level": args.source_level if args.source_shift else None,
             "rounds": args.rounds, "target_split": args.target_split, "overrides": [*FACT_CONFIG, *args.overrides],
             "fact_sgd_lr": args.sgd_lr if "FACT_SGD" in args.methods else None, "workers": args.workers,
             "selected_rounds": selected_rounds(sweep, args), "base_config": bench_shift.BASE_CONFIG,
             "wall_s": round(time.time() - start)}
     bench_shift.write_outputs(frame, "level", args.methods, args.out, args.stem, header="level",
                               xlabel=f"{args.kind} shift level (0 = none)",
-                              title=f"PneumoniaMNIST, unlabelled target = official test images under `{args.kind}` "
-                                    f"shift, {args.seeds} seeds: FACT vs Source_Only", meta=meta, claims=CLAIMS)
+                              title=title(args.kind, args.seeds, args.source_shift, args.source_level),
+                              meta=meta, claims=CLAIMS)
     print(f"total {time.time() - start:.0f} s; outputs in {args.out}")
     return frame
+
+
+def title(kind: str, seeds: int, source_shift: Sequence[str] = (), source_level: int = 0) -> str:
+    sources = f"sources shifted {'/'.join(source_shift)} {source_level}, " if source_shift else ""
+    return f"PneumoniaMNIST, {sources}unlabeled `{kind}`-shifted target, {seeds} seeds: FACT vs Source_Only"
 
 
 def selected_rounds(sweep: Path, args) -> dict:

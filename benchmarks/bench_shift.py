@@ -125,11 +125,14 @@ def shifted_target(manifests: Path, work: Path, kind: str, level: int) -> Path:
 
 
 def level_config(work: Path, manifests: Path, target: Path, n_sources: int, labeled: Optional[int], rounds: int,
-                 out: Path, *, name: str = "config.yaml", extra: Optional[dict] = None) -> Path:
+                 out: Path, *, name: str = "config.yaml", extra: Optional[dict] = None,
+                 sites: Optional[Sequence[str]] = None) -> Path:
     """The YAML every run of one level shares (written into the level's sweep folder ``out``);
-    ``extra``: more top-level keys (``bench_fact.py``: ``class_source``)."""
+    ``extra``: more top-level keys (``bench_fact.py``: ``class_source``); ``sites``: the source
+    sites (names under ``manifests`` or folders; default ``site-1..site-K``)."""
     cfg = json.loads(json.dumps(BASE_CONFIG))
-    cfg.update({"manifests": str(manifests.resolve()), "sites": [f"site-{k}" for k in range(1, n_sources + 1)],
+    cfg.update({"manifests": str(manifests.resolve()),
+                "sites": list(sites) if sites else [f"site-{k}" for k in range(1, n_sources + 1)],
                 "target": str(target.resolve()), "cache_dir": str((work / "cache").resolve()), "rounds": rounds})
     cfg["target_train"]["labeled"] = labeled
     cfg.update(extra or {})
