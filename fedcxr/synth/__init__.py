@@ -36,6 +36,12 @@ SYNTH_VERSION = 1
 SYNTH_JSON = "synth.json"
 
 
+#: Hospitals whose export is DICOM with JPEG 2000 lossless images: OpenJPEG refuses to encode
+#: images under about 28 px (its default wavelet levels), so they need this short side.
+DICOM_SOURCES = ("dicom", "midrc")
+MIN_DICOM_SIZE = 32
+
+
 def write_synthetic_export(
     out: Path | str,
     *,
@@ -58,10 +64,16 @@ def write_synthetic_export(
         raise UserError(f"--images-per-site must be at least 1, got {images_per_site}")
     if int(image_size) < 16:
         raise UserError(f"--image-size must be at least 16 pixels, got {image_size}")
+    chosen = select(sites)
+    dicom = [h.name for h in chosen if h.source in DICOM_SOURCES]
+    if dicom and int(image_size) < MIN_DICOM_SIZE:
+        raise UserError(f"--image-size {image_size}: {', '.join(dicom)} write(s) JPEG 2000 DICOMs, whose encoder "
+                        f"needs at least {MIN_DICOM_SIZE} pixels; use --image-size {MIN_DICOM_SIZE} or more, or "
+                        "leave those hospitals out with --sites")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     hospitals = {}
-    for hospital in select(sites):
+    for hospital in chosen:
         target = out / hospital.name
         if target.exists():
             shutil.rmtree(target)

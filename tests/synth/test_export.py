@@ -234,3 +234,8 @@ def test_cli_synth_writes_the_export_and_rejects_unknown_sites(tmp_path, capsys)
     assert "fedcxr ingest nih --input" in capsys.readouterr().out
     assert json.loads((tmp_path / SYNTH_JSON).read_text())["hospitals"]["nih_style"]["images"] == 5
     assert main(["synth", "--out", str(tmp_path), "--sites", "nope"]) == 2
+    capsys.readouterr()
+    # JPEG 2000 DICOM hospitals below the encoder's minimum: exit 2 naming them, no traceback
+    assert main(["synth", "--out", str(tmp_path / "small"), "--sites", "dicom_style", "--image-size", "24"]) == 2
+    err = capsys.readouterr().err
+    assert "dicom_style" in err and "JPEG 2000" in err
