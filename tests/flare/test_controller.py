@@ -172,6 +172,7 @@ def flare_runs(tiny_manifests, tmp_path_factory):
 @pytest.mark.parametrize("name", ["E2", "E3"], ids=["FL_Surgical", "FedAvg_Finetune_GP"])
 def test_simulator_ends_with_the_in_process_weights(flare_runs, name):
     flare_final, ref = _final(flare_runs.dirs[name]), _final(flare_runs.refs[name])
+    assert flare_runs.payloads[name]["missed"] == []  # a site that timed out changes the weights: say so first
     assert _max_diff(flare_final["global"], ref["global"]) <= 1e-5
     assert flare_final["classes"] == ref["classes"]
     rows = [json.loads(line) for line in (flare_runs.dirs[name] / "metrics.jsonl").read_text().splitlines()]
