@@ -85,6 +85,19 @@ def csv_export(tmp_path):
     return make
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Every test leaves torch's thread count as it found it. A benchmark's ``main`` sets it (its
+    ``--threads``); leaked into later tests, the pytest process trains with another thread count
+    than the subprocesses it compares with (FLARE clients, a killed ``fedcxr train``), and float
+    sums in another order break their bit-identical checks."""
+    import torch
+
+    previous = torch.get_num_threads()
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture
 def one_torch_thread():
     """Tiny networks run faster on one thread, and far faster when other jobs share the cores."""
