@@ -95,8 +95,14 @@ def train_and_evaluate(config: dict, run_dir: Path, n_boot: int) -> dict:
         "ci": [site.get("mean_auroc_ci_low"), site.get("mean_auroc_ci_high")], "test_acc": site.get("accuracy"),
         "n_test": site.get("n_rows"), "selected_epoch": (run.get("selected_round") or {}).get("round"),
         "val_auroc": (run.get("selected_round") or {}).get("val_auroc"),
-        "val_curve": val_curve(run_dir), "train_seconds": round(train_s, 1),
+        "val_curve": val_curve(run_dir), "train_seconds": round(train_seconds(run_dir) or train_s, 1),
     }
+
+
+def train_seconds(run_dir: Path) -> float:
+    """Seconds the run's epochs took (metrics.jsonl), also when this call only re-evaluated it."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return float(sum(r.get("seconds") or 0 for r in rows))
 
 
 def val_curve(run_dir: Path) -> list:
