@@ -4,34 +4,24 @@ tiny slice of the data and a tiny network, in seconds."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from .conftest import load_bench, write_small_npz
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_anchor", REPO / "benchmarks" / "bench_anchor.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_anchor")
 
 
 @pytest.fixture
 def small_npz(shared_data, tmp_path):
-    """The first 80/40/60 train/val/test rows of the real merged PneumoniaMNIST file."""
-    data = np.load(shared_data / "medmnist" / "pneumoniamnist_merged.npz")
-    sizes = {"train": 80, "val": 40, "test": 60}
-    arrays = {f"{s}_{k}": data[f"{s}_{k}"][:n] for s, n in sizes.items() for k in ("images", "labels")}
-    path = tmp_path / "pneumoniamnist_small.npz"
-    np.savez(path, **arrays)
-    return path
+    """The first 80/40/60 train/val/test rows (enough validation rows of both classes for a curve)."""
+    return write_small_npz(shared_data, tmp_path / "pneumoniamnist_small.npz", {"train": 80, "val": 40, "test": 60})
 
 
 def test_anchor_trains_selects_the_best_validation_epoch_and_scores_the_test_split(bench, small_npz, tmp_path,

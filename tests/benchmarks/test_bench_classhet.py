@@ -4,7 +4,6 @@ groups, tables, figure, per-class comparison) in well under a minute."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -13,15 +12,12 @@ import pandas as pd
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from .conftest import load_bench
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_classhet", REPO / "benchmarks" / "bench_classhet.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_classhet")
 
 
 def test_one_cell_one_seed(bench, tmp_path, one_torch_thread):

@@ -4,37 +4,21 @@ unlabeled target, the runs, the scoring on the labeled test split, table and fig
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
 from fedcxr.site_adapters.manifest import read_manifest, read_site_json
 from fedcxr.vocab import label_column
 
-REPO = Path(__file__).resolve().parents[2]
+from .conftest import load_bench
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_fact", REPO / "benchmarks" / "bench_fact.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture
-def small_npz(shared_data, tmp_path):
-    """The first 60/20/60 train/val/test rows of the real merged PneumoniaMNIST file."""
-    data = np.load(shared_data / "medmnist" / "pneumoniamnist_merged.npz")
-    sizes = {"train": 60, "val": 20, "test": 60}
-    arrays = {f"{s}_{k}": data[f"{s}_{k}"][:n] for s, n in sizes.items() for k in ("images", "labels")}
-    path = tmp_path / "pneumoniamnist_small.npz"
-    np.savez(path, **arrays)
-    return path
+    return load_bench("bench_fact")
 
 
 def test_one_level_fact_vs_source_only_one_seed(bench, small_npz, tmp_path, one_torch_thread):
