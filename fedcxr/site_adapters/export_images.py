@@ -33,6 +33,10 @@ from fedcxr.site_adapters.paths import is_utf8
 from fedcxr.vocab import aux_column
 
 
+#: Reason for an image whose file name is found more than once under the export.
+AMBIGUOUS = "ambiguous image: several files under the export have this image's file name (keep one copy)"
+
+
 def metadata_only(options: AdapterOptions) -> bool:
     """True when the ingest must not open any image (``fedcxr ingest --plan``)."""
     return bool(options.extra.get("plan"))
@@ -72,7 +76,7 @@ def locate(keys: Sequence[str], index: dict[str, Optional[str]], default: Sequen
     for key, fallback in zip(keys, default):
         if key in index and index[key] is None:
             paths.append(fallback)
-            reasons.append(f"ambiguous image: several files under the export are named {key!r} (give one copy)")
+            reasons.append(AMBIGUOUS)  # the name is an id in several datasets: reasons never quote one
         else:
             paths.append(index.get(key) or fallback)
             reasons.append(None)
@@ -160,4 +164,4 @@ def attach_dicom_tags(
     return kept, aside, True
 
 
-__all__ = ["attach_dicom_tags", "group_rows", "index_files", "locate", "metadata_only", "row_list"]
+__all__ = ["AMBIGUOUS", "attach_dicom_tags", "group_rows", "index_files", "locate", "metadata_only", "row_list"]

@@ -51,7 +51,7 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable
-from fedcxr.site_adapters.export_images import attach_dicom_tags, index_files, metadata_only
+from fedcxr.site_adapters.export_images import AMBIGUOUS, attach_dicom_tags, index_files
 from fedcxr.site_adapters.tables import find_file, map_distinct, read_table, relative_name, to_codes
 from fedcxr.vocab import CLASSES, age_bin_code, aux_column, parse_age, raw_column, view_code
 
@@ -249,7 +249,7 @@ def read_openi(input_dir: Path, options: AdapterOptions) -> SourceTable:
         hit = dicoms.get(key) if key in dicoms else pngs.get(image)
         twice = (key in dicoms and dicoms[key] is None) or (key not in dicoms and image in pngs and pngs[image] is None)
         paths.append(hit or default)
-        reasons.append(f"ambiguous image: several files under the export are named {image!r}" if twice else None)
+        reasons.append(AMBIGUOUS if twice else None)
     frame["image_path"] = paths
     bad = np.array([r is not None for r in reasons], dtype=bool)
     set_aside += [SetAside(f, int(r), reasons[i], p) for i, f, r, p in

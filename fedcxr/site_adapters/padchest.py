@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, require_columns
-from fedcxr.site_adapters.export_images import index_files
+from fedcxr.site_adapters.export_images import AMBIGUOUS, index_files
 from fedcxr.site_adapters.tables import failed_note, find_file, map_distinct, read_table, relative_name, to_codes
 from fedcxr.vocab import CLASSES, age_bin_code, aux_column, parse_age, raw_column, sex_code, view_code
 
@@ -236,7 +236,7 @@ def read_padchest(input_dir: Path, options: AdapterOptions) -> SourceTable:
         ambiguous[i] = image in index and found is None and not (input_dir / default).is_file()
         located.append(found or default)
     frame["image_path"] = located
-    set_aside += [SetAside(f, int(r), f"ambiguous image: several files under the export are named {p.rsplit('/', 1)[-1]!r}", p)
+    set_aside += [SetAside(f, int(r), AMBIGUOUS, p)
                   for f, r, p in zip(frame.loc[ambiguous, "source_file"], frame.loc[ambiguous, "source_row"],
                                      frame.loc[ambiguous, "image_path"])]
     frame = frame.loc[~ambiguous].drop(columns="_image").reset_index(drop=True)

@@ -28,7 +28,8 @@ def test_files_are_found_by_name_anywhere_and_duplicates_are_ambiguous(tmp_path)
     assert index == {"x": "train/x.dicom", "y": "deep/er/y.DCM", "z": None}
     paths, reasons = locate(["x", "y", "z", "w"], index, ["d/x", "d/y", "d/z.dcm", "d/w.dcm"])
     assert paths == ["train/x.dicom", "deep/er/y.DCM", "d/z.dcm", "d/w.dcm"]
-    assert reasons[:2] == [None, None] and "several files" in reasons[2] and reasons[3] is None
+    assert reasons[:2] == [None, None] and "several files" in reasons[2] and "z" not in reasons[2]
+    assert reasons[3] is None
 
 
 def test_tags_win_and_metadata_fills_files_without_them(tmp_path):
@@ -58,3 +59,23 @@ def test_every_new_source_is_a_registered_ingest_source(source):
     from fedcxr.site_adapters.ingest import get_adapter
 
     assert callable(get_adapter(source))
+
+
+def test_the_readme_mapping_tables_are_the_adapters_tables():
+    """README "Sources and their findings" lists, per class, exactly the labels the adapter maps."""
+    import re
+    from pathlib import Path
+
+    from fedcxr.site_adapters import openi, padchest, vindr
+
+    readme = Path(__file__).resolve().parents[2] / "README.md"
+    text = readme.read_text().split("### Sources and their findings", 1)[1].split("\n### ", 1)[0]
+    vindr_by_class: dict[str, list[str]] = {}
+    for label, cls in vindr.COLUMN_CLASSES.items():
+        vindr_by_class.setdefault(cls, []).append(label)
+    expected = {"VinDr label": vindr_by_class, "automatic MeSH terms": openi.CLASS_TERMS,
+                "PadChest labels": padchest.CLASS_LABELS}
+    for header, table in expected.items():
+        block = text.split(f"| class | {header} |", 1)[1].split("\n\n", 1)[0]
+        rows = re.findall(r"^\| `([a-z0-9_]+)` \| (.*) \|$", block, flags=re.M)
+        assert {cls: re.findall(r"`([^`]+)`", cell) for cls, cell in rows} == {c: list(v) for c, v in table.items()}
