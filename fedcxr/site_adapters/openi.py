@@ -50,7 +50,7 @@ from typing import Iterator, Optional
 import numpy as np
 import pandas as pd
 
-from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable
+from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, require_columns
 from fedcxr.site_adapters.export_images import AMBIGUOUS, attach_dicom_tags, index_files
 from fedcxr.site_adapters.tables import find_file, map_distinct, read_table, relative_name, to_codes
 from fedcxr.vocab import CLASSES, age_bin_code, aux_column, parse_age, raw_column, view_code
@@ -278,7 +278,9 @@ def _metadata_demographics(frame: pd.DataFrame, input_dir: Path, notes: list[str
     path = find_file(input_dir, METADATA_FILES, max_depth=2)
     if path is None:
         return frame
-    table = read_table(path, base=input_dir, dtype=str).drop_duplicates("imageid").set_index("imageid")
+    table = read_table(path, base=input_dir, dtype=str)
+    require_columns(table, ["imageid"], relative_name(path, input_dir))
+    table = table.drop_duplicates("imageid").set_index("imageid")
     rows = table.reindex(frame["_image"])
     view, _ = map_distinct(rows.get("View Position", pd.Series(index=rows.index, dtype=object)), view_code)
     sex, _ = map_distinct(rows.get("Patient's Sex", pd.Series(index=rows.index, dtype=object)), sex_code)

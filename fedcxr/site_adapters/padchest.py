@@ -156,6 +156,7 @@ def read_padchest_labels(input_dir: Path) -> tuple[pd.DataFrame, list[SetAside],
     folder = table[IMAGE_DIR].str.strip().fillna("") if IMAGE_DIR in table else pd.Series([""] * n)
     patient = table[PATIENT].str.strip().fillna("")
     study = table[STUDY].str.strip().fillna("") if STUDY in table else image
+    study = study.where(study != "", image)  # a blank StudyID: the image is its own study
     codes, uniques = pd.factorize(table[LABELS], use_na_sentinel=True)
     parsed: list = []
     for text in list(uniques) + [None]:  # once per distinct string (PadChest: ~27,000 for 160,000 rows)

@@ -153,7 +153,7 @@ def read_vindr_labels(input_dir: Path, rule: str = "any") -> tuple[pd.DataFrame,
     classes = [c for c in CLASSES if any(c in r.classes for r in readings.values())]
     parts, set_aside = [], []
     for split, r in readings.items():
-        part = _image_rows(r, rule, classes, split if official else None)
+        part = _image_rows(r, rule, classes, split, official)
         set_aside += [SetAside(r.file, row, "missing value: empty 'image_id'", None) for row in r.blank]
         parts.append(part)
     frame = pd.concat(parts, ignore_index=True)
@@ -267,12 +267,13 @@ def vote(positive: np.ndarray, read: np.ndarray, rule: str, *, dual: bool = Fals
     return np.where(read > 0, out, np.nan)
 
 
-def _image_rows(r: Readings, rule: str, classes: list[str], split: Optional[str]) -> pd.DataFrame:
-    folder = split or "train"
+def _image_rows(r: Readings, rule: str, classes: list[str], split: str, official: bool) -> pd.DataFrame:
+    """One canonical row per image of ``r``; ``image_path`` is the documented ``<split>/<image_id>.dicom``."""
     frame = pd.DataFrame({
-        "image_path": [f"{folder}/{k}.dicom" for k in r.keys],
+        "image_path": [f"{split}/{k}.dicom" for k in r.keys],
         "patient_id": r.keys, "study_id": r.keys,
-        "official_split": pd.Series([{"train": "train_val", "test": "test"}.get(split)] * len(r.keys), dtype=object),
+        "official_split": pd.Series([{"train": "train_val", "test": "test"}[split] if official else None] * len(r.keys),
+                                    dtype=object),
         "source_file": r.file, "source_row": r.first,
         "_problem": pd.Series(r.problems, dtype=object),
     })

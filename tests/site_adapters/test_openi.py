@@ -117,3 +117,13 @@ def test_age_from_dicom_dates():
     assert age_from_dates("19500615", "20120301") == pytest.approx(61.71, abs=0.01)
     assert age_from_dates("19550820.0", 20110328) == pytest.approx(55.6, abs=0.1)
     assert age_from_dates("", "20110328") is None and age_from_dates("20200101", "20110101") is None
+
+
+def test_a_metadata_table_without_imageid_stops_naming_it(tmp_path):
+    from fedcxr.site_adapters.base import AdapterOptions, IngestError
+    from fedcxr.site_adapters.openi import read_openi
+
+    export = _export(tmp_path)
+    write_csv(export / "nlmcxr_dicom_metadata.csv", [{"image": "CXR1_1_IM-0001-3001", "View Position": "PA"}])
+    with pytest.raises(IngestError, match=r"nlmcxr_dicom_metadata.csv: missing required column\(s\) 'imageid'"):
+        read_openi(export, AdapterOptions(extra={"progress": False}))

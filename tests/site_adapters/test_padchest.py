@@ -48,7 +48,7 @@ def _export(root):
         padchest_row("e.png", "P4", None, folder=1),                      # no labels: set aside
         padchest_row("f.png", "P5", "['pneumonia'", folder=2),           # unterminated list
         padchest_row("g.png", "P6", ["nodule"], folder=2, projection="COSTAL", sex="O", date="20170101",
-                     birth=1921.0),
+                     birth=1921.0) | {"StudyID": ""},
     ]
     write_csv(root / CSV, rows, PADCHEST_COLUMNS)
     for name, folder in (("a.png", "0"), ("b.png", "0"), ("c.png", "1"), ("d.png", "1"), ("e.png", "1"),
@@ -71,6 +71,7 @@ def test_rows_labels_and_demographics(tmp_path):
     assert f["aux__view"].tolist()[:3] == [0, 2, 1] and f["aux__view"].isna()[7]  # PA, L, AP_horizontal; COSTAL
     assert f.loc[3, "aux__sex"] == 0 and f["aux__sex"].isna()[7]    # 'O' → unknown
     assert f.loc[1, "image_path"] == "0/a.png" and f.loc[1, "study_id"] == "s-a.png" == f.loc[2, "study_id"]
+    assert f.loc[7, "study_id"] == "g.png"  # a blank StudyID: the image is its own study
     assert f["group__label_method"].tolist() == ["physician", "physician", "rnn_model", "physician"]
     assert any("'kyphosis' 1" in n for n in notes) and any("'COSTAL' 1" in n for n in notes)
 
