@@ -147,7 +147,9 @@ def read_padchest_labels(input_dir: Path) -> tuple[pd.DataFrame, list[SetAside],
     if csv is None:
         raise IngestError(f"{input_dir}: no PadChest label file (looked for {', '.join(METADATA_FILES)})")
     name = relative_name(csv, input_dir)
-    table = read_table(csv, base=input_dir, dtype=str)
+    wanted = {IMAGE, IMAGE_DIR, PATIENT, STUDY, LABELS, SEX, BIRTH, STUDY_DATE, PROJECTION, METHOD}
+    # the free-text columns (Report, LabelsLocalizationsBySentence) are most of the file's size: not read
+    table = read_table(csv, base=input_dir, usecols=lambda c: str(c).strip() in wanted, dtype=str)
     table.columns = [str(c).strip() for c in table.columns]
     require_columns(table, [IMAGE, PATIENT, LABELS], name)
     n = len(table)
@@ -208,7 +210,8 @@ def _demographics(frame: pd.DataFrame, table: pd.DataFrame) -> tuple[pd.DataFram
     projection = (table[PROJECTION] if PROJECTION in table else blank).str.strip()
     view, _ = map_distinct(projection.replace({"L": "LATERAL"}), view_code)
     frame["age"] = age
-    frame[aux_column("age_bin")] = pd.array([age_bin_code(a) if not np.isnan(a) else None for a in age], dtype="Int64")
+    bins, _ = map_distinct(pd.Series(age), age_bin_code)  # once per distinct age, not per row
+    frame[aux_column("age_bin")] = to_codes(bins).to_numpy()
     frame[aux_column("sex")] = to_codes(sex).to_numpy()
     frame[aux_column("view")] = to_codes(view).to_numpy()
     method = (table[METHOD] if METHOD in table else blank).astype(str).str.strip().str.lower()
