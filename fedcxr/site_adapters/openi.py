@@ -137,12 +137,15 @@ def labels_of(report: Report) -> dict[str, float]:
     return {c: 1.0 if c in found else 0.0 for c in SOURCE_CLASSES}
 
 
+def _too_large(file: str, size: int) -> Report:
+    return Report(file, problem=f"unreadable report: {size} bytes (a report is a few kB)")
+
+
 def parse_report(data: bytes, file: str) -> Report:
     """A report's uid, images and MeSH terms (lower case, each once); a reason if unusable."""
-    report = Report(file)
     if len(data) > MAX_REPORT_BYTES:
-        report.problem = f"unreadable report: {len(data)} bytes (a report is a few kB)"
-        return report
+        return _too_large(file, len(data))
+    report = Report(file)
     try:
         root = ET.fromstring(data)  # expat ≥ 2.4 bounds entity expansion; no external entities
     except ET.ParseError as exc:
@@ -165,8 +168,12 @@ def iter_reports(input_dir: Path) -> Iterator[Report]:
     files = sorted(_xml_files(input_dir), key=lambda p: _natural(p.name))
     if files:
         for path in files:
-            yield parse_report(path.read_bytes() if path.stat().st_size <= MAX_REPORT_BYTES else
-                               b"x" * (MAX_REPORT_BYTES + 1), relative_name(path, input_dir))
+            name = relative_name(path, input_dir)
+            try:
+                size = path.stat().st_size
+                yield _too_large(name, size) if size > MAX_REPORT_BYTES else parse_report(path.read_bytes(), name)
+            except OSError as exc:
+                yield Report(name, problem=f"unreadable report: {exc.strerror or type(exc).__name__}")
         return
     archive = find_file(input_dir, REPORT_ARCHIVES, max_depth=2)
     if archive is None:
@@ -179,7 +186,7 @@ def iter_reports(input_dir: Path) -> Iterator[Report]:
                              key=lambda m: _natural(m.name))
             for member in members:
                 if member.size > MAX_REPORT_BYTES:
-                    yield parse_report(b"x" * (MAX_REPORT_BYTES + 1), f"{name}:{member.name}")
+                    yield _too_large(f"{name}:{member.name}", member.size)
                     continue
                 handle = tar.extractfile(member)  # read in memory: nothing is written to disk
                 yield parse_report(handle.read() if handle else b"", f"{name}:{member.name}")
