@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("ingest", "hospital export → canonical per-site manifests")
     p.add_argument("source", metavar="SOURCE",
-                   help="nih | chexpert | mimic | midrc | dicom | images (DICOM/PNG/JPEG folder) | csv | medmnist")
+                   help="nih | chexpert | mimic | midrc | dicom | images (DICOM/PNG/JPEG folder) | csv | medmnist "
+                        "| rsna | vindr | siim | openi | padchest")
     p.add_argument("--input", required=True, type=Path, help="export root folder")
     p.add_argument("--out", required=True, type=Path, help="output folder (one subfolder per site)")
     p.add_argument("--site-by", default=None,
@@ -102,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow-links", action="store_true",
                    help="accept image paths whose symbolic links lead out of the export folder "
                         "(unset: such rows are set aside with the reason)")
+    p.add_argument("--readers", default="any", choices=["any", "majority"],
+                   help="vindr: a finding is positive when any of the image's radiologists names it "
+                        "(TorchXRayVision's reading) or when most of them do (a tie is uncertain, -1)")
 
     p = command("synth", "write a synthetic multi-hospital export in native formats")
     p.add_argument("--out", required=True, type=Path, help="folder to write the exports into")

@@ -5,7 +5,14 @@ vendor string. The codes are stable: they are written into manifests as integers
 meaning is recorded in each ``site.json`` (``aux_vocab``), so changing an order here is a
 breaking change of the manifest format (bump ``MANIFEST_VERSION``).
 
-Finding classes are the union of NIH ChestX-ray14, CheXpert and COVID-19 (DESIGN §2).
+Finding classes are the union of NIH ChestX-ray14, CheXpert and COVID-19 (DESIGN §2), followed
+by :data:`ADDED_CLASSES`: findings of VinDr-CXR, Open-i and PadChest that none of those names
+(README "Sources and their findings" maps every source's labels onto these). New classes are
+appended, never inserted, so the canonical order of the first 22 never changes.
+
+A manifest written before a class existed (``manifest_version`` 2: the first 22 classes) has
+no ``label__`` column for it; the class reads as *not labeled* there
+(:func:`fedcxr.site_adapters.manifest.label_values`), exactly as a class a source never labels.
 
 Auxiliary vocabularies (0-based integer codes; unknown is null, never a code):
 
@@ -25,7 +32,10 @@ import math
 import re
 from typing import Optional
 
-MANIFEST_VERSION = 2  # 2: keyed (HMAC) pseudonyms and the image_key column
+#: 2: keyed (HMAC) pseudonyms and the image_key column; 3: the classes of ADDED_CLASSES
+#: (a version-2 manifest still loads: its missing label columns read as not labeled, and an
+#: older fedcxr refuses a version-3 manifest instead of silently dropping the classes it lacks).
+MANIFEST_VERSION = 3
 
 CLASSES: list[str] = [
     "atelectasis",
@@ -51,6 +61,42 @@ CLASSES: list[str] = [
     "no_finding",
     "covid19",
 ]
+
+#: Classes added for sources beyond NIH/CheXpert/COVID-19 (manifest version 3), in the order
+#: appended to :data:`CLASSES`. VinDr-CXR: the first fourteen (its local and global labels that
+#: have no earlier class); Open-i MeSH terms: granuloma, calcified_granuloma; PadChest (the
+#: findings TorchXRayVision's ``PC_Dataset`` reads): scoliosis to hemidiaphragm_elevation.
+#: Sources share a class where they name the same finding (copd, tuberculosis, granuloma...).
+ADDED_CLASSES: list[str] = [
+    "aortic_enlargement",
+    "calcification",
+    "ild",
+    "nodule_mass",
+    "other_lesion",
+    "pulmonary_fibrosis",
+    "enlarged_pa",
+    "lung_cavity",
+    "lung_cyst",
+    "mediastinal_shift",
+    "copd",
+    "lung_tumor",
+    "tuberculosis",
+    "other_disease",
+    "granuloma",
+    "calcified_granuloma",
+    "scoliosis",
+    "bronchiectasis",
+    "flattened_diaphragm",
+    "aortic_elongation",
+    "hilar_enlargement",
+    "air_trapping",
+    "costophrenic_angle_blunting",
+    "aortic_atheromatosis",
+    "hemidiaphragm_elevation",
+]
+#: The classes of manifest version 2 (every manifest has their ``label__`` columns).
+CLASSES_V2: tuple[str, ...] = tuple(CLASSES)
+CLASSES += ADDED_CLASSES
 CLASS_SET = frozenset(CLASSES)
 
 #: Vendor finding names (lower-cased, punctuation-normalised by :func:`normalise_name`) → class.
@@ -69,6 +115,11 @@ FINDING_SYNONYMS: dict[str, str] = {
     "covid-19": "covid19",
     "covid 19": "covid19",
     "covid": "covid19",
+    "nodule/mass": "nodule_mass",
+    "interstitial lung disease": "ild",
+    "enlarged pulmonary artery": "enlarged_pa",
+    "chronic obstructive pulmonary disease": "copd",
+    "other diseases": "other_disease",
 }
 
 AUX_TASKS: list[str] = ["sex", "age_bin", "race", "view"]

@@ -21,7 +21,7 @@ def cli_ingest(args: argparse.Namespace) -> int:
         mapping=args.mapping, labels_csv=args.labels, verify_pixels=args.verify_pixels,
         workers=args.workers, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
         progress=progress_wanted(args), site_key=args.site_key, follow_links=args.follow_links,
-        max_pixels=args.max_pixels,
+        max_pixels=args.max_pixels, readers=args.readers,
     )
     print(f"read {report['rows_read']} rows: kept {report['rows_kept']}, set aside {report['rows_set_aside']}")
     for reason, count in report["set_aside_by_reason"].items():

@@ -55,10 +55,11 @@ from fedcxr.site_adapters.manifest import (
     SPLITS,
     atomic_write_json,
     content_hash,
+    label_values,
     read_manifest,
     read_site_json,
 )
-from fedcxr.vocab import aux_column, label_column
+from fedcxr.vocab import aux_column
 
 log = logging.getLogger(__name__)
 
@@ -393,10 +394,8 @@ def _augment(transform, image: torch.Tensor) -> torch.Tensor:
 
 def _label_arrays(frame: pd.DataFrame, classes: list[str], loss_classes: list[str],
                   missing_as_negative: bool, site: str) -> tuple[np.ndarray, np.ndarray]:
-    missing = [label_column(c) for c in classes if label_column(c) not in frame]
-    if missing:
-        raise UserError(f"site {site}: manifest lacks label column(s) {missing}")
-    values = np.stack([frame[label_column(c)].to_numpy(dtype=np.float32, na_value=np.nan) for c in classes], 1) \
+    # a class without a column (a manifest written before the class existed) is not labeled here
+    values = np.stack([label_values(frame, c).astype(np.float32) for c in classes], 1) \
         if len(frame) else np.zeros((0, len(classes)), np.float32)
     observed = ~np.isnan(values)
     in_loss = np.array([c in set(loss_classes) for c in classes], dtype=bool)[None, :]

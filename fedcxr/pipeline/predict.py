@@ -28,7 +28,7 @@ from fedcxr.pipeline.checkpoints import load_final_model
 from fedcxr.pipeline.data import default_cache_dir, make_loader
 from fedcxr.pipeline.local import predict, resolve_device
 from fedcxr.pipeline.site_runner import SiteRunner
-from fedcxr.site_adapters.manifest import content_hash
+from fedcxr.site_adapters.manifest import content_hash, label_values
 from fedcxr.vocab import AUX_TASKS, aux_column, label_column
 
 
@@ -101,7 +101,7 @@ def site_prediction_frame(runner: SiteRunner, params: dict, classes: list[str], 
     order = np.asarray(out["index"], dtype=int)
     frame = pd.DataFrame({"site": runner.name, "row_key": keys[order], "patient_key": patients[order]})
     for j, cls in enumerate(classes):
-        frame[label_column(cls)] = rows[label_column(cls)].to_numpy()[order]
+        frame[label_column(cls)] = label_values(rows, cls)[order]  # NaN: a manifest without the class
         frame[f"prob__{cls}"] = out["probs"][:, j]
     for task in AUX_TASKS:
         if aux_column(task) in rows:

@@ -63,6 +63,11 @@ ADAPTERS: dict[str, str] = {
     "images": "fedcxr.site_adapters.dicom_folder:read_image_folder",
     "csv": "fedcxr.site_adapters.csv_mapping:read_csv_mapping",
     "medmnist": "fedcxr.site_adapters.medmnist:read_medmnist",
+    "rsna": "fedcxr.site_adapters.rsna:read_rsna",
+    "vindr": "fedcxr.site_adapters.vindr:read_vindr",
+    "siim": "fedcxr.site_adapters.siim:read_siim",
+    "openi": "fedcxr.site_adapters.openi:read_openi",
+    "padchest": "fedcxr.site_adapters.padchest:read_padchest",
 }
 
 
@@ -93,6 +98,7 @@ def run_ingest(
     site_key: Optional[Path | str | SiteKey] = None,
     follow_links: bool = False,
     max_pixels: int = MAX_PIXELS,
+    readers: str = "any",
 ) -> dict:
     """Ingest one export; return the ``ingest_report.json`` payload (also written to OUT).
 
@@ -102,6 +108,7 @@ def run_ingest(
     (:mod:`fedcxr.site_adapters.paths`; by default such rows are set aside).
     ``max_pixels``: an image whose header declares more values is set aside before any decode
     (:func:`fedcxr.site_adapters.images.check_pixel_count`); training decodes under the same bound.
+    ``readers``: how several radiologists' reads of one image combine (``any``/``majority``; vindr).
     """
     started = time.perf_counter()
     input_dir, out_dir = Path(input_dir), Path(out_dir)
@@ -126,7 +133,7 @@ def run_ingest(
         # adapters that must write files (medmnist PNGs) write under OUT; adapters that read
         # images themselves (dicom, midrc) keep them inside the export unless follow_links
         extra={"out_dir": out_dir, "follow_links": follow_links, "progress": progress,
-               "max_pixels": int(max_pixels)},
+               "max_pixels": int(max_pixels), "readers": readers},
     )
     table: SourceTable = adapter(input_dir, options)
     frame = ensure_columns(table.frame, table.classes)
@@ -177,7 +184,7 @@ def run_ingest(
 
     run_options = {
         "site_by": site_by, "uncertain": uncertain, "verify_pixels": verify_pixels, "follow_links": follow_links,
-        "max_pixels": int(max_pixels),
+        "max_pixels": int(max_pixels), "readers": readers,
         "mapping": str(mapping) if mapping else None, "val_fraction": val_fraction,
         "test_fraction": test_fraction,
     }

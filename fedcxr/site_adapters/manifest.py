@@ -229,6 +229,7 @@ def write_site(
     class set); such a site can be scored or be FACT's target, never a labeled source.
     ``key_id`` is the fingerprint of the site key the pseudonyms were made with (never the key).
     """
+    frame = with_label_columns(frame)  # a version-2 manifest re-written (fedcxr shift) gains the new classes
     ordered = frame[manifest_columns(frame)].reset_index(drop=True)
     ordered["site"] = site
     site_dir = out_dir / site
@@ -268,6 +269,29 @@ def _parquet_bytes(frame: pd.DataFrame) -> bytes:
 
 
 # --------------------------------------------------------------------------- reading
+
+
+def label_values(frame: pd.DataFrame, cls: str) -> np.ndarray:
+    """``label__<cls>`` as floats; all NaN (not labeled) when the manifest has no such column.
+
+    A manifest written before ``cls`` was a canonical class (manifest version 2, see
+    :data:`fedcxr.vocab.ADDED_CLASSES`) lacks its column: that site never labeled it. The frame
+    itself is left as written, so its content hash (run resume checks, prediction row keys)
+    stays what it was when the run started.
+    """
+    column = label_column(cls)
+    if column not in frame:
+        return np.full(len(frame), np.nan)
+    return frame[column].to_numpy(dtype=float, na_value=np.nan)
+
+
+def with_label_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with an all-NaN ``label__`` column for every canonical class it lacks."""
+    missing = {label_column(c): np.full(len(frame), np.nan) for c in CLASSES if label_column(c) not in frame}
+    if not missing:
+        return frame
+    return pd.concat([frame, pd.DataFrame(missing, index=frame.index)], axis=1)
+
 
 
 def read_manifest(site_dir: Path | str, split: Optional[str] = None) -> pd.DataFrame:

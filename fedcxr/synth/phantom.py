@@ -38,6 +38,8 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 from scipy import ndimage
 
+from fedcxr.vocab import ADDED_CLASSES
+
 VIEWS = ("PA", "AP", "LATERAL")
 
 #: Race offsets (soft-tissue density): deliberately small, see module doc.
@@ -524,6 +526,10 @@ DERIVED: dict[str, frozenset] = {
         "pleural_effusion", "mass",
     }),
 }
+#: Canonical classes no phantom shows: those added for VinDr-CXR, Open-i and PadChest
+#: (:data:`fedcxr.vocab.ADDED_CLASSES`). No synthetic hospital labels them, so :func:`truth`
+#: leaves them out rather than claiming a negative the image cannot show.
+NOT_DRAWN: frozenset = frozenset(ADDED_CLASSES)
 #: Findings that do not clear ``no_finding`` (CheXpert convention: devices are not a disease).
 NOT_A_FINDING: frozenset = frozenset({"support_devices"})
 

@@ -186,6 +186,33 @@ def test_loss_classes_and_missing_as_negative(site, tmp_path):
     assert vanilla.labels[:, 2].sum() == 0
 
 
+def as_version_2(site_dir) -> None:
+    """Rewrite a site as fedcxr wrote it with 22 classes (manifest version 2, no new label columns)."""
+    from fedcxr.vocab import ADDED_CLASSES
+
+    path = site_dir / "manifest.parquet"
+    pd.read_parquet(path).drop(columns=[label_column(c) for c in ADDED_CLASSES]).to_parquet(path, index=False)
+    meta = json.loads((site_dir / "site.json").read_text())
+    meta.update(manifest_version=2, classes_all=CLASSES[:22])
+    (site_dir / "site.json").write_text(json.dumps(meta))
+
+
+def test_a_version_2_manifest_reads_its_missing_classes_as_not_labeled(tmp_path):
+    """A site ingested before nodule_mass existed trains beside one that labels it: no error, masked out."""
+    site_dir = write_toy_site(tmp_path)
+    as_version_2(site_dir)
+    old = load_site(site_dir)
+    assert "label__nodule_mass" not in old.manifest and len(old.manifest.columns) > 0
+    ds = make_dataset(old, "train", classes=["edema", "nodule_mass"], aux_tasks=[], image_size=8,
+                      cache_dir=tmp_path / "cache", augment=False, progress=False)
+    assert ds.label_mask[:, 1].sum() == 0 and ds.label_mask[:, 0].all()  # not labeled, not a negative
+    assert ds.labels[:, 0].tolist() == [float(i % 2) for i in range(20) if SPLIT_CYCLE[i % 5] == "train"]
+    vanilla = make_dataset(old, "train", classes=["edema", "nodule_mass"], aux_tasks=[], image_size=8,
+                           cache_dir=tmp_path / "cache", augment=False, progress=False,
+                           loss_classes=["edema", "nodule_mass"], missing_as_negative=True)
+    assert vanilla.label_mask.all() and vanilla.labels[:, 1].sum() == 0  # as any class the site never labels
+
+
 def test_aux_code_beyond_head_size_is_a_user_error(site, tmp_path):
     with pytest.raises(UserError, match="aux__sex"):
         make_dataset(site, "train", classes=["edema"], aux_tasks={"sex": 1}, image_size=8,

@@ -159,6 +159,28 @@ def test_site_json_counts(tmp_path):
     assert read_manifest(tmp_path / "h", split="test")["patient_id"].tolist() == ["p3", "p4"]
 
 
+def test_manifests_of_the_22_class_vocabulary_still_load_and_rewrite_with_every_class(tmp_path):
+    """Version 2 (22 classes, before VinDr/Open-i/PadChest) reads; missing classes are not labeled."""
+    from fedcxr.site_adapters.manifest import label_values
+    from fedcxr.vocab import ADDED_CLASSES, CLASSES_V2
+
+    assert CLASSES[:22] == list(CLASSES_V2) and len(CLASSES) == 22 + len(ADDED_CLASSES) == 47
+    old = _site_frame().drop(columns=[label_column(c) for c in ADDED_CLASSES])
+    assert np.isnan(label_values(old, "nodule_mass")).all() and len(label_values(old, "nodule_mass")) == 5
+    np.testing.assert_array_equal(label_values(old, "edema"), old[label_column("edema")].to_numpy(dtype=float))
+    payload = _write(tmp_path, old)  # fedcxr shift re-writes an old site: it gains every column
+    assert payload["manifest_version"] == MANIFEST_VERSION == 3 and payload["classes_all"] == CLASSES
+    assert all(label_column(c) in read_manifest(tmp_path / "h") for c in CLASSES)
+    site_json = tmp_path / "h" / "site.json"
+    for version, readable in ((2, True), (3, True), (4, False)):
+        site_json.write_text(json.dumps({**payload, "manifest_version": version}))
+        if readable:
+            assert read_site_json(tmp_path / "h")["manifest_version"] == version
+        else:
+            with pytest.raises(IngestError, match="manifest_version 4 is newer"):
+                read_site_json(tmp_path / "h")
+
+
 def test_content_hash_is_stable_and_follows_content(tmp_path):
     frame = _site_frame()
     first = _write(tmp_path / "a", frame)["content_hash"]

@@ -8,6 +8,7 @@ import pytest
 from fedcxr.synth.cohort import CohortProfile, sample_cohort
 from fedcxr.synth.phantom import (
     DERIVED,
+    NOT_DRAWN,
     RENDERED,
     SiteStyle,
     Subject,
@@ -45,9 +46,9 @@ def test_render_is_deterministic_for_a_seed_and_varies_across_seeds():
 
 def test_every_canonical_class_is_drawn_or_derived():
     derived = set(DERIVED) | {"no_finding"}
-    assert set(CLASSES) == RENDERED | derived
-    assert not RENDERED & derived
-    assert set(truth([])) == set(CLASSES)
+    assert set(CLASSES) == RENDERED | derived | NOT_DRAWN
+    assert not RENDERED & derived and not (RENDERED | derived) & NOT_DRAWN
+    assert set(truth([])) == set(CLASSES) - NOT_DRAWN
 
 
 def test_unknown_or_derived_findings_cannot_be_drawn():
