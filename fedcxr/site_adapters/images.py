@@ -124,12 +124,12 @@ def pil_pixel_limit(max_pixels: int):
 # --------------------------------------------------------------------------- headers
 
 
-def read_header(path: str | Path, max_pixels: int = MAX_PIXELS) -> dict[str, Any]:
+def read_header(path: str | Path, max_pixels: int = MAX_PIXELS, *, tags: Sequence[str] = ()) -> dict[str, Any]:
     """Cheap header of one image, without decoding pixels.
 
     Returns at least ``kind`` (``'dicom'|'png'|'jpeg'``), ``rows`` and ``cols`` (ints). DICOM
     adds ``frames``, ``samples_per_pixel``, ``bits_stored``, ``TransferSyntaxUID`` and every
-    tag in :data:`DICOM_TAGS` (stripped ``str`` or ``None``). Raises :class:`ImageError`
+    tag in :data:`DICOM_TAGS` and ``tags`` (DICOM keywords; stripped ``str`` or ``None``). Raises :class:`ImageError`
     with the reason when the file is missing, not an image, truncated, needs a decoder
     that is not installed, or declares more than ``max_pixels`` values (:class:`ImageTooLarge`).
     """
@@ -157,7 +157,7 @@ def read_header(path: str | Path, max_pixels: int = MAX_PIXELS) -> dict[str, Any
         raise ImageError("empty file (0 bytes)")
     if head[:3] == _JPEG_SOI:
         return _jpeg_header(path, size, max_pixels)
-    return _dicom_header(path, size, has_preamble=head[128:132] == b"DICM", max_pixels=max_pixels)
+    return _dicom_header(path, size, has_preamble=head[128:132] == b"DICM", max_pixels=max_pixels, tags=tags)
 
 
 def _png_header(fd: int, head: bytes, size: int) -> dict[str, Any]:
@@ -205,13 +205,15 @@ def _jpeg_header(path: str, size: int, max_pixels: int = MAX_PIXELS) -> dict[str
     return {"kind": KIND_JPEG, "rows": height, "cols": width, "mode": mode}
 
 
-def _dicom_header(path: str, size: int, *, has_preamble: bool, max_pixels: int = MAX_PIXELS) -> dict[str, Any]:
+def _dicom_header(path: str, size: int, *, has_preamble: bool, max_pixels: int = MAX_PIXELS,
+                  tags: Sequence[str] = ()) -> dict[str, Any]:
     """Tags up to the pixel data, the pixel data's length against the file, decoder check."""
     with quiet_pydicom():
-        return _dicom_header_inner(path, size, has_preamble, max_pixels)
+        return _dicom_header_inner(path, size, has_preamble, max_pixels, tags)
 
 
-def _dicom_header_inner(path: str, size: int, has_preamble: bool, max_pixels: int = MAX_PIXELS) -> dict[str, Any]:
+def _dicom_header_inner(path: str, size: int, has_preamble: bool, max_pixels: int = MAX_PIXELS,
+                        tags: Sequence[str] = ()) -> dict[str, Any]:
     import pydicom
 
     not_image = "not a DICOM/PNG/JPEG file"
@@ -240,7 +242,7 @@ def _dicom_header_inner(path: str, size: int, has_preamble: bool, max_pixels: in
         "bits_stored": _int_tag(ds, "BitsStored") or 0,
         "TransferSyntaxUID": ts,
     }
-    header.update({kw: _str_tag(ds, kw) for kw in DICOM_TAGS})
+    header.update({kw: _str_tag(ds, kw) for kw in (*DICOM_TAGS, *tags)})
     _check_decoder(ts)
     check_display_tags(ds)
     if ts != _DEFLATED:  # offsets of a deflated file are in the inflated stream
@@ -728,15 +730,16 @@ def check_image(path: str | Path, decode: bool = False, max_pixels: int = MAX_PI
 
 
 def header_or_reason(
-    path: str | Path, decode: bool = False, max_pixels: int = MAX_PIXELS
+    path: str | Path, decode: bool = False, max_pixels: int = MAX_PIXELS, tags: Sequence[str] = ()
 ) -> tuple[Optional[dict], Optional[str]]:
     """``(header, None)`` for a usable image, ``(header or None, reason)`` otherwise.
 
     With ``decode``, an image whose pixels all have one value (a blank export, a failed
     anonymiser burn-out) is unusable too: it carries no information and would train as noise.
+    ``tags``: DICOM keywords to copy into the header besides :data:`DICOM_TAGS`.
     """
     try:
-        header = read_header(path, max_pixels)
+        header = read_header(path, max_pixels, tags=tags)
     except ImageError as exc:
         return None, str(exc)
     except Exception as exc:  # a bug or an exotic file: report it, never crash the ingest
@@ -764,17 +767,20 @@ def check_images_batch(paths: list[str], decode: bool = False, max_pixels: int =
 
 
 def headers_batch(
-    paths: list[str], decode: bool = False, max_pixels: int = MAX_PIXELS
+    paths: list[str], decode: bool = False, max_pixels: int = MAX_PIXELS, tags: Sequence[str] = ()
 ) -> list[tuple[Optional[dict], Optional[str]]]:
     """:func:`header_or_reason` over a chunk of paths (picklable for process pools)."""
-    return [header_or_reason(p, decode, max_pixels) for p in paths]
+    return [header_or_reason(p, decode, max_pixels, tags) for p in paths]
 
 
 def read_headers(
     paths: Sequence[str], *, workers: int = 1, decode: bool = False, progress: bool = False,
-    chunk: int = 256, max_pixels: int = MAX_PIXELS,
+    chunk: int = 256, max_pixels: int = MAX_PIXELS, tags: Sequence[str] = (),
 ) -> list[tuple[Optional[dict], Optional[str]]]:
-    """:func:`header_or_reason` for every path, in ``workers`` processes; results in input order."""
+    """:func:`header_or_reason` for every path, in ``workers`` processes; results in input order.
+
+    ``tags``: DICOM keywords to read besides :data:`DICOM_TAGS` (a label csv's key tag).
+    """
     from tqdm import tqdm
 
     paths = [os.fspath(p) for p in paths]
@@ -785,12 +791,13 @@ def read_headers(
     try:
         if workers > 1 and len(chunks) > 1:
             with ProcessPoolExecutor(max_workers=min(workers, len(chunks))) as pool:
-                for part in pool.map(headers_batch, chunks, [decode] * len(chunks), [max_pixels] * len(chunks)):
+                for part in pool.map(headers_batch, chunks, [decode] * len(chunks), [max_pixels] * len(chunks),
+                                     [tuple(tags)] * len(chunks)):
                     out.extend(part)
                     bar.update(len(part))
         else:
             for c in chunks:
-                out.extend(headers_batch(c, decode, max_pixels))
+                out.extend(headers_batch(c, decode, max_pixels, tuple(tags)))
                 bar.update(len(c))
     finally:
         bar.close()

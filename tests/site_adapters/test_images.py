@@ -596,6 +596,7 @@ def test_expected_native_bytes_know_chroma_subsampling(photometric, factor):
     assert expected_native_bytes({**header, "samples_per_pixel": 1}) == 160
 
 
+@pytest.mark.filterwarnings("ignore:Expected explicit VR, but found implicit VR")
 def test_implicit_vr_body_under_an_explicit_transfer_syntax_is_not_truncated(tmp_path):
     path = write_implicit_body(tmp_path / "implicit_body.dcm", gradient(64, 48))
     with pytest.warns(UserWarning, match="Expected explicit VR, but found implicit VR"):
@@ -641,6 +642,7 @@ def _pydicom_test_files(tmp_path: Path) -> Path:
     return target
 
 
+@pytest.mark.filterwarnings("ignore:Expected explicit VR, but found implicit VR")
 def test_pydicom_test_files_pass_the_checks_and_decode_as_pydicom_does(tmp_path):
     folder = _pydicom_test_files(tmp_path)
     for path in sorted(folder.iterdir()):
