@@ -415,3 +415,47 @@ def test_dicom_tag_fields_are_validated(tmp_path, demographics, expected):
     path.write_text(yaml.safe_dump({**RSNA_MAPPING, "demographics": demographics}))
     with pytest.raises(IngestError, match=expected):
         load_mapping(path)
+
+
+def _xrv_data() -> Path:
+    import os
+
+    root = os.environ.get("FEDCXR_XRV")
+    data = Path(root) / "torchxrayvision" / "data" if root else None
+    if data is None or not (data / "kaggle_stage_2_train_labels.csv.zip").is_file():
+        pytest.skip("real RSNA Pneumonia metadata not given: set FEDCXR_XRV to a mlmed/torchxrayvision checkout "
+                    "(its torchxrayvision/data holds the label csv and the DICOM header csv)")
+    return data
+
+
+@pytest.mark.filterwarnings("ignore:Invalid value for VR AS")
+def test_real_rsna_labels_and_dicom_tags_ingest_with_no_hand_edit(tmp_path):
+    """RSNA Pneumonia's real stage_2_train_labels.csv, untouched, and DICOMs carrying the real tags of
+    the first 60 patients (from its DICOM header csv): labels, sex, age and view equal the header csv's
+    values, read as TorchXRayVision's RSNA_Pneumonia_Dataset does (a patient's first label row, the
+    header csv's tags); the other box rows of one image are set aside as duplicates."""
+    from tests.site_adapters.test_dicom_folder import write_dicom
+
+    data = _xrv_data()
+    headers = pd.read_csv(data / "kaggle_stage_2_train_images_dicom_headers.csv.gz", dtype=str).head(60)
+    labels = pd.read_csv(data / "kaggle_stage_2_train_labels.csv.zip", dtype=str, keep_default_na=False)
+    labels = labels.loc[labels["patientId"].isin(set(headers["PatientID"]))]
+    export = tmp_path / "export"
+    for i, h in enumerate(headers.itertuples()):
+        write_dicom(export / "stage_2_train_images" / f"{h.PatientID}.dcm", seed=i, PatientID=h.PatientID,
+                    PatientSex=h.PatientSex, PatientAge=h.PatientAge, ViewPosition=h.ViewPosition,
+                    BodyPartExamined=h.BodyPartExamined, Modality=h.Modality)
+    labels.to_csv(export / "stage_2_train_labels.csv", index=False)
+    mapping = tmp_path / "rsna.yaml"
+    mapping.write_text(yaml.safe_dump(RSNA_MAPPING))
+    report = run_ingest("csv", export, tmp_path / "out", mapping=mapping, progress=False)
+    assert report["rows_read"] == len(labels) and report["rows_kept"] == 60
+    assert report["set_aside_by_reason"] == ({"duplicate row": len(labels) - 60} if len(labels) > 60 else {})
+    m = read_manifest(tmp_path / "out" / "csv").set_index("source_row")
+    truth = headers.set_index("PatientID")
+    pid = labels["patientId"].to_numpy()[m.index.to_numpy() - 1]
+    assert [AUX_VOCAB["sex"][int(v)] for v in m["aux__sex"]] == truth.loc[pid, "PatientSex"].tolist()
+    assert m["age"].tolist() == truth.loc[pid, "PatientAge"].astype(float).tolist()
+    assert [AUX_VOCAB["view"][int(v)] for v in m["aux__view"]] == truth.loc[pid, "ViewPosition"].tolist()
+    first = labels.groupby("patientId")["Target"].first().astype(float)
+    assert m["label__pneumonia"].tolist() == first.loc[pid].tolist()
