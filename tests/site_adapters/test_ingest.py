@@ -296,32 +296,3 @@ def test_missing_input_and_metadata_files_say_where_they_are(csv_export, tmp_pat
     with pytest.raises(IngestError, match=r"data.csv: no such file \(mapping key 'csv'\) \(but it exists one folder "
                                           r"deeper: .*sub/data.csv\)"):
         run_ingest("csv", nested / "export", tmp_path / "out", mapping=mapping)
-
-
-# --------------------------------------------------------------------------- per-source help
-
-
-@pytest.mark.parametrize("source", sorted(ADAPTERS))
-def test_every_source_help_shows_its_layout_and_an_example(source, capsys):
-    from fedcxr.cli import main
-
-    with pytest.raises(SystemExit):
-        main(["ingest", source, "--help"])
-    text = capsys.readouterr().out
-    assert text.startswith(f"SOURCE {source}: ") and "Example:\n  fedcxr ingest " + source in text
-    assert "--plan: " in text and "usage: fedcxr ingest" in text
-
-
-def test_source_help_differs_by_source_and_names_columns(capsys):
-    from fedcxr.cli import main
-
-    texts = {}
-    for source in ("nih", "chexpert", "mimic"):
-        with pytest.raises(SystemExit):
-            main(["ingest", source, "-h"])
-        texts[source] = capsys.readouterr().out
-    assert "Finding Labels" in texts["nih"] and "Frontal/Lateral" in texts["chexpert"]
-    assert "mimic-cxr-2.0.0-metadata.csv" in texts["mimic"] and len(set(texts.values())) == 3
-    with pytest.raises(SystemExit):
-        main(["ingest", "pacs", "--help"])
-    assert "unknown SOURCE 'pacs'" in capsys.readouterr().out

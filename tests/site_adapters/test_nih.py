@@ -254,6 +254,7 @@ def test_real_kaggle_sample_labels_with_impossible_age(shared_data, tmp_path):
     assert np.isin(f[[f"raw__{c}" for c in NIH_CLASSES]].to_numpy(), [0.0, 1.0]).all()
 
 
+@pytest.mark.slow
 def test_real_plan_runs_the_metadata_path_at_full_scale(shared_data, tmp_path):
     """--plan over all 112,120 Data_Entry rows with (almost) no image present: every row would be kept,
     the official test list lands in test, and the four IID sites split the patients."""
