@@ -63,7 +63,7 @@ from fedcxr.site_adapters.manifest import (
 )
 from fedcxr.site_adapters.partition import partition
 from fedcxr.site_adapters.paths import contain_all, lexical, printable
-from fedcxr.site_adapters.sources import source_help, supports_plan
+from fedcxr.site_adapters.sources import declares, source_help, supports_plan
 from fedcxr.site_adapters.tables import deeper_hint
 from fedcxr.site_adapters.sitekey import ENV_VAR as KEY_ENV
 from fedcxr.site_adapters.sitekey import SiteKey, load_site_key
@@ -162,9 +162,8 @@ def run_ingest(
     if plan:
         _check_plan(source, target, verify_pixels)
     adapter = get_adapter(source)
-    if labels_key and not getattr(importlib.import_module(target.split(":")[0]), "LABELS_KEY", False):
-        able = sorted(s for s, t in ADAPTERS.items() if getattr(importlib.import_module(t.split(":")[0]),
-                                                                  "LABELS_KEY", False))
+    if labels_key and not declares(target, "LABELS_KEY"):
+        able = sorted(s for s, t in ADAPTERS.items() if declares(t, "LABELS_KEY"))
         raise IngestError(f"--labels-key: SOURCE {source!r} does not read a label csv keyed by DICOM tags "
                           f"(sources that do: {', '.join(able)})")
     # A key given by the user is checked before the (possibly long) adapter run; the default key
@@ -393,7 +392,7 @@ def explain_missing(aside: list[SetAside], root: Path) -> tuple[list[SetAside], 
     missing = [i for i, s in enumerate(aside) if s.reason == "missing file" and s.image_path]
     if not missing:
         return aside, []
-    root = Path(root)
+    root = Path(root).resolve()
     finder = _DeeperFinder(root)
     out = list(aside)
     found = 0

@@ -7,6 +7,8 @@ docstrings are the reference, so the help never drifts from the code) and a work
 An adapter module tells the ingest two things about itself with module attributes:
 
 * ``SOURCE_CLASSES`` — the classes it labels (see :mod:`fedcxr.site_adapters.ingest`);
+* ``LABELS_KEY = True`` — it honours ``options.labels_key`` (``--labels-key``: a label csv
+  keyed by any DICOM tag; ``dicom``, ``images``); other sources refuse the option;
 * ``PLAN_MODE = True`` — it can run with ``options.plan`` (``fedcxr ingest --plan``): it reads
   metadata files only and never opens an image (NIH, CheXpert, MIMIC, csv). A source whose
   metadata lives in the images' own headers (``dicom``, ``images``, ``midrc``) or that must
@@ -77,9 +79,14 @@ def adapter_module(target: str):
     return importlib.import_module(target.split(":")[0])
 
 
+def declares(target: str, attribute: str) -> bool:
+    """Whether the adapter ``"module:function"`` sets the module attribute ``attribute`` true."""
+    return bool(getattr(adapter_module(target), attribute, False))
+
+
 def supports_plan(target: str) -> bool:
     """Whether the adapter ``"module:function"`` declares ``PLAN_MODE = True`` (see the module doc)."""
-    return bool(getattr(adapter_module(target), "PLAN_MODE", False))
+    return declares(target, "PLAN_MODE")
 
 
 def source_help(source: str, target: str) -> str:
@@ -102,4 +109,4 @@ def source_help(source: str, target: str) -> str:
     return "\n\n".join(p for p in parts if p)
 
 
-__all__ = ["SOURCES", "SourceInfo", "adapter_module", "source_help", "supports_plan"]
+__all__ = ["SOURCES", "SourceInfo", "adapter_module", "declares", "source_help", "supports_plan"]
