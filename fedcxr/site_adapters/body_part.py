@@ -89,7 +89,8 @@ def not_chest_reason(tags: Mapping[str, Optional[str]]) -> Optional[str]:
         if words and _names(words, CHEST_WORDS) is None:
             part = _names(words, OTHER_PARTS)
             if part is not None:
-                return f"not a chest radiograph: {keyword} {text[:40]!r} names {part} (no BodyPartExamined)"
+                # the matched term only: a free-text description may hold more than a body part
+                return f"not a chest radiograph: {keyword} names {part} (no BodyPartExamined)"
     return None
 
 

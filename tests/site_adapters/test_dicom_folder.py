@@ -187,7 +187,7 @@ def test_real_dicom_folder_with_file_name_labels(shared_data, tmp_path):
     flagged = manifest["not_chest"].dropna().to_dict()   # kept (--keep-non-chest), flagged with the reason
     assert flagged == {
         "nonchest/cr_dental_jpeg_lossless_mono1_modality_lut_seq.dcm":
-            "not a chest radiograph: StudyDescription 'MODALITYLUT - TEETH' names TEETH (no BodyPartExamined)",
+            "not a chest radiograph: StudyDescription names TEETH (no BodyPartExamined)",
         "nonchest/wg04_RG2_cr_hip_jpeg_lossless_sv1_mono2.dcm": "not a chest radiograph: BodyPartExamined 'HIP'"}
     assert set(report["sites"]["dicom"]["class_set"]) == {"pleural_effusion", "no_finding"}
     assert "Covid0000" not in (out / "ingest_report.json").read_text()
