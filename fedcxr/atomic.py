@@ -44,8 +44,13 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
 
 def atomic_write_json(path: Path | str, payload: Any) -> None:
     """JSON with sorted keys and NaN written as null (strict JSON readers accept it)."""
+    atomic_write_bytes(path, json_bytes(payload))
+
+
+def json_bytes(payload: Any) -> bytes:
+    """The bytes :func:`atomic_write_json` writes (serialise once, write to several places)."""
     text = json.dumps(json_safe(payload), indent=2, sort_keys=True, allow_nan=False)
-    atomic_write_bytes(path, (text + "\n").encode())
+    return (text + "\n").encode()
 
 
 def json_safe(value: Any) -> Any:

@@ -52,6 +52,28 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
+class _SourceHelp(argparse.Action):
+    """``fedcxr ingest SOURCE --help``: the source's layout, columns and example, then the options.
+
+    argparse has consumed ``SOURCE`` when it meets ``--help`` after it, so the action can read it.
+    """
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        source = getattr(namespace, "source", None)
+        if source:
+            from fedcxr.site_adapters.ingest import ADAPTERS, help_for
+
+            if source in ADAPTERS:
+                print(help_for(source), end="\n\n" + "-" * 100 + "\n")
+            else:
+                print(f"unknown SOURCE {source!r}; choose one of: {', '.join(sorted(ADAPTERS))}\n")
+        parser.print_help()
+        parser.exit()
+
+
 def _device(p: argparse.ArgumentParser, default: Optional[str] = None, what: str = "the config's `device`") -> None:
     p.add_argument("--device", default=default, choices=["auto", "cpu", "cuda"],
                    help=f"where the network runs (auto: CUDA when present); unset: {what}")
@@ -73,7 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help_text, description=help_text, parents=[common],
                               formatter_class=_HelpFormatter)
 
-    p = command("ingest", "hospital export → canonical per-site manifests")
+    p = sub.add_parser("ingest", help="hospital export → canonical per-site manifests", parents=[common],
+                       formatter_class=_HelpFormatter, add_help=False,
+                       description="hospital export → canonical per-site manifests",
+                       epilog="Run `fedcxr ingest SOURCE --help` for that source's expected layout, columns "
+                              "and an example.")
+    p.add_argument("-h", "--help", action=_SourceHelp, help="show this help (after SOURCE: also the source's "
+                   "expected layout, columns and an example) and exit")
     p.add_argument("source", metavar="SOURCE",
                    help="nih | chexpert | mimic | midrc | dicom | images (DICOM/PNG/JPEG folder) | csv | medmnist "
                         "| rsna | vindr | siim | openi | padchest")
@@ -87,7 +115,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="policy for uncertain (-1) labels (ignore → NaN, masked out of the loss)")
     p.add_argument("--mapping", type=Path, default=None, help="YAML column mapping (csv source)")
     p.add_argument("--labels", type=Path, default=None,
-                   help="label csv keyed by SOPInstanceUID/StudyInstanceUID/file name (dicom source)")
+                   help="label csv keyed by SOPInstanceUID/StudyInstanceUID/file name, or by --labels-key "
+                        "(dicom, images sources)")
+    p.add_argument("--labels-key", default=None, metavar="TAG[=COLUMN]",
+                   help="the DICOM keyword the --labels csv is keyed by (PatientID, AccessionNumber, ...), "
+                        "matched against the csv column of that name (case, spaces and _ ignored) or COLUMN; "
+                        "unset: SOPInstanceUID, a file column or StudyInstanceUID, found by column name")
+    p.add_argument("--no-implied-negatives", dest="implied_negatives", action="store_false",
+                   help="chexpert, mimic: keep a blank pathology on a 'No Finding = 1' row unlabeled (default: "
+                        "a negative, the CheXpert labeler's rule; Support Devices excepted)")
+    p.add_argument("--plan", action="store_true",
+                   help="read the metadata only (never open an image) and write OUT/ingest_plan.json: the sites, "
+                        "splits, per-class counts and rows that would be set aside (nih, chexpert, mimic, csv)")
+    p.add_argument("--keep-non-chest", action="store_true",
+                   help="keep DICOMs whose Modality/BodyPartExamined say they are not chest radiographs "
+                        "(flagged in the manifest's not_chest column; unset: set aside with the reason)")
     p.add_argument("--verify-pixels", action="store_true", help="fully decode every image (slower; finds corrupt pixels)")
     p.add_argument("--workers", type=int, default=1, help="parallel processes for image checks")
     p.add_argument("--val-fraction", type=float, default=0.1,

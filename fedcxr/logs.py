@@ -6,6 +6,14 @@ One call (:func:`configure`) from the command line sets it up:
   library (pydicom's decoders, openjpeg, nvflare, MONAI, ...) only WARNING and above — a
   newcomer's console shows what fedcxr is doing, not its dependencies' chatter;
 * records are written through ``tqdm.write`` so a log line never tears a progress bar;
+* another library's record is **one line** (:class:`OneLineFormatter`): its first message line
+  and, when it carries an exception, ``(ExceptionType: first line)`` — never a traceback.
+  pydicom logs each failed decoder attempt at ERROR with its traceback; fedcxr already turns
+  the failure into the row's set-aside reason, so the console needs one line, not thirty;
+* ``--quiet`` silences the image decoders' records (pydicom, pylibjpeg, openjpeg, libjpeg,
+  PIL) altogether: their failures reach the user as set-aside reasons. A handler a library
+  attached itself (``pydicom.config.debug()`` adds a StreamHandler) is removed, so every
+  record goes through this one console;
 * progress bars show only on a terminal (:func:`bar_disabled`), never in a log file or CI.
 """
 
@@ -30,6 +38,37 @@ class TqdmHandler(logging.Handler):
             self.handleError(record)
 
 
+#: Image decoder libraries: their records are silent under ``--quiet`` (failures become reasons).
+DECODERS = ("pydicom", "pylibjpeg", "openjpeg", "libjpeg", "PIL")
+
+
+class OneLineFormatter(logging.Formatter):
+    """``LEVEL name: message``; records from outside fedcxr lose their traceback (one line)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.name == "fedcxr" or record.name.startswith("fedcxr."):
+            return super().format(record)
+        lines = record.getMessage().strip().splitlines() or [""]
+        text = lines[0]
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            detail = (str(exc).strip().splitlines() or [""])[0]
+            summary = type(exc).__name__ if not detail or detail in text else f"{type(exc).__name__}: {detail}"
+            text = f"{text} ({summary})" if text else summary
+        return f"{record.levelname} {record.name}: {text}"
+
+
+class SilenceDecoders(logging.Filter):
+    """Drops the image decoders' records (``--quiet``). A handler filter, not a logger level:
+    pydicom resets its logger's level when it is imported, after :func:`configure` ran."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(record.name == n or record.name.startswith(n + ".") for n in DECODERS)
+
+
 def configure(verbosity: str = "normal") -> None:
     """Route fedcxr's records (at ``verbosity``) and other libraries' warnings to the console."""
     root = logging.getLogger()
@@ -37,7 +76,9 @@ def configure(verbosity: str = "normal") -> None:
         if isinstance(handler, TqdmHandler):
             root.removeHandler(handler)
     handler = TqdmHandler()
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(OneLineFormatter())
+    if verbosity == "quiet":
+        handler.addFilter(SilenceDecoders())
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
     level = LEVELS[verbosity]
@@ -45,6 +86,11 @@ def configure(verbosity: str = "normal") -> None:
     # third-party libraries stay at WARNING even with -v, except when they are asked for by name
     for noisy in ("openjpeg", "pylibjpeg", "pydicom", "PIL", "matplotlib", "nvflare", "monai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    for name in DECODERS:
+        logger = logging.getLogger(name)
+        for own in [h for h in logger.handlers if not isinstance(h, logging.NullHandler)]:
+            logger.removeHandler(own)  # pydicom.config.debug() attaches a bare StreamHandler
+        logger.propagate = True
 
 
 def bar_disabled(progress: bool = True) -> bool | None:

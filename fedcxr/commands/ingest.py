@@ -12,20 +12,27 @@ from fedcxr.logs import progress_wanted
 
 
 def cli_ingest(args: argparse.Namespace) -> int:
-    """Run the ingest the options ask for and print its row accounting, site by site."""
-    from fedcxr.site_adapters.ingest import run_ingest
+    """Run the ingest (or its plan) the options ask for and print its row accounting, site by site."""
+    from fedcxr.site_adapters.ingest import PLAN_NAME, PLAN_SET_ASIDE_NAME, run_ingest
 
+    plan = bool(getattr(args, "plan", False))
     report = run_ingest(
         args.source, args.input, args.out,
         site_by=args.site_by, site_name=args.site_name, uncertain=args.uncertain,
-        mapping=args.mapping, labels_csv=args.labels, verify_pixels=args.verify_pixels,
+        mapping=args.mapping, labels_csv=args.labels, labels_key=getattr(args, "labels_key", None),
+        verify_pixels=args.verify_pixels,
         workers=args.workers, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
         progress=progress_wanted(args), site_key=args.site_key, follow_links=args.follow_links,
-        max_pixels=args.max_pixels, readers=args.readers,
+        max_pixels=args.max_pixels, readers=args.readers, implied_negatives=getattr(args, "implied_negatives", True), plan=plan,
+        keep_non_chest=getattr(args, "keep_non_chest", False),
     )
-    print(f"read {report['rows_read']} rows: kept {report['rows_kept']}, set aside {report['rows_set_aside']}")
+    would = "would keep" if plan else "kept"
+    print(f"{'plan: ' if plan else ''}read {report['rows_read']} rows: {would} {report['rows_kept']}, "
+          f"set aside {report['rows_set_aside']}")
     for reason, count in report["set_aside_by_reason"].items():
         print(f"  set aside {count}: {reason}")
+    for hint in report.get("hints", []):
+        print(f"  hint: {hint}")
     for site, info in report["sites"].items():
         splits = ", ".join(f"{k} {v}" for k, v in info["rows_per_split"].items())
         if info.get("unlabeled"):
@@ -33,5 +40,14 @@ def cli_ingest(args: argparse.Namespace) -> int:
                   "usable by `fedcxr predict` and as FACT's unlabeled target, not as a labeled source")
             continue
         print(f"  site {site}: {info['rows']} rows ({splits}); classes: {', '.join(info['class_set'])}")
-    print(f"manifests, ingest_report.json and set_aside.csv in {args.out}")
+        implied = info.get("implied_negatives") or {}
+        if implied:
+            counts = ", ".join(f"{c} {n}" for c, n in implied.items())
+            print(f"    implied negatives (blank on a 'No Finding = 1' row; --no-implied-negatives to keep them "
+                  f"unlabeled): {counts}")
+    if plan:
+        print(f"plan only, no image opened and no manifest written: {args.out / PLAN_NAME} and "
+              f"{args.out / PLAN_SET_ASIDE_NAME} (what a plan cannot know is listed under 'cannot_know')")
+        return 0
+    print(f"manifests, ingest_report.json and set_aside.csv in {args.out} (each site's own in its folder)")
     return 0

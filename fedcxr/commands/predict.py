@@ -9,15 +9,18 @@ Two files come out:
 
 ``FILE.csv``
     one row per image: ``key`` (a pseudonymous key, the same ``row_key`` ``fedcxr evaluate``
-    uses for a manifest row), ``prob__<class>`` for every class of the model, and
+    uses for a manifest row), ``not_chest_radiograph`` (1 when the image's DICOM tags say it is
+    not a chest radiograph — a hip, teeth, a CT: :mod:`fedcxr.site_adapters.body_part`; it is
+    scored anyway, and its scores mean nothing), ``prob__<class>`` for every class of the model, and
     ``<rule>__<class>`` (1/0) for every operating point stored in ``RUN_DIR/operating_points.json``
     (thresholds chosen on validation data by ``fedcxr evaluate``: ``youden``, ``sens90``,
     ``spec90``; empty where a threshold is undefined). No patient id, no file name, no path:
     the CSV can be shared.
 ``FILE.private-key-map.csv``
-    ``key, image_path, status``: the only link from a key back to an image (paths relative to
-    DIR), plus every file that could not be scored and why (``status``). It identifies images,
-    so it stays where the images are.
+    ``key, image_path, status, not_chest``: the only link from a key back to an image (paths
+    relative to DIR), plus every file that could not be scored and why (``status``), and why a
+    flagged image is not a chest radiograph (``not_chest``). It identifies images, so it stays
+    where the images are.
 
 Keys of a plain folder are stable from one ``fedcxr predict`` to the next only under the same
 site key (``--site-key FILE`` or ``$FEDCXR_SITE_KEY``, :mod:`fedcxr.site_adapters.sitekey`);
@@ -50,6 +53,9 @@ from fedcxr.errors import UserError
 from fedcxr.logs import progress_wanted
 
 log = logging.getLogger(__name__)
+
+#: 1 where the image's DICOM tags say it is not a chest radiograph (:mod:`fedcxr.site_adapters.body_part`).
+NOT_CHEST_COLUMN = "not_chest_radiograph"
 
 
 
@@ -104,7 +110,7 @@ def _input_site(input_dir: Path, tmp: Path, progress: bool,
     if site_key is None and not os.environ.get(KEY_ENV):
         site_key = _ephemeral_key(tmp)
     report = run_ingest("images", input_dir, tmp / "manifests", site_name="input", progress=progress,
-                        site_key=site_key)
+                        site_key=site_key, keep_non_chest=True)  # scored, and flagged (not_chest)
     aside = report["set_aside"]
     if not report["sites"]:
         reasons = "; ".join(f"{k}: {v}" for k, v in report["set_aside_by_reason"].items())
@@ -153,7 +159,10 @@ def predict_folder(run_dir: Path | str, input_dir: Path | str, out: Path | str, 
         probs = score_files(loaded.model, paths, size=loaded.image_size, device=dev, names=relative,
                             batch_size=batch_size, progress=progress)
     threshold_site, thresholds = thresholds_for(run_dir, loaded.run, site)
+    not_chest = (manifest["not_chest"].where(manifest["not_chest"].notna(), "").astype(str).to_numpy()
+                 if "not_chest" in manifest else [""] * len(manifest))
     frame = pd.DataFrame({"key": keys})
+    frame[NOT_CHEST_COLUMN] = [int(bool(reason)) for reason in not_chest]
     for j, cls in enumerate(loaded.classes):
         frame[f"prob__{cls}"] = probs[:, j]
     for j, cls in enumerate(loaded.classes):
@@ -165,14 +174,15 @@ def predict_folder(run_dir: Path | str, input_dir: Path | str, out: Path | str, 
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out) as tmp_out:
         frame.to_csv(tmp_out, index=False)
-    mapping = pd.DataFrame({"key": keys, "image_path": relative, "status": "scored"})
+    mapping = pd.DataFrame({"key": keys, "image_path": relative, "status": "scored", "not_chest": not_chest})
     if aside:
         mapping = pd.concat([mapping, pd.DataFrame({
             "key": "", "image_path": [a["image_path"] or a["file"] for a in aside],
-            "status": [f"not scored: {a['reason']}" for a in aside]})], ignore_index=True)
+            "status": [f"not scored: {a['reason']}" for a in aside], "not_chest": ""})], ignore_index=True)
     with atomic_path(private_map_path(out)) as tmp_map:
         mapping.to_csv(tmp_map, index=False)
-    summary = {"scored": len(frame), "not_scored": len(aside), "out": str(out),
+    summary = {"scored": len(frame), "not_scored": len(aside), "not_chest": int(frame[NOT_CHEST_COLUMN].sum()),
+               "out": str(out),
                "private_key_map": str(private_map_path(out)), "model": site or "global",
                "thresholds_from": threshold_site, "classes": loaded.classes, "cam": []}
     if cam:
@@ -191,6 +201,10 @@ def cli_predict(args: argparse.Namespace) -> int:
           f"({len(summary['classes'])} classes): {summary['out']}")
     if summary["thresholds_from"]:
         print(f"  decisions at the operating points chosen on {summary['thresholds_from']}'s validation split")
+    if summary["not_chest"]:
+        print(f"  {summary['not_chest']} image(s) are not chest radiographs by their DICOM tags (Modality / "
+              f"BodyPartExamined): their scores mean nothing; flagged 1 in column {NOT_CHEST_COLUMN}, the reason "
+              "in the key map's not_chest column")
     if summary["not_scored"]:
         print(f"  {summary['not_scored']} file(s) not scored (unreadable, or a duplicate of a scored image): "
               "see the status column of the key map")

@@ -19,8 +19,11 @@ Columns of ``SourceTable.frame`` (one row per image):
 ``group__<name>``    optional str columns the ``--site-by`` partitions use (race, state, ...)
 ``source_file``      str, the metadata file the row came from (relative to the input dir)
 ``source_row``       int, 1-based data row number within ``source_file`` (header excluded)
-``instance_uid``     optional str, the DICOM SOPInstanceUID: ingest sets aside a second row
-                     of the same instance (never written to a manifest)
+``instance_uid``     optional str, the DICOM SOPInstanceUID: ingest keeps the first *decodable*
+                     row of an instance and sets the others aside (never written to a manifest)
+``not_chest``        optional str: why the DICOM's tags say it is not a chest radiograph
+                     (:mod:`fedcxr.site_adapters.body_part`), else None. Ingest sets such rows
+                     aside unless ``keep_non_chest``; then the manifest keeps the column
 ===================  ======================================================================
 
 ``patient_id``/``study_id`` are the export's own ids here; :func:`fedcxr.site_adapters.ingest.run_ingest`
@@ -67,8 +70,18 @@ class AdapterOptions:
 
     uncertain: str = "ignore"  # zeros | ones | ignore (applied centrally, adapters keep -1)
     mapping: Optional[Path] = None  # csv adapter's YAML mapping; dicom adapter's label csv spec
-    labels_csv: Optional[Path] = None  # dicom adapter: label csv keyed by UID / file name
+    labels_csv: Optional[Path] = None  # dicom adapter: label csv keyed by UID / file name / a DICOM tag
+    #: dicom adapter: the DICOM keyword the label csv is keyed by (``PatientID``, ``AccessionNumber``...);
+    #: ``None``: detected from the csv's column names (SOPInstanceUID, a file column, StudyInstanceUID)
+    labels_key: Optional[str] = None
     workers: int = 1
+    #: CheXpert/MIMIC: a blank pathology on a ``No Finding = 1`` row is a negative (the CheXpert
+    #: labeler's rule; ``--no-implied-negatives`` turns it off)
+    implied_negatives: bool = True
+    #: read the metadata only, never open an image (``fedcxr ingest --plan``)
+    plan: bool = False
+    #: keep DICOMs whose tags say they are not a chest radiograph (flagged in ``not_chest``)
+    keep_non_chest: bool = False
     extra: dict = field(default_factory=dict)
 
 
@@ -87,6 +100,10 @@ class SourceTable:
     #: so the shared image check only needs to decode pixels with ``--verify-pixels``.
     headers_checked: bool = False
     notes: list[str] = field(default_factory=list)
+    #: Classes whose blank cell is a negative on a row with ``raw__no_finding == 1`` (the
+    #: CheXpert labeler's rule; :func:`fedcxr.site_adapters.manifest.apply_implied_negatives`).
+    #: Empty: blanks stay "not labeled".
+    implied_negative_classes: tuple[str, ...] = ()
 
 
 #: Signature of an adapter's entry point.

@@ -6,6 +6,11 @@ absent, or when ``options.extra["labeler"] == "chexbert"``) and ``valid.csv``. A
 must exist. Optional: ``CHEXPERT DEMO.xlsx`` (or ``CHEXPERT DEMO.csv``) with ``PATIENT,
 GENDER, AGE_AT_CXR, PRIMARY_RACE, ETHNICITY``, joined on the patient for race.
 
+Columns read (the release's header): ``Path, Sex, Age, Frontal/Lateral, AP/PA`` and the 14
+observations ``No Finding, Enlarged Cardiomediastinum, Cardiomegaly, Lung Opacity, Lung
+Lesion, Edema, Consolidation, Pneumonia, Atelectasis, Pneumothorax, Pleural Effusion, Pleural
+Other, Fracture, Support Devices`` (1.0 / 0.0 / -1.0 / blank).
+
 Semantics (``../shared/data/SCHEMAS.md`` §1):
 
 * ``Path`` starts with the release folder (``CheXpert-v1.0-small/`` or ``CheXpert-v1.0/``),
@@ -13,9 +18,26 @@ Semantics (``../shared/data/SCHEMAS.md`` §1):
   relative to the release folder (the export root). Patient = ``patientNNNNN``, study =
   ``patientNNNNN/studyN``; a path without them sets the row aside.
 * The 14 observation columns keep their raw values 1 / 0 / -1 (uncertain) / blank (not
-  mentioned); the uncertain policy is applied centrally at ingest. ``No Finding`` is only
-  ever 1 or blank in the release and is kept as is (blank = not labeled). Any other value
-  sets the row aside naming column and value.
+  mentioned) in ``raw__<class>``; the uncertain policy is applied centrally at ingest.
+  ``No Finding`` is only ever 1 or blank in the release and is kept as is (blank = not
+  labeled). Any other value sets the row aside naming column and value.
+* **Implied negatives** (on by default; ``--no-implied-negatives`` turns them off): a blank
+  pathology on a ``No Finding = 1`` row is a negative (``label__<class> = 0``, ``raw__``
+  stays blank), for every observation except ``Support Devices``. Source: the CheXpert
+  labeler assigns No Finding only when no pathology is positive or uncertain (Irvin et al.
+  2019, "CheXpert: A Large Chest Radiograph Dataset with Uncertainty Labels and Expert
+  Comparison", AAAI, §Labeler: aggregation), and its code excepts Support Devices
+  (``stanfordmlgroup/chexpert-labeler``, ``stages/aggregate.py``: "If at least one
+  non-support category has a -1 (u) or 1 label, there was a finding"). So on such a row
+  every other observation is known to be absent even where the report never named it.
+  On the real ``train.csv`` (223,414 rows, 22,381 with No Finding = 1) no such row holds a
+  positive or uncertain pathology, and the rule adds 21,898 atelectasis, 22,361 pleural
+  other and 21,223 pneumonia negatives (1,328 / 316 / 2,799 explicit). TorchXRayVision's
+  ``CheX_Dataset`` reads the file the same way (it also excepts Support Devices). The count
+  of implied negatives per class is in ``site.json`` (``class_counts.<c>.implied_negative``)
+  and the ingest summary. The rule is the CheXpert labeler's: it is applied to ``train.csv``
+  and ``valid.csv`` (whose consensus labels have no blanks), not to the CheXbert relabel
+  ``train_cheXbert.csv``, whose No Finding is the model's own output.
 * ``official_split``: rows of ``train.csv`` → ``train_val`` (ingest cuts ``val`` by patient
   hash), rows of ``valid.csv`` → ``test`` (radiologist consensus labels).
 * ``Sex`` Male/Female/Unknown → sex code; ``Age`` in years (0 is a real value: 3 rows);
@@ -74,6 +96,12 @@ LABEL_COLUMNS: list[str] = [
 CLASS_OF: dict[str, str] = {c: canonical_class(c) for c in LABEL_COLUMNS}
 #: The classes this source labels (every adapter declares them; ``None``: read from the export).
 SOURCE_CLASSES: tuple[str, ...] = tuple(c for c in CLASSES if c in set(CLASS_OF.values()))
+#: The classes a ``No Finding = 1`` row implies negative where blank (the CheXpert labeler's
+#: rule: every observation but No Finding itself and Support Devices; see the module doc).
+IMPLIED_NEGATIVE_CLASSES: tuple[str, ...] = tuple(
+    c for c in SOURCE_CLASSES if c not in ("no_finding", "support_devices"))
+#: Fedcxr can read this source with ``fedcxr ingest --plan``: its metadata never needs an image.
+PLAN_MODE = True
 
 PATH, SEX, AGE, FRONTAL_LATERAL, AP_PA = "Path", "Sex", "Age", "Frontal/Lateral", "AP/PA"
 RELEASE_DIRS = ["CheXpert-v1.0-small", "CheXpert-v1.0"]
@@ -111,10 +139,24 @@ def read_chexpert(input_dir: Path, options: AdapterOptions) -> SourceTable:
     frame = pd.concat(parts, ignore_index=True)
     frame, demo_notes = _add_race(frame, input_dir, root)
     notes += demo_notes
+    labeler_rule = not any(csv.name == "train_cheXbert.csv" for csv, _ in files)
+    implied = IMPLIED_NEGATIVE_CLASSES if options.implied_negatives and labeler_rule else ()
+    notes.append(implied_negatives_note(implied, options.implied_negatives, "CheXpert labeler"))
     return SourceTable(
         source="chexpert", adapter_version=ADAPTER_VERSION, root=root, frame=frame,
         classes=list(SOURCE_CLASSES), set_aside=set_aside, rows_read=rows_read, notes=notes,
+        implied_negative_classes=implied,
     )
+
+
+def implied_negatives_note(implied: tuple[str, ...], wanted: bool, labeler: str) -> str:
+    """One note saying whether blanks on ``No Finding = 1`` rows became negatives, and why."""
+    if implied:
+        return (f"implied negatives ({labeler} rule): a blank pathology on a 'No Finding = 1' row is a negative "
+                "(Support Devices excepted); --no-implied-negatives keeps such blanks unlabeled")
+    if not wanted:
+        return "implied negatives off (--no-implied-negatives): blanks on 'No Finding = 1' rows stay unlabeled"
+    return f"no implied negatives: the labels are not the {labeler}'s (its No Finding rule does not apply)"
 
 
 def _label_files(input_dir: Path, options: AdapterOptions) -> list[tuple[Path, str]]:

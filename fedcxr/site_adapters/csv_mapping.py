@@ -41,6 +41,14 @@ Schema (``version: 1``; keys not listed here are errors)::
       age:  {column: age}                     # years (54, 54.0) or DICOM AS (054Y, 013M)
       view: {column: projection}              # → PA / AP / LATERAL (ap, PA, AP Supine ...)
       race: {column: race, ethnicity_column: ethnicity}   # → white/black/asian/hispanic/other
+      # any field may come from a DICOM tag of the image the row names instead of a column:
+      #   sex: {dicom_tag: PatientSex}
+      # and `from_dicom: true` reads sex, age and view from PatientSex, PatientAge and
+      # ViewPosition (fields given explicitly win). The header of each DICOM is read once
+      # (never its pixels); a row whose image is not a DICOM gets unknown values. These rows
+      # also get the chest check: a DICOM whose Modality/BodyPartExamined say it is not a
+      # chest radiograph is set aside (or flagged, --keep-non-chest). Under --plan no image
+      # is opened and these values are unknown.
       # a value neither the map nor the parser knows is unknown (null) with a note in the
       # ingest report (on_unknown: null, the default) or sets the row aside (set_aside);
       # blank and the usual spellings of "unknown" are always null
@@ -76,8 +84,10 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, require_columns
-from fedcxr.site_adapters.paths import OUTSIDE, lexical
-from fedcxr.site_adapters.tables import check_csv_header, failed_note, map_distinct, to_codes
+from fedcxr.site_adapters.body_part import not_chest_reason
+from fedcxr.site_adapters.images import KIND_DICOM, MAX_PIXELS, read_headers
+from fedcxr.site_adapters.paths import OUTSIDE, Container, lexical
+from fedcxr.site_adapters.tables import check_csv_header, deeper_hint, failed_note, map_distinct, to_codes
 from fedcxr.vocab import (
     AGE_BIN_EDGES,
     AUX_VOCAB,
@@ -93,6 +103,8 @@ from fedcxr.vocab import (
 )
 
 ADAPTER_VERSION = "1"
+#: Fedcxr can read this source with ``fedcxr ingest --plan`` (DICOM-tag demographics are unknown then).
+PLAN_MODE = True
 #: The classes this source labels: ``None`` — read from the export (the mapping YAML decides).
 SOURCE_CLASSES: None = None
 SOURCE = "csv"
@@ -218,8 +230,35 @@ class FindingSpec(_Strict):
         return ["" if v is None else str(v) for v in value] if isinstance(value, list) else value
 
 
-class Demographic(_Strict):
-    column: str
+def _dicom_keyword(value: Optional[str]) -> Optional[str]:
+    if value is None:
+        return None
+    from pydicom.datadict import tag_for_keyword
+
+    if tag_for_keyword(value) is None:
+        raise ValueError(f"{value!r} is not a DICOM keyword (e.g. PatientSex, PatientAge, ViewPosition)")
+    return value
+
+
+class _FromColumnOrTag(_Strict):
+    """A value read from a csv ``column`` or from a ``dicom_tag`` of the image the row names."""
+
+    column: Optional[str] = None
+    dicom_tag: Annotated[Optional[str], AfterValidator(_dicom_keyword)] = None
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.column is None) == (self.dicom_tag is None):
+            raise ValueError("give exactly one of 'column' (a csv column) or 'dicom_tag' (a DICOM keyword)")
+        return self
+
+    @property
+    def source(self) -> str:
+        """How messages name where the value came from."""
+        return f"column {self.column!r}" if self.column is not None else f"DICOM tag {self.dicom_tag}"
+
+
+class Demographic(_FromColumnOrTag):
     values: dict[str, Optional[str]] = Field(default_factory=dict)
     on_unknown: Literal["set_aside", "null"] = "null"
 
@@ -229,8 +268,7 @@ class Demographic(_Strict):
         return _str_keys(value)
 
 
-class AgeSpec(_Strict):
-    column: str
+class AgeSpec(_FromColumnOrTag):
     on_unknown: Literal["set_aside", "null"] = "null"
 
 
@@ -238,7 +276,12 @@ class RaceSpec(Demographic):
     ethnicity_column: Optional[str] = None
 
 
+#: ``demographics: {from_dicom: true}``: these fields from these tags, unless given explicitly.
+FROM_DICOM = {"sex": "PatientSex", "age": "PatientAge", "view": "ViewPosition"}
+
+
 class Demographics(_Strict):
+    from_dicom: bool = False
     sex: Optional[Demographic] = None
     age: Optional[AgeSpec] = None
     view: Optional[Demographic] = None
@@ -248,6 +291,20 @@ class Demographics(_Strict):
     @classmethod
     def _shorthand(cls, value: Any) -> Any:
         return _column_shorthand(value)
+
+    @model_validator(mode="after")
+    def _from_dicom(self) -> "Demographics":
+        if self.from_dicom:
+            for task, tag in FROM_DICOM.items():
+                if getattr(self, task) is None:
+                    spec = AgeSpec(dicom_tag=tag) if task == "age" else Demographic(dicom_tag=tag)
+                    setattr(self, task, spec)
+        return self
+
+    def dicom_tags(self) -> list[str]:
+        """DICOM keywords some field is read from (empty: no image is opened for demographics)."""
+        specs = (self.sex, self.age, self.view, self.race)
+        return list(dict.fromkeys(s.dicom_tag for s in specs if s is not None and s.dicom_tag))
 
     @model_validator(mode="after")
     def _vocab_values(self) -> "Demographics":
@@ -385,7 +442,7 @@ def load_mapping(path: Path | str) -> CsvMapping:
     """Read and validate a mapping file; :class:`IngestError` naming the key on any problem."""
     path = Path(path)
     if not path.is_file():
-        raise IngestError(f"--mapping {path}: no such file")
+        raise IngestError(f"--mapping {path}: no such file" + deeper_hint(path))
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
@@ -454,7 +511,8 @@ def read_csv_mapping(input_dir: Path, options: AdapterOptions) -> SourceTable:
     _ids(table, mapping, frame, rows, kept)
     classes = [c for c in CLASSES if c in mapping.classes]
     _labels(table, mapping, frame, rows, kept)
-    notes = _demographics(table, mapping, frame, rows, kept)
+    tags, notes = _dicom_tags(input_dir, mapping, frame, rows, kept, options)
+    notes += _demographics(table, mapping, frame, rows, kept, tags)
     _split(table, mapping, frame, rows, kept)
     for name, column in mapping.groups.items():
         values = table[column]
@@ -479,7 +537,7 @@ def read_csv_mapping(input_dir: Path, options: AdapterOptions) -> SourceTable:
 
 def _read_table(path: Path, mapping: CsvMapping) -> pd.DataFrame:
     if not path.is_file():
-        raise IngestError(f"{path}: no such file (mapping key 'csv')")
+        raise IngestError(f"{path}: no such file (mapping key 'csv')" + deeper_hint(path))
     check_csv_header(path, str(path), sep=mapping.delimiter, encoding=mapping.encoding)
     try:
         table = pd.read_csv(path, sep=mapping.delimiter, dtype=str, keep_default_na=False,
@@ -501,7 +559,7 @@ def _columns_needed(mapping: CsvMapping) -> list[str]:
     cols += [mapping.finding.column] if mapping.finding else []
     for spec in (mapping.demographics.sex, mapping.demographics.age, mapping.demographics.view,
                  mapping.demographics.race):
-        cols += [spec.column] if spec else []
+        cols += [spec.column] if spec and spec.column else []
     race = mapping.demographics.race
     cols += [race.ethnicity_column] if race and race.ethnicity_column else []
     cols += list(mapping.groups.values())
@@ -611,25 +669,74 @@ def _finding(table: pd.DataFrame, mapping: CsvMapping, frame: pd.DataFrame, rows
         rows.add(bad, [f"unmapped finding value: column {spec.column!r} value {v!r}" for v in cells[bad]])
 
 
+def _dicom_tags(
+    input_dir: Path, mapping: CsvMapping, frame: pd.DataFrame, rows: _Rows, kept: np.ndarray,
+    options: AdapterOptions,
+) -> tuple[Optional[pd.DataFrame], list[str]]:
+    """The DICOM tags the mapping's demographics name, per row, from the image each row names.
+
+    Read once per distinct image (header only, in ``--workers`` processes), never for a path that
+    leaves the export; the same read gives each DICOM's chest check (``not_chest``,
+    :mod:`fedcxr.site_adapters.body_part`). A row whose image is missing, unreadable or not a
+    DICOM gets no values (unknown; the shared image check sets a missing image aside). Under
+    ``--plan`` nothing is read: those fields are unknown in the plan.
+    """
+    wanted = mapping.demographics.dicom_tags()
+    if not wanted:
+        return None, []
+    if options.plan:
+        return None, [f"plan: demographics from DICOM tags ({', '.join(wanted)}) not read: unknown in the plan"]
+    paths = frame["image_path"].astype(str)
+    live = kept & ~rows.bad() & (paths != "").to_numpy()
+    box = Container(input_dir, follow_links=bool(options.extra.get("follow_links", False)))
+    distinct = [p for p in dict.fromkeys(paths[live]) if box.contain(p)[1] is not None]
+    results = read_headers([str(input_dir / p) for p in distinct], workers=options.workers,
+                           progress=bool(options.extra.get("progress", True)),
+                           max_pixels=int(options.extra.get("max_pixels", MAX_PIXELS)), tags=tuple(wanted))
+    by_path = {p: h for p, (h, _) in zip(distinct, results) if h is not None and h.get("kind") == KIND_DICOM}
+    columns = list(dict.fromkeys(wanted))
+    tags = pd.DataFrame({c: [by_path[p].get(c) if p in by_path else None for p in paths] for c in columns},
+                        index=frame.index, dtype=object)
+    frame["not_chest"] = pd.Series([not_chest_reason(by_path[p]) if p in by_path else None for p in paths],
+                                   index=frame.index, dtype=object)
+    read = int(np.isin(paths.to_numpy(), list(by_path)).sum()) if by_path else 0
+    notes = [f"demographics from DICOM tags {', '.join(wanted)}: read for {read} of {int(live.sum())} row(s)"]
+    if read < int(live.sum()):
+        notes.append(f"{int(live.sum()) - read} row(s) whose image is missing, unreadable or not a DICOM: "
+                     "those demographics unknown")
+    return tags, notes
+
+
 def _demographics(
-    table: pd.DataFrame, mapping: CsvMapping, frame: pd.DataFrame, rows: _Rows, kept: np.ndarray
+    table: pd.DataFrame, mapping: CsvMapping, frame: pd.DataFrame, rows: _Rows, kept: np.ndarray,
+    tags: Optional[pd.DataFrame] = None,
 ) -> list[str]:
-    """Fill aux__sex/aux__view/aux__race/aux__age_bin and age; return notes on nulled values."""
+    """Fill aux__sex/aux__view/aux__race/aux__age_bin and age; return notes on nulled values.
+
+    ``tags``: per-row DICOM tag values for fields read from a ``dicom_tag`` (None: unknown).
+    """
     demo, notes = mapping.demographics, []
     n = len(table)
+
+    def cells_of(spec) -> pd.Series:
+        if spec.column is not None:
+            return table[spec.column]
+        values = tags[spec.dicom_tag] if tags is not None else pd.Series([None] * n, index=table.index)
+        return values.where(values.notna(), "").astype(str).str.strip()
+
     parsers = {"sex": sex_code, "view": _view_or_raise, "race": race_code}
     for task, parse in parsers.items():
         spec = getattr(demo, task)
         codes = np.full(n, np.nan)
         if spec is not None:
-            cells = table[spec.column]
+            cells = cells_of(spec)
             if task == "race" and demo.race is not None and demo.race.ethnicity_column:
                 cells = cells + _SEP + table[demo.race.ethnicity_column]
             codes = _codes(cells, spec, task, parse, rows, kept, notes)
         frame[aux_column(task)] = to_codes(codes, frame.index)
     ages = np.full(n, np.nan)
     if demo.age is not None:
-        ages = _codes(table[demo.age.column], demo.age, "age", parse_age, rows, kept, notes)
+        ages = _codes(cells_of(demo.age), demo.age, "age", parse_age, rows, kept, notes)
     frame["age"] = ages
     # Vectorised fedcxr.vocab.age_bin_code: the bin is the number of edges at or below the age.
     bins = np.where(np.isnan(ages), np.nan, np.searchsorted(AGE_BIN_EDGES, ages, side="right"))
@@ -671,9 +778,9 @@ def _codes(
     failed &= kept
     shown = cells.str.partition(_SEP)[0]
     if spec.on_unknown == "set_aside":
-        rows.add(failed, [f"unrecognised {task} value: column {spec.column!r} value {v!r}" for v in shown[failed]])
+        rows.add(failed, [f"unrecognised {task} value: {spec.source} value {v!r}" for v in shown[failed]])
     else:
-        note = failed_note(f"{task} in column {spec.column!r}", shown, failed, f"{task} unknown, rows kept")
+        note = failed_note(f"{task} in {spec.source}", shown, failed, f"{task} unknown, rows kept")
         notes += [note] if note else []
     return mapped
 

@@ -17,6 +17,12 @@ Labels, from a csv (``--labels FILE``, or ``labels.csv`` at the top of the input
   ``path``, ``image_path``, ``image``, ``Image Index``: a relative path, or a bare file name
   when it is unique in the folder, with or without extension), then ``StudyInstanceUID``
   (every image of the study gets the row's labels). No key column → :class:`IngestError`.
+* ``--labels-key TAG`` (or ``TAG=COLUMN``) keys the csv by **any DICOM tag** instead:
+  ``PatientID`` (RSNA Pneumonia's ``patientId``), ``AccessionNumber``, ``SeriesInstanceUID``...
+  TAG must be a DICOM keyword pydicom knows; the csv column is the one named like it (case,
+  spaces and ``_`` ignored) or COLUMN; every image whose tag holds a row's value gets that
+  row's labels (like a study key). A wrong keyword or a missing column stops the ingest
+  naming the csv's columns.
 * every other column must be a finding name that :func:`fedcxr.vocab.canonical_class`
   knows (``Pleural Effusion``, ``Effusion``, ``pneumonia``...), a known id column (the other
   key names, ``PatientID``, ``SeriesInstanceUID``, ``AccessionNumber``: ignored) or
@@ -41,6 +47,12 @@ as an **unlabeled site** (every readable image kept, an empty class set; ``fedcx
 and FACT's unlabeled target use it). The ``images`` source is this adapter with PNG and JPEG
 files accepted beside DICOMs (:func:`read_image_folder`): they have no tags, so their
 demographics are unknown and each file is its own patient.
+
+Chest radiographs only: a file whose ``Modality`` or ``BodyPartExamined`` (or, without a
+body part, its Study/Series Description) names something other than a chest radiograph
+(:mod:`fedcxr.site_adapters.body_part`: a hip, teeth, a CT) carries the reason in the
+``not_chest`` column; ingest sets it aside with that reason, or keeps it flagged with
+``--keep-non-chest``.
 
 Demographics from tags: ``PatientSex`` (M/F; O and blank → unknown), ``PatientAge`` (``062Y``
 and the non-conformant ``62``), ``ViewPosition`` (:func:`fedcxr.vocab.view_code`). A value
@@ -72,9 +84,10 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable
+from fedcxr.site_adapters.body_part import not_chest_reason
 from fedcxr.site_adapters.images import KIND_DICOM, MAX_PIXELS, read_headers
 from fedcxr.site_adapters.paths import Container
-from fedcxr.site_adapters.tables import failed_note, label_columns, map_distinct, read_table, to_codes
+from fedcxr.site_adapters.tables import deeper_hint, failed_note, label_columns, map_distinct, read_table, to_codes
 from fedcxr.vocab import (
     CLASSES,
     age_bin_code,
@@ -87,6 +100,8 @@ from fedcxr.vocab import (
 )
 
 ADAPTER_VERSION = "1"
+#: This adapter honours ``--labels-key`` (``options.labels_key``): its label csv may be keyed by any DICOM tag.
+LABELS_KEY = True
 #: The classes this source labels: ``None`` — read from the export (the label csv or StudyDescription decides).
 SOURCE_CLASSES: None = None
 PSEUDONYM_SALT = "fedcxr-dicom-pseudonym-v1"
@@ -155,7 +170,7 @@ def skipped_note(skipped: Counter) -> Optional[str]:
 
 
 def read_dicom_headers(
-    input_dir: Path, files: list[str], options: AdapterOptions
+    input_dir: Path, files: list[str], options: AdapterOptions, tags: tuple[str, ...] = ()
 ) -> tuple[list[Optional[dict]], list[Optional[str]]]:
     """Header dict (or None) and reason (or None) per file; PNG/JPEG get a reason too
     (unless ``options.extra["raster"]``: the ``images`` source).
@@ -169,7 +184,7 @@ def read_dicom_headers(
     to_read = [i for i, r in enumerate(reasons) if r is None]
     results = read_headers([str(input_dir / files[i]) for i in to_read], workers=options.workers,
                            progress=bool(options.extra.get("progress", True)),
-                           max_pixels=int(options.extra.get("max_pixels", MAX_PIXELS)))
+                           max_pixels=int(options.extra.get("max_pixels", MAX_PIXELS)), tags=tags)
     headers: list[Optional[dict]] = [None] * len(files)
     raster = bool(options.extra.get("raster"))
     for i, (header, reason) in zip(to_read, results):
@@ -242,7 +257,7 @@ class LabelTable:
     """A parsed label csv: which key, which classes, and per key its labels or a problem."""
 
     name: str
-    key_kind: str  # "sop" | "file" | "study"
+    key_kind: str  # "sop" | "file" | "study" | "tag"
     key_column: str
     classes: list[str]
     labels: dict[str, dict[str, float]] = field(default_factory=dict)  # key → raw__ column → value
@@ -251,17 +266,55 @@ class LabelTable:
     problems: dict[str, str] = field(default_factory=dict)  # key → reason
     blank_keys: int = 0
     ambiguous: int = 0  # bare file names matching several files
+    key_tag: Optional[str] = None  # the DICOM keyword of a "tag" key (--labels-key)
 
 
-def read_label_csv(path: Path) -> LabelTable:
-    """Parse and validate a label csv (see module doc); raises :class:`IngestError`."""
+def parse_labels_key(spec: str) -> tuple[str, Optional[str]]:
+    """``TAG`` or ``TAG=COLUMN`` → (DICOM keyword, csv column or None); IngestError if not a keyword.
+
+    ``file`` is accepted as TAG too (the relative path / file name key).
+    """
+    tag, _, column = str(spec).partition("=")
+    tag, column = tag.strip(), column.strip() or None
+    if tag.lower() == "file":
+        return "file", column
+    from pydicom.datadict import tag_for_keyword
+
+    if not tag or tag_for_keyword(tag) is None:
+        raise IngestError(f"--labels-key {spec!r}: {tag!r} is not a DICOM keyword (e.g. PatientID, "
+                          "AccessionNumber, SOPInstanceUID, StudyInstanceUID, SeriesInstanceUID; or 'file'); "
+                          "give TAG or TAG=COLUMN")
+    return tag, column
+
+
+def _key_from_option(table: pd.DataFrame, name: str, spec: str) -> tuple[str, str, Optional[str]]:
+    """(kind, csv column, DICOM keyword) of ``--labels-key``; IngestError naming the columns otherwise."""
+    tag, column = parse_labels_key(spec)
+    if column is None:
+        column = next((c for c in table.columns if _norm(c) == _norm(tag)), None)
+    if column is None or column not in table.columns:
+        wanted = repr(column) if column else f"named like {tag!r} (case, spaces and _ ignored)"
+        raise IngestError(f"--labels-key {spec}: {name} has no column {wanted}; its columns: "
+                          f"{', '.join(repr(c) for c in table.columns)}; name the column with --labels-key "
+                          f"{tag}=COLUMN")
+    kind = {"sopinstanceuid": "sop", "studyinstanceuid": "study", "file": "file"}.get(_norm(tag), "tag")
+    return kind, column, (tag if kind == "tag" else None)
+
+
+def read_label_csv(path: Path, key: Optional[str] = None) -> LabelTable:
+    """Parse and validate a label csv (see module doc); raises :class:`IngestError`.
+
+    ``key``: ``--labels-key`` (``TAG`` or ``TAG=COLUMN``); unset, the key column is found by name.
+    """
     if not path.is_file():
-        raise IngestError(f"--labels {path}: no such file")
+        raise IngestError(f"--labels {path}: no such file" + deeper_hint(path))
     table = read_table(path, base=path.parent, dtype=str)
     name = path.name
     by_norm = {_norm(c): c for c in table.columns}
-    key_kind, key_column = None, None
-    for kind, aliases in (("sop", _KEY_SOP), ("file", _KEY_FILE), ("study", _KEY_STUDY)):
+    key_kind, key_column, key_tag = None, None, None
+    if key is not None:
+        key_kind, key_column, key_tag = _key_from_option(table, name, key)
+    for kind, aliases in (() if key is not None else (("sop", _KEY_SOP), ("file", _KEY_FILE), ("study", _KEY_STUDY))):
         hit = next((by_norm[a] for a in aliases if a in by_norm), None)
         if hit is not None:
             key_kind, key_column = kind, hit
@@ -295,7 +348,7 @@ def read_label_csv(path: Path) -> LabelTable:
     if not class_of:
         raise IngestError(f"{name}: no label column besides the key {key_column!r}")
     raw, _bad, reasons = label_columns(table, class_of)
-    out = LabelTable(name, key_kind, key_column, [c for c in CLASSES if c in class_of.values()])
+    out = LabelTable(name, key_kind, key_column, [c for c in CLASSES if c in class_of.values()], key_tag=key_tag)
     keys = table[key_column].to_numpy(dtype=object)
     splits = table[split_column].to_numpy(dtype=object) if split_column else [None] * len(table)
     for i, key in enumerate(keys):
@@ -351,6 +404,8 @@ def match_label_keys(table: LabelTable, files: list[str], tags: pd.DataFrame) ->
         return [v if v in table.rows else None for v in tags["SOPInstanceUID"]]
     if table.key_kind == "study":
         return [v if v in table.rows else None for v in tags["StudyInstanceUID"]]
+    if table.key_kind == "tag":  # every image whose tag has the row's value gets its labels
+        return [v if v in table.rows else None for v in tags[table.key_tag]]
     by_name: dict[str, list[int]] = {}
     by_stem: dict[str, list[int]] = {}
     for i, f in enumerate(files):
@@ -440,15 +495,20 @@ def read_dicom_folder(input_dir: Path, options: AdapterOptions) -> SourceTable:
     if labels_csv is None and (input_dir / "labels.csv").is_file():
         labels_csv = input_dir / "labels.csv"
         notes.append("using labels.csv found in the input folder")
-    table = read_label_csv(Path(labels_csv)) if labels_csv is not None else None
+    if options.labels_key and labels_csv is None:
+        raise IngestError(f"--labels-key {options.labels_key}: no label csv (give --labels FILE.csv, or put "
+                          f"labels.csv in {input_dir})")
+    table = read_label_csv(Path(labels_csv), options.labels_key) if labels_csv is not None else None
     if not files:
         raise IngestError(f"--input {input_dir}: no candidate DICOM files found")
 
-    headers, reasons = read_dicom_headers(input_dir, files, options)
+    extra_tags = (table.key_tag,) if table is not None and table.key_tag else ()
+    headers, reasons = read_dicom_headers(input_dir, files, options, extra_tags)
     set_aside = [SetAside(f, i + 1, r, f) for i, (f, r) in enumerate(zip(files, reasons)) if r is not None]
     keep = [i for i, r in enumerate(reasons) if r is None]
     kept_files = [files[i] for i in keep]
-    tags = pd.DataFrame([headers[i] for i in keep], columns=list(_TAG_COLUMNS), dtype=object)
+    tags = pd.DataFrame([headers[i] for i in keep], columns=list(dict.fromkeys((*_TAG_COLUMNS, *extra_tags))),
+                        dtype=object)
     paths = pd.Series(kept_files, dtype=object)
 
     classes: list[str]
@@ -472,6 +532,8 @@ def read_dicom_folder(input_dir: Path, options: AdapterOptions) -> SourceTable:
         "source_file": paths,
         "source_row": pd.Series([i + 1 for i in keep], dtype="int64"),
         "instance_uid": tags["SOPInstanceUID"],
+        "not_chest": pd.Series([not_chest_reason(h) if h.get("kind") == KIND_DICOM else None
+                                for h in (headers[i] for i in keep)], dtype=object),
     })
     bad = np.array([p is not None for p in problems], dtype=bool)
     set_aside += [SetAside(f, int(r), p, f) for f, r, p in

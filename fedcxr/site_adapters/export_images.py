@@ -15,7 +15,7 @@ Demographics from DICOM tags (:func:`attach_dicom_tags`): ``PatientSex``, ``Pati
 ``ViewPosition`` through :func:`fedcxr.site_adapters.dicom_folder.demographics`; a file that
 is missing or fails the header check (:func:`fedcxr.site_adapters.images.header_or_reason`)
 is set aside with that reason, so the shared image check need not open it again.
-With ``options.extra["plan"]`` (metadata only) no image is opened: tags stay unknown.
+With ``options.plan`` (``fedcxr ingest --plan``, metadata only) no image is opened: tags stay unknown.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, SetAside
+from fedcxr.site_adapters.body_part import not_chest_reason
 from fedcxr.site_adapters.dicom_folder import demographics, read_dicom_headers
+from fedcxr.site_adapters.images import KIND_DICOM
 from fedcxr.site_adapters.paths import is_utf8
 from fedcxr.vocab import aux_column
 
@@ -39,7 +41,7 @@ AMBIGUOUS = "ambiguous image: several files under the export have this image's f
 
 def metadata_only(options: AdapterOptions) -> bool:
     """True when the ingest must not open any image (``fedcxr ingest --plan``)."""
-    return bool(options.extra.get("plan"))
+    return bool(options.plan)
 
 
 def index_files(root: Path, suffixes: Iterable[str], *, strip_suffix: bool = True) -> dict[str, Optional[str]]:
@@ -127,6 +129,7 @@ def attach_dicom_tags(
     set aside, and whether the headers were read (False under ``--plan``). A tag wins where it
     is set; a demographic column ``frame`` already holds (a metadata table) fills the rest.
     ``options.extra["raster"]``: PNG/JPEG files are accepted too (they have no tags).
+    The header also gives each DICOM's chest check (``not_chest``, :mod:`fedcxr.site_adapters.body_part`).
     ``view_default``: the view code of a file without a ViewPosition tag, for a dataset whose
     documentation fixes the projection (VinDr-CXR: every scan is PA).
     """
@@ -155,6 +158,8 @@ def attach_dicom_tags(
         missing = kept[aux_column("view")].isna()
         kept.loc[missing, aux_column("view")] = view_default
     kept["instance_uid"] = tags["SOPInstanceUID"].to_numpy()
+    kept["not_chest"] = pd.Series([not_chest_reason(headers[i]) if headers[i].get("kind") == KIND_DICOM else None
+                                   for i in np.flatnonzero(~bad)], dtype=object)
     if patient_from_tag:
         pid = tags["PatientID"].map(lambda v: v.strip() if isinstance(v, str) else "")
         has = (pid != "").to_numpy()

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import struct
 import warnings
 import zlib
@@ -123,12 +124,12 @@ def pil_pixel_limit(max_pixels: int):
 # --------------------------------------------------------------------------- headers
 
 
-def read_header(path: str | Path, max_pixels: int = MAX_PIXELS) -> dict[str, Any]:
+def read_header(path: str | Path, max_pixels: int = MAX_PIXELS, *, tags: Sequence[str] = ()) -> dict[str, Any]:
     """Cheap header of one image, without decoding pixels.
 
     Returns at least ``kind`` (``'dicom'|'png'|'jpeg'``), ``rows`` and ``cols`` (ints). DICOM
     adds ``frames``, ``samples_per_pixel``, ``bits_stored``, ``TransferSyntaxUID`` and every
-    tag in :data:`DICOM_TAGS` (stripped ``str`` or ``None``). Raises :class:`ImageError`
+    tag in :data:`DICOM_TAGS` and ``tags`` (DICOM keywords; stripped ``str`` or ``None``). Raises :class:`ImageError`
     with the reason when the file is missing, not an image, truncated, needs a decoder
     that is not installed, or declares more than ``max_pixels`` values (:class:`ImageTooLarge`).
     """
@@ -156,7 +157,7 @@ def read_header(path: str | Path, max_pixels: int = MAX_PIXELS) -> dict[str, Any
         raise ImageError("empty file (0 bytes)")
     if head[:3] == _JPEG_SOI:
         return _jpeg_header(path, size, max_pixels)
-    return _dicom_header(path, size, has_preamble=head[128:132] == b"DICM", max_pixels=max_pixels)
+    return _dicom_header(path, size, has_preamble=head[128:132] == b"DICM", max_pixels=max_pixels, tags=tags)
 
 
 def _png_header(fd: int, head: bytes, size: int) -> dict[str, Any]:
@@ -204,13 +205,15 @@ def _jpeg_header(path: str, size: int, max_pixels: int = MAX_PIXELS) -> dict[str
     return {"kind": KIND_JPEG, "rows": height, "cols": width, "mode": mode}
 
 
-def _dicom_header(path: str, size: int, *, has_preamble: bool, max_pixels: int = MAX_PIXELS) -> dict[str, Any]:
+def _dicom_header(path: str, size: int, *, has_preamble: bool, max_pixels: int = MAX_PIXELS,
+                  tags: Sequence[str] = ()) -> dict[str, Any]:
     """Tags up to the pixel data, the pixel data's length against the file, decoder check."""
     with quiet_pydicom():
-        return _dicom_header_inner(path, size, has_preamble, max_pixels)
+        return _dicom_header_inner(path, size, has_preamble, max_pixels, tags)
 
 
-def _dicom_header_inner(path: str, size: int, has_preamble: bool, max_pixels: int = MAX_PIXELS) -> dict[str, Any]:
+def _dicom_header_inner(path: str, size: int, has_preamble: bool, max_pixels: int = MAX_PIXELS,
+                        tags: Sequence[str] = ()) -> dict[str, Any]:
     import pydicom
 
     not_image = "not a DICOM/PNG/JPEG file"
@@ -239,7 +242,7 @@ def _dicom_header_inner(path: str, size: int, has_preamble: bool, max_pixels: in
         "bits_stored": _int_tag(ds, "BitsStored") or 0,
         "TransferSyntaxUID": ts,
     }
-    header.update({kw: _str_tag(ds, kw) for kw in DICOM_TAGS})
+    header.update({kw: _str_tag(ds, kw) for kw in (*DICOM_TAGS, *tags)})
     _check_decoder(ts)
     check_display_tags(ds)
     if ts != _DEFLATED:  # offsets of a deflated file are in the inflated stream
@@ -325,16 +328,57 @@ def _check_decoder(ts: str) -> None:
         raise ImageError(f"unsupported transfer syntax {label}: no decoder installed")
 
 
+#: Pixel data elements: (7FE0,0010) Pixel Data, (7FE0,0008) Float and (7FE0,0009) Double Float
+#: Pixel Data (parametric maps), with the bits per sample the last two imply.
+_PIXEL_ELEMENTS = {0x0010: None, 0x0008: 32, 0x0009: 64}
+#: Samples stored per pixel of a 3-sample image, by subsampled photometric interpretation
+#: (PS3.3 C.7.6.3.1.2: 4:2:2 keeps one Cb and one Cr per two pixels, 4:2:0 per four).
+_SUBSAMPLED = {"YBR_FULL_422": 2.0, "YBR_PARTIAL_422": 2.0, "YBR_PARTIAL_420": 1.5}
+_VR_BYTES = re.compile(rb"[A-Z]{2}")
+
+
+def _element_header(head: bytes, endian: str, implicit: bool) -> tuple[int, int]:
+    """``(value length, header size)`` of the element whose first 12 bytes are ``head``."""
+    if implicit:
+        return struct.unpack(endian + "I", head[4:8])[0], 8
+    if head[4:6] in _LONG_VRS:
+        return struct.unpack(endian + "I", head[8:12])[0], 12
+    return struct.unpack(endian + "H", head[6:8])[0], 8
+
+
+def _pixel_element_length(head: bytes, endian: str, implicit: bool, pos: int, size: int) -> tuple[int, int]:
+    """``(length, value offset)`` of the pixel data element, whichever VR encoding it uses.
+
+    The transfer syntax says explicit or implicit VR, but some files disagree with it in their
+    body (pydicom's ``SC_rgb_jpeg.dcm``: an implicit-VR body under an explicit syntax), and
+    pydicom reads them by looking at the bytes. So does this: explicit VR has two upper-case
+    letters where implicit VR has the low half of its 4-byte length. Of the two readings the
+    one the file's bytes allow wins (a VR-looking pair under implicit VR is tried both ways,
+    the stated encoding first), so no decodable file is called truncated.
+    """
+    looks_explicit = bool(_VR_BYTES.fullmatch(head[4:6]))
+    order = [implicit, not implicit] if looks_explicit else [True]
+    readings = []
+    for as_implicit in order:
+        length, header = _element_header(head, endian, as_implicit)
+        readings.append((length, pos + header))
+        if length == 0xFFFFFFFF or pos + header + length <= size:
+            return length, pos + header
+    return readings[0]
+
+
 def _check_pixel_data_length(path: str, size: int, pos: int, ds, header: dict) -> None:
-    """Compare the PixelData element (at file offset ``pos``) with the file size.
+    """Compare the pixel data element (at file offset ``pos``) with the file size.
 
     Native data: declared length vs bytes left in the file, and vs Rows × Columns × samples ×
-    frames × bits allocated. Encapsulated data: walk the fragment items to the sequence
-    delimiter (two or three 8-byte reads for a single-frame radiograph).
+    frames × bits allocated (4:2:2 / 4:2:0 YBR store fewer samples: :data:`_SUBSAMPLED`).
+    Encapsulated data: walk the fragment items to the sequence delimiter (two or three 8-byte
+    reads for a single-frame radiograph). The body's own VR encoding is read from its bytes
+    (:func:`_pixel_element_length`).
     """
     implicit, little = getattr(ds, "original_encoding", (True, True))
     if implicit is None:
-        implicit, little = header["TransferSyntaxUID"] == _IMPLICIT_LE, True
+        implicit = header["TransferSyntaxUID"] == _IMPLICIT_LE
     endian = "<" if little is not False else ">"
     with open(path, "rb") as fp:
         fp.seek(pos)
@@ -342,29 +386,39 @@ def _check_pixel_data_length(path: str, size: int, pos: int, ds, header: dict) -
         if len(head) < 8:
             raise ImageError("truncated DICOM or no pixel data: the file ends before a Pixel Data element")
         group, elem = struct.unpack(endian + "HH", head[:4])
-        if (group, elem) != (0x7FE0, 0x0010):
+        if group != 0x7FE0 or elem not in _PIXEL_ELEMENTS:
             raise ImageError(f"DICOM has no pixel data (next element is ({group:04X},{elem:04X}))")
-        if implicit:
-            (length,), start = struct.unpack(endian + "I", head[4:8]), pos + 8
-        elif head[4:6] in _LONG_VRS:
-            (length,), start = struct.unpack(endian + "I", head[8:12]), pos + 12
-        else:
-            (length,), start = struct.unpack(endian + "H", head[6:8]), pos + 8
+        length, start = _pixel_element_length(head, endian, bool(implicit), pos, size)
         if length == 0xFFFFFFFF:
             _walk_fragments(fp, start, size)
             return
     if start + length > size:
         raise ImageError(f"truncated DICOM: pixel data has {max(0, size - start)} of {length} declared bytes")
     if header["TransferSyntaxUID"] in _NATIVE:
-        bits = header["bits_allocated"] or 8
-        n = header["rows"] * header["cols"] * header["samples_per_pixel"] * header["frames"]
-        expected = (n * bits + 7) // 8
+        expected = expected_native_bytes(header, bits=_PIXEL_ELEMENTS[elem])
         if length < expected:
             raise ImageError(
                 f"truncated DICOM: pixel data is {length} bytes, {expected} needed for "
                 f"{header['rows']}x{header['cols']}x{header['samples_per_pixel']} samples x "
-                f"{header['frames']} frame(s) at {bits} bits"
+                f"{header['frames']} frame(s) at {_PIXEL_ELEMENTS[elem] or header['bits_allocated'] or 8} bits"
+                + (f" ({header['PhotometricInterpretation']})"
+                   if header.get("PhotometricInterpretation") in _SUBSAMPLED else "")
             )
+
+
+def expected_native_bytes(header: dict, bits: Optional[int] = None) -> int:
+    """Bytes that uncompressed pixel data of this header needs at least (pydicom reads no fewer).
+
+    Rows × Columns × frames × samples × bits, where a 3-sample image in a subsampled YBR
+    interpretation stores 2 (4:2:2) or 1.5 (4:2:0) samples per pixel. Rounded down, so the
+    check errs towards accepting a file.
+    """
+    bits = bits or header["bits_allocated"] or 8
+    samples = float(header["samples_per_pixel"])
+    if samples == 3:
+        samples = _SUBSAMPLED.get(str(header.get("PhotometricInterpretation") or "").upper(), samples)
+    n = header["rows"] * header["cols"] * header["frames"] * samples
+    return int(n * bits) // 8
 
 
 def _walk_fragments(fp, pos: int, size: int) -> None:
@@ -529,7 +583,7 @@ def _decode_dicom_inner(path: str) -> tuple[np.ndarray, bool]:
         ds = pydicom.dcmread(path, force=True)
     except Exception as exc:
         raise ImageError(f"unreadable DICOM: {_short(exc)}") from None
-    if "PixelData" not in ds:
+    if not any(keyword in ds for keyword in ("PixelData", "FloatPixelData", "DoubleFloatPixelData")):
         raise ImageError("DICOM has no pixel data")
     if getattr(ds, "file_meta", None) is None:
         ds.file_meta = FileMetaDataset()
@@ -676,15 +730,16 @@ def check_image(path: str | Path, decode: bool = False, max_pixels: int = MAX_PI
 
 
 def header_or_reason(
-    path: str | Path, decode: bool = False, max_pixels: int = MAX_PIXELS
+    path: str | Path, decode: bool = False, max_pixels: int = MAX_PIXELS, tags: Sequence[str] = ()
 ) -> tuple[Optional[dict], Optional[str]]:
     """``(header, None)`` for a usable image, ``(header or None, reason)`` otherwise.
 
     With ``decode``, an image whose pixels all have one value (a blank export, a failed
     anonymiser burn-out) is unusable too: it carries no information and would train as noise.
+    ``tags``: DICOM keywords to copy into the header besides :data:`DICOM_TAGS`.
     """
     try:
-        header = read_header(path, max_pixels)
+        header = read_header(path, max_pixels, tags=tags)
     except ImageError as exc:
         return None, str(exc)
     except Exception as exc:  # a bug or an exotic file: report it, never crash the ingest
@@ -712,17 +767,20 @@ def check_images_batch(paths: list[str], decode: bool = False, max_pixels: int =
 
 
 def headers_batch(
-    paths: list[str], decode: bool = False, max_pixels: int = MAX_PIXELS
+    paths: list[str], decode: bool = False, max_pixels: int = MAX_PIXELS, tags: Sequence[str] = ()
 ) -> list[tuple[Optional[dict], Optional[str]]]:
     """:func:`header_or_reason` over a chunk of paths (picklable for process pools)."""
-    return [header_or_reason(p, decode, max_pixels) for p in paths]
+    return [header_or_reason(p, decode, max_pixels, tags) for p in paths]
 
 
 def read_headers(
     paths: Sequence[str], *, workers: int = 1, decode: bool = False, progress: bool = False,
-    chunk: int = 256, max_pixels: int = MAX_PIXELS,
+    chunk: int = 256, max_pixels: int = MAX_PIXELS, tags: Sequence[str] = (),
 ) -> list[tuple[Optional[dict], Optional[str]]]:
-    """:func:`header_or_reason` for every path, in ``workers`` processes; results in input order."""
+    """:func:`header_or_reason` for every path, in ``workers`` processes; results in input order.
+
+    ``tags``: DICOM keywords to read besides :data:`DICOM_TAGS` (a label csv's key tag).
+    """
     from tqdm import tqdm
 
     paths = [os.fspath(p) for p in paths]
@@ -733,12 +791,13 @@ def read_headers(
     try:
         if workers > 1 and len(chunks) > 1:
             with ProcessPoolExecutor(max_workers=min(workers, len(chunks))) as pool:
-                for part in pool.map(headers_batch, chunks, [decode] * len(chunks), [max_pixels] * len(chunks)):
+                for part in pool.map(headers_batch, chunks, [decode] * len(chunks), [max_pixels] * len(chunks),
+                                     [tuple(tags)] * len(chunks)):
                     out.extend(part)
                     bar.update(len(part))
         else:
             for c in chunks:
-                out.extend(headers_batch(c, decode, max_pixels))
+                out.extend(headers_batch(c, decode, max_pixels, tuple(tags)))
                 bar.update(len(c))
     finally:
         bar.close()

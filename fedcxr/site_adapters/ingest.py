@@ -1,11 +1,22 @@
 """``fedcxr ingest``: one export → per-site manifests, with every set-aside row accounted for.
 
-Flow: adapter (vendor format → canonical rows) → image paths kept inside the export root
-(:mod:`fedcxr.site_adapters.paths`) → duplicate check (same path, same file, same DICOM
-instance) → image check (exists + header within ``max_pixels``; full decode with
-``verify_pixels``) → keyed pseudonyms for patient and study ids
-(:mod:`fedcxr.site_adapters.sitekey`) → uncertain-label policy → partition into sites →
-patient-disjoint splits → one manifest per site → ``ingest_report.json`` and ``set_aside.csv``.
+Flow: adapter (vendor format → canonical rows) → DICOMs whose tags say "not a chest
+radiograph" set aside (:mod:`fedcxr.site_adapters.body_part`; ``keep_non_chest`` keeps them,
+flagged) → image paths kept inside the export root (:mod:`fedcxr.site_adapters.paths`) →
+duplicate check (same path, same file, same DICOM instance: the first copy that decodes is
+kept) → image check (exists + header within ``max_pixels``; full decode with
+``verify_pixels``; a missing file is looked for one folder deeper) → keyed pseudonyms for
+patient and study ids (:mod:`fedcxr.site_adapters.sitekey`) → uncertain-label policy →
+implied negatives (CheXpert/MIMIC's No Finding rule) → partition into sites →
+patient-disjoint splits → one manifest per site → ``ingest_report.json`` and ``set_aside.csv``,
+in each site's folder (``OUT/<site>/``, never touched by an ingest of another site) and, for
+the latest run, at the top of ``OUT``.
+
+``plan=True`` (``fedcxr ingest --plan``) runs the same steps on the metadata alone — no image
+is opened, no path is resolved on disk — and writes ``OUT/ingest_plan.json`` (sites, splits,
+per-class counts, rows that would be set aside and why, and :data:`PLAN_CANNOT_KNOW`) and
+``OUT/ingest_plan_set_aside.csv`` instead of manifests. Sources whose metadata is in the
+images have no plan (:mod:`fedcxr.site_adapters.sources`).
 
 The adapters return the export's own patient/study ids; they are replaced by HMAC pseudonyms
 under the site's secret key before partitions and splits look at them, and no set-aside row
@@ -24,29 +35,36 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import logging
 import os
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from fedcxr.atomic import json_bytes
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, ensure_columns
 from fedcxr.site_adapters.images import MAX_PIXELS
 from fedcxr.site_adapters.manifest import (
+    apply_implied_negatives,
     apply_uncertain_policy,
     assign_splits,
     atomic_write_bytes,
     atomic_write_json,
+    implied_negative_counts,
+    site_summary,
     write_site,
 )
-from fedcxr.site_adapters.paths import contain_all, printable
 from fedcxr.site_adapters.partition import partition
+from fedcxr.site_adapters.paths import contain_all, lexical, printable
+from fedcxr.site_adapters.sources import declares, source_help, supports_plan
+from fedcxr.site_adapters.tables import deeper_hint
 from fedcxr.site_adapters.sitekey import ENV_VAR as KEY_ENV
 from fedcxr.site_adapters.sitekey import SiteKey, load_site_key
 from fedcxr.vocab import label_column
@@ -73,11 +91,32 @@ ADAPTERS: dict[str, str] = {
 
 def get_adapter(source: str):
     """The adapter function for ``source``; exit-2 error naming the valid sources otherwise."""
-    if source not in ADAPTERS:
-        raise IngestError(f"unknown SOURCE {source!r}; choose one of: {', '.join(sorted(ADAPTERS))}")
-    module_name, func_name = ADAPTERS[source].split(":")
+    module_name, func_name = adapter_target(source).split(":")
     module = importlib.import_module(module_name)
     return getattr(module, func_name)
+
+
+def adapter_target(source: str) -> str:
+    """``"module:function"`` of ``source``'s adapter; exit-2 error naming the valid sources otherwise."""
+    if source not in ADAPTERS:
+        raise IngestError(f"unknown SOURCE {source!r}; choose one of: {', '.join(sorted(ADAPTERS))}")
+    return ADAPTERS[source]
+
+
+def help_for(source: str) -> str:
+    """What ``fedcxr ingest SOURCE --help`` prints about the source (:func:`sources.source_help`)."""
+    return source_help(source, adapter_target(source))
+
+
+#: What ``--plan`` cannot know, written into every plan (README: Plan mode).
+PLAN_CANNOT_KNOW = [
+    "images that are missing, unreadable, truncated, corrupt or undecodable (the image check opens them)",
+    "images over --max-pixels (their size is in the image header)",
+    "the same image under two names (symbolic or hard links) and symbolic links leading out of the export",
+    "which of several copies of one DICOM instance decodes",
+    "values read from DICOM tags (a csv mapping's demographics from_dicom/dicom_tag: unknown in the plan)",
+    "with --site-by skew, rows the image check sets aside change the Dirichlet draw over the patients left",
+]
 
 
 def run_ingest(
@@ -90,6 +129,7 @@ def run_ingest(
     uncertain: str = "ignore",
     mapping: Optional[Path | str] = None,
     labels_csv: Optional[Path | str] = None,
+    labels_key: Optional[str] = None,
     verify_pixels: bool = False,
     workers: int = 1,
     val_fraction: float = 0.1,
@@ -99,6 +139,9 @@ def run_ingest(
     follow_links: bool = False,
     max_pixels: int = MAX_PIXELS,
     readers: str = "any",
+    implied_negatives: bool = True,
+    plan: bool = False,
+    keep_non_chest: bool = False,
 ) -> dict:
     """Ingest one export; return the ``ingest_report.json`` payload (also written to OUT).
 
@@ -109,14 +152,27 @@ def run_ingest(
     ``max_pixels``: an image whose header declares more values is set aside before any decode
     (:func:`fedcxr.site_adapters.images.check_pixel_count`); training decodes under the same bound.
     ``readers``: how several radiologists' reads of one image combine (``any``/``majority``; vindr).
+    ``labels_key``: the DICOM keyword a ``dicom``/``images`` label csv is keyed by.
+    ``implied_negatives``: CheXpert/MIMIC's No Finding rule (the adapters' docs).
+    ``keep_non_chest``: keep DICOMs whose tags say they are not chest radiographs
+    (:mod:`fedcxr.site_adapters.body_part`), flagged in the manifest's ``not_chest`` column.
+    ``plan``: read the metadata only and write ``OUT/ingest_plan.json`` (sites, splits, counts,
+    rows set aside) instead of manifests; no image is opened (:data:`PLAN_CANNOT_KNOW`).
     """
     started = time.perf_counter()
     input_dir, out_dir = Path(input_dir), Path(out_dir)
     if not input_dir.exists():
-        raise IngestError(f"--input {input_dir}: no such directory")
+        raise IngestError(f"--input {input_dir}: no such directory" + deeper_hint(input_dir))
     if int(max_pixels) < 1:
         raise IngestError(f"--max-pixels must be a positive number of pixels, got {max_pixels}")
+    target = adapter_target(source)
+    if plan:
+        _check_plan(source, target, verify_pixels)
     adapter = get_adapter(source)
+    if labels_key and not declares(target, "LABELS_KEY"):
+        able = sorted(s for s, t in ADAPTERS.items() if declares(t, "LABELS_KEY"))
+        raise IngestError(f"--labels-key: SOURCE {source!r} does not read a label csv keyed by DICOM tags "
+                          f"(sources that do: {', '.join(able)})")
     # A key given by the user is checked before the (possibly long) adapter run; the default key
     # in OUT is created only after the adapter succeeded, so a failed ingest leaves OUT alone.
     if isinstance(site_key, SiteKey):  # a key object (synthetic exports: a fixed, public key)
@@ -129,7 +185,11 @@ def run_ingest(
         uncertain=uncertain,
         mapping=Path(mapping) if mapping else None,
         labels_csv=Path(labels_csv) if labels_csv else None,
+        labels_key=labels_key,
         workers=max(1, int(workers)),
+        implied_negatives=bool(implied_negatives),
+        plan=bool(plan),
+        keep_non_chest=bool(keep_non_chest),
         # adapters that must write files (medmnist PNGs) write under OUT; adapters that read
         # images themselves (dicom, midrc) keep them inside the export unless follow_links
         extra={"out_dir": out_dir, "follow_links": follow_links, "progress": progress,
@@ -143,22 +203,30 @@ def run_ingest(
             f"adapter {source!r} bug: {len(frame)} rows + {len(set_aside)} set aside != {table.rows_read} read"
         )
     key = key or load_site_key(None, out_dir)
-    frame, outside = contain_paths(frame, table.root, follow_links=follow_links)
+    frame, non_chest = set_aside_non_chest(frame, keep=keep_non_chest)
+    set_aside += non_chest
+    frame, outside = contain_paths(frame, table.root, follow_links=follow_links, lexical_only=plan)
     set_aside += outside
 
-    frame, dupes = drop_duplicate_images(frame)
+    decodable = None if plan else functools.partial(_decode_reason, os.path.join(str(table.root), ""),
+                                                    max_pixels=int(max_pixels))
+    frame, dupes = drop_duplicate_images(frame, decodable=decodable)
     set_aside += dupes
     frame = frame.drop(columns=[c for c in ("real_path", "instance_uid") if c in frame])
-    frame, bad_images = check_images(
-        frame, table.root, decode=verify_pixels, skip_headers=table.headers_checked,
-        workers=options.workers, progress=progress, max_pixels=int(max_pixels),
-    )
-    set_aside += bad_images
+    hints: list[str] = []
+    if not plan:
+        frame, bad_images = check_images(
+            frame, table.root, decode=verify_pixels, skip_headers=table.headers_checked,
+            workers=options.workers, progress=progress, max_pixels=int(max_pixels),
+        )
+        bad_images, hints = explain_missing(bad_images, table.root)
+        set_aside += bad_images
     # Keyed here, before partitions and splits see an id (set-aside rows never carry one), and
     # after the checks so a 10^5-row export with 25 images present hashes only what it keeps.
     frame = pseudonymise(frame, key)
 
     frame = apply_uncertain_policy(frame, table.classes, uncertain)
+    frame = apply_implied_negatives(frame, table.implied_negative_classes)
     parts = partition(frame, site_by, table.classes, default_site=site_name or source)
     set_aside += parts.set_aside
     frame, split_aside = assign_splits(parts.frame, val_fraction=val_fraction, test_fraction=test_fraction)
@@ -186,25 +254,14 @@ def run_ingest(
         "site_by": site_by, "uncertain": uncertain, "verify_pixels": verify_pixels, "follow_links": follow_links,
         "max_pixels": int(max_pixels), "readers": readers,
         "mapping": str(mapping) if mapping else None, "val_fraction": val_fraction,
-        "test_fraction": test_fraction,
+        "test_fraction": test_fraction, "implied_negatives": bool(implied_negatives),
+        "implied_negative_classes": list(table.implied_negative_classes), "labels_key": labels_key,
+        "keep_non_chest": bool(keep_non_chest), "plan": bool(plan),
     }
-    site_summaries = {}
-    for site, rows in sites_payload.items():
-        site_rows_aside = [s for s in set_aside if s.reason.startswith(f"site {site!r}")]
-        payload = write_site(
-            out_dir, site, rows,
-            classes=[c for c in parts.class_sets.get(site, table.classes) if c in table.classes],
-            source=source, adapter_version=table.adapter_version, export_root=table.root,
-            set_aside=site_rows_aside, options=run_options, unlabeled=unlabeled, key_id=key.key_id,
-        )
-        site_summaries[site] = {
-            "rows": payload["rows"], "rows_per_split": payload["rows_per_split"],
-            "class_set": payload["class_set"], "manifest": str(Path(site) / "manifest.parquet"),
-            "unlabeled": unlabeled,
-        }
-
+    site_classes = {site: [c for c in parts.class_sets.get(site, table.classes) if c in table.classes]
+                    for site in sites_payload}
     report = {
-        "report_version": 1,
+        "report_version": REPORT_VERSION,
         "source": source,
         "adapter_version": table.adapter_version,
         "input": str(input_dir.resolve()),
@@ -214,26 +271,200 @@ def run_ingest(
         "rows_set_aside": len(set_aside),
         "set_aside_by_reason": dict(Counter(_reason_family(s.reason) for s in set_aside).most_common()),
         "set_aside": [_printable_row(s) for s in set_aside],
-        "sites": site_summaries,
+        "sites": {},
         "options": run_options,
         "pseudonym_key_id": key.key_id,
         "notes": [printable(n) for n in table.notes],
-        "seconds": round(time.perf_counter() - started, 3),
+        "hints": [printable(h) for h in hints],
     }
-    atomic_write_json(out_dir / "ingest_report.json", report)
-    write_set_aside_csv(out_dir / "set_aside.csv", set_aside, key)
+    if plan:
+        return _write_plan(report, sites_payload, site_classes, unlabeled, out_dir, set_aside, key, started)
+    for site, rows in sites_payload.items():
+        site_rows_aside = [s for s in set_aside if s.reason.startswith(f"site {site!r}")]
+        payload = write_site(
+            out_dir, site, rows, classes=site_classes[site],
+            source=source, adapter_version=table.adapter_version, export_root=table.root,
+            set_aside=site_rows_aside, options=run_options, unlabeled=unlabeled, key_id=key.key_id,
+        )
+        report["sites"][site] = {
+            "rows": payload["rows"], "rows_per_split": payload["rows_per_split"],
+            "class_set": payload["class_set"], "manifest": str(Path(site) / "manifest.parquet"),
+            "report": str(Path(site) / REPORT_NAME),
+            "unlabeled": unlabeled, "implied_negatives": implied_negative_counts(rows, site_classes[site]),
+        }
+    report["seconds"] = round(time.perf_counter() - started, 3)
+    # One report per site, in the site's own folder (a later ingest of another hospital into the
+    # same OUT never touches it), and the latest run's at the top of OUT, as before. Serialised
+    # once: NIH's 112,095 set-aside rows take seconds to encode.
+    report_bytes, csv_bytes = json_bytes(report), set_aside_csv_bytes(set_aside, key)
+    for folder in [out_dir / site for site in report["sites"]] + [out_dir]:
+        atomic_write_bytes(folder / REPORT_NAME, report_bytes)
+        atomic_write_bytes(folder / SET_ASIDE_NAME, csv_bytes)
     if kept == 0:
         raise IngestError(nothing_kept_message(report, out_dir))
     return report
 
 
-def nothing_kept_message(report: dict, out_dir: Path) -> str:
-    """Why an ingest kept no row: the commonest reasons, and where the full list is."""
+REPORT_VERSION = 2  # 2: hints, per-site implied negatives, per-site copies of the report
+REPORT_NAME, SET_ASIDE_NAME = "ingest_report.json", "set_aside.csv"
+PLAN_NAME, PLAN_SET_ASIDE_NAME = "ingest_plan.json", "ingest_plan_set_aside.csv"
+
+
+def read_ingest_report(out_dir: Path | str, site: str) -> dict:
+    """The report of the ingest that wrote ``OUT/<site>``.
+
+    ``OUT/<site>/ingest_report.json`` (report version 2 on); for an ingest written before
+    per-site reports, ``OUT/ingest_report.json`` when it lists the site. Raises
+    :class:`IngestError` when neither holds the site.
+    """
+    out_dir = Path(out_dir)
+    for path in (out_dir / site / REPORT_NAME, out_dir / REPORT_NAME):
+        if not path.is_file():
+            continue
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise IngestError(f"{path}: not valid JSON ({exc})") from None
+        if isinstance(report, dict) and site in (report.get("sites") or {}):
+            return report
+    raise IngestError(f"{out_dir}: no ingest report lists site {site!r} (looked in {out_dir / site / REPORT_NAME} "
+                      f"and {out_dir / REPORT_NAME})")
+
+
+def _check_plan(source: str, target: str, verify_pixels: bool) -> None:
+    """Refuse ``--plan`` where it cannot keep its promise (no image opened)."""
+    if verify_pixels:
+        raise IngestError("--plan reads metadata only; it cannot --verify-pixels (drop one of the two)")
+    if not supports_plan(target):
+        able = sorted(s for s, t in ADAPTERS.items() if supports_plan(t))
+        raise IngestError(f"--plan: SOURCE {source!r} keeps its metadata inside the images (or builds them), and a "
+                          f"plan never opens an image; sources with a plan: {', '.join(able)}")
+
+
+def _write_plan(report: dict, sites: dict[str, pd.DataFrame], site_classes: dict[str, list[str]], unlabeled: bool,
+                out_dir: Path, set_aside: list[SetAside], key: SiteKey, started: float) -> dict:
+    """``OUT/ingest_plan.json`` and ``OUT/ingest_plan_set_aside.csv``: what the ingest would write."""
+    report["plan"] = True
+    report["cannot_know"] = list(PLAN_CANNOT_KNOW)
+    for site, rows in sites.items():
+        ordered = rows.assign(site=site)
+        summary = site_summary(ordered, site_classes[site])
+        report["sites"][site] = {**summary, "unlabeled": unlabeled,
+                                 "implied_negatives": implied_negative_counts(rows, site_classes[site])}
+    report["seconds"] = round(time.perf_counter() - started, 3)
+    atomic_write_json(out_dir / PLAN_NAME, report)
+    write_set_aside_csv(out_dir / PLAN_SET_ASIDE_NAME, set_aside, key)
+    if report["rows_kept"] == 0:
+        raise IngestError(nothing_kept_message(report, out_dir, set_aside_file=PLAN_SET_ASIDE_NAME))
+    return report
+
+
+def _decode_reason(prefix: str, rel: str, max_pixels: int = MAX_PIXELS) -> Optional[str]:
+    """Why ``prefix + rel`` does not decode (full check), or None: picks the copy to keep."""
+    from fedcxr.site_adapters.images import check_image
+
+    return check_image(prefix + rel, decode=True, max_pixels=max_pixels)
+
+
+def set_aside_non_chest(frame: pd.DataFrame, *, keep: bool) -> tuple[pd.DataFrame, list[SetAside]]:
+    """Rows whose DICOM tags say "not a chest radiograph" (``not_chest``): set aside, or kept flagged.
+
+    Kept (``keep``), the column stays and reaches the manifest; a frame in which no row is
+    flagged loses the column (sources without tags never carry it).
+    """
+    if "not_chest" not in frame:
+        return frame, []
+    flagged = frame["not_chest"].notna().to_numpy()
+    if keep or not flagged.any():
+        return (frame if flagged.any() else frame.drop(columns=["not_chest"])), []
+    aside = [SetAside(f, int(r), str(reason), p) for f, r, p, reason in
+             zip(frame.loc[flagged, "source_file"], frame.loc[flagged, "source_row"],
+                 frame.loc[flagged, "image_path"], frame.loc[flagged, "not_chest"])]
+    return frame.loc[~flagged].drop(columns=["not_chest"]), aside
+
+
+#: Missing images looked for one folder deeper, at most (each costs a few ``stat`` calls).
+MISSING_PROBES = 1000
+
+
+def explain_missing(aside: list[SetAside], root: Path) -> tuple[list[SetAside], list[str]]:
+    """Name the path tried for missing images, and say when they exist one folder deeper.
+
+    A row whose image is found at ``<root>/<sub>/<path>`` or ``<root>/<folder>/<sub>/<name>``
+    (a zip unpacked into its own folder, NIH's ``images_001/images/``) gets the reason
+    ``missing file: not at <path>, but one folder deeper at <found>``; the report's hints say
+    where each missing file was looked for and what to change. The first
+    :data:`MISSING_PROBES` missing rows are probed.
+    """
+    missing = [i for i, s in enumerate(aside) if s.reason == "missing file" and s.image_path]
+    if not missing:
+        return aside, []
+    root = Path(root).resolve()
+    finder = _DeeperFinder(root)
+    out = list(aside)
+    found = 0
+    first_found = None
+    for i in missing[:MISSING_PROBES]:
+        deeper = finder.find(aside[i].image_path)
+        if deeper is not None:
+            found += 1
+            first_found = first_found or (aside[i].image_path, deeper)
+            out[i] = SetAside(aside[i].file, aside[i].row,
+                              f"missing file: not at {aside[i].image_path}, but one folder deeper at {deeper}",
+                              aside[i].image_path)
+    example = root / aside[missing[0]].image_path
+    hints = [f"{len(missing)} missing file(s): each was looked for at {root}/<image path> (e.g. {example})"]
+    if found:
+        probed = min(len(missing), MISSING_PROBES)
+        hints.append(f"{found} of {probed} missing file(s) probed exist one folder deeper (e.g. {first_found[0]} "
+                     f"→ {first_found[1]}): point --input (or the mapping's image prefix) at the folder that "
+                     "holds them")
+    return out, hints
+
+
+class _DeeperFinder:
+    """Looks for ``rel`` one folder below where it was expected, with cached folder listings."""
+
+    def __init__(self, root: Path, max_subdirs: int = 50) -> None:
+        self.root = root
+        self.max_subdirs = max_subdirs
+        self._subdirs: dict[Path, list[str]] = {}
+
+    def _dirs(self, folder: Path) -> list[str]:
+        if folder not in self._subdirs:
+            names: list[str] = []
+            try:
+                with os.scandir(folder) as it:
+                    for entry in it:
+                        if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."):
+                            names.append(entry.name)
+                            if len(names) >= self.max_subdirs:
+                                break
+            except OSError:
+                pass
+            self._subdirs[folder] = sorted(names)
+        return self._subdirs[folder]
+
+    def find(self, rel: str) -> Optional[str]:
+        """``<sub>/rel`` or ``<folder>/<sub>/<name>`` relative to the root, if such a file exists."""
+        folder, _, name = rel.rpartition("/")
+        tries = [f"{sub}/{rel}" for sub in self._dirs(self.root)]
+        if folder:
+            tries += [f"{folder}/{sub}/{name}" for sub in self._dirs(self.root / folder)]
+        for candidate in tries:
+            if os.path.isfile(self.root / candidate):
+                return candidate
+        return None
+
+
+def nothing_kept_message(report: dict, out_dir: Path, set_aside_file: str = "set_aside.csv") -> str:
+    """Why an ingest kept no row: the commonest reasons, hints, and where the full list is."""
     if report["rows_read"] == 0:
         return f"--input {report['input']}: the export has no data rows; nothing to ingest"
     reasons = "; ".join(f"{count} {reason}" for reason, count in list(report["set_aside_by_reason"].items())[:3])
+    hints = "".join(f"\n  hint: {h}" for h in report.get("hints", []))
     return (f"no row kept: all {report['rows_read']} row(s) read were set aside ({reasons}); every row and "
-            f"its reason is in {out_dir / 'set_aside.csv'}")
+            f"its reason is in {out_dir / set_aside_file}{hints}")
 
 
 def _printable_row(row: SetAside) -> dict:
@@ -242,6 +473,11 @@ def _printable_row(row: SetAside) -> dict:
 
 
 def write_set_aside_csv(path: Path, rows: list[SetAside], key: SiteKey) -> None:
+    """Write :func:`set_aside_csv_bytes` to ``path`` (atomically)."""
+    atomic_write_bytes(path, set_aside_csv_bytes(rows, key))
+
+
+def set_aside_csv_bytes(rows: list[SetAside], key: SiteKey) -> bytes:
     """``OUT/set_aside.csv``: one line per set-aside row: file, row, image_path, image_key, reason.
 
     ``file``/``row`` point into the export's own metadata (the csv and its 1-based data row, or
@@ -258,18 +494,26 @@ def write_set_aside_csv(path: Path, rows: list[SetAside], key: SiteKey) -> None:
         "image_key": [k if p else "" for p, k in zip(paths, keys)],
         "reason": [printable(s.reason) for s in rows],
     }, columns=["file", "row", "image_path", "image_key", "reason"])
-    atomic_write_bytes(path, frame.to_csv(index=False).encode("utf-8"))
+    return frame.to_csv(index=False).encode("utf-8")
 
 
-def contain_paths(frame: pd.DataFrame, root: Path, *, follow_links: bool = False) -> tuple[pd.DataFrame, list[SetAside]]:
+def contain_paths(frame: pd.DataFrame, root: Path, *, follow_links: bool = False,
+                  lexical_only: bool = False) -> tuple[pd.DataFrame, list[SetAside]]:
     """Normalise every ``image_path`` inside ``root``; set aside the ones that leave it.
 
     See :mod:`fedcxr.site_adapters.paths`: absolute paths, ``..`` escapes, NUL bytes, non-UTF-8
     names and (unless ``follow_links``) symbolic links out of the export are set aside with
     the reason. Adds ``real_path`` (every link resolved; None for a missing file), used to find
-    the same file under two names.
+    the same file under two names. ``lexical_only`` (``--plan``): no file system access at all —
+    links are not followed and ``real_path`` is None.
     """
-    norms, reals, reasons = contain_all(root, frame["image_path"].astype(str).tolist(), follow_links=follow_links)
+    paths = frame["image_path"].astype(str).tolist()
+    if lexical_only:
+        checked = [lexical(p) for p in paths]
+        norms, reasons = [n for n, _ in checked], [r for _, r in checked]
+        reals: list[Optional[str]] = [None] * len(paths)
+    else:
+        norms, reals, reasons = contain_all(root, paths, follow_links=follow_links)
     bad = np.array([r is not None for r in reasons], dtype=bool)
     aside = [
         SetAside(f, int(r), reasons[i], p)
@@ -303,7 +547,9 @@ def _reason_family(reason: str) -> str:
     return reason.split(":", 1)[0].strip()
 
 
-def drop_duplicate_images(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[SetAside]]:
+def drop_duplicate_images(
+    frame: pd.DataFrame, decodable: Optional[Callable[[str], Optional[str]]] = None
+) -> tuple[pd.DataFrame, list[SetAside]]:
     """Keep the first row of each image; later rows showing the same image are set aside.
 
     The same image is found three ways: the same relative path; the same file under another
@@ -311,6 +557,12 @@ def drop_duplicate_images(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[SetAs
     inode); and, for DICOM, the same SOPInstanceUID (``instance_uid`` when present: one
     instance copied into two folders). A copy under another patient gets a reason saying so:
     it could otherwise put one image in two splits. Reasons name rows and paths, never ids.
+
+    Copies of one SOPInstanceUID are different files, and one may be corrupt: with
+    ``decodable`` (``image_path`` → reason it does not decode, or None) the first copy *that
+    decodes* is kept; copies before it are set aside with their own decode failure, copies
+    after it as duplicates of it; when none decodes, each keeps its own failure. Only
+    instances with several copies are decoded here.
     """
     dup = frame.duplicated(subset=["image_path"], keep="first")
     aside: list[SetAside] = []
@@ -327,6 +579,10 @@ def drop_duplicate_images(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[SetAs
             continue
         identity = _file_identity(frame[column]) if column == "real_path" else frame[column]
         known = identity.notna() & (identity.astype(str) != "")
+        if column == "instance_uid" and decodable is not None:
+            frame, undecodable = _decodable_copy_first(frame, identity, known, decodable)
+            aside += undecodable
+            identity, known = identity.loc[frame.index], known.loc[frame.index]
         dup = known & identity.duplicated(keep="first")
         if not dup.any():
             continue
@@ -339,6 +595,29 @@ def drop_duplicate_images(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[SetAs
                                               f"({keeper['image_path']})", p))
         frame = frame.loc[~dup]
     return frame.copy(), aside
+
+
+def _decodable_copy_first(
+    frame: pd.DataFrame, identity: pd.Series, known: pd.Series, decodable: Callable[[str], Optional[str]]
+) -> tuple[pd.DataFrame, list[SetAside]]:
+    """Among copies of one instance, set aside those before the first that decodes (their reason).
+
+    The rows left keep their order, so the first copy of each instance is now a decodable one
+    (or, when none decodes, every copy has been set aside here).
+    """
+    shared = known & identity.duplicated(keep=False)
+    if not shared.any():
+        return frame, []
+    drop: list = []
+    aside: list[SetAside] = []
+    for _, members in frame.loc[shared].groupby(identity[shared], sort=False):
+        for index, row in members.iterrows():
+            reason = decodable(str(row["image_path"]))
+            if reason is None:
+                break
+            drop.append(index)
+            aside.append(SetAside(row["source_file"], int(row["source_row"]), reason, row["image_path"]))
+    return frame.drop(index=drop), aside
 
 
 def _file_identity(real_paths: pd.Series) -> pd.Series:
@@ -410,5 +689,5 @@ def _map_chunks(func, items: Sequence[str], *, decode: bool, workers: int, progr
     return results
 
 
-__all__ = ["ADAPTERS", "run_ingest", "get_adapter", "check_images", "contain_paths", "drop_duplicate_images",
-           "pseudonymise"]
+__all__ = ["ADAPTERS", "PLAN_CANNOT_KNOW", "run_ingest", "get_adapter", "help_for", "check_images", "contain_paths",
+           "drop_duplicate_images", "explain_missing", "pseudonymise", "read_ingest_report", "set_aside_non_chest"]

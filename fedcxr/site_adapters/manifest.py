@@ -4,8 +4,10 @@ Output of one ingest (DESIGN §2)::
 
     OUT/<site>/manifest.parquet   one row per image, canonical columns
     OUT/<site>/site.json          class mask, counts, aux availability, provenance, hash
-    OUT/ingest_report.json        rows read / kept / set aside (file, row, reason) per site
-    OUT/set_aside.csv             the set-aside rows, one per line, with their reasons
+    OUT/<site>/ingest_report.json rows read / kept / set aside (file, row, reason) of the ingest
+    OUT/<site>/set_aside.csv      that wrote the site; its set-aside rows, one per line, with reasons
+    OUT/ingest_report.json        the same two files of the latest ingest into OUT
+    OUT/set_aside.csv
     OUT/.fedcxr_site_key          the site's secret pseudonym key (unless given elsewhere)
 
 Files are written to a temporary name and renamed, so a crash never leaves a half manifest,
@@ -58,6 +60,40 @@ def apply_uncertain_policy(frame: pd.DataFrame, classes: Iterable[str], policy: 
         else:
             new_cols[label_column(cls)] = np.full(len(out), np.nan)
     return pd.concat([out, pd.DataFrame(new_cols, index=out.index)], axis=1)
+
+
+def apply_implied_negatives(frame: pd.DataFrame, classes: Iterable[str]) -> pd.DataFrame:
+    """``label__<c> = 0`` where ``raw__no_finding == 1`` and ``raw__<c>`` is blank, for each ``c``.
+
+    The CheXpert labeler's rule (CheXpert, MIMIC-CXR; the adapters' docs name the sources):
+    No Finding is set only when no listed observation is positive or uncertain, so on such a
+    row a blank (not mentioned) observation is known to be absent. ``raw__<c>`` keeps the
+    blank, so the count of implied negatives stays visible (:func:`site_summary`). Classes
+    without a ``label__`` column, and frames without ``raw__no_finding``, are left alone.
+    """
+    classes = [c for c in classes if label_column(c) in frame and raw_column(c) in frame]
+    if not classes or raw_column("no_finding") not in frame:
+        return frame
+    out = frame.copy()
+    healthy = out[raw_column("no_finding")].to_numpy(dtype=float) == 1.0
+    for cls in classes:
+        blank = np.isnan(out[raw_column(cls)].to_numpy(dtype=float))
+        label = out[label_column(cls)].to_numpy(dtype=float).copy()
+        label[healthy & blank & np.isnan(label)] = 0.0
+        out[label_column(cls)] = label
+    return out
+
+
+def implied_negative_counts(frame: pd.DataFrame, classes: Iterable[str]) -> dict[str, int]:
+    """Per class, the rows whose label is 0 while the raw cell is blank (implied negatives)."""
+    counts = {}
+    for cls in classes:
+        raw, label = raw_column(cls), label_column(cls)
+        if raw in frame and label in frame:
+            n = int((frame[raw].isna() & (frame[label] == 0)).sum())
+            if n:
+                counts[cls] = n
+    return counts
 
 
 # --------------------------------------------------------------------------- splits
@@ -160,7 +196,7 @@ def manifest_columns(frame: pd.DataFrame) -> list[str]:
     labels = [label_column(c) for c in CLASSES]
     raws = [raw_column(c) for c in CLASSES if raw_column(c) in frame]
     aux = [aux_column(t) for t in AUX_TASKS]
-    tail = [c for c in ("source_file", "source_row") if c in frame]
+    tail = [c for c in ("not_chest", "source_file", "source_row") if c in frame]
     groups = sorted(c for c in frame.columns if c.startswith("group__"))
     return head + labels + raws + aux + groups + tail
 
@@ -183,6 +219,8 @@ def site_summary(frame: pd.DataFrame, classes: Iterable[str]) -> dict:
         raw = raw_column(cls)
         if raw in frame:
             entry["uncertain"] = int((frame[raw] == -1).sum())
+            # negatives with a blank raw cell: implied by No Finding = 1 (apply_implied_negatives)
+            entry["implied_negative"] = int((frame[raw].isna() & (col == 0)).sum())
         if cls in classes and pos + neg > 0:
             class_set.append(cls)
         if cls in classes:

@@ -43,8 +43,10 @@ its own tags. An image's case is found by the first link that exists:
 
 An image with no link, or whose link names a case absent from the case TSVs, is set aside
 ("no case row: ..."). So is an image whose DICOM fails the header check (missing, truncated,
-unsupported transfer syntax...), and every image of a case with an unknown
-``covid19_positive`` or of a ``submitter_id`` listed twice with different values.
+unsupported transfer syntax...) or whose tags say it is not a chest radiograph
+(:mod:`fedcxr.site_adapters.body_part`; ``--keep-non-chest`` keeps it flagged), and every
+image of a case with an unknown ``covid19_positive`` or of a ``submitter_id`` listed twice
+with different values.
 
 Age is the study's ``age_at_imaging`` when given (the age at the X-ray), else the case's
 ``age_at_index``; ``*_gt89 = Yes`` → 90. Unmappable sex/race/age values become unknown (null,
@@ -66,6 +68,7 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable
+from fedcxr.site_adapters.body_part import not_chest_reason
 from fedcxr.site_adapters.dicom_folder import list_candidates, pseudonym, skipped_note
 from fedcxr.site_adapters.images import KIND_DICOM, MAX_PIXELS, read_headers
 from fedcxr.site_adapters.paths import Container
@@ -428,6 +431,7 @@ def _build(input_dir: Path, images: list[ImageRow], headers: list[dict], cases: 
             "source_file": image.source_file,
             "source_row": image.source_row,
             "instance_uid": header.get("SOPInstanceUID"),
+            "not_chest": not_chest_reason(header),
         })
     frame = pd.DataFrame.from_records(records, columns=_COLUMNS)
     frame[aux_column("view")] = pd.array([view_code(v) for v in view_values], dtype="Int64")
@@ -448,6 +452,6 @@ def _build(input_dir: Path, images: list[ImageRow], headers: list[dict], cases: 
 
 _COLUMNS = ["image_path", "patient_id", "study_id", raw_column("covid19"), aux_column("sex"),
             aux_column("race"), aux_column("age_bin"), "age", "group__state", "group__site_id", "group__race",
-            "source_file", "source_row", "instance_uid"]
+            "source_file", "source_row", "instance_uid", "not_chest"]
 
 __all__ = ["ADAPTER_VERSION", "SOURCE_CLASSES", "find_tsvs", "read_cases", "read_midrc", "read_studies"]

@@ -18,6 +18,19 @@ Semantics (``../shared/data/SCHEMAS.md`` §2–3):
 
 * Image path ``files/p{first 2 digits}/p{subject}/s{study}/{dicom_id}.jpg`` relative to the
   folder of the metadata file (the MIMIC-CXR-JPG release root).
+* **Implied negatives** (on by default; ``--no-implied-negatives`` turns them off): a blank
+  pathology on a ``No Finding = 1`` study is a negative (``label__<class> = 0``, ``raw__``
+  stays blank), Support Devices excepted — the rule of the labelers that made both label
+  files. MIMIC-CXR-JPG's labels come from the CheXpert labeler and from NegBio (Johnson et
+  al. 2019, "MIMIC-CXR-JPG, a large publicly available database of labeled chest
+  radiographs", arXiv:1901.07042, and the PhysioNet MIMIC-CXR-JPG page: the same 14
+  observations and 1 / 0 / -1 / blank encoding as CheXpert); the CheXpert labeler sets No
+  Finding only when no observation but Support Devices is positive or uncertain
+  (``stanfordmlgroup/chexpert-labeler`` ``stages/aggregate.py``), and NegBio aggregates
+  with the same code (``ncbi-nlp/NegBio`` ``negbio/chexpert/stages/aggregate.py``).
+  TorchXRayVision's ``MIMIC_Dataset`` zeroes Support Devices too on such studies; fedcxr
+  follows the labelers (a device is often present on a normal film). Counts per class:
+  ``site.json`` ``class_counts.<c>.implied_negative`` and the ingest summary.
 * Labels are per study, joined on ``(subject_id, study_id)``; every image of the study
   inherits them (laterals included). Raw 1/0/-1/blank are kept; another value sets aside
   every image of that study, naming column, value and label row. A study with two label rows
@@ -47,7 +60,7 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SourceTable, require_columns
-from fedcxr.site_adapters.chexpert import CLASS_OF, LABEL_COLUMNS
+from fedcxr.site_adapters.chexpert import CLASS_OF, IMPLIED_NEGATIVE_CLASSES, LABEL_COLUMNS, implied_negatives_note
 from fedcxr.site_adapters.chexpert import SOURCE_CLASSES as SOURCE_CLASSES  # MIMIC-CXR-JPG uses CheXpert's labeler
 from fedcxr.site_adapters.tables import (
     code_names,
@@ -64,6 +77,8 @@ from fedcxr.site_adapters.tables import (
 from fedcxr.vocab import age_bin_code, aux_column, parse_age, race_code, raw_column, sex_code, view_code
 
 ADAPTER_VERSION = "1"
+#: Fedcxr can read this source with ``fedcxr ingest --plan``: its metadata never needs an image.
+PLAN_MODE = True
 
 PREFIX = "mimic-cxr-2.0.0-"
 RELEASE_DIRS = [
@@ -130,10 +145,12 @@ def read_mimic(input_dir: Path, options: AdapterOptions) -> SourceTable:
 
     bad = np.array([r is not None for r in reasons], dtype=bool)
     set_aside = rows_set_aside(name, rows[bad], [reasons[i] for i in np.flatnonzero(bad)], image_path[bad])
+    implied = IMPLIED_NEGATIVE_CLASSES if options.implied_negatives else ()
+    notes.append(implied_negatives_note(implied, options.implied_negatives, "CheXpert/NegBio labeler"))
     return SourceTable(
         source="mimic", adapter_version=ADAPTER_VERSION, root=root,
         frame=frame.loc[~bad].reset_index(drop=True), classes=list(SOURCE_CLASSES),
-        set_aside=set_aside, rows_read=n, notes=notes,
+        set_aside=set_aside, rows_read=n, notes=notes, implied_negative_classes=implied,
     )
 
 

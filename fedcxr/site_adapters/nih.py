@@ -47,6 +47,8 @@ from fedcxr.site_adapters.tables import (
 from fedcxr.vocab import CLASSES, age_bin_code, aux_column, canonical_class, parse_age, raw_column, sex_code, view_code
 
 ADAPTER_VERSION = "1"
+#: Fedcxr can read this source with ``fedcxr ingest --plan`` (image folders are not listed then).
+PLAN_MODE = True
 
 #: The classes this source labels (every adapter declares them; ``None``: read from the export):
 #: the 14 NIH findings + no_finding, in canonical order.
@@ -99,11 +101,16 @@ def read_nih(input_dir: Path, options: AdapterOptions) -> SourceTable:
         reasons[i] = reasons[i] or split_reasons.iloc[i]
     bad = np.array([r is not None for r in reasons], dtype=bool)
 
-    index = _image_index(root)
-    image_path = image.map(index)
-    found = image_path.notna().to_numpy()
-    image_path = image_path.fillna("images/" + image.fillna(""))
-    notes.append(f"images found for {int(found.sum())} of {n} rows (by listing images/, images_*/ and the csv folder)")
+    if options.plan:  # a plan never looks at the images: every name is placed under images/
+        image_path = "images/" + image.fillna("")
+        notes.append("plan: image folders not listed; every image path is images/<Image Index>")
+    else:
+        index = _image_index(root)
+        image_path = image.map(index)
+        found = image_path.notna().to_numpy()
+        image_path = image_path.fillna("images/" + image.fillna(""))
+        notes.append(f"images found for {int(found.sum())} of {n} rows (by listing images/, images_*/ and the csv "
+                     "folder)")
 
     frame = pd.DataFrame({
         "image_path": image_path,

@@ -85,6 +85,28 @@ def _walk_folders(root: Path, max_depth: int) -> list[Path]:
     return found
 
 
+def deeper_hint(path: Path) -> str:
+    """`` (but it exists one folder deeper: X)`` for a missing file or folder, else ``""``.
+
+    The commonest cause of a "no such file" is a download unpacked into its own folder; a
+    message that names where the file really is saves the user a search. A name that differs
+    only in case is reported too. At most 200 sibling folders are looked into.
+    """
+    parent = Path(path).parent
+    try:
+        entries = sorted(os.scandir(parent), key=lambda e: e.name) if parent.is_dir() else []
+    except OSError:
+        return ""
+    name = Path(path).name
+    for entry in entries:
+        if entry.name != name and entry.name.lower() == name.lower():
+            return f" (but {Path(entry.path)} exists: names are case-sensitive)"
+    for entry in [e for e in entries if e.is_dir()][:200]:
+        if (Path(entry.path) / name).exists():
+            return f" (but it exists one folder deeper: {Path(entry.path) / name})"
+    return ""
+
+
 def relative_name(path: Path, base: Path) -> str:
     """``path`` relative to ``base`` with POSIX separators (for ``source_file``)."""
     try:
@@ -228,6 +250,6 @@ def rows_set_aside(
 
 
 __all__ = [
-    "LABEL_VALUES", "find_file", "relative_name", "read_table", "map_distinct", "to_codes", "code_names",
+    "LABEL_VALUES", "deeper_hint", "find_file", "relative_name", "read_table", "map_distinct", "to_codes", "code_names",
     "failed_note", "label_columns", "member_of", "rows_set_aside",
 ]

@@ -33,6 +33,8 @@ def test_predict_on_a_new_dicom_and_png_folder(evaluated_run, scan_folder, tmp_p
     preds = pd.read_csv(out, dtype={"key": str})
     classes = json.loads((evaluated_run / "run.json").read_text())["classes"]
     assert len(preds) == 9 and preds["key"].is_unique
+    assert preds["not_chest_radiograph"].sum() == 2      # the hip and the dental film: scored, and flagged
+    assert "2 image(s) are not chest radiographs" in printed
     assert [c for c in preds.columns if c.startswith("prob__")] == [f"prob__{c}" for c in classes]
     probs = preds[[f"prob__{c}" for c in classes]].to_numpy()
     assert np.isfinite(probs).all() and ((probs > 0) & (probs < 1)).all()

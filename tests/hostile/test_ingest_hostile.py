@@ -197,7 +197,8 @@ def test_real_dicom_tags_never_reach_any_output(shared_data, tmp_path, key):
     labels = pd.DataFrame({"file": [p.relative_to(export).as_posix() for p in sorted(export.rglob("*.dcm"))]})
     labels["pneumonia"] = [i % 2 for i in range(len(labels))]
     labels.to_csv(tmp_path / "labels.csv", index=False)
-    report = run_ingest("dicom", export, out, labels_csv=tmp_path / "labels.csv", site_key=key, progress=False)
+    report = run_ingest("dicom", export, out, labels_csv=tmp_path / "labels.csv", site_key=key, progress=False,
+                        keep_non_chest=True)
     accounted(report, out)
     assert report["rows_kept"] >= 6
     assert_no_raw_ids(out, ids)

@@ -211,3 +211,85 @@ def test_site_by_chexpert_conditions_gives_one_single_class_site_per_condition(t
         assert m[f"label__{cond}"].notna().all() and m[others].isna().all().all()
         assert not seen & set(m["patient_id"])
         seen |= set(m["patient_id"])
+
+
+# --------------------------------------------------------------------------- the labeler's No Finding rule
+
+
+NO_FINDING_TRAIN = [
+    row(11, 1, 1, No_Finding="1.0", Pneumothorax="0.0", Support_Devices="1.0"),   # a device on a normal film
+    row(12, 1, 1, No_Finding="1.0"),                                                 # every pathology blank
+    row(13, 1, 1, Edema="1.0"),                                                      # a finding: blanks stay blank
+]
+
+
+def _path(patient: int) -> str:
+    return f"train/patient{patient + 10:05d}/study1/view1_frontal.jpg"
+
+
+def test_blank_pathology_on_a_no_finding_row_is_an_implied_negative(tmp_path):
+    from fedcxr.site_adapters.chexpert import IMPLIED_NEGATIVE_CLASSES
+
+    assert "support_devices" not in IMPLIED_NEGATIVE_CLASSES and len(IMPLIED_NEGATIVE_CLASSES) == 12
+    out = tmp_path / "out"
+    report = run_ingest("chexpert", write_export(tmp_path / "in", NO_FINDING_TRAIN), out, progress=False)
+    m = read_manifest(out / "chexpert").set_index("image_path")
+    for cls in IMPLIED_NEGATIVE_CLASSES:
+        assert m.loc[_path(2), f"label__{cls}"] == 0 and np.isnan(m.loc[_path(2), f"raw__{cls}"]), cls
+        assert np.isnan(m.loc[_path(3), f"label__{cls}"]) or cls == "edema"
+    assert m.loc[_path(1), "label__atelectasis"] == 0 and m.loc[_path(1), "raw__pneumothorax"] == 0
+    assert m.loc[_path(1), "label__support_devices"] == 1
+    assert np.isnan(m.loc[_path(2), "label__support_devices"])      # Support Devices is never implied
+    counts = read_site_json(out / "chexpert")["class_counts"]
+    assert counts["atelectasis"]["implied_negative"] == 2 and counts["atelectasis"]["negative"] == 2
+    assert counts["pneumothorax"]["implied_negative"] == 1 and counts["pneumothorax"]["negative"] == 2
+    assert counts["support_devices"]["implied_negative"] == 0 and counts["support_devices"]["missing"] == 2
+    implied = report["sites"]["chexpert"]["implied_negatives"]
+    assert implied["atelectasis"] == 2 and implied["pneumothorax"] == 1 and "support_devices" not in implied
+    assert report["options"]["implied_negatives"] is True
+
+
+def test_no_implied_negatives_keeps_blanks_unlabeled(tmp_path, capsys):
+    export = write_export(tmp_path / "in", NO_FINDING_TRAIN)
+    code = cli_main(["ingest", "chexpert", "--input", str(export), "--out", str(tmp_path / "off"), "-q",
+                     "--no-implied-negatives"])
+    assert code == 0 and "implied negatives" not in capsys.readouterr().out
+    m = read_manifest(tmp_path / "off" / "chexpert").set_index("image_path")
+    assert np.isnan(m.loc[_path(2), "label__atelectasis"]) and m.loc[_path(1), "label__pneumothorax"] == 0
+    assert read_site_json(tmp_path / "off" / "chexpert")["class_counts"]["atelectasis"]["implied_negative"] == 0
+    assert cli_main(["ingest", "chexpert", "--input", str(export), "--out", str(tmp_path / "on"), "-q"]) == 0
+    printed = capsys.readouterr().out
+    assert "implied negatives" in printed and "atelectasis 2" in printed
+
+
+def test_chexbert_relabel_gets_no_implied_negatives(tmp_path):
+    base = tmp_path / "in" / RELEASE
+    write_csv(base / "train_cheXbert.csv", NO_FINDING_TRAIN)
+    table = read_chexpert(tmp_path / "in", AdapterOptions())
+    assert table.implied_negative_classes == ()
+    assert any("not the CheXpert labeler" in n for n in table.notes)
+
+
+def _xrv_path():
+    import os
+
+    path = os.environ.get("FEDCXR_XRV")
+    if not path or not Path(path).exists():
+        pytest.skip("TorchXRayVision reference not given: set FEDCXR_XRV to a mlmed/torchxrayvision checkout "
+                    "(or its torchxrayvision/datasets.py)")
+    return Path(path)
+
+
+def test_labels_equal_torchxrayvision_chex_dataset_on_a_fixture(tmp_path):
+    """TorchXRayVision's own CheX_Dataset code (from FEDCXR_XRV) reads the fixture as fedcxr does."""
+    from tests.benchmarks.conftest import load_bench
+
+    ref = load_bench("ref_xrv_labels")
+    xrv = ref.load_xrv(_xrv_path())
+    train = NO_FINDING_TRAIN + TRAIN
+    export = write_export(tmp_path / "in", train, images=False)
+    result = ref.compare(ref.fedcxr_labels("chexpert", export), ref.xrv_chexpert(xrv, export / RELEASE / "train.csv"))
+    assert result["images_compared"] == len(train) and result["cells_differ"] == 0
+    off = ref.compare(ref.fedcxr_labels("chexpert", export, implied_negatives=False),
+                      ref.xrv_chexpert(xrv, export / RELEASE / "train.csv"))
+    assert off["cells_differ"] == 12 + 11 + 12   # every blank of patients 12 and 2, all but pneumothorax of 11

@@ -324,9 +324,138 @@ def test_hannover_one_class_site(shared_data, tmp_path):
     assert report["rows_kept"] == 243 and report["rows_set_aside"] == 0
     site = json.loads((tmp_path / "hannover" / "site.json").read_text())
     assert site["class_set"] == ["covid19"]
-    assert site["class_counts"]["covid19"] == {"positive": 243, "negative": 0, "missing": 0, "uncertain": 0}
+    assert site["class_counts"]["covid19"] == {"positive": 243, "negative": 0, "missing": 0, "uncertain": 0,
+                                             "implied_negative": 0}
     assert site["aux"]["sex"]["counts"] == {"F": 63, "M": 180}
     assert site["aux"]["view"]["counts"] == {"PA": 49, "AP": 194}
     assert site["aux"]["age_bin"]["available"] == 0
     frame = read_manifest(tmp_path / "hannover")
     assert frame["age"].isna().all() and frame["patient_id"].nunique() == 71
+
+
+# --------------------------------------------------------------------------- demographics from DICOM tags
+
+
+RSNA_MAPPING = {  # RSNA Pneumonia's own layout: stage_2_train_labels.csv + stage_2_train_images/<patientId>.dcm
+    "csv": "stage_2_train_labels.csv",
+    "image": {"column": "patientId", "prefix": "stage_2_train_images", "extension": ".dcm"},
+    "patient": "patientId",
+    "classes": ["pneumonia"],
+    "labels": {"pneumonia": "Target"},
+    "demographics": {"from_dicom": True},
+}
+
+
+def _rsna_like(root: Path, rows: list[tuple], mapping: dict = RSNA_MAPPING) -> tuple[Path, Path]:
+    """An RSNA-style export: the label csv (one row per box) and one DICOM per patient with its tags."""
+    from tests.site_adapters.test_dicom_folder import write_dicom
+
+    export = root / "export"
+    labels = []
+    for i, (pid, target, sex, age, view, body) in enumerate(rows):
+        labels.append({"patientId": pid, "x": "" if target == "0" else "10", "y": "", "width": "", "height": "",
+                       "Target": target})
+        path = export / "stage_2_train_images" / f"{pid}.dcm"
+        if not path.exists() and sex != "missing":
+            write_dicom(path, seed=i, PatientID=pid, PatientSex=sex, PatientAge=age, ViewPosition=view,
+                        BodyPartExamined=body)
+    pd.DataFrame(labels).to_csv(export / "stage_2_train_labels.csv", index=False)
+    path = root / "rsna.yaml"
+    path.write_text(yaml.safe_dump(mapping, sort_keys=False))
+    return export, path
+
+
+RSNA_ROWS = [
+    ("p1", "1", "F", "43", "AP", "CHEST"),
+    ("p1", "1", "F", "43", "AP", "CHEST"),      # a second box of the same image
+    ("p2", "0", "M", "062Y", "PA", "CHEST"),
+    ("p3", "0", "O", "7", "PA", "HIP"),         # a hip film in the export
+    ("p4", "1", "missing", "", "", ""),         # no image
+]
+
+
+@pytest.mark.filterwarnings("ignore:Invalid value for VR AS")
+def test_demographics_from_the_dicom_tags_of_the_images_the_csv_names(tmp_path):
+    export, mapping = _rsna_like(tmp_path, RSNA_ROWS)
+    out = tmp_path / "out"
+    report = run_ingest("csv", export, out, mapping=mapping, progress=False)
+    reasons = {r["row"]: r["reason"] for r in report["set_aside"]}
+    assert reasons == {2: "duplicate row: same image as row 1", 4: "not a chest radiograph: BodyPartExamined 'HIP'",
+                       5: "missing file"}
+    m = read_manifest(out / "csv").set_index("source_row")
+    assert [AUX_VOCAB["sex"][int(v)] for v in m["aux__sex"]] == ["F", "M"]
+    assert m["age"].tolist() == [43.0, 62.0]
+    assert [AUX_VOCAB["view"][int(v)] for v in m["aux__view"]] == ["AP", "PA"]
+    assert m["label__pneumonia"].tolist() == [1.0, 0.0]
+    assert any("demographics from DICOM tags PatientSex, PatientAge, ViewPosition: read for 4 of 5" in n
+               for n in report["notes"])
+
+
+@pytest.mark.filterwarnings("ignore:Invalid value for VR AS")
+def test_one_field_from_a_tag_the_others_from_columns_and_the_plan_reads_none(tmp_path):
+    mapping = {**RSNA_MAPPING, "demographics": {"sex": {"dicom_tag": "PatientSex", "values": {"F": "M", "M": "F"}},
+                                                "view": "Target"}}
+    mapping["demographics"]["view"] = {"column": "x", "values": {"10": "AP", "": None}}
+    export, path = _rsna_like(tmp_path, RSNA_ROWS[:3], mapping)
+    table = read_csv_mapping(export, AdapterOptions(mapping=path))
+    assert _codes(table, "sex") == ["M", "M", "F"] and _codes(table, "view") == ["AP", "AP", None]
+    assert table.frame["age"].isna().all()
+    plan = read_csv_mapping(export, AdapterOptions(mapping=path, plan=True))
+    assert plan.frame["aux__sex"].isna().all() and "not_chest" not in plan.frame
+    assert any("plan: demographics from DICOM tags (PatientSex) not read" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize("demographics, expected", [
+    ({"sex": {"column": "s", "dicom_tag": "PatientSex"}}, "give exactly one of 'column'"),
+    ({"age": {"dicom_tag": "PatientAges"}}, "'PatientAges' is not a DICOM keyword"),
+    ({"from_dicom": "sometimes"}, "demographics.from_dicom"),
+])
+def test_dicom_tag_fields_are_validated(tmp_path, demographics, expected):
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump({**RSNA_MAPPING, "demographics": demographics}))
+    with pytest.raises(IngestError, match=expected):
+        load_mapping(path)
+
+
+def _xrv_data() -> Path:
+    import os
+
+    root = os.environ.get("FEDCXR_XRV")
+    data = Path(root) / "torchxrayvision" / "data" if root else None
+    if data is None or not (data / "kaggle_stage_2_train_labels.csv.zip").is_file():
+        pytest.skip("real RSNA Pneumonia metadata not given: set FEDCXR_XRV to a mlmed/torchxrayvision checkout "
+                    "(its torchxrayvision/data holds the label csv and the DICOM header csv)")
+    return data
+
+
+@pytest.mark.filterwarnings("ignore:Invalid value for VR AS")
+def test_real_rsna_labels_and_dicom_tags_ingest_with_no_hand_edit(tmp_path):
+    """RSNA Pneumonia's real stage_2_train_labels.csv, untouched, and DICOMs carrying the real tags of
+    the first 60 patients (from its DICOM header csv): labels, sex, age and view equal the header csv's
+    values, read as TorchXRayVision's RSNA_Pneumonia_Dataset does (a patient's first label row, the
+    header csv's tags); the other box rows of one image are set aside as duplicates."""
+    from tests.site_adapters.test_dicom_folder import write_dicom
+
+    data = _xrv_data()
+    headers = pd.read_csv(data / "kaggle_stage_2_train_images_dicom_headers.csv.gz", dtype=str).head(60)
+    labels = pd.read_csv(data / "kaggle_stage_2_train_labels.csv.zip", dtype=str, keep_default_na=False)
+    labels = labels.loc[labels["patientId"].isin(set(headers["PatientID"]))]
+    export = tmp_path / "export"
+    for i, h in enumerate(headers.itertuples()):
+        write_dicom(export / "stage_2_train_images" / f"{h.PatientID}.dcm", seed=i, PatientID=h.PatientID,
+                    PatientSex=h.PatientSex, PatientAge=h.PatientAge, ViewPosition=h.ViewPosition,
+                    BodyPartExamined=h.BodyPartExamined, Modality=h.Modality)
+    labels.to_csv(export / "stage_2_train_labels.csv", index=False)
+    mapping = tmp_path / "rsna.yaml"
+    mapping.write_text(yaml.safe_dump(RSNA_MAPPING))
+    report = run_ingest("csv", export, tmp_path / "out", mapping=mapping, progress=False)
+    assert report["rows_read"] == len(labels) and report["rows_kept"] == 60
+    assert report["set_aside_by_reason"] == ({"duplicate row": len(labels) - 60} if len(labels) > 60 else {})
+    m = read_manifest(tmp_path / "out" / "csv").set_index("source_row")
+    truth = headers.set_index("PatientID")
+    pid = labels["patientId"].to_numpy()[m.index.to_numpy() - 1]
+    assert [AUX_VOCAB["sex"][int(v)] for v in m["aux__sex"]] == truth.loc[pid, "PatientSex"].tolist()
+    assert m["age"].tolist() == truth.loc[pid, "PatientAge"].astype(float).tolist()
+    assert [AUX_VOCAB["view"][int(v)] for v in m["aux__view"]] == truth.loc[pid, "ViewPosition"].tolist()
+    first = labels.groupby("patientId")["Target"].first().astype(float)
+    assert m["label__pneumonia"].tolist() == first.loc[pid].tolist()

@@ -172,7 +172,7 @@ def test_real_dicom_folder_with_file_name_labels(shared_data, tmp_path):
     labels = label_csv(tmp_path / "labels.csv", rows)
     out = tmp_path / "out"
     report = run_ingest("dicom", shared_data / "dicom", out, labels_csv=labels, verify_pixels=True,
-                        progress=False)
+                        progress=False, keep_non_chest=True)
     # the FAKE file is the mono2 file with one tag changed: the same SOPInstanceUID, so one image
     assert report["rows_read"] == 8 and report["rows_kept"] == 7 and report["rows_set_aside"] == 1
     assert report["set_aside"][0]["image_path"] == "rsna_pneumonia_cr_chest_pa_jpegbaseline_mono2.dcm"
@@ -184,27 +184,38 @@ def test_real_dicom_folder_with_file_name_labels(shared_data, tmp_path):
     nih = manifest.loc["nih_cxr14_gcp_dx_chest_implicit_le_mono2.dcm"]
     assert nih["age"] == 81.0 and pd.isna(nih["aux__view"])
     assert manifest.loc["nonchest/wg04_RG2_cr_hip_jpeg_lossless_sv1_mono2.dcm", "group__folder"] == "nonchest"
+    flagged = manifest["not_chest"].dropna().to_dict()   # kept (--keep-non-chest), flagged with the reason
+    assert flagged == {
+        "nonchest/cr_dental_jpeg_lossless_mono1_modality_lut_seq.dcm":
+            "not a chest radiograph: StudyDescription names TEETH (no BodyPartExamined)",
+        "nonchest/wg04_RG2_cr_hip_jpeg_lossless_sv1_mono2.dcm": "not a chest radiograph: BodyPartExamined 'HIP'"}
     assert set(report["sites"]["dicom"]["class_set"]) == {"pleural_effusion", "no_finding"}
     assert "Covid0000" not in (out / "ingest_report.json").read_text()
 
 
 def test_real_folder_without_labels_is_an_unlabeled_site(shared_data, tmp_path, capsys):
-    """No label csv, no findings in StudyDescription: every usable image kept, demographics from the
-    tags; the FAKE_mono1 twin shares its SOPInstanceUID with the original and is set aside."""
+    """No label csv, no findings in StudyDescription: every usable chest image kept, demographics from
+    the tags; the FAKE_mono1 twin shares its SOPInstanceUID with the original and is set aside, and so
+    are the hip and the dental film (their tags say they are not chest radiographs)."""
     from fedcxr.cli import main
 
     out = tmp_path / "out"
     assert main(["ingest", "dicom", "--input", str(shared_data / "dicom"), "--out", str(out),
                  "--site-name", "ward7", "-q"]) == 0
     printed = capsys.readouterr().out
-    assert "kept 7, set aside 1" in printed and "set aside 1: duplicate image" in printed
-    assert "site ward7: unlabeled site: 7 images, no finding labels" in printed
+    assert "kept 5, set aside 3" in printed and "set aside 1: duplicate image" in printed
+    assert "set aside 2: not a chest radiograph" in printed
+    assert "site ward7: unlabeled site: 5 images, no finding labels" in printed
     report = json.loads((out / "ingest_report.json").read_text())
     assert report["sites"]["ward7"]["unlabeled"] is True and report["sites"]["ward7"]["class_set"] == []
     assert any("StudyDescription of 7 of 8" in n for n in report["notes"])
     site = json.loads((out / "ward7" / "site.json").read_text())
-    assert site["unlabeled"] is True and site["class_set"] == [] and site["rows"] == 7
+    assert site["unlabeled"] is True and site["class_set"] == [] and site["rows"] == 5
+    aside = {r["image_path"]: r["reason"] for r in report["set_aside"]}
+    assert aside["nonchest/wg04_RG2_cr_hip_jpeg_lossless_sv1_mono2.dcm"] == (
+        "not a chest radiograph: BodyPartExamined 'HIP'")
     manifest = read_manifest(out / "ward7").set_index("image_path")
+    assert "not_chest" not in manifest and not any(p.startswith("nonchest/") for p in manifest.index)
     assert manifest.filter(like="label__").isna().all().all()
     (rsna_path,) = [p for p in manifest.index if p.startswith("rsna_pneumonia")]  # one twin kept
     rsna = manifest.loc[rsna_path]
@@ -309,3 +320,90 @@ def test_labels_csv_inside_the_folder_is_used_not_read_as_an_image(tmp_path):
     table = read_dicom_folder(tmp_path, AdapterOptions())
     assert table.rows_read == 1 and table.frame.loc[0, "raw__atelectasis"] == 1.0
     assert pydicom.dcmread(tmp_path / "a.dcm").SOPInstanceUID == uid
+
+
+def _corrupt_j2k_copy(good: Path, bad: Path) -> None:
+    """The same file (same SOPInstanceUID) with its JPEG 2000 codestream damaged: the header check
+    passes (lengths intact), the decode fails."""
+    data = bytearray(good.read_bytes())
+    start = data.rfind(b"\xff\x4f\xff\x51")  # J2K SOC + SIZ markers
+    data[start: start + 40] = b"\x00" * 40
+    bad.write_bytes(bytes(data))
+
+
+def test_first_decodable_copy_of_an_instance_is_kept(tmp_path):
+    """Three copies of one instance, the first corrupt: it is set aside with its decode failure, the
+    second (the first that decodes) is kept, the third is its duplicate — with or without
+    --verify-pixels. Before, the good copies went as duplicates and the corrupt one failed later."""
+    from pydicom.uid import JPEG2000Lossless
+
+    root = tmp_path / "export"
+    write_dicom(root / "b_copy.dcm", seed=1, PatientID="P1", compress=JPEG2000Lossless)
+    _corrupt_j2k_copy(root / "b_copy.dcm", root / "a_first.dcm")
+    (root / "c_copy.dcm").write_bytes((root / "b_copy.dcm").read_bytes())
+    write_dicom(root / "d_other.dcm", seed=2, PatientID="P2")
+    for verify in (False, True):
+        report = run_ingest("dicom", root, tmp_path / f"out{verify}", verify_pixels=verify, progress=False)
+        reasons = {r["image_path"]: r["reason"] for r in report["set_aside"]}
+        assert report["rows_kept"] == 2 and set(reasons) == {"a_first.dcm", "c_copy.dcm"}, reasons
+        assert reasons["a_first.dcm"].startswith("pixel decode failed:")
+        assert reasons["c_copy.dcm"] == "duplicate image: same SOPInstanceUID as row 2 (b_copy.dcm)"
+        kept = set(read_manifest(tmp_path / f"out{verify}" / "dicom")["image_path"])
+        assert kept == {"b_copy.dcm", "d_other.dcm"}
+
+
+def test_no_copy_decodes_each_keeps_its_own_reason(tmp_path):
+    from pydicom.uid import JPEG2000Lossless
+
+    root = tmp_path / "export"
+    root.mkdir()
+    write_dicom(tmp_path / "good.dcm", seed=1, PatientID="P1", compress=JPEG2000Lossless)
+    _corrupt_j2k_copy(tmp_path / "good.dcm", root / "x.dcm")
+    _corrupt_j2k_copy(tmp_path / "good.dcm", root / "y.dcm")
+    write_dicom(root / "z.dcm", seed=2, PatientID="P2")
+    report = run_ingest("dicom", root, tmp_path / "out", progress=False)
+    reasons = {r["image_path"]: r["reason"] for r in report["set_aside"]}
+    assert set(reasons) == {"x.dcm", "y.dcm"} and all(r.startswith("pixel decode failed:") for r in reasons.values())
+    assert report["rows_kept"] == 1
+
+
+def test_labels_keyed_by_any_dicom_tag(tmp_path):
+    """--labels-key AccessionNumber / PatientID=patientId: the csv keyed by a tag pydicom knows."""
+    root = tmp_path / "export"
+    write_dicom(root / "1.dcm", seed=1, PatientID="P1", AccessionNumber="ACC-1")
+    write_dicom(root / "2.dcm", seed=2, PatientID="P1", AccessionNumber="ACC-2")
+    write_dicom(root / "3.dcm", seed=3, PatientID="P2", AccessionNumber="ACC-3")
+    by_accession = label_csv(tmp_path / "acc.csv", [{"Accession Number": "ACC-1", "Pneumonia": "1"},
+                                                    {"Accession Number": "ACC-3", "Pneumonia": "0"}])
+    table = read_dicom_folder(root, AdapterOptions(labels_csv=by_accession, labels_key="AccessionNumber"))
+    raw = table.frame.set_index("image_path")["raw__pneumonia"]
+    assert raw["1.dcm"] == 1 and np.isnan(raw["2.dcm"]) and raw["3.dcm"] == 0
+    by_patient = label_csv(tmp_path / "rsna.csv", [{"patientId": "P1", "Target": "1"}, {"patientId": "P2", "Target": "0"}])
+    with pytest.raises(IngestError, match="'Target' are neither finding names"):
+        read_dicom_folder(root, AdapterOptions(labels_csv=by_patient, labels_key="PatientID"))
+    by_patient = label_csv(tmp_path / "rsna.csv", [{"patientId": "P1", "pneumonia": "1"}, {"patientId": "P2", "pneumonia": "0"}])
+    report = run_ingest("dicom", root, tmp_path / "out", labels_csv=by_patient, labels_key="PatientID=patientId",
+                        progress=False)
+    m = read_manifest(tmp_path / "out" / "dicom")
+    assert report["rows_kept"] == 3 and sorted(m["raw__pneumonia"]) == [0.0, 1.0, 1.0]   # both of P1's images
+    assert report["options"]["labels_key"] == "PatientID=patientId"
+
+
+@pytest.mark.parametrize("key, message", [
+    ("PatientName2", "'PatientName2' is not a DICOM keyword"),
+    ("SeriesInstanceUID", "has no column named like 'SeriesInstanceUID'"),
+    ("PatientID=pid", "has no column 'pid'"),
+])
+def test_labels_key_is_validated(tmp_path, key, message):
+    write_dicom(tmp_path / "export" / "1.dcm", PatientID="P1")
+    csv = label_csv(tmp_path / "l.csv", [{"PatientID": "P1", "Edema": "1"}])
+    with pytest.raises(IngestError, match=message):
+        read_dicom_folder(tmp_path / "export", AdapterOptions(labels_csv=csv, labels_key=key))
+
+
+def test_labels_key_needs_a_label_csv_and_a_source_that_reads_one(tmp_path):
+    write_dicom(tmp_path / "export" / "1.dcm", PatientID="P1")
+    with pytest.raises(IngestError, match="--labels-key PatientID: no label csv"):
+        run_ingest("dicom", tmp_path / "export", tmp_path / "out", labels_key="PatientID", progress=False)
+    with pytest.raises(IngestError, match="--labels-key: SOURCE 'nih' does not read"):
+        run_ingest("nih", tmp_path / "export", tmp_path / "out", labels_key="PatientID", progress=False)

@@ -79,3 +79,24 @@ def test_the_readme_mapping_tables_are_the_adapters_tables():
         block = text.split(f"| class | {header} |", 1)[1].split("\n\n", 1)[0]
         rows = re.findall(r"^\| `([a-z0-9_]+)` \| (.*) \|$", block, flags=re.M)
         assert {cls: re.findall(r"`([^`]+)`", cell) for cls, cell in rows} == {c: list(v) for c, v in table.items()}
+
+
+def test_dicom_sources_set_aside_films_whose_tags_name_another_body_part(tmp_path):
+    """rsna/vindr/siim read the same headers as the dicom source, so the chest check applies to them."""
+    import pydicom
+
+    from fedcxr.site_adapters.ingest import run_ingest
+
+    from .public_exports import write_rsna
+
+    export = write_rsna(tmp_path / "export")
+    hip = sorted((export / "stage_2_train_images").glob("*.dcm"))[0]
+    ds = pydicom.dcmread(hip)
+    ds.BodyPartExamined = "HIP"
+    ds.save_as(hip)
+    report = run_ingest("rsna", export, tmp_path / "out", progress=False)
+    reasons = report["set_aside_by_reason"]
+    assert reasons.get("not a chest radiograph") == 1, reasons
+    (aside,) = [r for r in report["set_aside"] if r["reason"].startswith("not a chest")]
+    assert aside["reason"] == "not a chest radiograph: BodyPartExamined 'HIP'"
+    assert report["rows_read"] == report["rows_kept"] + report["rows_set_aside"]

@@ -526,3 +526,126 @@ def test_blank_window_is_absent(tmp_path):
     path = _patched(write_dicom(tmp_path / "b.dcm", pixels, WindowCenter="777", WindowWidth="400"), b"777", b"   ")
     assert check_image(path, decode=True) is None
     np.testing.assert_allclose(read_image(path), scale_unit(pixels), atol=1e-6)
+
+
+# --------------------------------------------------------------------------- checks that pydicom agrees with
+
+
+def write_ybr_422(path: Path, rows: int = 16, cols: int = 20) -> Path:
+    """An uncompressed YBR_FULL_422 DICOM: 2 bytes a pixel (Y Y Cb Cr per pixel pair), as
+    PS3.5 8.2 allows natively and pydicom's SC_ybr_full_422_uncompressed.dcm holds."""
+    rng = np.random.default_rng(3)
+    write_dicom(path, np.zeros((rows, cols, 3), np.uint8), photometric="RGB", bits=8)
+    ds = pydicom.dcmread(path)
+    ds.PhotometricInterpretation = "YBR_FULL_422"
+    ds.PixelData = rng.integers(16, 235, rows * cols * 2, dtype=np.uint8).tobytes()
+    ds.save_as(path)
+    return path
+
+
+def write_implicit_body(path: Path, pixels: np.ndarray) -> Path:
+    """A file whose meta says Explicit VR Little Endian but whose dataset is written implicit VR
+    (pydicom's SC_rgb_jpeg.dcm is such a file; pydicom reads it by looking at the bytes)."""
+    from pydicom.filebase import DicomBytesIO
+    from pydicom.filewriter import write_dataset, write_file_meta_info
+
+    full = pydicom.dcmread(write_dicom(path, pixels))
+    meta = full.file_meta
+    del full.file_meta
+    head = DicomBytesIO()
+    head.write(b"\x00" * 128 + b"DICM")
+    write_file_meta_info(head, meta, enforce_standard=True)
+    body = DicomBytesIO()
+    body.is_little_endian, body.is_implicit_VR = True, True
+    write_dataset(body, full)
+    path.write_bytes(head.getvalue() + body.getvalue())
+    return path
+
+
+def pydicom_reference(path: Path) -> np.ndarray:
+    """pydicom's own pipeline: pixel_array → modality LUT → VOI LUT (grey) or luma (colour), min/max."""
+    from pydicom.pixels import apply_modality_lut, apply_voi_lut
+
+    ds = pydicom.dcmread(path, force=True)
+    arr = ds.pixel_array
+    if arr.ndim == 3:
+        values = arr[..., 0] * 0.299 + arr[..., 1] * 0.587 + arr[..., 2] * 0.114
+    else:
+        values = apply_voi_lut(apply_modality_lut(arr, ds), ds)
+    return scale_unit(values)
+
+
+def test_subsampled_ybr_422_is_complete_at_two_bytes_a_pixel(tmp_path):
+    path = write_ybr_422(tmp_path / "ybr422.dcm")
+    assert check_image(path) is None and check_image(path, decode=True) is None
+    np.testing.assert_allclose(read_image(path), pydicom_reference(path), atol=1e-6)
+    ds = pydicom.dcmread(path)
+    ds.PixelData = ds.PixelData[: 16 * 20]          # one byte a pixel: really short for 4:2:2
+    ds.save_as(tmp_path / "short.dcm")
+    assert check_image(tmp_path / "short.dcm").startswith("truncated DICOM: pixel data is 320 bytes, 640 needed")
+
+
+@pytest.mark.parametrize("photometric, factor", [("YBR_FULL_422", 2), ("YBR_PARTIAL_422", 2),
+                                                  ("YBR_PARTIAL_420", 1.5), ("RGB", 3), ("YBR_FULL", 3)])
+def test_expected_native_bytes_know_chroma_subsampling(photometric, factor):
+    from fedcxr.site_adapters.images import expected_native_bytes
+
+    header = {"rows": 10, "cols": 8, "frames": 2, "samples_per_pixel": 3, "bits_allocated": 8,
+              "PhotometricInterpretation": photometric}
+    assert expected_native_bytes(header) == int(10 * 8 * 2 * factor)
+    assert expected_native_bytes({**header, "samples_per_pixel": 1}) == 160
+
+
+@pytest.mark.filterwarnings("ignore:Expected explicit VR, but found implicit VR")
+def test_implicit_vr_body_under_an_explicit_transfer_syntax_is_not_truncated(tmp_path):
+    path = write_implicit_body(tmp_path / "implicit_body.dcm", gradient(64, 48))
+    with pytest.warns(UserWarning, match="Expected explicit VR, but found implicit VR"):
+        assert pydicom.dcmread(path).original_encoding == (False, True)  # pydicom reports the meta's encoding
+    assert check_image(path) is None and check_image(path, decode=True) is None
+    np.testing.assert_allclose(read_image(path), pydicom_reference(path), atol=1e-6)
+    cut = tmp_path / "implicit_body_cut.dcm"
+    cut.write_bytes(path.read_bytes()[:-200])
+    assert check_image(cut).startswith("truncated DICOM")
+
+
+def test_float_pixel_data_is_pixel_data(tmp_path):
+    """Parametric maps store Float Pixel Data (7FE0,0008); pydicom decodes them, so must fedcxr."""
+    path = write_dicom(tmp_path / "f.dcm", gradient(8, 6))
+    ds = pydicom.dcmread(path)
+    del ds.PixelData
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit = 32, 32, 31
+    del ds.PixelRepresentation
+    ds.FloatPixelData = gradient(8, 6).astype("<f4").tobytes()
+    ds.save_as(path)
+    assert check_image(path) is None and check_image(path, decode=True) is None
+    np.testing.assert_allclose(read_image(path), scale_unit(gradient(8, 6).astype(float)), atol=1e-6)
+
+
+PYDICOM_FILES = ("SC_ybr_full_422_uncompressed.dcm", "SC_rgb_jpeg.dcm", "CT_small.dcm", "MR_small.dcm",
+                 "JPEG2000.dcm", "emri_small_jpeg_2k_lossless.dcm")
+
+
+def _pydicom_test_files(tmp_path: Path) -> Path:
+    """Copies of a few of pydicom's own test files from $FEDCXR_PYDICOM_TEST_FILES (a checkout's
+    ``src/pydicom/data/test_files``), or skip: they are not part of this repository."""
+    import shutil
+
+    source = os.environ.get("FEDCXR_PYDICOM_TEST_FILES")
+    if not source or not Path(source).is_dir():
+        pytest.skip("pydicom's test files not given: set FEDCXR_PYDICOM_TEST_FILES to a pydicom checkout's "
+                    "src/pydicom/data/test_files")
+    target = tmp_path / "pydicom_files"
+    target.mkdir()
+    for name in PYDICOM_FILES:
+        if (Path(source) / name).is_file():
+            shutil.copy(Path(source) / name, target / name)
+    return target
+
+
+@pytest.mark.filterwarnings("ignore:Expected explicit VR, but found implicit VR")
+def test_pydicom_test_files_pass_the_checks_and_decode_as_pydicom_does(tmp_path):
+    folder = _pydicom_test_files(tmp_path)
+    for path in sorted(folder.iterdir()):
+        assert check_image(path) is None and check_image(path, decode=True) is None, path.name
+        ours, ref = read_image(path), pydicom_reference(path)
+        assert ours.shape == ref.shape and float(np.abs(ours - ref).max()) < 1e-5, path.name

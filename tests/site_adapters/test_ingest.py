@@ -165,3 +165,134 @@ def test_every_adapter_declares_the_classes_it_labels():
         assert declared is None or (isinstance(declared, tuple) and declared and set(declared) <= set(CLASSES)), source
         if declared is not None:
             assert list(declared) == [c for c in CLASSES if c in declared], f"{source}: not in canonical order"
+
+
+# --------------------------------------------------------------------------- plan mode
+
+
+def _strip(report: dict) -> dict:
+    return {k: v for k, v in report.items() if k != "seconds"}
+
+
+def test_plan_predicts_the_ingest_without_opening_an_image(export, tmp_path):
+    """Sites, splits and per-class counts of the plan are the ingest's; the plan never opens an image:
+    with every image replaced by garbage, or removed, the plan is the same."""
+    from fedcxr.site_adapters.ingest import PLAN_NAME, PLAN_SET_ASIDE_NAME
+
+    input_dir, mapping = export
+    key = tmp_path / "site.key"
+    key.write_text("ab" * 32 + "\n")
+    key.chmod(0o600)
+    plan = run_ingest("csv", input_dir, tmp_path / "plan", mapping=mapping, site_by="hospital", progress=False,
+                      site_key=key, plan=True)
+    done = run_ingest("csv", input_dir, tmp_path / "done", mapping=mapping, site_by="hospital", progress=False,
+                      site_key=key)
+    assert plan["plan"] is True and plan["cannot_know"] and not (tmp_path / "plan" / "A").exists()
+    assert json.loads((tmp_path / "plan" / PLAN_NAME).read_text()) == plan
+    assert (tmp_path / "plan" / PLAN_SET_ASIDE_NAME).is_file()
+    # The image check's set-asides (a missing file, a broken PNG) are what the plan cannot know:
+    assert plan["rows_kept"] == done["rows_kept"] + 2 and set(plan["sites"]) == set(done["sites"]) == {"A", "B"}
+    assert set(done["set_aside_by_reason"]) - set(plan["set_aside_by_reason"]) == {"missing file", "corrupt PNG header"}
+    for site in ("A", "B"):
+        written = read_site_json(tmp_path / "done" / site)
+        planned = plan["sites"][site]
+        assert planned["class_set"] == written["class_set"]
+        gone = {"A": 0, "B": 2}[site]   # rows 32, 33 are hospital B's (the missing and the broken image)
+        assert sum(planned["rows_per_split"].values()) == written["rows"] + gone
+        if not gone:
+            assert planned["rows_per_split"] == written["rows_per_split"]
+            assert planned["class_counts"] == written["class_counts"]
+    images = input_dir / "images"
+    for png in images.iterdir():
+        png.write_bytes(b"not an image at all")
+    garbage = run_ingest("csv", input_dir, tmp_path / "plan2", mapping=mapping, site_by="hospital", progress=False,
+                         site_key=key, plan=True)
+    for png in images.iterdir():
+        png.unlink()
+    images.rmdir()
+    removed = run_ingest("csv", input_dir, tmp_path / "plan3", mapping=mapping, site_by="hospital", progress=False,
+                         site_key=key, plan=True)
+    assert _strip(garbage) == _strip(plan) == _strip(removed)
+
+
+def test_plan_is_refused_where_it_would_open_images(tmp_path):
+    (tmp_path / "in").mkdir()
+    with pytest.raises(IngestError, match="--plan: SOURCE 'dicom' keeps its metadata inside the images"):
+        run_ingest("dicom", tmp_path / "in", tmp_path / "out", plan=True)
+    with pytest.raises(IngestError, match="cannot --verify-pixels"):
+        run_ingest("nih", tmp_path / "in", tmp_path / "out", plan=True, verify_pixels=True)
+
+
+def test_plan_on_the_command_line(export, tmp_path, capsys):
+    from fedcxr.cli import main
+
+    input_dir, mapping = export
+    assert main(["ingest", "csv", "--input", str(input_dir), "--mapping", str(mapping), "--out", str(tmp_path / "p"),
+                 "--site-by", "hospital", "--plan", "-q"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("plan: read 34 rows: would keep 22, set aside 12")
+    assert "no image opened and no manifest written" in printed
+
+
+# --------------------------------------------------------------------------- one report per site
+
+
+def test_a_second_ingest_into_the_same_out_keeps_the_first_sites_report(csv_export, tmp_path):
+    from fedcxr.site_adapters.ingest import read_ingest_report
+
+    rows = [{"image": f"im{i}", "pid": f"p{i}", "edema": str(i % 2), "covid": "0", "sex": "F", "hospital": "A"}
+            for i in range(6)]
+    input_dir, mapping = csv_export(rows, MAPPING, missing_images=("im5",))
+    out = tmp_path / "out"
+    first = run_ingest("csv", input_dir, out, mapping=mapping, site_name="hospital_a", progress=False)
+    second = run_ingest("csv", input_dir, out, mapping=mapping, site_name="hospital_b", progress=False,
+                        uncertain="zeros")
+    on_disk = json.loads((out / "hospital_a" / "ingest_report.json").read_text())
+    assert _strip(on_disk) == _strip(first) and on_disk["sites"].keys() == {"hospital_a"}
+    assert (out / "hospital_a" / "set_aside.csv").read_text().count("missing file") == 1
+    assert _strip(json.loads((out / "hospital_b" / "ingest_report.json").read_text())) == _strip(second)
+    assert _strip(read_ingest_report(out, "hospital_a")) == _strip(first)
+    assert json.loads((out / "ingest_report.json").read_text())["sites"].keys() == {"hospital_b"}   # the latest
+    # An OUT written before per-site reports: only OUT/ingest_report.json, which lists the site.
+    (out / "hospital_b" / "ingest_report.json").unlink()
+    assert _strip(read_ingest_report(out, "hospital_b")) == _strip(second)
+    with pytest.raises(IngestError, match="no ingest report lists site 'hospital_c'"):
+        read_ingest_report(out, "hospital_c")
+
+
+# --------------------------------------------------------------------------- missing files, named
+
+
+def test_missing_images_name_the_path_tried_and_one_folder_deeper(csv_export, tmp_path):
+    rows = [{"image": f"im{i}", "pid": f"p{i}", "edema": "1", "covid": "0", "sex": "F", "hospital": "A"}
+            for i in range(4)]
+    input_dir, mapping = csv_export(rows, MAPPING)
+    deeper = input_dir / "images" / "images"   # the zip was unpacked into its own folder
+    deeper.mkdir()
+    for name in ("im1.png", "im2.png"):
+        (input_dir / "images" / name).rename(deeper / name)
+    (input_dir / "images" / "im3.png").unlink()
+    report = run_ingest("csv", input_dir, tmp_path / "out", mapping=mapping, progress=False)
+    reasons = {r["row"]: r["reason"] for r in report["set_aside"]}
+    assert reasons == {2: "missing file: not at images/im1.png, but one folder deeper at images/images/im1.png",
+                       3: "missing file: not at images/im2.png, but one folder deeper at images/images/im2.png",
+                       4: "missing file"}
+    assert report["set_aside_by_reason"] == {"missing file": 3}
+    assert report["hints"][0] == (f"3 missing file(s): each was looked for at {input_dir.resolve()}/<image path> "
+                                  f"(e.g. {input_dir.resolve() / 'images' / 'im1.png'})")
+    assert "2 of 3 missing file(s) probed exist one folder deeper" in report["hints"][1]
+
+
+def test_missing_input_and_metadata_files_say_where_they_are(csv_export, tmp_path):
+    rows = [{"image": "im0", "pid": "p0", "edema": "1", "covid": "0", "sex": "F", "hospital": "A"}]
+    input_dir, mapping = csv_export(rows, MAPPING)
+    nested = tmp_path / "download"
+    nested.mkdir()
+    input_dir.rename(nested / "export")
+    with pytest.raises(IngestError, match=r"no such directory \(but it exists one folder deeper: .*download/export\)"):
+        run_ingest("csv", tmp_path / "export", tmp_path / "out", mapping=mapping)
+    (nested / "export" / "sub").mkdir()
+    (nested / "export" / "data.csv").rename(nested / "export" / "sub" / "data.csv")
+    with pytest.raises(IngestError, match=r"data.csv: no such file \(mapping key 'csv'\) \(but it exists one folder "
+                                          r"deeper: .*sub/data.csv\)"):
+        run_ingest("csv", nested / "export", tmp_path / "out", mapping=mapping)

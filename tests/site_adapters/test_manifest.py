@@ -145,7 +145,8 @@ def test_site_json_counts(tmp_path):
     assert site == json.loads(json.dumps(payload))
     assert site["manifest_version"] == MANIFEST_VERSION and site["site"] == "h" and site["source"] == "csv"
     assert site["class_set"] == ["edema"]                        # pneumonia has no labeled row
-    assert site["class_counts"]["edema"] == {"positive": 2, "negative": 1, "missing": 2, "uncertain": 1}
+    assert site["class_counts"]["edema"] == {"positive": 2, "negative": 1, "missing": 2, "uncertain": 1,
+                                           "implied_negative": 0}
     assert site["class_counts"]["pneumonia"]["missing"] == 5
     assert site["aux"]["sex"] == {"available": 4, "missing": 1, "counts": {"F": 2, "M": 2}}
     assert site["aux"]["age_bin"]["counts"] == {"20-39": 1, "60-79": 2, "80+": 1}

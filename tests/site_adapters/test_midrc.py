@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pydicom
 import pytest
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import (
@@ -269,3 +270,17 @@ def test_integer_zip_without_leading_zero(export):
     table = read_midrc(root, AdapterOptions())
     frame = table.frame.set_index("image_path")
     assert frame.loc[facts["files"][("C-003", 0)], "group__state"] == "MA"
+
+
+def test_a_film_whose_tags_name_another_body_part_is_set_aside(export, tmp_path):
+    root, facts = export
+    path = root / facts["files"][("C-002", 0)]
+    ds = pydicom.dcmread(path)
+    ds.BodyPartExamined = "KNEE"
+    ds.save_as(path)
+    report = run_ingest("midrc", root, tmp_path / "out", progress=False)
+    reasons = {r["image_path"]: r["reason"] for r in report["set_aside"]}
+    assert reasons[facts["files"][("C-002", 0)]] == "not a chest radiograph: BodyPartExamined 'KNEE'"
+    assert report["set_aside_by_reason"]["not a chest radiograph"] == 1
+    kept = run_ingest("midrc", root, tmp_path / "kept", progress=False, keep_non_chest=True)
+    assert kept["rows_kept"] == report["rows_kept"] + 1

@@ -247,3 +247,42 @@ def test_missing_metadata_or_labels_is_a_user_error(tmp_path):
     root = write_export(tmp_path / "in", labels=None, write_images=False)
     with pytest.raises(IngestError, match="negbio"):
         read_mimic(root, AdapterOptions())
+
+
+def test_no_finding_study_implies_negatives_for_every_image_support_devices_excepted(tmp_path):
+    labels = STUDY_LABELS[:1] + [labels_for(10000001, 50000002, No_Finding=1.0, Support_Devices=1.0)] + STUDY_LABELS[2:]
+    labels[6] = labels_for(12000006, 50000007, No_Finding=1.0)
+    out = tmp_path / "out"
+    report = run_ingest("mimic", write_export(tmp_path / "in", labels=labels), out, progress=False)
+    m = indexed(read_manifest(out / "mimic"))
+    assert m.loc["d1c", "label__atelectasis"] == 0 and np.isnan(m.loc["d1c", "raw__atelectasis"])
+    assert m.loc["d1c", "label__support_devices"] == 1
+    assert m.loc["d6a", "label__edema"] == 0 and np.isnan(m.loc["d6a", "label__support_devices"])
+    assert np.isnan(m.loc["d1a", "label__atelectasis"])                  # not a No Finding study
+    assert report["sites"]["mimic"]["implied_negatives"]["atelectasis"] == 2
+    off = run_ingest("mimic", tmp_path / "in", tmp_path / "off", progress=False, implied_negatives=False)
+    assert np.isnan(indexed(read_manifest(tmp_path / "off" / "mimic")).loc["d1c", "label__atelectasis"])
+    assert off["sites"]["mimic"]["implied_negatives"] == {}
+
+
+def test_labels_differ_from_torchxrayvision_mimic_dataset_only_on_support_devices(tmp_path):
+    """TorchXRayVision's MIMIC_Dataset (from FEDCXR_XRV) also zeroes Support Devices on No Finding studies;
+    the labelers except it (chexpert-labeler / NegBio stages/aggregate.py), and so does fedcxr."""
+    import os
+
+    from tests.benchmarks.conftest import load_bench
+
+    path = os.environ.get("FEDCXR_XRV")
+    if not path or not Path(path).exists():
+        pytest.skip("TorchXRayVision reference not given: set FEDCXR_XRV to a mlmed/torchxrayvision checkout")
+    ref = load_bench("ref_xrv_labels")
+    labels = list(STUDY_LABELS)
+    labels[6] = labels_for(12000006, 50000007, No_Finding=1.0)
+    export = write_export(tmp_path / "in", labels=labels, write_images=False, suffix=".csv")
+    rel = export / RELEASE
+    result = ref.compare(ref.fedcxr_labels("mimic", export),
+                         ref.xrv_mimic(ref.load_xrv(Path(path)), rel / "mimic-cxr-2.0.0-chexpert.csv",
+                                       rel / "mimic-cxr-2.0.0-metadata.csv"))
+    assert result["images_compared"] == len(IMAGES)
+    differ = {c: r["differ"] for c, r in result["per_class"].items() if r["differ"]}
+    assert differ == {"support_devices": 2}    # d1c and d6a: blank (fedcxr) vs 0 (TorchXRayVision)

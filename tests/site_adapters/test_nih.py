@@ -252,3 +252,17 @@ def test_real_kaggle_sample_labels_with_impossible_age(shared_data, tmp_path):
     assert months.any() and (f.loc[months, "age"] < 10).all()
     assert any("'411Y'" in n and "age unknown" in n for n in table.notes)
     assert np.isin(f[[f"raw__{c}" for c in NIH_CLASSES]].to_numpy(), [0.0, 1.0]).all()
+
+
+@pytest.mark.slow
+def test_real_plan_runs_the_metadata_path_at_full_scale(shared_data, tmp_path):
+    """--plan over all 112,120 Data_Entry rows with (almost) no image present: every row would be kept,
+    the official test list lands in test, and the four IID sites split the patients."""
+    report = run_ingest("nih", shared_data / "nih-chestxray14", tmp_path / "plan", progress=False, plan=True,
+                        site_by="iid:4")
+    assert report["rows_read"] == report["rows_kept"] == 112_120 and report["rows_set_aside"] == 0
+    test_list = (shared_data / "nih-chestxray14" / "test_list.txt").read_text().split()
+    assert sum(site["rows_per_split"]["test"] for site in report["sites"].values()) == len(test_list) == 25_596
+    assert sum(site["patients_per_split"]["test"] for site in report["sites"].values()) == 2_797
+    assert sorted(report["sites"]) == ["site-1", "site-2", "site-3", "site-4"]
+    assert not any((tmp_path / "plan").glob("*/manifest.parquet"))

@@ -84,4 +84,5 @@ def test_ingest_by_label_method(tmp_path):
     physician = read_manifest(out / "physician")
     assert sorted(physician["image_path"]) == ["0/a.png", "0/b.png", "flat/g.png"]
     site = json.loads((out / "physician" / "site.json").read_text())
-    assert site["class_counts"]["nodule"] == {"positive": 1, "negative": 2, "missing": 0, "uncertain": 0}
+    assert site["class_counts"]["nodule"] == {"positive": 1, "negative": 2, "missing": 0, "uncertain": 0,
+                                            "implied_negative": 0}

@@ -36,7 +36,8 @@ def test_ingest_accounts_for_every_image_and_reads_sex_age_view_from_tags(tmp_pa
     assert report["set_aside"][0]["image_path"] == "stage_2_train_images/p-no-file.dcm"
     site = json.loads((out / "rsna" / "site.json").read_text())
     assert site["class_set"] == ["pneumonia", "lung_opacity", "no_finding"]
-    assert site["class_counts"]["pneumonia"] == {"positive": 2, "negative": 3, "missing": 0, "uncertain": 0}
+    assert site["class_counts"]["pneumonia"] == {"positive": 2, "negative": 3, "missing": 0, "uncertain": 0,
+                                                "implied_negative": 0}
     assert site["aux"]["sex"]["counts"] == {"F": 3, "M": 2}
     assert site["aux"]["view"]["counts"] == {"PA": 3, "AP": 2}
     assert site["aux"]["age_bin"] == {"available": 4, "missing": 1, "counts": {"0-19": 1, "20-39": 1, "40-59": 1,
@@ -87,6 +88,6 @@ def test_plan_mode_opens_no_image(tmp_path, monkeypatch):
     import fedcxr.site_adapters.dicom_folder as dicom_folder
 
     monkeypatch.setattr(dicom_folder, "read_headers", lambda *a, **k: pytest.fail("an image was opened"))
-    table = read_rsna(write_rsna(tmp_path), AdapterOptions(extra={"plan": True}))
+    table = read_rsna(write_rsna(tmp_path), AdapterOptions(plan=True))
     assert len(table.frame) == 6 and not table.headers_checked and not table.set_aside
     assert pd.isna(table.frame.get("aux__sex", pd.Series([pd.NA]))).all()

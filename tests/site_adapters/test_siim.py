@@ -61,7 +61,8 @@ def test_ingest_finds_nested_dicoms_and_keys_patients_by_the_patientid_tag(tmp_p
     assert frame["patient_id"].nunique() == 3  # pat-A, pat-B and the image without a PatientID
     site = json.loads((out / "siim" / "site.json").read_text())
     assert site["class_set"] == ["pneumothorax"]
-    assert site["class_counts"]["pneumothorax"] == {"positive": 2, "negative": 2, "missing": 0, "uncertain": 0}
+    assert site["class_counts"]["pneumothorax"] == {"positive": 2, "negative": 2, "missing": 0, "uncertain": 0,
+                                                "implied_negative": 0}
     assert site["aux"]["view"]["counts"] == {"PA": 3, "AP": 1} and site["aux"]["sex"]["counts"] == {"F": 2, "M": 2}
     assert any("without PatientID" in n for n in report["notes"])
 

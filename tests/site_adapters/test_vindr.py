@@ -118,7 +118,8 @@ def test_ingest_with_dicoms_keeps_sex_and_age_and_documents_pa(tmp_path):
     site = json.loads((out / "vindr" / "site.json").read_text())
     assert site["class_counts"]["ild"]["positive"] == 1 and site["class_counts"]["calcification"]["positive"] == 0
     assert len(site["class_set"]) == 27   # every class read, negatives included (no reader named COPD)
-    assert site["class_counts"]["copd"] == {"positive": 0, "negative": 3, "missing": 0, "uncertain": 0}
+    assert site["class_counts"]["copd"] == {"positive": 0, "negative": 3, "missing": 0, "uncertain": 0,
+                                                "implied_negative": 0}
     assert site["aux"]["sex"]["counts"] == {"F": 1, "M": 1} and site["aux"]["view"]["counts"] == {"PA": 3}
     frame = read_manifest(out / "vindr")
     assert frame["patient_id"].nunique() == 3 and sorted(frame["age"].dropna()) == [33.0, 61.0]
