@@ -173,15 +173,16 @@ def draw(cfg: AugmentConfig, seeds: Sequence[int]) -> Draws:
 
 
 def augment_batch(images: torch.Tensor, seeds: Sequence[int], cfg: AugmentConfig | None = None,
-                  draws: Optional[Draws] = None) -> torch.Tensor:
+                  draws: Optional[Draws] = None, inplace: bool = False) -> torch.Tensor:
     """Augment ``images`` ``(B, 1, H, W)`` float in [0, 1] with item ``i`` seeded by ``seeds[i]``.
 
-    Returns a new float32 tensor on the images' device; the transforms are MONAI's (module doc),
-    applied in its order to the items that draw them.
+    Returns float32 on the images' device (``images`` itself when ``inplace`` and float32,
+    else a new tensor); the transforms are MONAI's (module doc), applied in its order to the
+    items that draw them.
     """
     cfg = cfg or AugmentConfig()
     d = draws if draws is not None else draw(cfg, seeds)
-    x = images.float().clone()
+    x = images if inplace and images.dtype == torch.float32 else images.float().clone()
     for step in cfg.steps():
         if step == "rotate":
             _apply(x, d.angle, lambda part, values: _rotate(part, values))
@@ -222,7 +223,9 @@ def _rotate(x: torch.Tensor, angles: np.ndarray) -> torch.Tensor:
     gx = (torch.arange(width, dtype=torch.float32, device=x.device) * 2 + 1) / width - 1
     gy = (torch.arange(height, dtype=torch.float32, device=x.device) * 2 + 1) / height - 1
     gx, gy = gx.view(1, 1, width), gy.view(1, height, 1)
-    grid = torch.stack([t[:, 0] * gx + t[:, 1] * gy, t[:, 2] * gx + t[:, 3] * gy], dim=-1)
+    grid = torch.empty((len(angles), height, width, 2), dtype=torch.float32, device=x.device)
+    torch.add(t[:, 0] * gx, t[:, 1] * gy, out=grid[..., 0])  # written in place: torch.stack(dim=-1) is 10x slower
+    torch.add(t[:, 2] * gx, t[:, 3] * gy, out=grid[..., 1])
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
 
 

@@ -598,7 +598,7 @@ def finish_images(pixels: torch.Tensor, *, device: torch.device | str = "cpu", s
     """
     x = pixels.to(device, non_blocking=non_blocking).float().mul_(_TO_UNIT)
     if seeds is not None:
-        x = augment_batch(x, seeds.tolist(), augment_config)
+        x = augment_batch(x, seeds.tolist(), augment_config, inplace=True)
     return x.sub_(NORM_MEAN).div_(NORM_STD)
 
 
