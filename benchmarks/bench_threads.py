@@ -128,6 +128,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--load", type=int, default=4, help="busy processes of the loaded state")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8, help="timed optimizer steps per measurement")
+    parser.add_argument("--variants", nargs="+", default=None,
+                        help="subset of: 1 N N-passive 2x1-parallel (N = usable cores; default all)")
     parser.add_argument("--child", nargs=3, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -135,6 +137,9 @@ def main(argv=None) -> dict:
         return {}
     cores = usable_cores()
     variants = ["1", f"{cores}", f"{cores}-passive", "2x1-parallel"]
+    if args.variants:
+        wanted = [v.replace("N", str(cores)) for v in args.variants]
+        variants = ["1"] + [v for v in variants if v in wanted and v != "1"]  # "1" is every ratio's base
     states = [("as is", 0), (f"+{args.load} busy", args.load)]
     results: dict = {}
     print(f"{cores} usable cores; load average at start {os.getloadavg()}")
