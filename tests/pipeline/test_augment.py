@@ -106,6 +106,7 @@ def test_augmentation_runs_on_the_tensors_device():
     assert out.device == images.device and torch.isfinite(out).all()
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch
 def test_monai_transforms_are_imported_only_for_augmentation(tmp_path):
     """Loading batches without augmentation imports no MONAI; with it, the batch path needs none
     either (MONAI is only the per-item reference)."""

@@ -50,6 +50,7 @@ def test_training_uses_the_policy_and_the_run_records_it(tiny_manifests, tmp_pat
     assert ckpt["threads"] == 1
 
 
+@pytest.mark.slow  # two short runs
 def test_resume_with_another_thread_count_warns_and_continues(tiny_manifests, tmp_path, caplog):
     data = tiny_config(tiny_manifests, tmp_path / "cache", rounds=2)
     run_experiment(load_config(data=data), tmp_path / "run", progress=False)
