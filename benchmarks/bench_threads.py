@@ -104,7 +104,9 @@ class BusyLoad:
         self.n, self.procs = n, []
 
     def __enter__(self) -> "BusyLoad":
-        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
+        # each spins until this script ends, even when it is killed (the loop checks its parent)
+        spin = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass"
+        self.procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(self.n)]
         time.sleep(0.5 if self.n else 0)
         return self
 
