@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 from collections import deque
