@@ -114,16 +114,21 @@ def build_caches(manifests: Path, sites: list[str], size: int, cache: Path, work
     return total
 
 
-def loader_rate(site_dir: Path, size: int, cache: Path, batch_size: int, engine) -> float:
-    """Images/s of one epoch of a site's training loader alone (no model), after a warm-up epoch."""
+def loader_rate(site_dir: Path, size: int, cache: Path, batch_size: int, engine, augment: bool = False) -> float:
+    """Images/s of one epoch of a site's training loader alone (no model), after a warm-up epoch.
+
+    Batches are finished on the engine's device (uint8 → float, augmentation when asked,
+    normalisation), so on CUDA this includes the device-side work training would see."""
     site = load_site(site_dir)
     data = make_dataset(site, "train", classes=site.class_set[:1], aux_tasks=[], image_size=size,
-                        cache_dir=cache, augment=False, progress=False)
-    loader = make_loader(data, batch_size=batch_size, shuffle=True, seed=0, augment=False, **loader_options(engine))
+                        cache_dir=cache, augment=augment, progress=False)
+    loader = make_loader(data, batch_size=batch_size, shuffle=True, seed=0, augment=augment, **loader_options(engine))
     for _ in loader:
         pass
     t0 = time.perf_counter()
     n = sum(int(batch["image"].shape[0]) for batch in loader)
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
     return n / (time.perf_counter() - t0)
 
 
@@ -144,6 +149,8 @@ def main(argv=None) -> None:
     parser.add_argument("--workers", type=int, default=None,
                         help="loader workers (default: the engine's auto, up to 8 on CUDA, 0 on CPU)")
     parser.add_argument("--out", type=Path, default=None, help="keep the federation and runs here")
+    parser.add_argument("--augment", action="store_true",
+                        help="augment the training batches (on the device: fedcxr.pipeline.augment)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if args.device in ("cuda", "auto") and torch.cuda.is_available() else "cpu")
     with tempfile.TemporaryDirectory(prefix="fedcxr-gpu-bench-") as tmp:
@@ -158,7 +165,8 @@ def main(argv=None) -> None:
             "source": {"lr": 1e-3, "batch_size": args.batch_size, "epochs": 1},
             "target_train": {"lr": 2e-4, "batch_size": args.batch_size, "epochs": 1},
             "model": {"backbone": args.backbone, "hidden": 128}, "image_size": args.image_size,
-            "augment": False, "device": device.type, "cache_dir": str(root / "cache"), "class_source": "target",
+            "augment": args.augment, "device": device.type, "cache_dir": str(root / "cache"),
+            "class_source": "target",
         }
         engine = resolve_engine(device, {}, args.workers)
         print("engine: " + ", ".join(f"{k}={v}" for k, v in engine.describe().items()))
@@ -168,7 +176,7 @@ def main(argv=None) -> None:
         spent = time.perf_counter() - t0
         print(f"caches built in {spent:.1f} s: {n_cached} images, {n_cached / spent:.0f} img/s with "
               f"{engine.cache_workers} processes")
-        feed = loader_rate(manifests / "site-1", args.image_size, root / "cache", args.batch_size, engine)
+        feed = loader_rate(manifests / "site-1", args.image_size, root / "cache", args.batch_size, engine, args.augment)
         print(f"cached loader alone (site-1, engine settings): {feed:.0f} img/s")
         results, busy = {}, {}
         for method in METHODS:

@@ -213,6 +213,8 @@ class EngineConfig(_Strict):
     prefetch_factor: Optional[int] = Field(None, ge=1, description="batches each loader worker prepares ahead")
     cache_workers: int = Field(0, ge=0, description="processes decoding a site's image cache (0: every core)")
     offload_idle: Optional[bool] = Field(None, description="a site's model leaves the GPU between its turns")
+    threads: Optional[int] = Field(None, ge=1, description="torch intra-op threads of a training/evaluation "
+                                   "process (auto: 1; a CPU run is bit-identical only with the same count)")
 
 
 class ExperimentConfig(_Strict):

@@ -16,24 +16,33 @@ Item of :class:`SiteDataset` (shapes for one row; ``C`` = model classes, ``T`` =
     aux_mask    float32 (T,)       1 where ``aux`` is known
     index       int                position of the item in the dataset the loader iterates
 
-Augmentation (:class:`AugmentConfig`, MONAI dictionary transforms, one flat ``Compose`` of
-random transforms applied to the [0, 1] image; normalisation comes after them because
-rotation/zoom padding and gamma contrast are defined on [0, 1] intensities): small rotation,
-zoom, gamma contrast, and optionally a horizontal flip (off by default: in a chest radiograph
-the heart is on the patient's left, so a flipped image is not a plausible one).
+Augmentation (:mod:`fedcxr.pipeline.augment`): small rotation, zoom, gamma contrast and
+optionally a horizontal flip (off by default: in a chest radiograph the heart is on the
+patient's left, so a flipped image is not a plausible one), on the [0, 1] image before
+normalisation (rotation/zoom padding and gamma are defined on [0, 1] intensities).
+
+Loaders work **per batch** (:func:`make_loader`): a batch's rows are read from the uint8 cache
+in one fancy-indexing call and its labels and masks sliced from per-dataset arrays built once,
+so a worker (or the main process) hands over ``pixels`` uint8 ``(B, 1, H, W)`` — 4x fewer bytes
+than float32 to pin and copy — and the loader finishes the batch on the training device
+(``device`` of :func:`make_loader`: the GPU when training there, else the CPU): uint8 → float,
+augmentation of the whole batch (:func:`fedcxr.pipeline.augment.augment_batch`, each item
+seeded by its own seed), normalisation. A batch's ``image`` therefore lives on that device;
+labels, masks and ``index`` stay on the CPU. ``SiteDataset[i]`` still builds one item the old
+way (MONAI's per-item transforms when augmenting), the reference the batch path is tested on.
 
 Randomness belongs to the loader (:func:`make_loader`): shuffling is seeded from ``seed`` and
 the epoch count of that loader, and each item's augmentation from ``(seed, epoch, position)``
 — the seed travels with the index from the sampler to whichever process loads the item —
 never from global RNG state. So the same seed gives the same batches and the same
-augmentations whatever ``num_workers``, ``persistent_workers`` or ``prefetch_factor`` are.
+augmentations whatever ``num_workers``, ``persistent_workers``, ``prefetch_factor`` or the
+device are, and an item's augmentation never depends on its batch.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 from collections import deque
@@ -45,11 +54,12 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 import numpy as np
 import pandas as pd
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler, Subset
 
 from fedcxr.atomic import atomic_path
 from fedcxr.errors import UserError
 from fedcxr.logs import bar_disabled
+from fedcxr.pipeline.augment import AugmentConfig, augment_batch, augment_item, make_augmentation
 from fedcxr.site_adapters.images import MAX_PIXELS, read_image_resized
 from fedcxr.site_adapters.manifest import (
     SPLITS,
@@ -267,39 +277,6 @@ def _store(out: np.ndarray, start: int, part: list, paths: list[str], site: Site
         out[row] = image
 
 
-# --------------------------------------------------------------------------- augmentation
-
-
-@dataclass
-class AugmentConfig:
-    """On-the-fly augmentation of training images (each transform applied with ``prob``)."""
-
-    rotate_deg: float = 10.0
-    zoom: tuple[float, float] = (0.9, 1.1)
-    gamma: tuple[float, float] = (0.8, 1.25)
-    hflip: bool = False
-    prob: float = 0.5
-
-
-def make_augmentation(cfg: AugmentConfig | None = None):
-    """One flat MONAI ``Compose`` of ``Rand*d`` transforms on key ``image`` ((1, H, W) in [0, 1])."""
-    from monai.transforms import Compose, RandAdjustContrastd, RandFlipd, RandRotated, RandZoomd
-
-    cfg = cfg or AugmentConfig()
-    steps = []
-    if cfg.rotate_deg:
-        angle = math.radians(cfg.rotate_deg)
-        steps.append(RandRotated(keys="image", range_x=angle, prob=cfg.prob, padding_mode="zeros"))
-    if cfg.zoom and tuple(cfg.zoom) != (1.0, 1.0):
-        steps.append(RandZoomd(keys="image", min_zoom=cfg.zoom[0], max_zoom=cfg.zoom[1], prob=cfg.prob,
-                               padding_mode="constant"))
-    if cfg.gamma and tuple(cfg.gamma) != (1.0, 1.0):
-        steps.append(RandAdjustContrastd(keys="image", gamma=tuple(cfg.gamma), prob=cfg.prob))
-    if cfg.hflip:
-        steps.append(RandFlipd(keys="image", spatial_axis=1, prob=cfg.prob))  # axis 1 of (H, W) = columns
-    return Compose(steps)
-
-
 # --------------------------------------------------------------------------- dataset
 
 
@@ -332,7 +309,15 @@ class SiteDataset(Dataset):
                                                      missing_as_negative, site)
         self.aux, self.aux_mask = _aux_arrays(self.frame, self.aux_tasks, aux_sizes, site)
         self.augment = bool(augment)
-        self.transform = make_augmentation(augment_config)
+        self.augment_config = augment_config or AugmentConfig()
+        self._transform = None  # MONAI's per-item Compose, built on first use (imports MONAI)
+
+    @property
+    def transform(self):
+        """MONAI's per-item augmentation (:func:`fedcxr.pipeline.augment.make_augmentation`)."""
+        if self._transform is None:
+            self._transform = make_augmentation(self.augment_config)
+        return self._transform
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -346,7 +331,7 @@ class SiteDataset(Dataset):
         i = int(i)
         image = self.image(i)
         if self.augment:
-            image = _augment(self.transform, image)
+            image = augment_item(self.transform, image)
         return {
             "image": ((image - NORM_MEAN) / NORM_STD).float(),
             "label": torch.from_numpy(self.labels[i]),
@@ -357,12 +342,36 @@ class SiteDataset(Dataset):
         }
 
     def set_random_state(self, seed: int) -> None:
-        """Seed the augmentation (MONAI's ``Randomizable`` protocol; loaders call it)."""
+        """Seed the per-item augmentation (MONAI's ``Randomizable`` protocol)."""
         self.transform.set_random_state(seed=int(seed) % (2**32))
+
+    def fetch(self, local: np.ndarray) -> dict[str, torch.Tensor]:
+        """Items ``local`` (positions in this dataset) as one batch, without augmentation.
+
+        ``pixels`` uint8 ``(B, 1, H, W)`` read from the cache in one call; ``label``,
+        ``label_mask``, ``aux``, ``aux_mask`` as in the module doc, stacked. Finishing the
+        image (float, augmentation, normalisation) is the loader's, on the training device.
+        """
+        local = np.asarray(local, dtype=np.int64)
+        rows = self.rows[local]
+        if len(rows) and isinstance(self.images, np.memmap):
+            order = np.argsort(rows, kind="stable")  # ascending reads of the memmap, then back in batch order
+            pixels = np.empty((len(rows),) + self.images.shape[1:], dtype=np.uint8)
+            pixels[order] = self.images[rows[order]]
+        else:
+            pixels = np.asarray(self.images[rows], dtype=np.uint8)
+        return {
+            "pixels": torch.from_numpy(pixels)[:, None],
+            "label": torch.from_numpy(self.labels[local]),
+            "label_mask": torch.from_numpy(self.label_mask[local]),
+            "aux": torch.from_numpy(self.aux[local]),
+            "aux_mask": torch.from_numpy(self.aux_mask[local]),
+        }
 
     def __getstate__(self) -> dict:
         # A memmap would pickle its whole content into each spawned worker: reopen it instead.
         state = dict(self.__dict__)
+        state["_transform"] = None  # rebuilt on use in the worker (MONAI objects need not travel)
         if isinstance(self.images, np.memmap) and self.images.filename:
             state["images"] = ("memmap", self.images.filename, self.images.shape)
         return state
@@ -372,24 +381,6 @@ class SiteDataset(Dataset):
         if isinstance(images, tuple) and images and images[0] == "memmap":
             state["images"] = np.memmap(images[1], dtype=np.uint8, mode="r", shape=images[2])
         self.__dict__.update(state)
-
-
-def _augment(transform, image: torch.Tensor) -> torch.Tensor:
-    """Apply the random transforms without MONAI's metadata tracking (half the cost per item).
-
-    ``set_track_meta`` is process-global, so it is switched off only around this call and
-    restored; data loading runs one item at a time per process.
-    """
-    from monai.data import get_track_meta, set_track_meta
-    from monai.utils import convert_to_tensor
-
-    previous = get_track_meta()
-    set_track_meta(False)
-    try:
-        out = transform({"image": image})["image"]
-    finally:
-        set_track_meta(previous)
-    return convert_to_tensor(out, track_meta=False, dtype=torch.float32)
 
 
 def _label_arrays(frame: pd.DataFrame, classes: list[str], loss_classes: list[str],
@@ -471,61 +462,104 @@ def make_dataset(
 # --------------------------------------------------------------------------- loaders
 
 
-class _Positioned(Dataset):
-    """Sets ``index`` to the item's position in the dataset handed to :func:`make_loader`.
+class _Batches(Dataset):
+    """Whole batches of the dataset handed to :func:`make_loader`, keyed by the sampler's batches.
 
-    With a ``Subset`` or ``ConcatDataset`` around site datasets, each site dataset's own index
-    is not the position the caller asked for; predictions are mapped back by this one. Keys
-    are ``(position, augmentation seed or None)`` from :class:`_SeededSampler`: the site
-    datasets are seeded for that one item before it is loaded (one item at a time per
-    process), so the item's augmentation does not depend on which worker loads it.
+    A key is ``(positions, item seeds or None)`` from :class:`_SeededSampler`. The positions are
+    mapped through ``Subset``/``ConcatDataset`` wrappers onto the site datasets inside
+    (:func:`_locate`), each site dataset reads its share in one call
+    (:meth:`SiteDataset.fetch`), and the parts are put back in batch order. ``index`` is each
+    item's position in the wrapped dataset (predictions are mapped back by it); ``seed`` the
+    item's augmentation seed. A dataset of another kind is read item by item and collated.
     """
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset
-        self._sites: Optional[list[SiteDataset]] = None
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
-    def __getitem__(self, key: Any) -> dict[str, Any]:
-        if isinstance(key, tuple):
-            i, seed = key
-            if self._sites is None:
-                self._sites = site_datasets(self.dataset)
-            for ds in self._sites:
-                ds.augment = seed is not None
-                if seed is not None:
-                    ds.set_random_state(seed)
+    def __getitem__(self, key: tuple[list[int], Optional[list[int]]]) -> dict[str, Any]:
+        positions, seeds = key
+        parts = _locate(self.dataset, np.asarray(positions, dtype=np.int64))
+        if parts is None:  # not made of site datasets: the per-item path (already normalised images)
+            from torch.utils.data import default_collate
+
+            batch = default_collate([self.dataset[int(i)] for i in positions])
         else:
-            i = key
-        item = dict(self.dataset[i])
-        item["index"] = int(i)
-        return item
+            batch = _assemble(parts, len(positions))
+        batch["index"] = torch.as_tensor(positions, dtype=torch.int64)
+        if seeds is not None:
+            batch["seed"] = torch.as_tensor(seeds, dtype=torch.int64)
+        return batch
+
+
+def _locate(dataset: Dataset, positions: np.ndarray) -> Optional[list[tuple[SiteDataset, np.ndarray, np.ndarray]]]:
+    """``[(site dataset, its local indices, their slots in the batch)]`` for ``positions``, or None
+    when ``dataset`` is not built from site datasets by ``Subset``/``ConcatDataset``."""
+    slots = np.arange(len(positions))
+    if isinstance(dataset, SiteDataset):
+        return [(dataset, positions, slots)]
+    if isinstance(dataset, Subset):
+        inner = np.asarray(dataset.indices, dtype=np.int64)[positions]
+        return _locate(dataset.dataset, inner)
+    if isinstance(dataset, ConcatDataset):
+        ends = np.asarray(dataset.cumulative_sizes, dtype=np.int64)
+        which = np.searchsorted(ends, positions, side="right")
+        found = []
+        for k in np.unique(which):
+            mine = which == k
+            local = positions[mine] - (ends[k - 1] if k > 0 else 0)
+            parts = _locate(dataset.datasets[int(k)], local)
+            if parts is None:
+                return None
+            found += [(ds, idx, slots[mine][sub]) for ds, idx, sub in parts]
+        return found
+    return None
+
+
+def _assemble(parts: list[tuple[SiteDataset, np.ndarray, np.ndarray]], n: int) -> dict[str, torch.Tensor]:
+    """One batch from the parts of several site datasets, each row in its slot."""
+    if len(parts) == 1 and np.array_equal(parts[0][2], np.arange(n)):
+        return parts[0][0].fetch(parts[0][1])
+    fetched = [(ds.fetch(idx), slots) for ds, idx, slots in parts]
+    out = {}
+    for key, first in fetched[0][0].items():
+        whole = torch.empty((n,) + tuple(first.shape[1:]), dtype=first.dtype)
+        for batch, slots in fetched:
+            whole[torch.as_tensor(slots)] = batch[key]
+        out[key] = whole
+    return out
 
 
 class _SeededSampler(Sampler):
-    """Yields ``(position, item seed)``: positions in order, or shuffled by a generator seeded
-    from the loader's current epoch seed only (never the ``DataLoader``'s own generator, whose
-    draws differ between fresh and persistent workers), and per item the augmentation seed
-    derived from the same epoch seed (``None`` when the loader does not augment)."""
+    """Yields batches ``(positions, item seeds)``: positions in order, or shuffled by a generator
+    seeded from the loader's current epoch seed only (never the ``DataLoader``'s own generator,
+    whose draws differ between fresh and persistent workers), cut into ``batch_size`` pieces
+    (the last one dropped when short and ``drop_last``), and per item the augmentation seed
+    derived from the same epoch seed and the item's position (``None`` when not augmenting)."""
 
-    def __init__(self, n: int, shuffle: bool, loader: "SeededLoader") -> None:
+    def __init__(self, n: int, shuffle: bool, loader: "SeededLoader", batch_size: int, drop_last: bool) -> None:
         self.n = int(n)
         self.shuffle = bool(shuffle)
         self.loader = loader
+        self.batch_size = max(1, int(batch_size))
+        self.drop_last = bool(drop_last)
 
-    def __iter__(self) -> Iterator[tuple[int, Optional[int]]]:
+    def __iter__(self) -> Iterator[tuple[list[int], Optional[list[int]]]]:
         epoch_seed, augment = self.loader.epoch_seed, self.loader.augment
         if self.shuffle:
             order = torch.randperm(self.n, generator=torch.Generator().manual_seed(epoch_seed)).tolist()
         else:
-            order = range(self.n)
-        for i in order:
-            yield int(i), (_sub_seed(epoch_seed, int(i)) if augment else None)
+            order = list(range(self.n))
+        for start in range(0, self.n, self.batch_size):
+            positions = order[start:start + self.batch_size]
+            if self.drop_last and len(positions) < self.batch_size:
+                return
+            yield positions, ([_sub_seed(epoch_seed, i) for i in positions] if augment else None)
 
     def __len__(self) -> int:
-        return self.n
+        return self.n // self.batch_size if self.drop_last else -(-self.n // self.batch_size)
 
 
 def site_datasets(obj: Any, _seen: Optional[set] = None) -> list[SiteDataset]:
@@ -548,25 +582,48 @@ def _sub_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) % (2**63) for p in parts]).generate_state(1)[0])
 
 
+#: ``uint8 → [0, 1]``: the factor every image path multiplies by (float32, as the per-item path did)
+_TO_UNIT = float(np.float32(1.0 / 255.0))
+
+
+def finish_images(pixels: torch.Tensor, *, device: torch.device | str = "cpu", seeds: Optional[torch.Tensor] = None,
+                  augment_config: Optional[AugmentConfig] = None, non_blocking: bool = False) -> torch.Tensor:
+    """uint8 ``(B, 1, H, W)`` → normalised float32 on ``device``, augmented when ``seeds`` are given.
+
+    The same arithmetic as :meth:`SiteDataset.image` and the item path (``x/255`` in float32,
+    augmentation on [0, 1], ``(x − NORM_MEAN)/NORM_STD``), so an unaugmented batch equals the
+    stacked items bit for bit.
+    """
+    x = pixels.to(device, non_blocking=non_blocking).float().mul_(_TO_UNIT)
+    if seeds is not None:
+        x = augment_batch(x, seeds.tolist(), augment_config, inplace=True)
+    return x.sub_(NORM_MEAN).div_(NORM_STD)
+
+
 class SeededLoader(DataLoader):
-    """A ``DataLoader`` whose shuffling and augmentation depend only on ``seed`` and its epoch.
+    """A ``DataLoader`` of whole batches whose shuffling and augmentation depend only on
+    ``seed`` and its epoch.
 
     Each ``iter()`` is one epoch: the shuffle generator is re-seeded from ``(seed, epoch)`` and
     every item's augmentation from ``(seed, epoch, position)``, so iterating a fresh loader
     with the same seed repeats the same batches, and :meth:`set_epoch` reproduces any later
-    epoch (resume) — with or without worker processes, persistent or not. While iterating, the
-    site datasets augment exactly when ``augment`` is true.
+    epoch (resume) — with or without worker processes, persistent or not, on any device.
+    Workers (or the main process) read uint8 batches; each batch's image is finished on
+    ``device`` as it is handed out (:func:`finish_images`), augmented when ``augment``.
     """
 
     def __init__(self, dataset: Dataset, *, seed: int, augment: bool, shuffle: bool = False,
+                 batch_size: int = 1, drop_last: bool = False, device: torch.device | str | None = None,
                  **kwargs: Any) -> None:
         self.seed = int(seed)
         self.augment = bool(augment)
         self.epoch = 0
         self.epoch_seed = _sub_seed(self.seed, 0)
-        wrapped = _Positioned(dataset)
-        sampler = _SeededSampler(len(wrapped), shuffle, self)
-        super().__init__(wrapped, sampler=sampler, generator=torch.Generator(), **kwargs)
+        self.device = torch.device(device or "cpu")
+        self.rows_per_batch = int(batch_size)
+        wrapped = _Batches(dataset)
+        sampler = _SeededSampler(len(wrapped), shuffle, self, batch_size, drop_last)
+        super().__init__(wrapped, sampler=sampler, batch_size=None, generator=torch.Generator(), **kwargs)
 
     def set_epoch(self, epoch: int) -> None:
         """The next ``iter()`` yields epoch ``epoch`` (0-based)."""
@@ -577,17 +634,25 @@ class SeededLoader(DataLoader):
         self.seed = int(seed)
         self.epoch = 0
 
+    def augment_config(self) -> AugmentConfig:
+        """The augmentation of the site datasets inside (they must agree)."""
+        configs = [ds.augment_config for ds in site_datasets(self.dataset)]
+        if any(c != configs[0] for c in configs[1:]):
+            raise ValueError("the site datasets of one loader have different augmentation settings")
+        return configs[0] if configs else AugmentConfig()
+
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self.epoch_seed = _sub_seed(self.seed, self.epoch)
         self.epoch += 1
         self.generator.manual_seed(self.epoch_seed)
-        datasets = site_datasets(self.dataset)
-        previous = [ds.augment for ds in datasets]
-        try:
-            yield from super().__iter__()
-        finally:
-            for ds, flag in zip(datasets, previous):
-                ds.augment = flag
+        config = self.augment_config() if self.augment else None
+        non_blocking = self.pin_memory and self.device.type == "cuda"
+        for batch in super().__iter__():
+            seeds = batch.pop("seed", None)
+            if "pixels" in batch:
+                batch["image"] = finish_images(batch.pop("pixels"), device=self.device, seeds=seeds,
+                                               augment_config=config, non_blocking=non_blocking)
+            yield batch
 
 
 def make_loader(
@@ -602,16 +667,19 @@ def make_loader(
     drop_last: bool = False,
     persistent_workers: bool = False,
     prefetch_factor: Optional[int] = None,
+    device: torch.device | str | None = None,
 ) -> SeededLoader:
     """A :class:`SeededLoader` over ``dataset`` (a site dataset, or a Subset/Concat of them).
 
-    Same ``seed`` → same batches and augmentations (whatever the worker settings);
-    ``augment`` switches the site datasets' random transforms on for this loader's
-    iterations. ``pin_memory`` only matters for CUDA training; ``persistent_workers`` keeps
-    the worker processes between the epochs of this loader and ``prefetch_factor`` is how
-    many batches each prepares ahead (both need ``num_workers`` > 0; see
-    :func:`fedcxr.pipeline.engine.loader_options`). Batches are dicts of stacked tensors (see
-    the module doc) with ``index`` = positions in ``dataset``.
+    Same ``seed`` → same batches and augmentations (whatever the worker settings or the
+    device); ``augment`` switches the batch augmentation on for this loader's iterations.
+    ``device``: where each batch's image is finished (float conversion, augmentation,
+    normalisation; default CPU) — the training device, so a GPU gets uint8 batches and does
+    that work itself. ``pin_memory`` only matters for CUDA training; ``persistent_workers``
+    keeps the worker processes between the epochs of this loader and ``prefetch_factor`` is
+    how many batches each prepares ahead (both need ``num_workers`` > 0; see
+    :func:`fedcxr.pipeline.engine.loader_options`). Batches are dicts (see the module doc)
+    with ``index`` = positions in ``dataset``.
     """
     workers = int(num_workers)
     extra: dict[str, Any] = {}
@@ -624,9 +692,10 @@ def make_loader(
         seed=seed,
         augment=augment,
         batch_size=int(batch_size),
-        shuffle=bool(shuffle) and len(dataset) > 0,  # type: ignore[arg-type]  (RandomSampler rejects 0 rows)
+        shuffle=bool(shuffle) and len(dataset) > 0,  # type: ignore[arg-type]
         num_workers=workers,
         pin_memory=bool(pin_memory),
         drop_last=bool(drop_last),
+        device=device,
         **extra,
     )

@@ -20,11 +20,23 @@ setting             on CUDA (auto)                          on CPU (auto)
 ``offload_idle``    a site's model moves to CPU between     off (it is already there)
                     its turns, so sites that wait hold no
                     GPU memory
+``threads``         1 torch intra-op thread per process     1 (see "Thread policy" below)
 ==================  ======================================  =====================================
+
+Thread policy. A training or evaluation process uses ``threads`` intra-op threads (auto: 1),
+set for the run and restored after (:func:`backend_settings`; a FLARE site process sets it once,
+:func:`apply_backend`). Measured on 2 cores (``benchmarks/bench_threads.py``, BENCHMARKS.md):
+the tiny networks of 28–64 px images gain nothing from a second thread even on idle cores,
+and with other jobs on the machine torch's default (one thread per core) stalls in OpenMP
+barriers, several times slower than one thread. One thread is also the one setting that is
+the same on every machine, so it keeps a CPU run bit-identical across resumes and hosts of the
+same CPU type; set ``threads`` for large images on a machine of your own.
 
 None of these changes which images, augmentations or batches a site sees (the loader's
 streams depend only on the seed, the epoch and the item: :mod:`fedcxr.pipeline.data`), so a
-run is bit-identical on CPU whatever they are. On CUDA, ``cudnn_benchmark`` picks the fastest
+run is bit-identical on CPU whatever they are — except ``threads``: float sums are split
+across threads, so a CPU run repeats bit for bit only with the same thread count (recorded in
+``run.json`` and every checkpoint; ``--resume`` warns when it differs). On CUDA, ``cudnn_benchmark`` picks the fastest
 convolution kernels, which are not bit-for-bit reproducible; ``deterministic: true`` turns it
 off and asks PyTorch for deterministic algorithms (``CUBLAS_WORKSPACE_CONFIG`` included).
 """
@@ -42,6 +54,8 @@ import torch
 MAX_AUTO_WORKERS = 8
 #: Batches each loader worker prepares ahead (PyTorch's default is 2).
 PREFETCH_FACTOR = 4
+#: Torch intra-op threads per training/evaluation process by default (module doc: thread policy).
+AUTO_THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,7 @@ class Engine:
     prefetch_factor: Optional[int]
     cache_workers: int
     offload_idle: bool
+    threads: int = AUTO_THREADS
 
     def describe(self) -> dict[str, Any]:
         """The settings as plain values (logs, benchmarks)."""
@@ -107,6 +122,7 @@ def resolve_engine(device: torch.device | str, settings: Optional[Mapping[str, A
         prefetch_factor=int(pick("prefetch_factor", PREFETCH_FACTOR)) if workers > 0 else None,
         cache_workers=max(1, cache_workers),
         offload_idle=bool(pick("offload_idle", cuda)) and cuda,
+        threads=max(1, int(pick("threads", AUTO_THREADS))),
     )
 
 
@@ -114,8 +130,10 @@ def loader_options(engine: Engine, *, train: bool = True) -> dict[str, Any]:
     """Keyword arguments for :func:`fedcxr.pipeline.data.make_loader` on this engine.
 
     Prediction loaders (``train=False``) are iterated once, so their workers are not kept.
+    ``device``: batches are finished (float, augmentation, normalisation) on the training device.
     """
-    options: dict[str, Any] = {"num_workers": engine.num_workers, "pin_memory": engine.pin_memory}
+    options: dict[str, Any] = {"num_workers": engine.num_workers, "pin_memory": engine.pin_memory,
+                               "device": engine.device}
     if engine.num_workers > 0:
         options["persistent_workers"] = engine.persistent_workers and train
         options["prefetch_factor"] = engine.prefetch_factor
@@ -123,8 +141,10 @@ def loader_options(engine: Engine, *, train: bool = True) -> dict[str, Any]:
 
 
 def apply_backend(engine: Engine) -> None:
-    """Set cuDNN autotuning and deterministic algorithms for this process (a FLARE site's
-    process holds one site; in-process runs use :func:`backend_settings`, which restores them)."""
+    """Set the thread count, cuDNN autotuning and deterministic algorithms for this process (a
+    FLARE site's process holds one site; in-process runs use :func:`backend_settings`, which
+    restores them)."""
+    torch.set_num_threads(engine.threads)
     cudnn = torch.backends.cudnn
     if engine.device.type == "cuda":
         cudnn.benchmark = engine.cudnn_benchmark
@@ -137,18 +157,20 @@ def apply_backend(engine: Engine) -> None:
 
 @contextlib.contextmanager
 def backend_settings(engine: Engine) -> Iterator[None]:
-    """cuDNN autotuning / deterministic algorithms for the duration of a run, restored after.
+    """Threads, cuDNN autotuning / deterministic algorithms for the duration of a run, restored after.
 
     These are process-wide switches in PyTorch; restoring them keeps one run (or test) from
     changing the next.
     """
     cudnn = torch.backends.cudnn
     previous = (cudnn.benchmark, cudnn.deterministic, torch.are_deterministic_algorithms_enabled(),
-                torch.is_deterministic_algorithms_warn_only_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+                torch.is_deterministic_algorithms_warn_only_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+                torch.get_num_threads())
     try:
         apply_backend(engine)
         yield
     finally:
+        torch.set_num_threads(previous[5])
         cudnn.benchmark, cudnn.deterministic = previous[0], previous[1]
         torch.use_deterministic_algorithms(previous[2], warn_only=previous[3])
         if previous[4] is None:

@@ -38,7 +38,7 @@ from fedcxr.logs import bar_disabled
 from fedcxr.pipeline.checkpoints import latest_checkpoint, load_latest_intact, save_checkpoint, save_final
 from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint, dump_config
 from fedcxr.pipeline.dp_ledger import ledger_for
-from fedcxr.pipeline.engine import backend_settings
+from fedcxr.pipeline.engine import backend_settings, resolve_engine
 from fedcxr.pipeline.inprocess import InProcessTransport, build_runners, run_engine
 from fedcxr.pipeline.local import resolve_device
 from fedcxr.pipeline.messages import StateDict
@@ -147,10 +147,11 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
     state, start, history, best = protocol.init_state(ctx, theta), 0, [], None
     fingerprint = config_fingerprint(cfg)
     hashes = data_hashes(ctx)
+    threads = run_threads(cfg)
     if (run_dir / "final_model.pt").exists() and not resume:
         raise UserError(f"{run_dir} already holds a finished run; choose another --out or pass --resume")
     if resume:
-        state, start, history, best = _resume(run_dir, fingerprint, hashes, transport, ctx, state)
+        state, start, history, best = _resume(run_dir, fingerprint, hashes, transport, ctx, state, threads)
         if ledger is not None:
             ledger.history = _resumed_dp(run_dir, start)
     elif latest_checkpoint(run_dir):
@@ -171,7 +172,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
         _append_metrics(run_dir, metrics)
         tracker.log_round(metrics)
         save_checkpoint(run_dir, r, {
-            "round": r, "fingerprint": fingerprint, "data_hashes": hashes, "state": state,
+            "round": r, "fingerprint": fingerprint, "data_hashes": hashes, "threads": threads, "state": state,
             "missed": ctx.missed, "local_states": transport.local_states(), "classes": ctx.classes,
             **({"dp_history": ledger.history} if ledger is not None else {}),
             **({"best": best} if best is not None else {}),
@@ -239,9 +240,18 @@ def data_hashes(ctx: Context) -> dict[str, str]:
     return {site: str(reply.metrics.get("manifest_hash", "")) for site, reply in sorted(ctx.meta.items())}
 
 
+def run_threads(cfg: ExperimentConfig) -> int:
+    """Torch threads each training process of this run uses (``engine.threads``; auto: 1).
+
+    Recorded in ``run.json`` and every checkpoint: on a CPU, the same run repeats bit for bit
+    only with the same count (float sums are split across threads)."""
+    return resolve_engine("cpu", cfg.engine.model_dump()).threads
+
+
 def _resume(run_dir: Path, fingerprint: str, hashes: dict[str, str], transport: Transport, ctx: Context,
-            state: dict):
-    """State after the newest intact checkpoint; refuses a changed config or re-ingested sites."""
+            state: dict, threads: Optional[int] = None):
+    """State after the newest intact checkpoint; refuses a changed config or re-ingested sites,
+    and warns when the thread count differs from the one the checkpoint was trained with."""
     found = load_latest_intact(run_dir)
     if found is None:
         log.info("no checkpoint in %s: starting from round 0", run_dir)
@@ -255,6 +265,12 @@ def _resume(run_dir: Path, fingerprint: str, hashes: dict[str, str], transport: 
     if changed:
         raise UserError(f"{run_dir}: site(s) {changed} were re-ingested since this run started (their manifests "
                         "changed); resuming would mix two versions of the data — start a new run with a new --out")
+    recorded_threads = ckpt.get("threads")
+    if threads is not None and recorded_threads is not None and int(recorded_threads) != int(threads):
+        log.warning("%s: this run trained with %d torch thread(s) per process and resumes with %d; it continues, "
+                    "but on a CPU the result will differ in the last bits from an uninterrupted run (set "
+                    "`engine.threads: %d` to resume bit-identically)", run_dir, int(recorded_threads), int(threads),
+                    int(recorded_threads))
     transport.load_local_states(ckpt.get("local_states", {}))
     ctx.missed[:] = ckpt.get("missed", [])
     history = _read_metrics(run_dir, upto=ckpt["round"])
@@ -327,7 +343,7 @@ def _write_run_files(run_dir: Path, cfg: ExperimentConfig, ctx: Context, protoco
         "missed": ctx.missed, "class_sets": {s: ctx.meta[s].class_set for s in ctx.meta},
         "n_train": {s: ctx.meta[s].metrics.get("n_train") for s in ctx.meta},
         "config": cfg.model_dump(mode="json"), "fingerprint": config_fingerprint(cfg),
-        "data_hashes": data_hashes(ctx),
+        "data_hashes": data_hashes(ctx), "threads": run_threads(cfg),
     }
     if ledger is not None:
         payload["dp"] = ledger.report()

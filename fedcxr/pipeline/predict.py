@@ -26,6 +26,7 @@ from fedcxr.atomic import atomic_path
 from fedcxr.errors import UserError
 from fedcxr.pipeline.checkpoints import load_final_model
 from fedcxr.pipeline.data import default_cache_dir, make_loader
+from fedcxr.pipeline.engine import backend_settings, resolve_engine
 from fedcxr.pipeline.local import predict, resolve_device
 from fedcxr.pipeline.site_runner import SiteRunner
 from fedcxr.site_adapters.manifest import content_hash, label_values
@@ -97,7 +98,7 @@ def site_prediction_frame(runner: SiteRunner, params: dict, classes: list[str], 
     patients = np.concatenate([p for _, _, p in parts])
     data = runner.dataset(split, classes, aux_tasks, augment=False)
     out = predict(model, make_loader(data, batch_size=64, shuffle=False, seed=0, augment=False,
-                                     num_workers=runner.num_workers), device=runner.device)
+                                     **runner.loader_options(train=False)), device=runner.device)
     order = np.asarray(out["index"], dtype=int)
     frame = pd.DataFrame({"site": runner.name, "row_key": keys[order], "patient_key": patients[order]})
     for j, cls in enumerate(classes):
@@ -116,14 +117,17 @@ def write_predictions(run_dir: Path | str, split: str = "test", device: Optional
     dev = resolve_device(device or run["config"].get("device"))
     classes, aux_tasks = final["classes"], final["aux_tasks"]
     cache = Path(run["config"]["cache_dir"]) if run["config"].get("cache_dir") else default_cache_dir()
+    engine = resolve_engine(dev, run["config"].get("engine"), run["config"].get("num_workers"))
     frames = []
-    for site in run["eval_sites"]:
-        runner = SiteRunner(site, Path(run["site_dirs"][site]), model_cfg=final["model"],
-                            image_size=final["image_size"], cache_dir=cache, device=dev, augment=False)
-        frame = site_prediction_frame(runner, site_params(final, site), classes, aux_tasks, split)
-        if len(frame) == 0:
-            continue
-        frames.append(frame)
+    with backend_settings(engine):  # the run's thread policy (README "Thread policy and speed")
+        for site in run["eval_sites"]:
+            runner = SiteRunner(site, Path(run["site_dirs"][site]), model_cfg=final["model"],
+                                image_size=final["image_size"], cache_dir=cache, device=dev, augment=False,
+                                engine=engine)
+            frame = site_prediction_frame(runner, site_params(final, site), classes, aux_tasks, split)
+            if len(frame) == 0:
+                continue
+            frames.append(frame)
     if not frames:
         raise UserError(f"{run_dir}: no rows in split {split!r} at the evaluated sites {run['eval_sites']}")
     path = run_dir / "predictions" / f"{split}.parquet"

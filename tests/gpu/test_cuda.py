@@ -84,7 +84,9 @@ def test_engine_defaults_on_cuda_train_channels_last_with_amp_and_pinned_batches
 
     batch = next(iter(make_loader(data, batch_size=8, shuffle=False, seed=0, augment=False,
                                   **runner.loader_options())))
-    assert batch["image"].is_pinned()  # page-locked: the copy to the GPU is asynchronous
+    # uint8 pixels were pinned and copied asynchronously; the image is finished on the GPU
+    assert batch["image"].device.type == "cuda" and batch["image"].dtype == torch.float32
+    assert batch["label"].is_pinned()  # the rest stays page-locked on the host for an asynchronous copy
     params = cpu_state(runner.model(classes, []))
     config = {"round": 0, "seed": 0, "role": "source", "head_classes": classes, "param_classes": classes,
               "aux_tasks": [], "lr": 1e-3, "batch_size": 8, "steps": 3}
@@ -160,3 +162,16 @@ def test_cached_loader_feeds_the_gpu_faster_than_it_trains(tmp_path):
     result = train_local(model, loader, cfg, device="cuda", seed=0)
     train = n / result.seconds
     assert feed > 1.5 * train, (feed, train)  # training includes loading: a starved GPU gives feed ≈ train
+
+
+def test_batch_augmentation_on_the_gpu_matches_the_cpu():
+    """One code path: the same draws and operations on CUDA tensors (float rounding apart)."""
+    from fedcxr.pipeline.augment import AugmentConfig, augment_batch
+
+    images = torch.rand(16, 1, 64, 64)
+    seeds = list(range(16))
+    cfg = AugmentConfig(prob=0.7, hflip=True)
+    cpu = augment_batch(images, seeds, cfg)
+    gpu = augment_batch(images.cuda(), seeds, cfg)
+    assert gpu.device.type == "cuda"
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=0, atol=1e-4)

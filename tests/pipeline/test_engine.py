@@ -32,7 +32,8 @@ def test_cpu_defaults_leave_every_gpu_feature_off():
     assert (engine.num_workers, engine.persistent_workers, engine.prefetch_factor) == (0, False, None)
     assert engine.offload_idle is False and engine.deterministic is False
     assert engine.cache_workers == usable_cores()  # decoding the cache uses every core on any device
-    assert loader_options(engine) == {"num_workers": 0, "pin_memory": False}
+    assert loader_options(engine) == {"num_workers": 0, "pin_memory": False, "device": torch.device("cpu")}
+    assert engine.threads == 1  # the thread policy: one intra-op thread per process
 
 
 def test_cuda_defaults_turn_the_gpu_features_on():
@@ -42,7 +43,8 @@ def test_cuda_defaults_turn_the_gpu_features_on():
     assert engine.num_workers == min(MAX_AUTO_WORKERS, usable_cores() - 1)
     if engine.num_workers:
         assert loader_options(engine) == {"num_workers": engine.num_workers, "pin_memory": True,
-                                          "persistent_workers": True, "prefetch_factor": 4}
+                                          "device": torch.device("cuda"), "persistent_workers": True,
+                                          "prefetch_factor": 4}
         assert loader_options(engine, train=False)["persistent_workers"] is False  # a one-pass loader
 
 
