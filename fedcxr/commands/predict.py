@@ -47,6 +47,7 @@ import pandas as pd
 from fedcxr.atomic import atomic_path
 from fedcxr.commands.evaluate import OPERATING_POINTS
 from fedcxr.errors import UserError
+from fedcxr.escape import csv_frame
 from fedcxr.logs import progress_wanted
 
 log = logging.getLogger(__name__)
@@ -164,14 +165,14 @@ def predict_folder(run_dir: Path | str, input_dir: Path | str, out: Path | str, 
             frame[f"{rule}__{cls}"] = pd.array(decided, dtype="Int64")
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out) as tmp_out:
-        frame.to_csv(tmp_out, index=False)
+        csv_frame(frame).to_csv(tmp_out, index=False)
     mapping = pd.DataFrame({"key": keys, "image_path": relative, "status": "scored"})
     if aside:
         mapping = pd.concat([mapping, pd.DataFrame({
             "key": "", "image_path": [a["image_path"] or a["file"] for a in aside],
             "status": [f"not scored: {a['reason']}" for a in aside]})], ignore_index=True)
     with atomic_path(private_map_path(out)) as tmp_map:
-        mapping.to_csv(tmp_map, index=False)
+        csv_frame(mapping).to_csv(tmp_map, index=False)
     summary = {"scored": len(frame), "not_scored": len(aside), "out": str(out),
                "private_key_map": str(private_map_path(out)), "model": site or "global",
                "thresholds_from": threshold_site, "classes": loaded.classes, "cam": []}

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from fedcxr.errors import UserError
+from fedcxr.escape import md, to_csv_text
 from fedcxr.evaluation import metrics
 from fedcxr.evaluation.report import (
     ALPHA,
@@ -105,7 +106,7 @@ def write_summary_report(run_dir: Path | str, report: dict) -> list[Path]:
     run_dir = Path(run_dir)
     paths = [run_dir / "report.json", run_dir / "per_class.csv", run_dir / "report.md"]
     write_json(paths[0], report)
-    write_text(paths[1], per_class_frame(report).to_csv(index=False, float_format="%.6g"))
+    write_text(paths[1], to_csv_text(per_class_frame(report), float_format="%.6g"))
     text = render_markdown(report)
     models = (report.get("cross_site") or {}).get("models") or {}
     if len(models) > 1:
@@ -120,13 +121,13 @@ def cross_site_markdown(report: dict) -> list[str]:
     sites = list(dict.fromkeys(s for cells in models.values() for s in cells))
     lines = ["## Cross-site matrix", "", "Mean AUROC of each model (rows) on each site's "
              f"{report['split']} split (columns); `SRV_server` is the final global model.", "",
-             "| Model | " + " | ".join(sites) + " |", "|---|" + "---|" * len(sites)]
+             "| Model | " + " | ".join(md(s) for s in sites) + " |", "|---|" + "---|" * len(sites)]
     for owner, cells in models.items():
         values = []
         for site in sites:
             value = (cells.get(site) or {}).get("mean_auroc")
-            values.append("n/a" if value is None or value != value else f"{value:.3f}")
-        lines.append(f"| {owner} | " + " | ".join(values) + " |")
+            values.append(f"{value:.3f}" if isinstance(value, (int, float)) and value == value else "n/a")
+        lines.append(f"| {md(owner)} | " + " | ".join(values) + " |")
     return lines
 
 

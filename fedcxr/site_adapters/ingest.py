@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from fedcxr.escape import to_csv_text
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, ensure_columns
 from fedcxr.site_adapters.images import MAX_PIXELS
 from fedcxr.site_adapters.manifest import (
@@ -251,7 +252,7 @@ def write_set_aside_csv(path: Path, rows: list[SetAside], key: SiteKey) -> None:
         "image_key": [k if p else "" for p, k in zip(paths, keys)],
         "reason": [printable(s.reason) for s in rows],
     }, columns=["file", "row", "image_path", "image_key", "reason"])
-    atomic_write_bytes(path, frame.to_csv(index=False).encode("utf-8"))
+    atomic_write_bytes(path, to_csv_text(frame).encode("utf-8"))  # file names are cells: no formula runs
 
 
 def contain_paths(frame: pd.DataFrame, root: Path, *, follow_links: bool = False) -> tuple[pd.DataFrame, list[SetAside]]:
