@@ -35,6 +35,7 @@ from fedcxr.evaluation.report import (
     write_json,
     write_text,
 )
+from fedcxr.evaluation.summary_check import summary_problem
 
 SOURCE = "site summaries"
 #: what a site's summary must hold to be reported (the rest is optional)
@@ -60,7 +61,7 @@ def entry_problem(entry: Any, classes: list[str]) -> Optional[str]:
         return "per_class rows are not the run's classes in order"
     if not isinstance(entry["subgroups"], Mapping):
         return "subgroups is not a mapping"
-    return None
+    return summary_problem(entry, classes)  # known fields, numbers in range, known reasons only
 
 
 def build_summary_report(summaries: Mapping[str, Mapping], run_info: Mapping, *, split: str, n_boot: int,
