@@ -211,7 +211,7 @@ def run_ingest(
         "sites": site_summaries,
         "options": run_options,
         "pseudonym_key_id": key.key_id,
-        "notes": [printable(n) for n in table.notes],
+        "notes": [printable(n) for n in table.notes + parts.notes],
         "seconds": round(time.perf_counter() - started, 3),
     }
     atomic_write_json(out_dir / "ingest_report.json", report)
