@@ -131,6 +131,20 @@ def _contained(root: Path, relative: str, row: int) -> Path:
     return path
 
 
+def _regular_files_only(keys, relative: list[str], paths: list[Path]):
+    """Set aside (never open) a manifest row whose file is gone or is a named pipe, socket or device:
+    reading a pipe would block forever. ``(keys, relative, paths, set-aside rows)`` of the rest."""
+    from fedcxr.site_adapters.paths import regular_file_problem
+
+    problems = [regular_file_problem(p) for p in paths]
+    keep = [i for i, problem in enumerate(problems) if problem is None]
+    if not keep:
+        raise UserError(f"no image could be read: {problems[0] if problems else 'no rows'}")
+    unread = [{"image_path": relative[i], "file": relative[i], "reason": problems[i]}
+              for i in range(len(paths)) if problems[i] is not None]
+    return keys[keep], [relative[i] for i in keep], [paths[i] for i in keep], unread
+
+
 def predict_folder(run_dir: Path | str, input_dir: Path | str, out: Path | str, *, site: Optional[str] = None,
                    device: Optional[str] = None, cam: int = 0, batch_size: int = 32,
                    progress: bool = True, site_key: Optional[Path | str] = None) -> dict:
@@ -151,6 +165,8 @@ def predict_folder(run_dir: Path | str, input_dir: Path | str, out: Path | str, 
         keys = row_keys(manifest).to_numpy()
         relative = manifest["image_path"].astype(str).tolist()
         paths = [_contained(root, rel, i) for i, rel in enumerate(relative)]
+        keys, relative, paths, unread = _regular_files_only(keys, relative, paths)
+        aside = aside + unread
         probs = score_files(loaded.model, paths, size=loaded.image_size, device=dev, names=relative,
                             batch_size=batch_size, progress=progress)
     threshold_site, thresholds = thresholds_for(run_dir, loaded.run, site)
