@@ -294,3 +294,18 @@ def test_metrics_jsonl_is_strict_json_and_a_torn_line_is_dropped_on_resume(finis
     code, err = _cli(["train", config, "--out", run, "--resume", "-q"], capsys)
     assert code == 0, err
     assert [r["round"] for r in _strict_rows(run / "metrics.jsonl")] == [0, 1, 2]
+
+
+def test_a_full_disk_during_evaluate_stops_with_advice_and_keeps_the_previous_report(tmp_path, capsys):
+    from ..evaluation.conftest import synthetic_predictions, write_run
+
+    run = write_run(tmp_path / "run", synthetic_predictions(sites=("site-a",), patients_per_site=30))
+    assert main(["evaluate", str(run), "--bootstrap", "0", "-q"]) == 0
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert len(before["report.json"]) > 10_000
+    with file_size_limit(10_000):
+        code, err = _cli(["evaluate", run, "--bootstrap", "0", "-q"], capsys)
+    assert code == 1, err
+    assert f"run stopped: no space left writing {run / 'report.json'}" in err and "Traceback" not in err
+    assert "run `fedcxr evaluate` again" in err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before, "old outputs intact"
