@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fedcxr.errors import UserError
 from fedcxr.escape import short
 from fedcxr.site_adapters.site_names import MAX_SITE_NAME
+from fedcxr.yamlfile import check_size, read_yaml
 from fedcxr.vocab import AUX_TASKS, CLASS_SET
 
 
@@ -60,9 +61,6 @@ MAX_WORKERS = 256
 MAX_NAME = 100
 MAX_PATH = 4096
 MAX_FILTERS = 16
-#: what a config file may hold: its size on disk, and its values once YAML aliases are expanded
-MAX_CONFIG_BYTES = 1 << 20
-MAX_CONFIG_VALUES = 100_000
 #: error lines shown for one invalid config (the rest are counted)
 MAX_ERROR_LINES = 20
 
@@ -522,64 +520,6 @@ def _error_line(err: dict) -> str:
     message = str(err["msg"]).removeprefix("Value error, ")[:1000]
     where = ".".join(str(p)[:60] for p in err["loc"][:8])  # a key is user input too: bounded
     return f"{where}: {message}" if where else message
-
-
-def read_yaml(path: Path) -> Any:
-    """A config file's YAML, refusing what is not a config: a missing or special file, more than
-    :data:`MAX_CONFIG_BYTES`, text that is not UTF-8 (exit code 2, naming the byte), YAML aliases that
-    expand past :data:`MAX_CONFIG_VALUES` values (an "alias bomb": 1 KB that reads as 10⁹ values),
-    recursive aliases and nesting deeper than Python can walk."""
-    if not path.is_file():
-        raise UserError(f"{path}: config file not found")
-    size = path.stat().st_size
-    if size > MAX_CONFIG_BYTES:
-        raise UserError(f"{path}: {size:,} bytes; a config file is at most {MAX_CONFIG_BYTES:,} bytes")
-    raw = path.read_bytes()[:MAX_CONFIG_BYTES + 1]
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise UserError(f"{path}: not UTF-8 text (byte {exc.start}, line {line}: {raw[exc.start:exc.start + 1]!r}); "
-                        "save the config as UTF-8") from None
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML: {str(exc)[:500]}") from None
-    except RecursionError:
-        raise UserError(f"{path}: the YAML is nested too deeply") from None
-    check_size(data, f"{path}: ")
-    return data
-
-
-def check_size(data: Any, where: str = "") -> None:
-    """Refuse a config whose values, with every YAML alias expanded, number more than
-    :data:`MAX_CONFIG_VALUES`, or that refers to itself. Counts shared nodes once per use without
-    expanding them (memoised by identity), so a bomb is measured in microseconds."""
-    counted: dict[int, int] = {}
-    open_nodes: set[int] = set()
-
-    def size(node: Any) -> int:
-        if not isinstance(node, (dict, list)):
-            return 1
-        key = id(node)
-        if key in counted:
-            return counted[key]
-        if key in open_nodes:
-            raise UserError(f"{where}the config refers to itself (a recursive YAML alias)")
-        open_nodes.add(key)
-        items = [x for pair in node.items() for x in pair] if isinstance(node, dict) else node
-        total = 1 + sum(size(item) for item in items)
-        open_nodes.discard(key)
-        if total > MAX_CONFIG_VALUES:
-            raise UserError(f"{where}the config holds more than {MAX_CONFIG_VALUES:,} values once its YAML aliases "
-                            "are expanded (an alias bomb?); write it out without aliases")
-        counted[key] = total
-        return total
-
-    try:
-        size(data)
-    except RecursionError:
-        raise UserError(f"{where}the config is nested too deeply") from None
 
 
 def check_sites_exist(cfg: ExperimentConfig) -> None:

@@ -59,6 +59,18 @@ def test_a_config_that_is_not_utf8_exits_2_naming_the_byte(tmp_path, capsys):
     assert code == 2 and "not UTF-8 text (byte 7, line 1: b'\\xf4')" in err and "Traceback" not in err
 
 
+def test_a_csv_mapping_that_is_not_utf8_or_an_alias_bomb_exits_2(tmp_path, capsys):
+    (tmp_path / "export").mkdir()
+    mapping = tmp_path / "mapping.yaml"
+    for content, message in ((b"csv: d\xe9j\xe0.csv\n", "not UTF-8 text (byte 6, line 1"),
+                             (("csv: data.csv\n" + BOMB).encode(), "values once its YAML aliases are expanded")):
+        mapping.write_bytes(content)
+        code = main(["ingest", "csv", "--input", str(tmp_path / "export"), "--mapping", str(mapping), "--out",
+                     str(tmp_path / "out"), "-q"])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and "Traceback" not in err and len(err) < 1000, err
+
+
 BOMB = ("privacy:\n  filters:\n    - a: &a [x, x, x, x, x, x, x, x, x, x]\n"
         + "".join(f"      {c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
                   for p, c in zip("abcdefgh", "bcdefghi")))
