@@ -118,7 +118,8 @@ def open_regular(path: str | os.PathLike) -> int:
     (:class:`IsADirectoryError` for a directory).
 
     Checked before opening (:func:`regular_file_problem`) and again on the open descriptor, which
-    is opened non-blocking so that a file swapped for a named pipe in between still never blocks."""
+    is opened non-blocking so that a file swapped for a named pipe in between still never blocks
+    (on a regular file ``O_NONBLOCK`` changes nothing: reads return the data as usual)."""
     problem = regular_file_problem(path)
     if problem is not None and problem.startswith("not a regular file"):
         raise _refusal(problem, path)
@@ -127,8 +128,6 @@ def open_regular(path: str | os.PathLike) -> int:
         problem = not_regular(os.fstat(fd).st_mode)
         if problem is not None:
             raise _refusal(problem, path)
-        if _O_NONBLOCK:
-            os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
