@@ -241,8 +241,8 @@ class PrivacyConfig(_Strict):
                 except (TypeError, ValueError):
                     percentile = gamma = float("nan")
                 if not (0 <= percentile <= 100 and 0 < gamma < float("inf")):
-                    raise ValueError(f"filters[{i}].percentile_privacy: percentile a number in 0..100, "
-                                     "gamma a finite number > 0")
+                    raise ValueError(f"filters[{i}].percentile_privacy: percentile in 0..100, gamma > 0 "
+                                     "(finite numbers)")
         return value
 
 

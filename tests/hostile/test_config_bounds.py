@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
     ("sites: [nih_style, chexpert_style]\nmin_sites: 3\n", "min_sites: 3 is more than the 2 site(s)"),
     ("name: ../../escaped\n", "name: '../../escaped' cannot name a run folder"),
     ("sites: [nih_style, ..]\n", "sites: '..' is not a site folder"),
-    ("privacy: {filters: [{percentile_privacy: {percentile: .nan}}]}\n", "percentile a number in 0..100"),
+    ("privacy: {filters: [{percentile_privacy: {percentile: .nan}}]}\n", "percentile in 0..100, gamma > 0 (finite numbers)"),
 ])
 def test_out_of_bounds_configs_exit_2_naming_the_key(tiny_manifests, tmp_path, capsys, content, message):
     config = tmp_path / "exp.yaml"
