@@ -133,10 +133,15 @@ def _acquire(path: Path, run_dir: Path, command: str) -> int:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_NOFOLLOW, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except BlockingIOError:
             info = _read_fd(fd)
             os.close(fd)
             raise _in_use(run_dir, info) from None
+        except OSError as exc:  # a file system without locks (some network mounts): say so, go on
+            log.warning("%s: this file system cannot lock files (%s): nothing stops a second process from "
+                        "writing this run directory at the same time", path, exc.strerror or exc)
+            _write(fd, command)
+            return fd
         # the previous holder removes the file when it ends: our lock must be on the file at ``path`` now
         try:
             same = os.stat(path, follow_symlinks=False)
