@@ -8,7 +8,6 @@ import json
 import re
 
 import pandas as pd
-import pytest
 
 from fedcxr.cli import main
 from fedcxr.site_adapters.ingest import run_ingest
