@@ -15,6 +15,8 @@ package             what it holds
 ``site_adapters``   vendor exports → canonical per-site manifests
 ``synth``           the synthetic hospitals of the demo and the tests
 ``vocab``, ``atomic``, ``errors``   vocabularies, crash-safe writes, the user-error type
+``escape``, ``runlock``, ``yamlfile``  hostile text made safe per format, one process per run
+                    directory, bounded YAML reading (SECURITY.md)
 ==================  ==========================================================================
 """
 

@@ -17,6 +17,8 @@ from typing import Any, Iterator
 import numpy as np
 import pandas as pd
 
+from fedcxr.errors import disk_full
+
 
 @contextmanager
 def atomic_path(path: Path | str) -> Iterator[Path]:
@@ -28,8 +30,11 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
     try:
         yield Path(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        full = disk_full(exc)
+        if full is not None and not full.filename:  # name the file a full disk stopped (torch.save does not)
+            raise OSError(full.errno, os.strerror(full.errno), str(path)) from exc
         raise
 
 

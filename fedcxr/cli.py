@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import fedcxr
-from fedcxr.errors import RunFailed, UserError
+from fedcxr.errors import RunFailed, UserError, disk_full, disk_full_message
 from fedcxr.logs import configure as configure_logging
 from fedcxr.logs import verbosity
 
@@ -255,19 +255,41 @@ def _resolve(name: str) -> Callable[[argparse.Namespace], int]:
     return getattr(importlib.import_module(module_name), func_name)
 
 
+#: what a command that stopped on a full disk leaves behind (train-like commands: RunFailed's own advice)
+DISK_FULL_ADVICE = {
+    "evaluate": "report files written before are kept whole (atomic writes); run `fedcxr evaluate` again",
+    "ingest": "no half-written manifest is kept (atomic writes); run the ingest again",
+    "predict": "no half-written CSV is kept (atomic writes); run `fedcxr predict` again",
+    "export-bundle": "remove the half-made bundle folder and export again",
+    "report": "files written before are kept whole (atomic writes); run `fedcxr report` again",
+}
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """The subcommand's handler; a full disk anywhere becomes :class:`RunFailed` (exit 1), not a traceback."""
+    try:
+        return int(_resolve(args.command)(args) or 0)
+    except (UserError, RunFailed, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        full = disk_full(exc)
+        if full is None:
+            raise
+        raise RunFailed(disk_full_message(full), advice=DISK_FULL_ADVICE.get(args.command)) from exc
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(verbosity(args))
     try:
-        return int(_resolve(args.command)(args) or 0)
+        return _run_command(args)
     except UserError as exc:
         print(f"fedcxr {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except RunFailed as exc:
-        print(f"fedcxr {args.command}: run stopped: {exc}\n"
-              "  checkpoints of the completed rounds are kept; fix the cause and continue with --resume",
-              file=sys.stderr)
+        advice = getattr(exc, "advice", None) or RunFailed.ADVICE
+        print(f"fedcxr {args.command}: run stopped: {exc}\n  {advice}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

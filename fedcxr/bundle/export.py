@@ -7,9 +7,11 @@ Layout (MONAI's bundle specification)::
                                      operating points stored by ``fedcxr evaluate`` (if any)
     BUNDLE/configs/inference.json    MONAI evaluator: list the images → fedcxr preprocessing →
                                      model.ts → sigmoid → OUT/predictions.csv
-    BUNDLE/scripts/fedcxr_runtime.py :mod:`fedcxr.bundle.runtime` (image listing, the transform,
-                                     the CSV writer)
+    BUNDLE/scripts/fedcxr_runtime.py :mod:`fedcxr.bundle.runtime` (checksum check, image listing,
+                                     the transform, the CSV writers)
     BUNDLE/docs/README.md            how to run it
+    BUNDLE/checksums.sha256          SHA-256 of every file above (``sha256sum -c`` format), checked
+                                     by the runtime before the model is loaded
 
 Run it with MONAI's runner::
 
@@ -18,13 +20,17 @@ Run it with MONAI's runner::
 
 The images are preprocessed by the installed fedcxr (:func:`fedcxr.pipeline.inference.preprocess`),
 so the probabilities equal ``fedcxr predict``'s (the tests check 1e-4). The bundle holds model
-weights, class names and thresholds only: no image, id or path from the run's data.
+weights, class names and thresholds only: no image, id or path from the run's data, and no path of
+the exporting machine (TorchScript's debug records, which name the source files the model was
+traced from, are left out of ``model.ts``: :func:`torchscript_bytes`).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Optional
 
@@ -32,22 +38,51 @@ import torch
 from torch import nn
 
 import fedcxr
-from fedcxr.atomic import atomic_path, atomic_write_json
+from fedcxr.atomic import atomic_write_bytes, atomic_write_json
 from fedcxr.errors import UserError
 from fedcxr.pipeline.inference import MainLogits
 
 RUNTIME = "fedcxr_runtime"
 
 
-def _trace(model: nn.Module, size: int) -> torch.jit.ScriptModule:
+def _trace(model: nn.Module, size: int) -> bytes:
+    """``model.ts``'s bytes: the traced main-head logits, without debug records, checked against the network."""
     wrapped = MainLogits(model).eval()
     example = torch.zeros(2, 1, size, size)
     with torch.no_grad():
         traced = torch.jit.trace(wrapped, example, check_trace=False)
+        data = torchscript_bytes(traced)
         probe = torch.randn(3, 1, size, size)
-        if not torch.allclose(traced(probe), wrapped(probe), atol=1e-5):
+        if not torch.allclose(torch.jit.load(io.BytesIO(data))(probe), wrapped(probe), atol=1e-5):
             raise RuntimeError("TorchScript trace disagrees with the network; cannot export")
-    return traced
+    return data
+
+
+def torchscript_bytes(module: torch.jit.ScriptModule) -> bytes:
+    """A TorchScript archive without its ``*.debug_pkl`` records.
+
+    Those records map the graph to the Python source it was traced from: absolute paths of the
+    exporting machine (``/home/<user>/.venv/.../torch/nn/modules/conv.py``). TorchScript loads and
+    runs without them (error messages just lack the source lines). Written to memory first, so the
+    archive's folder is ``archive/``, not the name of a temporary file."""
+    buffer = io.BytesIO()
+    torch.jit.save(module, buffer)
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(buffer.getvalue())) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            if info.filename.endswith(".debug_pkl"):
+                continue
+            dst.writestr(zipfile.ZipInfo(info.filename, date_time=(1980, 1, 1, 0, 0, 0)), src.read(info))
+    return out.getvalue()
+
+
+def write_checksums(bundle: Path) -> Path:
+    """``checksums.sha256``: ``<sha256>  <relative path>`` of every shipped file (``sha256sum -c`` reads it)."""
+    from fedcxr.bundle.runtime import CHECKSUMS, bundle_files, sha256_file
+
+    lines = [f"{sha256_file(bundle / name)}  {name}\n" for name in bundle_files(bundle)]
+    atomic_write_bytes(bundle / CHECKSUMS, "".join(lines).encode("utf-8"))
+    return bundle / CHECKSUMS
 
 
 def _metadata(loaded, thresholds: dict, threshold_site: Optional[str]) -> dict:
@@ -96,7 +131,8 @@ def _inference_config(classes: list[str], size: int) -> dict:
         "image_size": size,
         "device": "$torch.device('cuda' if torch.cuda.is_available() else 'cpu')",
         "datalist": {"_target_": f"scripts.{RUNTIME}.list_images", "dataset_dir": "@dataset_dir"},
-        "network": "$torch.jit.load(@bundle_root + '/models/model.ts', map_location=@device)",
+        "network": {"_target_": f"scripts.{RUNTIME}.load_network", "bundle_root": "@bundle_root",
+                    "device": "@device"},
         "preprocessing": {"_target_": "Compose", "transforms": [
             {"_target_": f"scripts.{RUNTIME}.LoadFedcxrImaged", "keys": "image", "size": "@image_size"},
         ]},
@@ -125,7 +161,10 @@ Classes (sigmoid probability each): {classes}. Input: one grey image, resized to
         --dataset_dir DIR --output_dir OUT
 
 DIR: a folder of DICOM/PNG/JPEG files (searched recursively). OUT/predictions.csv: one row per
-image (its path relative to DIR: keep the file local) and `prob__<class>`. Needs MONAI,
+image (its path relative to DIR: keep the file local) and `prob__<class>`; OUT/unread.csv: every
+file not scored (a link out of DIR, not a regular file, not decodable) and why. The runner first
+checks every file of the bundle against checksums.sha256 (`sha256sum -c checksums.sha256` does the
+same). Needs MONAI,
 pytorch-ignite, pandas and fedcxr (its decoder preprocesses the images exactly as in training).
 Operating points chosen on validation data, if the run was evaluated: configs/metadata.json,
 key `fedcxr.operating_points` (call a class positive when prob >= threshold).
@@ -144,10 +183,7 @@ def export_bundle(run_dir: Path | str, out: Path | str, *, site: Optional[str] =
         raise UserError(f"--out {out}: lies inside the run directory {run_dir}; choose a folder outside it")
     loaded = load_run_model(run_dir, site)
     threshold_site, thresholds = thresholds_for(run_dir, loaded.run, site)
-    traced = _trace(loaded.model.cpu(), loaded.image_size)
-    (out / "models").mkdir(parents=True, exist_ok=True)
-    with atomic_path(out / "models" / "model.ts") as tmp:
-        torch.jit.save(traced, str(tmp))
+    atomic_write_bytes(out / "models" / "model.ts", _trace(loaded.model.cpu(), loaded.image_size))
     atomic_write_json(out / "configs" / "metadata.json", _metadata(loaded, thresholds, threshold_site))
     atomic_write_json(out / "configs" / "inference.json", _inference_config(loaded.classes, loaded.image_size))
     (out / "scripts").mkdir(parents=True, exist_ok=True)
@@ -157,6 +193,7 @@ def export_bundle(run_dir: Path | str, out: Path | str, *, site: Optional[str] =
     (out / "docs" / "README.md").write_text(README.format(
         method=loaded.run.get("method"), model=site or "global", classes=", ".join(loaded.classes),
         size=loaded.image_size))
+    write_checksums(out)
     return out
 
 

@@ -19,9 +19,11 @@ import pandas as pd
 
 from fedcxr.atomic import atomic_write_bytes, atomic_write_json
 from fedcxr.errors import UserError
+from fedcxr.escape import md
 from fedcxr.evaluation.operating import operating_point_thresholds
 from fedcxr.evaluation.report import build_report, fmt, fmt_ci, write_report
 from fedcxr.evaluation.runs import check_run_dir, load_predictions, load_run_info, predictions_path
+from fedcxr.runlock import run_lock
 
 #: thresholds chosen on the validation split, per site and class (read by ``fedcxr predict``)
 OPERATING_POINTS = "operating_points.json"
@@ -37,6 +39,12 @@ def evaluate_run(run_dir: Path | str, *, split: str = "test", n_boot: int = 1000
     run_dir = check_run_dir(run_dir)
     if n_boot < 0:
         raise UserError(f"--bootstrap must be 0 (DeLong CIs) or a positive number of resamples, got {n_boot}")
+    with run_lock(run_dir, "fedcxr evaluate"):  # never beside a run still writing it (fedcxr.runlock)
+        return _evaluate_locked(run_dir, split=split, n_boot=n_boot, seed=seed, device=device, cam=cam)
+
+
+def _evaluate_locked(run_dir: Path, *, split: str, n_boot: int, seed: int, device: Optional[str],
+                     cam: int) -> dict:
     info = load_run_info(run_dir)
     predictions = _predictions(run_dir, split, info["classes"], device)
     val = _predictions(run_dir, "val", info["classes"], device, optional=True)
@@ -56,14 +64,14 @@ def evaluate_run(run_dir: Path | str, *, split: str = "test", n_boot: int = 1000
 def _append_gallery(report_md: Path, gallery: dict[str, dict[str, list[str]]], split: str) -> None:
     """A Grad-CAM section at the end of report.md, linking the PNGs under the run directory."""
     lines = ["", "## Grad-CAM gallery", "",
-             f"Top-scoring {split} images per class, with Grad-CAM of that class (left: the image as the model "
+             f"Top-scoring {md(split)} images per class, with Grad-CAM of that class (left: the image as the model "
              "saw it). **These PNGs are derived from patient pixels**: they were written because `--cam` was "
              "given, they are named by pseudonymous row key only, and they must stay where the images are "
              "(do not share the run directory's `cam/` folder).", ""]
     for site, per_class in gallery.items():
-        lines += [f"### {site}", ""]
+        lines += [f"### {md(site)}", ""]
         for cls, files in per_class.items():
-            lines.append(f"**{cls}**: " + " ".join(f"[![{Path(f).stem}]({f})]({f})" for f in files))
+            lines.append(f"**{md(cls)}**: " + " ".join(f"[![{Path(f).stem}]({f})]({f})" for f in files))
             lines.append("")
     text = report_md.read_text(encoding="utf-8").rstrip("\n") + "\n" + "\n".join(lines) + "\n"
     atomic_write_bytes(report_md, text.encode("utf-8"))

@@ -50,6 +50,7 @@ import pandas as pd
 from fedcxr.atomic import atomic_path
 from fedcxr.commands.evaluate import OPERATING_POINTS
 from fedcxr.errors import UserError
+from fedcxr.escape import csv_frame
 from fedcxr.logs import progress_wanted
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,20 @@ def _contained(root: Path, relative: str, row: int) -> Path:
     return path
 
 
+def _regular_files_only(keys, relative: list[str], paths: list[Path]):
+    """Set aside (never open) a manifest row whose file is gone or is a named pipe, socket or device:
+    reading a pipe would block forever. ``(keys, relative, paths, set-aside rows)`` of the rest."""
+    from fedcxr.site_adapters.paths import regular_file_problem
+
+    problems = [regular_file_problem(p) for p in paths]
+    keep = [i for i, problem in enumerate(problems) if problem is None]
+    if not keep:
+        raise UserError(f"no image could be read: {problems[0] if problems else 'no rows'}")
+    unread = [{"image_path": relative[i], "file": relative[i], "reason": problems[i]}
+              for i in range(len(paths)) if problems[i] is not None]
+    return keys[keep], [relative[i] for i in keep], [paths[i] for i in keep], unread
+
+
 def predict_folder(run_dir: Path | str, input_dir: Path | str, out: Path | str, *, site: Optional[str] = None,
                    device: Optional[str] = None, cam: int = 0, batch_size: int = 32,
                    progress: bool = True, site_key: Optional[Path | str] = None) -> dict:
@@ -156,6 +171,8 @@ def predict_folder(run_dir: Path | str, input_dir: Path | str, out: Path | str, 
         keys = row_keys(manifest).to_numpy()
         relative = manifest["image_path"].astype(str).tolist()
         paths = [_contained(root, rel, i) for i, rel in enumerate(relative)]
+        keys, relative, paths, unread = _regular_files_only(keys, relative, paths)
+        aside = aside + unread
         probs = score_files(loaded.model, paths, size=loaded.image_size, device=dev, names=relative,
                             batch_size=batch_size, progress=progress)
     threshold_site, thresholds = thresholds_for(run_dir, loaded.run, site)
@@ -173,14 +190,14 @@ def predict_folder(run_dir: Path | str, input_dir: Path | str, out: Path | str, 
             frame[f"{rule}__{cls}"] = pd.array(decided, dtype="Int64")
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out) as tmp_out:
-        frame.to_csv(tmp_out, index=False)
+        csv_frame(frame).to_csv(tmp_out, index=False)
     mapping = pd.DataFrame({"key": keys, "image_path": relative, "status": "scored", "not_chest": not_chest})
     if aside:
         mapping = pd.concat([mapping, pd.DataFrame({
             "key": "", "image_path": [a["image_path"] or a["file"] for a in aside],
             "status": [f"not scored: {a['reason']}" for a in aside], "not_chest": ""})], ignore_index=True)
     with atomic_path(private_map_path(out)) as tmp_map:
-        mapping.to_csv(tmp_map, index=False)
+        csv_frame(mapping).to_csv(tmp_map, index=False)
     summary = {"scored": len(frame), "not_scored": len(aside), "not_chest": int(frame[NOT_CHEST_COLUMN].sum()),
                "out": str(out),
                "private_key_map": str(private_map_path(out)), "model": site or "global",

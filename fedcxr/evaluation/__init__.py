@@ -10,6 +10,9 @@
                    patient_key, label__/prob__/aux__ columns) with clear user errors.
 * ``report``       one run → ``report.json``, ``per_class.csv``, ``report.md``; ``plots``: ROC and
                    reliability PNGs.
+* ``report_table`` reports built from sites' summaries (FLARE cross-site evaluation);
+                   ``summary_check``: what such a summary may hold (known fields, numbers in range,
+                   known reason texts).
 * ``compare``      several runs → the method-comparison table and tests against a baseline
                    (clustered DeLong per class with Benjamini–Hochberg q-values, paired t-test).
 * ``cli``          ``fedcxr evaluate`` and ``fedcxr report``.

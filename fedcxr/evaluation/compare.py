@@ -38,6 +38,7 @@ from scipy import sparse, stats
 from scipy.sparse.csgraph import connected_components
 
 from fedcxr.errors import UserError
+from fedcxr.escape import md, to_csv_text
 from fedcxr.evaluation import metrics
 from fedcxr.evaluation.report import evaluate_rows, fmt, fmt_ci, is_binary_task, write_json, write_text
 from fedcxr.evaluation.report_table import load_summary_results
@@ -404,7 +405,7 @@ def render_markdown(result: dict) -> str:
         if c["binary"]:
             header.append(f"{c['label']} ACC")
             keys.append((c["label"], "acc"))
-    lines = [f"# Method comparison ({result['split']} split)", "",
+    lines = [f"# Method comparison ({md(result['split'])} split)", "",
              "Cells: mean AUROC over the classes with a defined AUROC (accuracy at threshold 0.5 for "
              f"binary tasks). One run: 95% CI by patient-level bootstrap ({result['ci']['n_boot']} "
              "resamples). Several seeds: mean ± SD over seeds (n = runs). Best per column in **bold**.", ""]
@@ -413,8 +414,8 @@ def render_markdown(result: dict) -> str:
     seeds: dict[tuple, list[str]] = {}
     for r in result["runs"]:
         seeds.setdefault((r["method"], r["target"]), []).append(str(r["seed"]))
-    runs = "; ".join(f"{m}" + (f" (target {t})" if t else "") + f" seed{'s' if len(s) > 1 else ''} {', '.join(s)}"
-                     for (m, t), s in seeds.items())
+    runs = "; ".join(f"{md(m)}" + (f" (target {md(t)})" if t else "") + f" seed{'s' if len(s) > 1 else ''} "
+                     f"{md(', '.join(s))}" for (m, t), s in seeds.items())
     lines += ["", f"Runs ({len(result['runs'])}): {runs}.", ""]
     if result["baseline"] is not None:
         lines += _tests_markdown(result)
@@ -426,7 +427,7 @@ def _tests_markdown(result: dict) -> list[str]:
     labels = [c["label"] for c in result["columns"]]
     methods = [row["method"] for row in result["table"] if row["method"] != baseline]
     by_key = {(t["method"], t["column"]): t for t in tests}
-    lines = [f"## Significance against {baseline}", "",
+    lines = [f"## Significance against {md(baseline)}", "",
              "Paired t-test over class AUROCs (classes defined for both; with several seeds one pair per "
              "seed and class). Cell: mean difference in AUROC, p-value, significance "
              "(*** p<0.001, ** p<0.01, * p<0.05, ns).", ""]
@@ -466,16 +467,17 @@ def _tests_markdown(result: dict) -> list[str]:
     lines += _md_table(["Method", "Class"] + labels, rows) + [""]
     for t in tests:
         if t["n_rows_only_method"] or t["n_rows_only_baseline"] or any(d["n_label_mismatch"] for d in t["delong"]):
-            lines.append(f"- {t['method']} vs {baseline} on {t['column']}: {t['n_rows_joined']} images in both, "
-                         f"{t['n_rows_only_method']} only in {t['method']}, {t['n_rows_only_baseline']} only in "
-                         f"{baseline}; {sum(d['n_label_mismatch'] for d in t['delong'])} label disagreements "
+            lines.append(f"- {md(t['method'])} vs {md(baseline)} on {md(t['column'])}: {t['n_rows_joined']} images "
+                         f"in both, {t['n_rows_only_method']} only in {md(t['method'])}, {t['n_rows_only_baseline']} "
+                         f"only in {md(baseline)}; {sum(d['n_label_mismatch'] for d in t['delong'])} label disagreements "
                          "left out of DeLong")
     return lines
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return lines + ["| " + " | ".join(r) + " |" for r in rows]
+    """A Markdown table, every cell escaped (method and site names come from run directories)."""
+    lines = ["| " + " | ".join(md(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(md(c) for c in r) + " |" for r in rows]
 
 
 def write_comparison(result: dict, out_dir: Path | str) -> list[Path]:
@@ -486,9 +488,9 @@ def write_comparison(result: dict, out_dir: Path | str) -> list[Path]:
         raise UserError(f"--out {out_dir}: exists and is not a directory")
     paths = [out_dir / "comparison.md", out_dir / "comparison.csv", out_dir / "comparison.json"]
     write_text(paths[0], render_markdown(result))
-    write_text(paths[1], comparison_frame(result).to_csv(index=False, float_format="%.6g"))
+    write_text(paths[1], to_csv_text(comparison_frame(result), float_format="%.6g"))
     write_json(paths[2], result)
     if result["tests"]:
         paths.append(out_dir / "comparison_tests.csv")
-        write_text(paths[3], tests_frame(result).to_csv(index=False, float_format="%.6g"))
+        write_text(paths[3], to_csv_text(tests_frame(result), float_format="%.6g"))
     return paths

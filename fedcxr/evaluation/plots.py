@@ -9,12 +9,15 @@ the mean predicted probability in 10 equal-width bins (:mod:`fedcxr.evaluation.c
 one thin line per class and a bold line for all classes pooled, the diagonal = perfect
 calibration; bottom panel how many (row, class) entries fall in each bin (pooled).
 
+Text is drawn without mathtext (a `$` in a name is a dollar sign: :func:`_plain_text`).
+
 Figure sizes are fixed (pixels = inches × dpi), so reports lay out the same every time:
 :func:`figure_size` gives them.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
@@ -53,6 +56,17 @@ def _style(i: int, cmap) -> str:
     return _STYLES[(i // cmap.N) % len(_STYLES)] if cmap.N == 10 else ("-" if i % 2 == 0 else "--")
 
 
+def _plain_text(func):
+    """Draw with matplotlib's mathtext off: a ``$`` in a site or method name (run directories and
+    sites' replies are hostile input) is a dollar sign, never a formula that fails to parse half-way
+    through a report (SECURITY.md, "Reports")."""
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        with plt.rc_context({"text.parse_math": False}):
+            return func(*args, **kwargs)
+    return wrapper
+
+
 def _save(fig, path: Path) -> Path:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
@@ -61,6 +75,7 @@ def _save(fig, path: Path) -> Path:
     return Path(path)
 
 
+@_plain_text
 def plot_roc(
     frame: pd.DataFrame,
     classes: Sequence[str],
@@ -111,6 +126,7 @@ def plot_roc(
     return _save(fig, path)
 
 
+@_plain_text
 def plot_reliability(
     frame: pd.DataFrame,
     classes: Sequence[str],

@@ -43,6 +43,7 @@ import pandas as pd
 import fedcxr
 from fedcxr.evaluation import calibration, metrics, operating
 from fedcxr.atomic import atomic_write_bytes
+from fedcxr.escape import md, to_csv_text
 from fedcxr.vocab import AUX_VOCAB
 
 #: 2: calibration and operating points added (see module doc).
@@ -352,7 +353,7 @@ def write_report(run_dir: Path | str, report: dict, predictions: pd.DataFrame) -
     run_dir = Path(run_dir)
     paths = [run_dir / "report.json", run_dir / "per_class.csv", run_dir / "report.md"]
     write_json(paths[0], report)
-    write_text(paths[1], per_class_frame(report).to_csv(index=False, float_format="%.6g"))
+    write_text(paths[1], to_csv_text(per_class_frame(report), float_format="%.6g"))
     figures: dict[str, dict[str, str]] = {}
     names = figure_names(report["sites"])
     site_col = predictions["site"].astype(str).to_numpy()
@@ -387,8 +388,10 @@ def fmt_ci(value, low, high, digits: int = 3) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    """A Markdown table; every cell escaped (:func:`fedcxr.escape.md`: site names, reasons and class
+    names come from run directories and other sites' summaries)."""
+    lines = ["| " + " | ".join(md(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(md(c) for c in r) + " |" for r in rows]
     return lines
 
 
@@ -398,17 +401,17 @@ def render_markdown(report: dict, figures: Optional[dict[str, Any]] = None) -> s
     (a plain name means the ROC figure)."""
     ci = report["ci"]
     level = int(round(ci["level"] * 100))
-    ci_text = (f"{level}% CI by patient-level bootstrap ({ci['n_boot']} resamples, seed {ci['seed']})"
+    ci_text = (f"{level}% CI by patient-level bootstrap ({md(ci['n_boot'])} resamples, seed {md(ci['seed'])})"
                if ci["n_boot"] > 0 else f"{level}% CI by DeLong (normal approximation)")
-    lines = [f"# Evaluation report: {report['method']}", "",
-             f"- Method: **{report['method']}**, seed {report['seed']}, target: {report['target'] or 'none'}",
-             f"- Split: {report['split']}; evaluated sites: {', '.join(report['sites']) or 'none'}",
-             f"- Training sites: {', '.join(report['train_sites']) or 'not recorded'}",
-             f"- Classes ({len(report['classes'])}): {', '.join(report['classes'])}",
+    lines = [f"# Evaluation report: {md(report['method'])}", "",
+             f"- Method: **{md(report['method'])}**, seed {md(report['seed'])}, target: {md(report['target'] or 'none')}",
+             f"- Split: {md(report['split'])}; evaluated sites: {md(', '.join(report['sites']) or 'none')}",
+             f"- Training sites: {md(', '.join(map(str, report['train_sites'])) or 'not recorded')}",
+             f"- Classes ({len(report['classes'])}): {md(', '.join(map(str, report['classes'])))}",
              f"- AUROC with {ci_text}. Mean AUROC is over the classes with a defined AUROC; "
              "an undefined AUROC (one label value in the test rows) is n/a, never 0.5.", ""]
     for item in report.get("sites_without_predictions", []):
-        lines += [f"- Site {item['site']}: not evaluated ({item['reason']})", ""]
+        lines += [f"- Site {md(item['site'])}: not evaluated ({md(item['reason'])})", ""]
     for site, entry in report["sites"].items():
         figure = (figures or {}).get(site) or {}
         lines += _site_section(report, site, entry, {"roc": figure} if isinstance(figure, str) else figure)
@@ -416,19 +419,19 @@ def render_markdown(report: dict, figures: Optional[dict[str, Any]] = None) -> s
 
 
 def _site_section(report, site, entry, figures: dict[str, str]) -> list[str]:
-    lines = [f"## Site {site}", "",
-             f"{entry['n_rows']} images of {entry['n_patients']} patients.", "",
+    lines = [f"## Site {md(site)}", "",
+             f"{md(entry['n_rows'])} images of {md(entry['n_patients'])} patients.", "",
              f"**Mean AUROC** ({len(entry['mean_auroc_classes'])} of {len(report['classes'])} classes): "
              f"{fmt_ci(entry['mean_auroc'], entry['mean_auroc_ci_low'], entry['mean_auroc_ci_high'])}"
-             + (f" ({entry['mean_auroc_reason']})" if entry.get("mean_auroc_reason") else ""), ""]
+             + (f" ({md(entry['mean_auroc_reason'])})" if entry.get("mean_auroc_reason") else ""), ""]
     if "accuracy" in entry:
-        lines += [f"**Accuracy** (threshold {entry['accuracy_threshold']}): "
+        lines += [f"**Accuracy** (threshold {md(entry['accuracy_threshold'])}): "
                   f"{fmt_ci(entry['accuracy'], entry['accuracy_ci_low'], entry['accuracy_ci_high'])}", ""]
     rows = [[r["class"], fmt_ci(r["auroc"], r["ci_low"], r["ci_high"]), str(r["n"]), str(r["n_pos"]),
              fmt(r["prevalence"]), _note(r, report["ci"]["n_boot"])] for r in entry["per_class"]]
     lines += _table(["Class", "AUROC (95% CI)", "n", "Positives", "Prevalence", "Note"], rows) + [""]
     if figures.get("roc"):
-        lines += [f"![ROC curves, site {site}]({figures['roc']})", ""]
+        lines += [f"![ROC curves, site {md(site)}]({figures['roc']})", ""]
     if "calibration" in entry:
         lines += _calibration_section(site, entry["calibration"], figures.get("calibration"))
     if entry.get("operating_points") is not None and report.get("operating_points"):
@@ -450,21 +453,21 @@ def _note(row: dict, n_boot: int) -> str:
 def _calibration_section(site: str, cal: dict, figure: Optional[str]) -> list[str]:
     pooled = cal["pooled"]
     lines = ["### Calibration", "",
-             f"Brier score = mean of (probability − label)²; ECE = Σ over {cal['n_bins']} equal-width bins of "
+             f"Brier score = mean of (probability − label)²; ECE = Σ over {md(cal['n_bins'])} equal-width bins of "
              "(share of rows in the bin) × |fraction positive − mean probability|. Lower is better for both.", "",
-             f"**All classes pooled** ({pooled['n']} labeled entries): Brier {fmt(pooled['brier'])}, "
+             f"**All classes pooled** ({md(pooled['n'])} labeled entries): Brier {fmt(pooled['brier'])}, "
              f"ECE {fmt(pooled['ece'])}; mean over classes: Brier {fmt(cal['mean_brier'])}, "
              f"ECE {fmt(cal['mean_ece'])}.", ""]
     rows = [[r["class"], fmt(r["brier"]), fmt(r["ece"]), str(r["n"]), r["reason"] or ""] for r in cal["per_class"]]
     lines += _table(["Class", "Brier", "ECE", "n", "Note"], rows) + [""]
     if figure:
-        lines += [f"![Reliability diagram, site {site}]({figure})", ""]
+        lines += [f"![Reliability diagram, site {md(site)}]({figure})", ""]
     return lines
 
 
 def _operating_section(info: dict, points: list[dict], n_boot: int) -> list[str]:
     ci = f"95% CI by patient-level bootstrap, {n_boot} resamples" if n_boot > 0 else "no CIs (n_boot = 0)"
-    rules = "; ".join(f"**{name}**: {text}" for name, text in info["rules"].items())
+    rules = "; ".join(f"**{md(name)}**: {md(text)}" for name, text in info["rules"].items())
     lines = ["### Operating points", "",
              f"Thresholds chosen per class on the {info['selected_on']} split, measured on the "
              f"{info['evaluated_on']} split ({ci}); predicted positive when probability ≥ threshold. "
@@ -482,7 +485,7 @@ def _operating_section(info: dict, points: list[dict], n_boot: int) -> list[str]
 
 
 def _subgroup_section(report, task, sub) -> list[str]:
-    lines = [f"### {SUBGROUP_TITLES.get(task, task)}", ""]
+    lines = [f"### {md(SUBGROUP_TITLES.get(task, task))}", ""]
     groups = sub["groups"]
     if groups:
         names = list(groups)
@@ -498,7 +501,7 @@ def _subgroup_section(report, task, sub) -> list[str]:
         lines += ["No subgroup large enough to report.", ""]
     for item in sub["skipped"]:
         value = item["value"] if item["value"] is not None else "all"
-        lines.append(f"- not reported: {value} ({item['n_rows']} images): {item['reason']}")
+        lines.append(f"- not reported: {md(value)} ({md(item['n_rows'])} images): {md(item['reason'])}")
     if sub["skipped"]:
         lines.append("")
     return lines

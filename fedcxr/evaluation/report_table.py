@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from fedcxr.errors import UserError
+from fedcxr.escape import md, to_csv_text
 from fedcxr.evaluation import metrics
 from fedcxr.evaluation.report import (
     ALPHA,
@@ -34,6 +35,7 @@ from fedcxr.evaluation.report import (
     write_json,
     write_text,
 )
+from fedcxr.evaluation.summary_check import summary_problem
 
 SOURCE = "site summaries"
 #: what a site's summary must hold to be reported (the rest is optional)
@@ -59,7 +61,7 @@ def entry_problem(entry: Any, classes: list[str]) -> Optional[str]:
         return "per_class rows are not the run's classes in order"
     if not isinstance(entry["subgroups"], Mapping):
         return "subgroups is not a mapping"
-    return None
+    return summary_problem(entry, classes)  # known fields, numbers in range, known reasons only
 
 
 def build_summary_report(summaries: Mapping[str, Mapping], run_info: Mapping, *, split: str, n_boot: int,
@@ -105,7 +107,7 @@ def write_summary_report(run_dir: Path | str, report: dict) -> list[Path]:
     run_dir = Path(run_dir)
     paths = [run_dir / "report.json", run_dir / "per_class.csv", run_dir / "report.md"]
     write_json(paths[0], report)
-    write_text(paths[1], per_class_frame(report).to_csv(index=False, float_format="%.6g"))
+    write_text(paths[1], to_csv_text(per_class_frame(report), float_format="%.6g"))
     text = render_markdown(report)
     models = (report.get("cross_site") or {}).get("models") or {}
     if len(models) > 1:
@@ -120,13 +122,13 @@ def cross_site_markdown(report: dict) -> list[str]:
     sites = list(dict.fromkeys(s for cells in models.values() for s in cells))
     lines = ["## Cross-site matrix", "", "Mean AUROC of each model (rows) on each site's "
              f"{report['split']} split (columns); `SRV_server` is the final global model.", "",
-             "| Model | " + " | ".join(sites) + " |", "|---|" + "---|" * len(sites)]
+             "| Model | " + " | ".join(md(s) for s in sites) + " |", "|---|" + "---|" * len(sites)]
     for owner, cells in models.items():
         values = []
         for site in sites:
             value = (cells.get(site) or {}).get("mean_auroc")
-            values.append("n/a" if value is None or value != value else f"{value:.3f}")
-        lines.append(f"| {owner} | " + " | ".join(values) + " |")
+            values.append(f"{value:.3f}" if isinstance(value, (int, float)) and value == value else "n/a")
+        lines.append(f"| {md(owner)} | " + " | ".join(values) + " |")
     return lines
 
 

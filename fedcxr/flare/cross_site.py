@@ -33,6 +33,7 @@ from typing import Any, Optional
 from fedcxr.atomic import atomic_write_json
 from fedcxr.evaluation.report_table import build_summary_report, write_summary_report
 from fedcxr.evaluation.runs import load_run_info
+from fedcxr.evaluation.summary_check import summary_problem
 from fedcxr.flare.site_evaluation import VALIDATE_TASK
 from fedcxr.pipeline.predict import load_final, site_params
 from fedcxr.pipeline.transport import Transport
@@ -78,10 +79,14 @@ def cross_site_evaluate(transport: Transport, run_dir: Path, settings: dict) -> 
     for site in sites:
         metrics, reason = deployed.get(site, (None, None))
         owner = site if site in own else SERVER_MODEL
+        problem = None if reason or metrics.get("summary") is None else summary_problem(metrics["summary"],
+                                                                                        base["classes"])
         if reason:
             failed[site] = reason
         elif metrics.get("summary") is None:
             failed[site] = f"no rows in the {split} split at the site"
+        elif problem:
+            failed[site] = f"summary refused: {problem}"  # logged below, named in the report
         else:
             summaries[site] = metrics["summary"]
             matrix.setdefault(owner, {})[site] = _cell(metrics)
@@ -89,6 +94,11 @@ def cross_site_evaluate(transport: Transport, run_dir: Path, settings: dict) -> 
         extra = _ask(transport, own, final["global"], {**base, "model_owner": SERVER_MODEL}, {})
         for site, (metrics, reason) in extra.items():
             if not reason and metrics.get("summary") is not None:
+                problem = summary_problem(metrics["summary"], base["classes"])
+                if problem:
+                    log.warning("cross-site evaluation: site %s's summary of the global model refused: %s", site,
+                                problem)
+                    continue
                 matrix.setdefault(SERVER_MODEL, {})[site] = _cell(metrics)
     cross = {"convention": "FLARE cross-site evaluation: task 'validate', global model 'SRV_server'",
              "deployed_model": {s: (s if s in own else SERVER_MODEL) for s in sites}, "models": matrix}

@@ -18,6 +18,7 @@ copied).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
@@ -40,6 +41,7 @@ from fedcxr.logs import bar_disabled
 from fedcxr.pipeline.checkpoints import latest_checkpoint
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.data import default_cache_dir
+from fedcxr.runlock import run_lock
 from fedcxr.flare.controller import mark_submitted, read_status
 from fedcxr.flare.job import CONTROLLER_PATH, TB_FOLDER, check_flare_sites, export_job
 from fedcxr.flare.persistor import GLOBAL_MODEL_FILE, LOCATOR_PATH, PERSISTOR_PATH
@@ -72,6 +74,20 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
         raise UserError(f"{run_dir} already holds a finished run; choose another --out or pass --resume")
     if latest_checkpoint(run_dir):
         raise UserError(f"{run_dir} holds checkpoints of an earlier run; pass --resume to continue it")
+
+
+def holding_run_dirs(command: str):
+    """Decorate a runner of ``[(cfg, run_dir)]``: it holds every run directory's lock while the job runs
+    (:mod:`fedcxr.runlock`; the server's controller writes them from the job the runner started)."""
+    def decorate(func):
+        @functools.wraps(func)
+        def wrapper(runs: list, **kwargs):
+            with ExitStack() as stack:
+                for _, run_dir in runs:
+                    stack.enter_context(run_lock(Path(run_dir).resolve(), command))
+                return func(runs, **kwargs)
+        return wrapper
+    return decorate
 
 
 def write_site_configs(cfgs: list, flare_dir: Path, *, device: Optional[str]) -> dict[str, Path]:
@@ -299,6 +315,7 @@ def simulate(cfg, run_dir: Path, **kwargs) -> dict:
     return simulate_many([(cfg, run_dir)], **kwargs)[0]
 
 
+@holding_run_dirs("fedcxr flare simulate")
 def simulate_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device: Optional[str] = None,
                   client_script: Optional[Path] = None, progress: bool = True, timeout: Optional[float] = None,
                   flare_dir: Optional[Path] = None, env: Optional[dict] = None,
@@ -422,6 +439,7 @@ def poc(cfg, run_dir: Path, **kwargs) -> dict:
     return poc_many([(cfg, run_dir)], **kwargs)[0]
 
 
+@holding_run_dirs("fedcxr flare poc")
 def poc_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device: Optional[str] = None,
              client_script: Optional[Path] = None, progress: bool = True, timeout: Optional[float] = None,
              flare_dir: Optional[Path] = None, env: Optional[dict] = None,

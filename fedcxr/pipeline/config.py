@@ -31,6 +31,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedcxr.errors import UserError
+from fedcxr.escape import short
+from fedcxr.site_adapters.site_names import MAX_SITE_NAME
+from fedcxr.yamlfile import check_size, read_yaml
 from fedcxr.vocab import AUX_TASKS, CLASS_SET
 
 
@@ -44,23 +47,47 @@ RENAMED_KEYS = {
 }
 
 
+#: Bounds on every size and count (SECURITY.md R7): past them a run would only die allocating memory
+#: (``image_size: 100000``, ``model.hidden: 1e9``) or never end. Generous for real studies.
+MAX_IMAGE_SIZE = 2048
+MAX_HIDDEN = 16384
+MAX_BATCH = 4096
+MAX_ROUNDS = 100_000
+MAX_EPOCHS = 10_000
+MAX_STEPS = 10_000_000
+MAX_ROWS = 10**9
+MAX_SITES = 1000
+MAX_WORKERS = 256
+MAX_NAME = 100
+MAX_PATH = 4096
+MAX_FILTERS = 16
+#: error lines shown for one invalid config (the rest are counted)
+MAX_ERROR_LINES = 20
+
+
+def _refuse(message: str):
+    """Raise the ValueError pydantic reports under the key being validated."""
+    raise ValueError(message)
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # every float finite: ``lr: .inf`` or ``alpha: .nan`` is refused naming the key
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class LocalTrainingConfig(_Strict):
     """How one site trains in one round (optimiser and whether its state carries over: per method)."""
 
     lr: float = Field(1e-3, gt=0)
-    batch_size: int = Field(32, ge=1)
-    epochs: int = Field(1, ge=0)
-    steps: Optional[int] = Field(None, ge=1, description="optimizer steps per round; overrides epochs")
+    batch_size: int = Field(32, ge=1, le=MAX_BATCH)
+    epochs: int = Field(1, ge=0, le=MAX_EPOCHS)
+    steps: Optional[int] = Field(None, ge=1, le=MAX_STEPS, description="optimizer steps per round; overrides epochs")
     weight_decay: Optional[float] = Field(
         None, ge=0, description="default per method: 5e-4 for FACT (its code's SGD), 0 otherwise")
     optimizer: Optional[Literal["adam", "adamw", "sgd"]] = Field(
         None, description="default per method: sgd (momentum 0.9) for FACT/FACT_NF (FACT client.py), adam "
         "otherwise (AuxInfo+GP, AutoFedGP and surgical aggregation code)")
-    max_rows: Optional[int] = Field(None, ge=1, description="use at most this many training rows (speed)")
+    max_rows: Optional[int] = Field(None, ge=1, le=MAX_ROWS, description="use at most this many training rows (speed)")
 
 
 class TargetTrainingConfig(LocalTrainingConfig):
@@ -68,18 +95,34 @@ class TargetTrainingConfig(LocalTrainingConfig):
 
     lr: float = Field(2e-4, gt=0)
     labeled: Optional[Union[int, float]] = Field(
-        None, description="labeled target rows used: a count (int) or a fraction of train rows (float ≤ 1)"
+        None, description="labeled target rows used: a count (int ≥ 1) or a fraction of train rows (float in (0, 1])"
     )
+
+    @field_validator("labeled")
+    @classmethod
+    def _labeled_rows(cls, value):
+        """A count of at least one row, or a fraction in (0, 1] (``labeled: -5`` silently trained on 1 row)."""
+        if value is None or isinstance(value, bool):
+            return None if value is None else _refuse("a count of rows or a fraction, not true/false")
+        if isinstance(value, int):
+            if not 1 <= value <= MAX_ROWS:
+                _refuse(f"a count of labeled rows is 1 to {MAX_ROWS:,}, got {value}")
+            return value
+        if 0 < value <= 1:
+            return value
+        if value > 1 and value == int(value) and value <= MAX_ROWS:
+            return int(value)
+        return _refuse(f"a fraction of the train rows is in (0, 1] (a count is a whole number ≥ 1), got {value}")
 
 
 class HeadWarmupConfig(_Strict):
     """FL, FL_PartialLoss, FL_Surgical, PFL: head-only local epochs before round 0 (surgical aggregation code)."""
 
-    epochs: int = Field(15, ge=0, description="head-only epochs on the frozen backbone, the head with the lowest "
+    epochs: int = Field(15, ge=0, le=MAX_EPOCHS, description="head-only epochs on the frozen backbone, the head with the lowest "
                         "validation loss kept; each client starts round 0 from its own warmed model (surgical "
                         "aggregation code: warmup_epochs=15, ModelCheckpoint on val_loss); 0: no warm-up")
     lr: float = Field(1e-3, gt=0, description="Adam learning rate of the warm-up (its __train_local default 1e-3)")
-    batch_size: Optional[int] = Field(None, ge=1, description="default: source.batch_size")
+    batch_size: Optional[int] = Field(None, ge=1, le=MAX_BATCH, description="default: source.batch_size")
 
 
 class SharedTaskConfig(_Strict):
@@ -100,21 +143,22 @@ class SharedTaskConfig(_Strict):
     def _known(cls, value: dict[str, str]) -> dict[str, str]:
         unknown = sorted({c for c in value.values() if c not in CLASS_SET})
         if unknown:
-            raise ValueError(f"unknown class(es) {unknown}; canonical classes: {sorted(CLASS_SET)}")
+            raise ValueError(f"unknown class(es) {short(unknown)}; canonical classes: {sorted(CLASS_SET)}")
         return value
 
     @field_validator("output")
     @classmethod
     def _known_output(cls, value: str) -> str:
         if value not in CLASS_SET:
-            raise ValueError(f"unknown class {value!r}; the output is named by a canonical class: {sorted(CLASS_SET)}")
+            raise ValueError(f"unknown class {short(value)}; the output is named by a canonical class: "
+                             f"{sorted(CLASS_SET)}")
         return value
 
 
 class ModelConfig(_Strict):
     backbone: Literal["resnet18", "resnet10", "resnet_tiny", "densenet121"] = "resnet18"
-    hidden: Optional[int] = Field(128, ge=1)
-    weights: Optional[Path] = None
+    hidden: Optional[int] = Field(128, ge=1, le=MAX_HIDDEN)
+    weights: Optional[Path] = Field(None, description="initial weights file")
     classes: Optional[list[str]] = Field(None, description="model head classes; default: see `class_source`")
     norm: Literal["batch", "group"] = Field("batch", description="BatchNorm, or GroupNorm (needed by privacy.dp)")
     stem: Literal["imagenet", "small"] = Field(
@@ -127,7 +171,7 @@ class ModelConfig(_Strict):
         if value is not None:
             unknown = [c for c in value if c not in CLASS_SET]
             if unknown:
-                raise ValueError(f"unknown class(es) {unknown}; canonical classes: {sorted(CLASS_SET)}")
+                raise ValueError(f"unknown class(es) {short(unknown)}; canonical classes: {sorted(CLASS_SET)}")
         return value
 
 
@@ -139,7 +183,7 @@ class DPConfig(_Strict):
     (for ``delta``) is accumulated over rounds and reported per site in ``run.json``.
     """
 
-    noise_multiplier: float = Field(1.0, gt=0, description="σ: noise std / max_grad_norm")
+    noise_multiplier: float = Field(1.0, gt=0, le=1e6, description="σ: noise std / max_grad_norm")
     max_grad_norm: float = Field(1.0, gt=0, description="per-sample gradient clipping norm C")
     delta: float = Field(1e-5, gt=0, lt=1, description="δ of the reported (ε, δ)")
 
@@ -168,27 +212,37 @@ class PrivacyConfig(_Strict):
     @field_validator("filters")
     @classmethod
     def _known_filters(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if len(value) > MAX_FILTERS:
+            raise ValueError(f"{len(value)} filters (at most {MAX_FILTERS})")
         for i, item in enumerate(value):
             if not isinstance(item, dict) or len(item) != 1 or next(iter(item)) not in FILTERS:
-                raise ValueError(f"filters[{i}]: each filter is one of {{{', '.join(FILTERS)}: ...}}, got {item!r}")
+                raise ValueError(f"filters[{i}]: each filter is one of {{{', '.join(FILTERS)}: ...}}, "
+                                 f"got {short(item)}")
             kind, args = next(iter(item.items()))
             if kind == "exclude_vars":
-                ok = isinstance(args, str) and args or (isinstance(args, list) and args
-                                                        and all(isinstance(a, str) for a in args))
+                ok = isinstance(args, str) and 0 < len(args) <= 1000 or (
+                    isinstance(args, list) and 0 < len(args) <= MAX_ROWS and all(isinstance(a, str) for a in args))
                 if not ok:
-                    raise ValueError(f"filters[{i}].exclude_vars: a regular expression or a list of entry names")
+                    raise ValueError(f"filters[{i}].exclude_vars: a regular expression (at most 1000 characters) or "
+                                     "a list of entry names")
                 if isinstance(args, str):
                     try:
                         re.compile(args)
                     except re.error as exc:
-                        raise ValueError(f"filters[{i}].exclude_vars: not a regular expression ({exc})") from None
+                        raise ValueError(f"filters[{i}].exclude_vars: not a regular expression "
+                                         f"({short(str(exc), 120)})") from None
             else:
                 unknown = sorted(set(args or {}) - {"percentile", "gamma"}) if isinstance(args, dict) else ["?"]
                 if unknown:
                     raise ValueError(f"filters[{i}].percentile_privacy: a mapping of percentile and gamma, "
-                                     f"got {args!r}")
-                if not 0 <= float(args.get("percentile", 10)) <= 100 or float(args.get("gamma", 0.01)) <= 0:
-                    raise ValueError(f"filters[{i}].percentile_privacy: percentile in 0..100, gamma > 0")
+                                     f"got {short(args)}")
+                try:
+                    percentile, gamma = float(args.get("percentile", 10)), float(args.get("gamma", 0.01))
+                except (TypeError, ValueError):
+                    percentile = gamma = float("nan")
+                if not (0 <= percentile <= 100 and 0 < gamma < float("inf")):
+                    raise ValueError(f"filters[{i}].percentile_privacy: percentile in 0..100, gamma > 0 "
+                                     "(finite numbers)")
         return value
 
 
@@ -210,22 +264,24 @@ class EngineConfig(_Strict):
     deterministic: bool = Field(False, description="deterministic CUDA kernels (slower; CPU runs always are)")
     pin_memory: Optional[bool] = Field(None, description="page-locked batches (auto: on CUDA)")
     persistent_workers: Optional[bool] = Field(None, description="keep loader workers between epochs (auto: on)")
-    prefetch_factor: Optional[int] = Field(None, ge=1, description="batches each loader worker prepares ahead")
-    cache_workers: int = Field(0, ge=0, description="processes decoding a site's image cache (0: every core)")
+    prefetch_factor: Optional[int] = Field(None, ge=1, le=1024, description="batches each loader worker prepares ahead")
+    cache_workers: int = Field(0, ge=0, le=MAX_WORKERS,
+                               description="processes decoding a site's image cache (0: every core)")
     offload_idle: Optional[bool] = Field(None, description="a site's model leaves the GPU between its turns")
     threads: Optional[int] = Field(None, ge=1, description="torch intra-op threads of a training/evaluation "
                                    "process (auto: 1; a CPU run is bit-identical only with the same count)")
 
 
 class ExperimentConfig(_Strict):
-    name: str = "experiment"
+    name: str = Field("experiment", description="the run's name (the default run folder is runs/<name>-...): "
+                      f"1 to {MAX_NAME} characters, no '/', '\\' or control character, not only dots")
     manifests: Optional[Path] = Field(None, description="base folder of the site folders")
-    sites: list[str] = Field(..., min_length=1, description="source site folders (or all sites)")
+    sites: list[str] = Field(..., min_length=1, max_length=MAX_SITES, description="source site folders (or all sites)")
     target: Optional[str] = None
-    strategy: str = "FedAvg"
-    rounds: int = Field(5, ge=0)
+    strategy: str = Field("FedAvg", max_length=MAX_NAME)
+    rounds: int = Field(5, ge=0, le=MAX_ROUNDS)
     warmup_rounds: Optional[int] = Field(
-        None, ge=0, description="GP/FedDA/FedGP: the first rounds (counted in `rounds`) are warm-up rounds. "
+        None, ge=0, le=MAX_ROUNDS, description="GP/FedDA/FedGP: the first rounds (counted in `rounds`) are warm-up rounds. "
         "Default per method as the authors' code: 2 plain FedAvg rounds for FedDA, FedGP, FedDA_Auto, "
         "FedGP_Auto (AutoFedGP main_domain_bed*.py: 'do fedavg for 2 epochs'); 5 rounds for "
         "FedAvg_Finetune_GP and FedAvg_Finetune_AuxInfo_GP, in which θ0 of the projection is the FedAvg of "
@@ -237,7 +293,7 @@ class ExperimentConfig(_Strict):
     source: LocalTrainingConfig = LocalTrainingConfig()
     target_train: TargetTrainingConfig = TargetTrainingConfig()
     finetune_offline_epochs: int = Field(
-        50, ge=1, description="Finetune_Offline: target fine-tuning passes after the last FedAvg round, each "
+        50, ge=1, le=MAX_EPOCHS, description="Finetune_Offline: target fine-tuning passes after the last FedAvg round, each "
         "one `target_train` budget with a fresh optimiser (FedGP paper App. C: 'the same number of 50 epochs "
         "of fine-tuning after FedAvg'; AutoFedGP main_domain_bed_offline.py calls train() once per epoch)")
     alpha: float = Field(1.0, ge=0, description="weight of auxiliary losses (AuxInfo)")
@@ -257,23 +313,26 @@ class ExperimentConfig(_Strict):
         "for FL, FL_PartialLoss, FL_Surgical, PFL (surgical aggregation: one compiled Keras Adam per client) "
         "and FACT/FACT_NF (one SGD per client); fresh for the rest (AuxInfo+GP and AutoFedGP build a new "
         "Adam in every train() call)")
-    min_sites: int = Field(1, ge=1, description="a round needs at least this many source replies")
+    min_sites: int = Field(1, ge=1, le=MAX_SITES, description="a round needs at least this many source replies "
+                           "(at most the number of `sites`)")
     model: ModelConfig = ModelConfig()
     task: Optional[SharedTaskConfig] = Field(None, description=SharedTaskConfig.__doc__)
     class_source: Literal["target", "union", "sources"] = "target"
-    image_size: int = Field(224, ge=8)
+    image_size: int = Field(224, ge=8, le=MAX_IMAGE_SIZE)
     augment: bool = True
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**63 - 1)
     cache_dir: Optional[Path] = None
-    eval_sites: Optional[list[str]] = Field(None, description="sites evaluated; default target or all")
-    eval_every: int = Field(1, ge=0, description="validation AUROC every N rounds (0: never)")
+    eval_sites: Optional[list[str]] = Field(None, max_length=MAX_SITES,
+                                            description="sites evaluated; default target or all")
+    eval_every: int = Field(1, ge=0, le=MAX_ROUNDS, description="validation AUROC every N rounds (0: never)")
     select_round: Literal["last", "best_val"] = Field(
         "last", description="which round's model becomes final_model.pt: the `last`, or the one with the highest "
         "mean validation AUROC over the evaluated sites (`best_val`; validation rounds only, see `eval_every`; "
         "ties keep the earlier round). The test split is never looked at. MedMNIST's training code keeps the "
         "best-validation epoch the same way")
-    num_workers: Optional[int] = Field(None, ge=0, description="loader processes (auto: 0 on CPU, up to 8 on CUDA)")
+    num_workers: Optional[int] = Field(None, ge=0, le=MAX_WORKERS,
+                                       description="loader processes (auto: 0 on CPU, up to 8 on CUDA)")
     engine: EngineConfig = EngineConfig()
     privacy: PrivacyConfig = PrivacyConfig()
     tracking: Optional[Literal["none", "tensorboard", "mlflow"]] = Field(
@@ -295,8 +354,51 @@ class ExperimentConfig(_Strict):
     def _known_aux(cls, value: list[str]) -> list[str]:
         unknown = [t for t in value if t not in AUX_TASKS]
         if unknown:
-            raise ValueError(f"unknown aux task(s) {unknown}; known: {AUX_TASKS}")
+            raise ValueError(f"unknown aux task(s) {short(unknown)}; known: {AUX_TASKS}")
         return value
+
+    @field_validator("name")
+    @classmethod
+    def _run_name(cls, value: str) -> str:
+        """The name becomes a folder name (``runs/<name>-<strategy>-seed<seed>``): it must stay one folder."""
+        if not 0 < len(value) <= MAX_NAME or re.search(r"[/\\\x00-\x1f\x7f]", value) or not value.strip("."):
+            _refuse(f"{short(value)} cannot name a run folder: 1 to {MAX_NAME} characters, no '/', '\\' or "
+                    "control character, not only dots")
+        return value
+
+    @field_validator("sites", "eval_sites", "target")
+    @classmethod
+    def _site_folder(cls, value):
+        """A site is a folder whose last name is the site's name: bounded, not empty, not ``.``/``..``."""
+        for site in ([value] if isinstance(value, str) else value or []):
+            name = Path(site).name
+            if len(site) > MAX_PATH or not name or name in (".", "..") or len(name) > MAX_SITE_NAME:
+                _refuse(f"{short(site)} is not a site folder (its last name is the site's name: 1 to "
+                        f"{MAX_SITE_NAME} characters, not '.' or '..')")
+        return value
+
+    @model_validator(mode="after")
+    def _sites_unique(self) -> "ExperimentConfig":
+        """Two entries with one name (``a/site`` and ``b/site``, or a site listed twice) would be one site:
+        the second silently replaced the first."""
+        for key, entries in (("sites", self.sites), ("eval_sites", self.eval_sites or [])):
+            seen: dict[str, str] = {}
+            for entry in entries:
+                name = self.site_name(entry)
+                if name in seen:
+                    twice = seen[name] == entry
+                    raise ValueError(f"{key}: {short(entry)} is listed twice" if twice else
+                                     f"{key}: {short(seen[name])} and {short(entry)} are both site {name!r} (a "
+                                     "site is named by its folder's last name); rename one folder")
+                seen[name] = entry
+        return self
+
+    @model_validator(mode="after")
+    def _min_sites_possible(self) -> "ExperimentConfig":
+        if self.min_sites > len(self.sites):
+            raise ValueError(f"min_sites: {self.min_sites} is more than the {len(self.sites)} site(s) under `sites`; "
+                             "no round could ever have that many replies")
+        return self
 
     # ------------------------------------------------------------------ resolved views
     def base_dir(self) -> Path:
@@ -332,7 +434,7 @@ class ExperimentConfig(_Strict):
     def _target_not_a_source(self) -> "ExperimentConfig":
         """A site is a source or the target, never both (a target listed in ``sites`` was silently dropped)."""
         if self.target is not None and self.site_name(self.target) in {self.site_name(s) for s in self.sites}:
-            raise ValueError(f"target {self.target!r} is also listed under `sites`; a site is either a source "
+            raise ValueError(f"target {short(self.target)} is also listed under `sites`; a site is either a source "
                              "or the target: remove it from `sites`")
         return self
 
@@ -357,7 +459,7 @@ def _set_dotted(data: dict, key: str, value: Any) -> None:
     for part in parts[:-1]:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise UserError(f"--set {key}: {part!r} is not a mapping")
+            raise UserError(f"--set {key[:80]}: {short(part)} is not a mapping")
     node[parts[-1]] = value
 
 
@@ -366,17 +468,20 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     out = copy.deepcopy(data)
     for item in overrides or []:
         if "=" not in item:
-            raise UserError(f"--set {item!r}: expected KEY=VALUE")
+            raise UserError(f"--set {short(item)}: expected KEY=VALUE")
         key, raw = item.split("=", 1)
         key = key.strip()
         if not key or any(not part.strip() for part in key.split(".")):
-            raise UserError(f"--set {item!r}: the key is empty (expected KEY=VALUE, e.g. rounds=10 or source.lr=1e-3)")
+            raise UserError(f"--set {short(item)}: the key is empty (expected KEY=VALUE, e.g. rounds=10 or "
+                            "source.lr=1e-3)")
         try:
             value = yaml.safe_load(raw)
         except yaml.YAMLError as exc:
             reason = str(getattr(exc, "problem", "") or "not valid YAML")
-            raise UserError(f"--set {key}: cannot read the value {raw!r} ({reason}); quote strings, "
+            raise UserError(f"--set {key[:80]}: cannot read the value {short(raw)} ({reason}); quote strings, "
                             "write lists as [a, b]") from None
+        except RecursionError:
+            raise UserError(f"--set {key[:80]}: the value is nested too deeply") from None
         _set_dotted(out, key, value)
     return out
 
@@ -391,22 +496,21 @@ def load_config(path: Path | str | None = None, *, data: Optional[dict] = None,
         if path is None:
             raise UserError("no config given")
         path = Path(path)
-        if not path.is_file():
-            raise UserError(f"{path}: config file not found")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise UserError(f"{path}: not valid YAML: {exc}") from None
+        data = read_yaml(path)
         if not isinstance(data, dict):
             raise UserError(f"{path}: the config must be a mapping of keys to values")
         if data.get("manifests") is not None and not Path(data["manifests"]).is_absolute():
             data["manifests"] = str((path.parent / data["manifests"]).resolve())
     data = apply_overrides(data, overrides or [])
+    check_size(data, f"{path}: " if path else "")
     try:
         cfg = ExperimentConfig.model_validate(data)
     except ValidationError as exc:
         where = f"{path}: " if path else ""
-        lines = [_error_line(err) for err in exc.errors()]
+        errors = exc.errors()
+        lines = [_error_line(err) for err in errors[:MAX_ERROR_LINES]]
+        if len(errors) > MAX_ERROR_LINES:
+            lines.append(f"... and {len(errors) - MAX_ERROR_LINES} more")
         raise UserError(where + "invalid config:\n  " + "\n  ".join(lines)) from None
     if check_sites:
         check_sites_exist(cfg)
@@ -415,8 +519,8 @@ def load_config(path: Path | str | None = None, *, data: Optional[dict] = None,
 
 def _error_line(err: dict) -> str:
     """One pydantic error as ``key.path: message`` (no "Value error," prefix, no empty key)."""
-    message = str(err["msg"]).removeprefix("Value error, ")
-    where = ".".join(str(p) for p in err["loc"])
+    message = str(err["msg"]).removeprefix("Value error, ")[:1000]
+    where = ".".join(str(p)[:60] for p in err["loc"][:8])  # a key is user input too: bounded
     return f"{where}: {message}" if where else message
 
 
@@ -426,13 +530,13 @@ def check_sites_exist(cfg: ExperimentConfig) -> None:
         folder = cfg.site_dir(site)
         if not (folder / "manifest.parquet").is_file():
             raise UserError(
-                f"site {site!r}: no manifest at {folder / 'manifest.parquet'} "
+                f"site {short(site)}: no manifest at {short(str(folder / 'manifest.parquet'), 300)} "
                 f"(sites are folders written by `fedcxr ingest`; check `manifests:` and `sites:`)"
             )
     if cfg.eval_sites:
         unknown = [s for s in cfg.eval_sites if s not in cfg.all_sites()]
         if unknown:
-            raise UserError(f"eval_sites: {unknown} are not among sites/target {cfg.all_sites()}")
+            raise UserError(f"eval_sites: {short(unknown)} are not among sites/target {short(cfg.all_sites(), 300)}")
 
 
 def dump_config(cfg: ExperimentConfig) -> str:

@@ -32,7 +32,7 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-from fedcxr.atomic import atomic_write_json
+from fedcxr.atomic import atomic_write_bytes, atomic_write_json, json_safe
 from fedcxr.errors import UserError
 from fedcxr.logs import bar_disabled
 from fedcxr.pipeline.checkpoints import latest_checkpoint, load_latest_intact, save_checkpoint, save_final
@@ -45,6 +45,7 @@ from fedcxr.pipeline.messages import StateDict
 from fedcxr.pipeline.protocols import CENTRAL_SITE, Context, RoundProtocol, get_protocol
 from fedcxr.pipeline.site_runner import OPTIMIZER_PREFIX, derive_seed
 from fedcxr.pipeline.transport import Transport
+from fedcxr.runlock import run_lock
 from fedcxr.vocab import CLASSES
 from fedcxr.tracking import make_tracker
 
@@ -131,12 +132,13 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | str, *, resume: bool =
     """
     run_dir = Path(run_dir)
     protocol = get_protocol(cfg.strategy)
-    if transport is not None:
+    if transport is not None:  # FLARE: the runner that started the job holds the run directory's lock
         return _run(cfg, run_dir, protocol, transport, resume=resume, progress=progress)
-    dev = resolve_device(device or cfg.device)
-    transport = InProcessTransport(build_runners(cfg, dev, progress))
-    with backend_settings(run_engine(cfg, dev)):  # cuDNN autotuning / deterministic kernels, restored after
-        return _run(cfg, run_dir, protocol, transport, resume=resume, progress=progress)
+    with run_lock(run_dir, "fedcxr train"):  # one process per run directory (fedcxr.runlock)
+        dev = resolve_device(device or cfg.device)
+        transport = InProcessTransport(build_runners(cfg, dev, progress))
+        with backend_settings(run_engine(cfg, dev)):  # cuDNN autotuning / deterministic kernels, restored after
+            return _run(cfg, run_dir, protocol, transport, resume=resume, progress=progress)
 
 
 def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transport: Transport, *,
@@ -169,7 +171,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
         metrics["seconds"] = round(time.perf_counter() - t0, 3)
         best = _keep_best(cfg, best, r, metrics["val"], state, transport)
         history.append(metrics)
-        _append_metrics(run_dir, metrics)
+        write_metrics(run_dir, history)
         tracker.log_round(metrics)
         save_checkpoint(run_dir, r, {
             "round": r, "fingerprint": fingerprint, "data_hashes": hashes, "threads": threads, "state": state,
@@ -307,34 +309,54 @@ def _postfix(metrics: dict) -> dict:
     return {"val_auroc": f"{val[0]:.3f}"} if val else {}
 
 
-def _append_metrics(run_dir: Path, metrics: dict) -> None:
-    with open(run_dir / "metrics.jsonl", "a") as handle:
-        handle.write(json.dumps(metrics, default=_json_default) + "\n")
+def metrics_line(metrics: dict) -> str:
+    """One round as strict JSON (NaN/Inf → null, tensors → lists): any JSON reader parses it."""
+    return json.dumps(json_safe(_plain(metrics)), allow_nan=False, default=str)
+
+
+def write_metrics(run_dir: Path, history: list[dict]) -> None:
+    """``metrics.jsonl`` rewritten whole, atomically, every round: a kill or a full disk mid-write leaves
+    the previous complete file, never a torn line (a few KB per round: cheap)."""
+    text = "".join(metrics_line(row) + "\n" for row in history)
+    atomic_write_bytes(run_dir / "metrics.jsonl", text.encode("utf-8"))
 
 
 def _read_metrics(run_dir: Path, upto: int) -> list[dict]:
-    """Metrics of rounds ≤ ``upto``; a line written after the last checkpoint is dropped."""
+    """Metrics of rounds ≤ ``upto`` (a line written after the last checkpoint, or one that does not
+    parse, is dropped); the file is rewritten atomically with what is kept."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    rows = [row for row in rows if row.get("round", -1) <= upto]
-    path.write_text("".join(json.dumps(row, default=_json_default) + "\n" for row in rows))
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            log.warning("%s line %d is not JSON (a write cut short?): dropped", path, number)
+            continue
+        if isinstance(row, dict) and isinstance(row.get("round"), int) and row["round"] <= upto:
+            rows.append(row)
+    write_metrics(run_dir, rows)
     return rows
 
 
-def _json_default(value):
+def _plain(value):
+    """Tensors as lists, containers walked (the rest is :func:`fedcxr.atomic.json_safe`'s)."""
     if isinstance(value, torch.Tensor):
         return value.tolist()
-    if isinstance(value, float) and value != value:
-        return None
-    return str(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _write_run_files(run_dir: Path, cfg: ExperimentConfig, ctx: Context, protocol: RoundProtocol, *,
                      status: str, ledger=None, selected: Optional[dict] = None) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    atomic_write_bytes(run_dir / "config.yaml", dump_config(cfg).encode("utf-8"))
     payload = {
         "method": protocol.name, "seed": cfg.seed, "target": ctx.target, "classes": ctx.classes,
         "aux_tasks": ctx.aux_tasks, "sites": [cfg.site_name(s) for s in cfg.all_sites()],

@@ -80,9 +80,9 @@ from typing import Annotated, Any, Literal, Optional
 
 import numpy as np
 import pandas as pd
-import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fedcxr.errors import UserError
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, require_columns
 from fedcxr.site_adapters.body_part import not_chest_reason
 from fedcxr.site_adapters.images import KIND_DICOM, MAX_PIXELS, read_headers
@@ -101,6 +101,7 @@ from fedcxr.vocab import (
     sex_code,
     view_code,
 )
+from fedcxr.yamlfile import read_yaml
 
 ADAPTER_VERSION = "1"
 #: Fedcxr can read this source with ``fedcxr ingest --plan`` (DICOM-tag demographics are unknown then).
@@ -443,10 +444,10 @@ def load_mapping(path: Path | str) -> CsvMapping:
     path = Path(path)
     if not path.is_file():
         raise IngestError(f"--mapping {path}: no such file" + deeper_hint(path))
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise IngestError(f"{path}: not valid YAML: {exc}") from None
+    try:  # UTF-8, bounded in size and in alias expansion (fedcxr.yamlfile)
+        raw = read_yaml(path, "mapping file")
+    except UserError as exc:
+        raise IngestError(str(exc)) from None
     if not isinstance(raw, dict):
         raise IngestError(f"{path}: expected a mapping of keys (csv, image, patient, classes, ...)")
     try:

@@ -62,6 +62,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from fedcxr.site_adapters.paths import NotRegularFile, open_regular
+
 KIND_DICOM, KIND_PNG, KIND_JPEG = "dicom", "png", "jpeg"
 
 #: DICOM tags a DICOM adapter needs, copied into :func:`read_header`'s dict (str or None).
@@ -95,6 +97,10 @@ class ImageError(ValueError):
 
 class ImageTooLarge(ImageError):
     """The header declares more pixel values than allowed: never decoded."""
+
+
+class NotAnImageFile(ImageError):
+    """A named pipe, socket, device or directory (:func:`fedcxr.site_adapters.paths.open_regular`): never opened."""
 
 
 def check_pixel_count(rows: int, cols: int, max_pixels: int, *, frames: int = 1, samples: int = 1) -> None:
@@ -135,9 +141,11 @@ def read_header(path: str | Path, max_pixels: int = MAX_PIXELS, *, tags: Sequenc
     """
     path = os.fspath(path)
     try:
-        fd = os.open(path, os.O_RDONLY | _O_BINARY)
+        fd = open_regular(path)  # never a named pipe, socket or device: reading one blocks or never ends
     except FileNotFoundError:
         raise ImageError("missing file") from None
+    except NotRegularFile as exc:
+        raise NotAnImageFile(str(exc)) from None
     except IsADirectoryError:
         raise ImageError("not a file (a directory)") from None
     except OSError as exc:
@@ -488,13 +496,14 @@ def read_image(path: str | Path, max_pixels: int = MAX_PIXELS) -> np.ndarray:
 
 
 def ensure_pixel_budget(path: str, max_pixels: int) -> None:
-    """Raise :class:`ImageTooLarge` when the header declares too many values; nothing else.
+    """Raise :class:`ImageTooLarge` when the header declares too many values, :class:`NotAnImageFile`
+    for a named pipe, socket or device (the decoder would block on it); nothing else.
 
     Other header problems are left to the decoder, which reports them in its own words.
     """
     try:
         read_header(path, max_pixels)
-    except ImageTooLarge:
+    except (ImageTooLarge, NotAnImageFile):
         raise
     except Exception:  # noqa: BLE001 — the decode that follows names the problem
         pass
@@ -812,7 +821,7 @@ def _short(exc: BaseException) -> str:
 
 
 __all__ = [
-    "DICOM_TAGS", "ImageError", "ImageTooLarge", "KIND_DICOM", "KIND_JPEG", "KIND_PNG", "MAX_PIXELS", "check_image",
+    "DICOM_TAGS", "ImageError", "ImageTooLarge", "NotAnImageFile", "KIND_DICOM", "KIND_JPEG", "KIND_PNG", "MAX_PIXELS", "check_image",
     "check_modality_tags", "check_pixel_count", "ensure_pixel_budget", "pil_pixel_limit",
     "check_images_batch", "header_or_reason", "headers_batch", "read_header", "read_headers",
     "read_image", "read_image_resized", "scale_unit", "sniff_kind", "to_uint8", "transfer_syntax",

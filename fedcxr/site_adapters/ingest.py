@@ -49,6 +49,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from fedcxr.atomic import json_bytes
+from fedcxr.escape import to_csv_text
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, ensure_columns
 from fedcxr.site_adapters.images import MAX_PIXELS
 from fedcxr.site_adapters.manifest import (
@@ -274,7 +275,7 @@ def run_ingest(
         "sites": {},
         "options": run_options,
         "pseudonym_key_id": key.key_id,
-        "notes": [printable(n) for n in table.notes],
+        "notes": [printable(n) for n in table.notes + parts.notes],
         "hints": [printable(h) for h in hints],
     }
     if plan:
@@ -494,7 +495,7 @@ def set_aside_csv_bytes(rows: list[SetAside], key: SiteKey) -> bytes:
         "image_key": [k if p else "" for p, k in zip(paths, keys)],
         "reason": [printable(s.reason) for s in rows],
     }, columns=["file", "row", "image_path", "image_key", "reason"])
-    return frame.to_csv(index=False).encode("utf-8")
+    return to_csv_text(frame).encode("utf-8")  # file names are cells: no formula runs
 
 
 def contain_paths(frame: pd.DataFrame, root: Path, *, follow_links: bool = False,

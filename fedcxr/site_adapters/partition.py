@@ -5,7 +5,8 @@ Specs (the papers' sites):
 * *(none)* — the whole source is one site, named after the source (or ``--site-name``).
 * ``COLUMN`` or ``column:COLUMN`` — one site per value of an adapter group column
   (``race`` for MIMIC, ``state``/``site_id`` for MIDRC, ``site_group`` for covid-chestxray).
-  Rows with no value are set aside.
+  Rows with no value are set aside. Values become site names by the rule of
+  :mod:`fedcxr.site_adapters.site_names` (two values never merge into one site).
 * ``conditions:c1,c2,...`` — one site per condition (AuxInfo+GP paper's CheXpert domains,
   preset ``chexpert-conditions`` = lung_lesion, pneumonia, atelectasis, consolidation, edema).
   Each patient goes to exactly one of the listed conditions it has labels for (a stable
@@ -30,7 +31,7 @@ Specs (the papers' sites):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -38,6 +39,7 @@ import pandas as pd
 
 from fedcxr.site_adapters.base import IngestError, SetAside
 from fedcxr.site_adapters.manifest import patient_bucket
+from fedcxr.site_adapters.site_names import canonical, site_name, site_names
 from fedcxr.vocab import CLASS_SET, canonical_class, label_column
 
 CHEXPERT_CONDITIONS = ["lung_lesion", "pneumonia", "atelectasis", "consolidation", "edema"]
@@ -50,6 +52,7 @@ class Partitioned:
     frame: pd.DataFrame
     class_sets: dict[str, list[str]]  # site → classes it may label (before counting)
     set_aside: list[SetAside]
+    notes: list[str] = field(default_factory=list)  # values whose site name got a suffix (site_names)
 
 
 def slug(value: str) -> str:
@@ -64,8 +67,9 @@ def partition(
     """Assign each row to a site according to ``spec`` (see module doc)."""
     if spec is None or spec.strip() in {"", "whole", "none"}:
         out = frame.copy()
-        out["site"] = slug(default_site)
-        return Partitioned(out, {slug(default_site): list(classes)}, [])
+        name = site_name(default_site)
+        out["site"] = name
+        return Partitioned(out, {name: list(classes)}, [])
     spec = spec.strip()
     if spec == "chexpert-conditions":
         spec = "conditions:" + ",".join(CHEXPERT_CONDITIONS)
@@ -99,8 +103,10 @@ def _by_column(frame: pd.DataFrame, column: str, classes: list[str]) -> Partitio
     missing = values.isna() | (values.astype(str).str.strip() == "")
     set_aside = _set_aside_rows(frame.loc[missing], f"no value for site column {column!r}")
     out = frame.loc[~missing].copy()
-    out["site"] = out[col].astype(str).map(slug)
-    return Partitioned(out, {s: list(classes) for s in sorted(out["site"].unique())}, set_aside)
+    values = out[col].astype(str)
+    names, notes = site_names(values.unique())
+    out["site"] = values.map(lambda v: names[canonical(v)])
+    return Partitioned(out, {s: list(classes) for s in sorted(out["site"].unique())}, set_aside, notes)
 
 
 def _parse_class_list(text: str, classes: list[str]) -> list[str]:

@@ -19,6 +19,9 @@ Rules (:func:`contain`):
 * the manifest keeps the lexically normalised relative path; the real path is returned too,
   so duplicates can be found by the file they resolve to (:mod:`fedcxr.site_adapters.ingest`).
 
+Only regular files are ever opened as images (:func:`open_regular`, :func:`regular_file_problem`):
+a named pipe blocks a reader forever, a device never ends; both are set aside with the reason.
+
 A path that is not valid UTF-8 (a file name in a legacy encoding, which Python holds as
 surrogate escapes) is set aside as well: it cannot be written to Parquet or JSON as text.
 :func:`printable` gives the form used in messages (``\\udcff`` escapes made visible).
@@ -26,9 +29,11 @@ surrogate escapes) is set aside as well: it cannot be written to Parquet or JSON
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import re
+import stat
 from typing import Optional, Sequence
 
 OUTSIDE = "image path outside the export folder"
@@ -77,6 +82,66 @@ def lexical(rel: str) -> tuple[Optional[str], Optional[str]]:
     if norm in (".", ""):
         return None, "no image path"
     return norm, None
+
+
+#: what a path that is not a regular file is, in the words of a set-aside reason
+_KINDS = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
+_O_BINARY = getattr(os, "O_BINARY", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_O_NOCTTY = getattr(os, "O_NOCTTY", 0)
+
+
+def not_regular(mode: int) -> Optional[str]:
+    """``"not a regular file (a named pipe)"`` for a special file's ``st_mode``; None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "a special file")
+    return f"not a regular file ({kind})"
+
+
+def regular_file_problem(path: str | os.PathLike) -> Optional[str]:
+    """Why ``path`` must not be opened as an image (missing, or not a regular file), or None.
+
+    One ``stat`` (links followed): reading a named pipe blocks forever, a device never ends,
+    and opening some devices has side effects, so they are refused before any open."""
+    try:
+        return not_regular(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return "missing file"
+    except (OSError, ValueError) as exc:
+        return f"unreadable file: {getattr(exc, 'strerror', None) or type(exc).__name__}"
+
+
+def open_regular(path: str | os.PathLike) -> int:
+    """A read-only descriptor of ``path``, only if it is a regular file; else :class:`NotRegularFile`
+    (:class:`IsADirectoryError` for a directory).
+
+    Checked before opening (:func:`regular_file_problem`) and again on the open descriptor, which
+    is opened non-blocking so that a file swapped for a named pipe in between still never blocks
+    (on a regular file ``O_NONBLOCK`` changes nothing: reads return the data as usual)."""
+    problem = regular_file_problem(path)
+    if problem is not None and problem.startswith("not a regular file"):
+        raise _refusal(problem, path)
+    fd = os.open(path, os.O_RDONLY | _O_BINARY | _O_NONBLOCK | _O_NOCTTY)
+    try:
+        problem = not_regular(os.fstat(fd).st_mode)
+        if problem is not None:
+            raise _refusal(problem, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _refusal(problem: str, path) -> OSError:
+    if problem.endswith("(a directory)"):
+        return IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
+    return NotRegularFile(problem)
+
+
+class NotRegularFile(OSError):
+    """A path that is a named pipe, socket, device or directory: never read as an image."""
 
 
 class Container:
@@ -147,4 +212,5 @@ def contain_all(
     return norms, reals, reasons
 
 
-__all__ = ["OUTSIDE", "Container", "contain_all", "is_utf8", "lexical", "printable"]
+__all__ = ["OUTSIDE", "Container", "NotRegularFile", "contain_all", "is_utf8", "lexical", "not_regular", "open_regular",
+           "printable", "regular_file_problem"]

@@ -135,7 +135,7 @@ def shift_site(site_dir: Path | str, out: Path | str, *, kind: str, level: int, 
     from fedcxr.logs import bar_disabled
     from fedcxr.site_adapters.images import read_image, to_uint8
     from fedcxr.site_adapters.manifest import read_manifest, read_site_json, write_site
-    from fedcxr.site_adapters.partition import slug
+    from fedcxr.site_adapters.site_names import site_name as name_of
 
     params = check_shift(kind, level)
     site_dir, out = Path(site_dir), Path(out)
@@ -144,7 +144,7 @@ def shift_site(site_dir: Path | str, out: Path | str, *, kind: str, level: int, 
         frame = read_manifest(site_dir)
     except FileNotFoundError as exc:
         raise UserError(str(exc)) from None
-    name = slug(site_name or meta.get("site") or site_dir.name)
+    name = name_of(site_name or meta.get("site") or site_dir.name)
     src_root = Path(meta.get("export_root", site_dir))
     img_root = out / "_images" / name
     new_paths = [shifted_path(p, kind, level, seed) for p in frame["image_path"].astype(str)]

@@ -46,10 +46,19 @@ def test_bundle_runs_with_monai_and_matches_predict(evaluated_run, scan_folder, 
     assert meta["fedcxr"]["operating_points_site"] == "dicom_style"
     assert str(evaluated_run) not in (bundle / "configs" / "metadata.json").read_text()
 
+    # files that are not images: one bad file never aborts the run, none is opened that should not be
+    os.mkfifo(scan_folder / "pipe.dcm")
+    (scan_folder / "empty.dcm").write_bytes(b"")
+    (tmp_path / "secret.png").write_bytes((scan_folder / "portable_0.png").read_bytes())
+    (scan_folder / "outside.png").symlink_to(tmp_path / "secret.png")
+    hostile = {"pipe.dcm", "empty.dcm", "outside.png"}
+
     out = tmp_path / "monai_out"
     result = monai_run(bundle, scan_folder, out)
     assert result.returncode == 0, result.stderr[-3000:]
     monai = pd.read_csv(out / "predictions.csv").set_index("image")
+    unread = pd.read_csv(out / "unread.csv").set_index("image")["reason"]
+    assert set(unread.index) == hostile and unread["pipe.dcm"] == "not a regular file (a named pipe)"
 
     assert main(["predict", str(evaluated_run), "--input", str(scan_folder), "--out", str(tmp_path / "p.csv"),
                  "-q", "--device", "cpu"]) == 0
@@ -58,7 +67,8 @@ def test_bundle_runs_with_monai_and_matches_predict(evaluated_run, scan_folder, 
     preds.index = key_map.set_index("key").loc[preds.index, "image_path"]
     # the bundle scores every file; predict scores a second copy of one SOPInstanceUID once (key map says so)
     assert len(monai) == 10 and set(preds.index) <= set(monai.index)
-    assert set(monai.index) - set(preds.index) == set(key_map.loc[key_map["status"] != "scored", "image_path"])
+    not_scored = set(key_map.loc[key_map["status"] != "scored", "image_path"])
+    assert hostile <= not_scored and set(monai.index) - set(preds.index) == not_scored - hostile
     cols = [f"prob__{c}" for c in classes]
     np.testing.assert_allclose(monai.loc[preds.index, cols].to_numpy(), preds[cols].to_numpy(), atol=1e-4)
 

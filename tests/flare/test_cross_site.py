@@ -113,6 +113,37 @@ def test_a_site_that_fails_is_named_and_the_others_are_reported(runs):
     assert "Site chexpert_style: not evaluated (evaluation failed" in (run_dir / "report.md").read_text()
 
 
+class LyingTransport(InProcessTransport):
+    """The in-process transport, with one site whose summary no evaluation can produce (SECURITY.md E4)."""
+
+    def __init__(self, runners, liar: str):
+        super().__init__(runners)
+        self.liar = liar
+
+    def run(self, task, targets, params, config, *, per_site=None):
+        replies = super().run(task, targets, params, config, per_site=per_site)
+        summary = (replies[self.liar].metrics or {}).get("summary") if self.liar in replies else None
+        if task == VALIDATE_TASK and summary:
+            summary["per_class"][0]["auroc"] = 42.0
+            summary["per_class"][-1]["reason"] = '=HYPERLINK("http:evil","click")'
+        return replies
+
+
+def test_a_summary_with_impossible_numbers_or_unknown_text_is_refused_and_logged(runs, caplog):
+    _, exps = runs
+    cfg, run_dir = exps["fedavg"]
+    with caplog.at_level("WARNING", logger="fedcxr.flare.cross_site"):
+        report = cross_site_evaluate(_transport(cfg, LyingTransport, liar="nih_style"), run_dir,
+                                     evaluation_settings({"n_boot": 0}))
+    assert list(report["sites"]) == ["chexpert_style", "midrc_style"]
+    failed = {item["site"]: item["reason"] for item in report["sites_without_predictions"]}
+    assert failed["nih_style"].startswith("summary refused: summary.per_class[0].auroc: 42.0 is outside [0, 1]")
+    assert "site nih_style not reported: summary refused" in caplog.text
+    for name in ("per_class.csv", "report.md", "report.json", "cross_site_val/cross_val_results.json"):
+        assert "HYPERLINK" not in (run_dir / name).read_text(), name
+    assert "nih_style" not in json.loads((run_dir / "cross_site_val" / "cross_val_results.json").read_text())
+
+
 def test_per_site_methods_evaluate_the_sites_own_model_and_the_global_one(runs):
     _, exps = runs
     cfg, run_dir = exps["fedbn"]

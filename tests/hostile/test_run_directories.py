@@ -6,9 +6,11 @@ that nothing worse happened (no code ran, no data was mixed, the run still ends 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
+import resource
 import shutil
 from pathlib import Path
 
@@ -233,3 +235,77 @@ def test_no_raw_identifier_or_image_path_anywhere_under_a_run(tiny_manifests, tm
         blob = path.read_bytes()
         found = [n for n in needles if n.encode() in blob]
         assert not found, f"{path.relative_to(run)} holds {found[:3]}"
+
+
+# --------------------------------------------------------------------------- a full disk (SECURITY.md R6)
+
+
+@contextlib.contextmanager
+def file_size_limit(limit: int):
+    """``ulimit -f``: every write past ``limit`` bytes fails with EFBIG (Python ignores SIGXFSZ), as on a
+    full disk; restored after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def _strict_rows(path: Path) -> list[dict]:
+    """``metrics.jsonl`` read by a strict JSON reader (a bare NaN or Infinity fails)."""
+    def refuse(name):
+        raise ValueError(f"{path.name} holds {name}: not JSON")
+
+    return [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
+
+
+def test_a_full_disk_during_train_stops_with_resume_advice_and_keeps_the_checkpoints(finished, tmp_path, capsys):
+    run, config = _copy(finished, tmp_path)
+    (run / "final_model.pt").unlink()
+    for path in checkpoint_paths(run)[-1:]:  # the run was killed before its last round's checkpoint
+        path.unlink()
+    kept = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    with file_size_limit(150_000):  # a checkpoint is ~360 KB: its write fails, as torch.save's on a full disk
+        code, err = _cli(["train", config, "--out", run, "--resume", "-q"], capsys)
+    assert code == 1, err
+    assert "run stopped: no space left writing" in err and "File too large" in err and "--resume" in err
+    assert "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == kept, "no half checkpoint"
+    assert not (run / "final_model.pt").exists()
+    assert [r["round"] for r in _strict_rows(run / "metrics.jsonl")] == [0, 1, 2]
+    code, err = _cli(["train", config, "--out", run, "--resume", "-q"], capsys)
+    assert code == 0, err
+    ref = torch.load(finished / "run" / "final_model.pt", weights_only=True)["global"]
+    got = torch.load(run / "final_model.pt", weights_only=True)["global"]
+    assert all(torch.equal(ref[k], got[k]) for k in ref), "the resumed run ends as the uninterrupted one"
+    assert [r["round"] for r in _strict_rows(run / "metrics.jsonl")] == [0, 1, 2]
+
+
+def test_metrics_jsonl_is_strict_json_and_a_torn_line_is_dropped_on_resume(finished, tmp_path, capsys):
+    run, config = _copy(finished, tmp_path)
+    rows = _strict_rows(run / "metrics.jsonl")
+    assert any(v is None for r in rows for site in r["val"].values() for v in site["auroc"].values()), \
+        "the tiny run has undefined AUROCs: written as null, never NaN"
+    (run / "final_model.pt").unlink()
+    checkpoint_paths(run)[-1].unlink()
+    with open(run / "metrics.jsonl", "a") as handle:
+        handle.write('{"round": 3, "val": {"nih_sty')  # a write cut short by a crash
+    code, err = _cli(["train", config, "--out", run, "--resume", "-q"], capsys)
+    assert code == 0, err
+    assert [r["round"] for r in _strict_rows(run / "metrics.jsonl")] == [0, 1, 2]
+
+
+def test_a_full_disk_during_evaluate_stops_with_advice_and_keeps_the_previous_report(tmp_path, capsys):
+    from ..evaluation.conftest import synthetic_predictions, write_run
+
+    run = write_run(tmp_path / "run", synthetic_predictions(sites=("site-a",), patients_per_site=30))
+    assert main(["evaluate", str(run), "--bootstrap", "0", "-q"]) == 0
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert len(before["report.json"]) > 10_000
+    with file_size_limit(10_000):
+        code, err = _cli(["evaluate", run, "--bootstrap", "0", "-q"], capsys)
+    assert code == 1, err
+    assert f"run stopped: no space left writing {run / 'report.json'}" in err and "Traceback" not in err
+    assert "run `fedcxr evaluate` again" in err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before, "old outputs intact"
