@@ -45,6 +45,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import pandas as pd
 
 from fedcxr.atomic import atomic_path
@@ -137,9 +138,9 @@ def _contained(root: Path, relative: str, row: int) -> Path:
     return path
 
 
-def _regular_files_only(keys, relative: list[str], paths: list[Path]):
+def _regular_files_only(relative: list[str], paths: list[Path]) -> tuple[list[int], list[dict]]:
     """Set aside (never open) a manifest row whose file is gone or is a named pipe, socket or device:
-    reading a pipe would block forever. ``(keys, relative, paths, set-aside rows)`` of the rest."""
+    reading a pipe would block forever. ``(kept row indices, set-aside rows)``."""
     from fedcxr.site_adapters.paths import regular_file_problem
 
     problems = [regular_file_problem(p) for p in paths]
@@ -148,7 +149,7 @@ def _regular_files_only(keys, relative: list[str], paths: list[Path]):
         raise UserError(f"no image could be read: {problems[0] if problems else 'no rows'}")
     unread = [{"image_path": relative[i], "file": relative[i], "reason": problems[i]}
               for i in range(len(paths)) if problems[i] is not None]
-    return keys[keep], [relative[i] for i in keep], [paths[i] for i in keep], unread
+    return keep, unread
 
 
 def predict_folder(run_dir: Path | str, input_dir: Path | str, out: Path | str, *, site: Optional[str] = None,
@@ -171,13 +172,15 @@ def predict_folder(run_dir: Path | str, input_dir: Path | str, out: Path | str, 
         keys = row_keys(manifest).to_numpy()
         relative = manifest["image_path"].astype(str).tolist()
         paths = [_contained(root, rel, i) for i, rel in enumerate(relative)]
-        keys, relative, paths, unread = _regular_files_only(keys, relative, paths)
+        not_chest = (manifest["not_chest"].where(manifest["not_chest"].notna(), "").astype(str).to_numpy()
+                     if "not_chest" in manifest else np.full(len(manifest), "", dtype=object))
+        keep, unread = _regular_files_only(relative, paths)
+        keys, not_chest = keys[keep], not_chest[keep]
+        relative, paths = [relative[i] for i in keep], [paths[i] for i in keep]
         aside = aside + unread
         probs = score_files(loaded.model, paths, size=loaded.image_size, device=dev, names=relative,
                             batch_size=batch_size, progress=progress)
     threshold_site, thresholds = thresholds_for(run_dir, loaded.run, site)
-    not_chest = (manifest["not_chest"].where(manifest["not_chest"].notna(), "").astype(str).to_numpy()
-                 if "not_chest" in manifest else [""] * len(manifest))
     frame = pd.DataFrame({"key": keys})
     frame[NOT_CHEST_COLUMN] = [int(bool(reason)) for reason in not_chest]
     for j, cls in enumerate(loaded.classes):
