@@ -498,9 +498,14 @@ def test_presentation_lut_shape_inverse(tmp_path, photometric):
 
 
 def _patched(path: Path, old: bytes, new: bytes) -> Path:
+    """Replace the element value that starts with ``old`` (right after an explicit-VR header:
+    two VR letters and a 2-byte length), never the same digits inside a random UID."""
+    import re
+
     data = path.read_bytes()
-    assert data.count(old) == 1
-    path.write_bytes(data.replace(old, new))
+    at = re.compile(rb"(?<=[A-Z]{2}[\x00-\xff]{2})" + re.escape(old), re.S)
+    assert len(at.findall(data)) == 1
+    path.write_bytes(at.sub(new.replace(b"\\", b"\\\\"), data))
     return path
 
 
