@@ -7,6 +7,7 @@ to every reply of every round, so the in-process simulation and NVIDIA FLARE scr
   at most :data:`MAX_COUNT`, and at most what the site reported at the start of the run
   (a 10¹² or 10⁴⁰⁰ claim is refused before any arithmetic, so it can neither take over a
   sample-weighted mean nor overflow a float).
+* :func:`negative_variance` — a BatchNorm running variance below zero (no training makes one).
 * :func:`planned_steps` — the most optimiser steps a ``train`` task allows.
 * :func:`step_norm` — an update's norm per optimiser step and unit of learning rate: sites
   with more rows take more steps and the target trains at its own learning rate, so raw
@@ -63,6 +64,20 @@ def count_problem(value, what: str, limit: Optional[int] = None, limit_source: s
         return f"{what} is {describe_number(value)}, above any plausible count ({MAX_COUNT})"
     if limit is not None and value > limit:
         return f"{what} claims {value}, more than the {limit} {limit_source}".rstrip()
+    return None
+
+
+def negative_variance(state: Mapping[str, torch.Tensor]) -> Optional[str]:
+    """Which BatchNorm ``running_var`` entry holds negative values, or ``None``.
+
+    A variance is never negative, and BN training and FedAvg keep it so (a blend of non-negative
+    values); a negative one makes every prediction NaN (``sqrt`` of it) while training, which runs
+    on batch statistics, goes on unaware. A sign-flipped update produces exactly that."""
+    for key, value in state.items():
+        if key.endswith("running_var") and value.is_floating_point():
+            negative = int((value < 0).sum())
+            if negative:
+                return f"entry {key!r} has {negative} negative value(s), and a variance cannot be negative"
     return None
 
 

@@ -251,7 +251,9 @@ def test_krum_keeps_the_honest_sites_and_median_resists_a_sign_flipped_one(hosti
     sites = [*SOURCES, "dicom_style", "nih_copy"]
     defences = {"norm_factor": 50}
     data = _data(root, tmp_path / "cache", sites=sites, rounds=1, defences=defences,
-                 aggregation={"rule": "multi_krum", "byzantine": 1})
+                 aggregation={"rule": "multi_krum", "byzantine": 1},
+                 model={"backbone": "resnet_tiny", "hidden": 16, "classes": CLASSES, "norm": "group"})
+    # GroupNorm: no running variance for the flip to make negative (that alone is refused: test_screening)
     run = hostile.hostile_run(load_config(data=data), tmp_path / "krum", {"midrc_style": {0: "flip"}})
     assert run["refused"] == []
     [note] = _metrics(tmp_path / "krum")[0]["aggregation"]
@@ -283,3 +285,30 @@ def test_a_rule_or_setting_a_run_cannot_use_exits_2_saying_why(tiny_manifests, t
     data = _data(tiny_manifests, tmp_path / "cache", aggregation="median", rounds=1)
     code, err = _train_exit(tmp_path, capsys, {**data, **overrides})
     assert code == 2 and fragment in err, err
+
+
+def test_metadata_counts_that_are_not_counts_stop_the_run_before_round_0():
+    """The counts every later reply is judged by must themselves be counts (exit 2 naming the site)."""
+    from fedcxr.errors import UserError
+    from fedcxr.pipeline.federation import check_metadata_counts
+
+    with pytest.raises(UserError, match=r"site evil answered the metadata query with n_samples is a 401-digit"):
+        check_metadata_counts({"evil": Reply(site="evil", n_samples=10**400)})
+    with pytest.raises(UserError, match=r"n_train is 2.5, not an integer"):
+        check_metadata_counts({"evil": Reply(site="evil", n_samples=3, metrics={"n_train": 2.5})})
+    check_metadata_counts({"ok": Reply(site="ok", n_samples=3, metrics={"n_train": 3, "n_val": 0})})
+
+
+def test_krum_lowers_f_for_a_round_left_with_too_few_replies(tiny_manifests, tmp_path):
+    """f = 1 needs 5 replies; after a refusal leaves 4, the round goes on with f = 0, said in the metrics."""
+    from fedcxr.pipeline.protocols.base import robust_average
+
+    ctx = _context(tiny_manifests, tmp_path)
+    ctx.cfg = ctx.cfg.model_copy(update={"aggregation": ctx.cfg.aggregation.model_copy(
+        update={"rule": "multi_krum", "byzantine": 1})})
+    theta0 = {"w": torch.zeros(2)}
+    states = [{"w": torch.tensor([x, 0.0])} for x in (0.0, 1.0, 2.0, 50.0)]
+    merged = robust_average(ctx, ["a", "b", "c", "d"], states, [1.0] * 4, theta0)
+    [note] = ctx.notes["aggregation"]
+    assert note["byzantine"] == 0 and sorted(note["kept"]) == ["a", "b", "c", "d"]  # m = n − f = 4
+    assert torch.allclose(merged["w"], torch.tensor([53 / 4, 0.0]))

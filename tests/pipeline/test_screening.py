@@ -54,3 +54,10 @@ def test_state_norm_counts_floating_entries_only():
     state = {"w": torch.tensor([3.0, 4.0]), "n": torch.tensor(100), "bn": torch.tensor([12.0])}
     assert S.state_norm(state) == 13.0
     assert S.state_norm(state, exclude=["bn"]) == 5.0
+
+
+def test_a_negative_running_variance_is_named():
+    state = {"bn.running_mean": torch.tensor([-3.0]), "bn.running_var": torch.tensor([1.0, -0.5, -1e-9])}
+    assert S.negative_variance(state) == ("entry 'bn.running_var' has 2 negative value(s), and a variance "
+                                          "cannot be negative")
+    assert S.negative_variance({"bn.running_var": torch.tensor([0.0, 2.0]), "w": torch.tensor([-1.0])}) is None

@@ -60,7 +60,6 @@ class Context:
     missed: list[dict] = field(default_factory=list)  # {"round", "task", "site"} for absent replies
     refused: list[dict] = field(default_factory=list)  # {"round", "task", "site", "check", "reason"} (screen)
     sent: dict = field(default_factory=dict)  # site → the task config it got in the latest ask (lr, step budget)
-    pool: dict = field(default_factory=dict)  # {"round", "stats"}: step norms of the round's accepted sources
     notes: dict = field(default_factory=dict)  # this round's extra metrics (robust rule: who was kept/clipped)
     said: set = field(default_factory=set)  # notices already logged this run (see :meth:`once`)
     task_defaults: dict = field(default_factory=dict)  # the method's optimiser defaults (RoundProtocol.task_defaults)
@@ -136,11 +135,12 @@ def ask_one(ctx: Context, task: str, site: str, params: Optional[StateDict], con
 def check_one(ctx: Context, reply: Reply, reference: Optional[StateDict], r: int, *, task: str = "train") -> None:
     """Screen a reply the round needs (the target's, the pooled site's): refused → the round fails.
 
-    A target's ``train`` reply is also compared with the step norms of this round's sources.
+    Counts, shapes, NaN/Inf and the absolute norm bound only: the target is never compared with
+    the sources' norms. It trains on other data at its own learning rate, often for a few steps
+    (a few Adam steps move every weight by about lr each, many steps partly cancel), so its
+    update per step is not comparable with theirs; and it is the party the run adapts to.
     """
     problem = screen(ctx, reply, reference, r, task=task)
-    if problem is None and task == "train" and reference is not None and reply.params is not None:
-        problem = _pool_outlier(ctx, reply, reference, r)
     if problem is None:
         return
     check, reason = problem
@@ -184,8 +184,6 @@ def valid_replies(ctx: Context, replies: dict[str, Reply], reference: StateDict 
         kept.pop(site)
         stats.pop(site)
     stop_if_suspect(ctx, r, failed)
-    if task == "train":
-        ctx.pool = {"round": r, "stats": stats}
     need = min(len(replies), ctx.cfg.min_sites if minimum is None else minimum)
     if not kept or len(kept) < need:
         raise RoundFailed(f"round {r}: only {len(kept)} valid updates (need {max(need, 1)})")
@@ -201,7 +199,7 @@ def screen(ctx: Context, reply: Reply, reference: Optional[StateDict], r: int, *
 
     ``check`` is ``counts`` (a claimed count that is not a count, or above what the site
     reported at the start of the run / the steps the task allowed), ``structure`` (keys,
-    shapes, dtypes), ``values`` (NaN/Inf) or ``norm`` (``‖Δ‖ > norm_limit·‖θ0‖``). The
+    shapes, dtypes), ``values`` (NaN/Inf, a negative BN variance) or ``norm`` (``‖Δ‖ > norm_limit·‖θ0‖``). The
     relative norm screening needs the round's other replies (:func:`valid_replies`).
     ``counted``: the counts were checked already.
     """
@@ -215,7 +213,7 @@ def screen(ctx: Context, reply: Reply, reference: Optional[StateDict], r: int, *
     reason = _structure_problem(reply.params, reference)
     if reason:
         return "structure", reason
-    reason = nonfinite_problem(reply.params)
+    reason = nonfinite_problem(reply.params) or screening.negative_variance(reply.params)
     if reason:
         return "values", reason
     limit = ctx.cfg.defences.norm_limit
@@ -262,23 +260,9 @@ def _step_norm(ctx: Context, reply: Reply, reference: StateDict) -> float:
     return screening.step_norm(norm, lr, int(reply.n_batches))
 
 
-def _pool_outlier(ctx: Context, reply: Reply, reference: StateDict, r: int) -> Optional[tuple[str, str]]:
-    """A target trained after this round's sources: its step norm against theirs."""
-    factor = ctx.cfg.defences.norm_factor
-    if not factor or ctx.pool.get("round") != r:
-        return None
-    others = {s: v for s, v in ctx.pool.get("stats", {}).items() if s != reply.site}
-    found = screening.norm_outliers({reply.site: _step_norm(ctx, reply, reference)}, factor, others=others)
-    if reply.site not in found:
-        return None
-    value, ref = found[reply.site]
-    return "norm", (f"update norm per step and unit of lr {value:.3g} is above {factor:g} × the median of this "
-                    f"round's sources ({ref:.3g}) (defences.norm_factor)")
-
-
 def refuse(ctx: Context, r: int, task: str, site: str, check: str, reason: str) -> None:
     """Record a refused reply (``run.json`` ``refused`` and ``missed``, ``metrics.jsonl``) and log it."""
-    log.warning("round %d: rejected update from %s (%s): %s", r, site, task, reason)
+    log.warning("round %d: rejected update from %s: %s (task %s)", r, site, reason, task)
     ctx.refused.append({"round": r, "task": task, "site": site, "check": check, "reason": reason})
     ctx.missed.append({"round": r, "task": task, "site": site, "reason": f"rejected: {reason}"})
 

@@ -195,8 +195,8 @@ class TargetCombineProtocol(FedAvgProtocol):
 
 
 def check_target(ctx: Context, target: Reply, theta0, r: int) -> None:
-    """The target's fine-tuned model must be usable: a bad count, NaN/Inf, a wrong shape or an
-    implausible norm (against this round's sources, ``defences:``) fails the round."""
+    """The target's fine-tuned model must be usable: a bad count, NaN/Inf, a wrong shape or a norm
+    above ``defences.norm_limit`` fails the round (:func:`~fedcxr.pipeline.protocols.base.check_one`)."""
     check_one(ctx, target, theta0, r, task="train")
 
 
