@@ -252,6 +252,9 @@ class DefencesConfig(_Strict):
     check_counts: bool = Field(True, description="refuse a reply claiming more training rows than its site "
                                "reported at the start of the run (or more optimiser steps than the task "
                                "allowed); a count that is not a non-negative integer is always refused")
+    check_variance: bool = Field(True, description="refuse a reply whose BatchNorm running variance is "
+                                 "negative (no training makes one; a sign-flipped update does, and every "
+                                 "prediction of the model becomes NaN)")
     norm_factor: Optional[float] = Field(10.0, gt=1, allow_inf_nan=False, description="k: refuse an update "
                                          "whose norm per optimiser step and unit of learning rate exceeds k × "
                                          "the median of the round's other replies (needs 2 others; null: off)")

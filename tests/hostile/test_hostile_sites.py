@@ -31,7 +31,8 @@ from ..conftest import tiny_config
 
 SOURCES = ["nih_style", "chexpert_style", "midrc_style"]
 CLASSES = ["cardiomegaly", "pneumonia", "covid19"]
-OFF = {"check_counts": False, "norm_factor": None, "norm_limit": None, "stop_on_suspect": False}
+OFF = {"check_counts": False, "check_variance": False, "norm_factor": None, "norm_limit": None,
+       "stop_on_suspect": False}
 
 
 @pytest.fixture(scope="module")

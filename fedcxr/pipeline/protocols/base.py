@@ -213,7 +213,9 @@ def screen(ctx: Context, reply: Reply, reference: Optional[StateDict], r: int, *
     reason = _structure_problem(reply.params, reference)
     if reason:
         return "structure", reason
-    reason = nonfinite_problem(reply.params) or screening.negative_variance(reply.params)
+    reason = nonfinite_problem(reply.params)
+    if reason is None and ctx.cfg.defences.check_variance:
+        reason = screening.negative_variance(reply.params)
     if reason:
         return "values", reason
     limit = ctx.cfg.defences.norm_limit
@@ -445,7 +447,7 @@ def robust_average(ctx: Context, sites: list[str], states: list[StateDict], weig
         base = {k: theta0[k] for k in states[0]}
         bound, factors = agg.clip_factors(agg.update_norms(base, states), spec.clip_norm)
         note["clip_norm"] = bound
-        note["clipped"] = {s: round(f, 6) for s, f in zip(sites, factors) if f < 1.0}
+        note["clipped"] = {s: float(f"{f:.4g}") for s, f in zip(sites, factors) if f < 1.0}  # scale applied
         merged = agg.norm_clipped_mean(base, states, weights, bound)
     else:  # pragma: no cover - the config's Literal lists every rule
         raise ValueError(f"unknown aggregation rule {spec.rule!r}")
