@@ -127,6 +127,7 @@ def run_one(job: tuple) -> dict:
         result.update(status="broken", error=str(exc)[:300])
     except RunFailed as exc:
         result.update(status="failed", error=str(exc)[:300])
+    result["error"] = result["error"].replace(str(run_dir), "RUN_DIR")
     if result["status"] == "finished" and not np.isfinite(result["auroc"]):
         result["status"] = "broken"
     if result["status"] != "finished":
