@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from fedcxr.pipeline.messages import Reply, StateDict
+from fedcxr.pipeline.screening import describe_number
 from fedcxr.pipeline.state import check_update
 
 META_KEY = "fedcxr"
@@ -237,9 +238,11 @@ def _as_sent(value: torch.Tensor, ref: Optional[torch.Tensor]) -> torch.Tensor:
 
 
 def _count(body: dict, key: str) -> int:
+    """A non-negative integer; whether it is plausible (at most what the site reported at the start
+    of the run) is the protocols' check (:mod:`fedcxr.pipeline.screening`), the same in-process."""
     value = body.get(key, 0)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise WireError(f"{key} is {value!r}, not a non-negative integer")
+        raise WireError(f"{key} is {describe_number(value)}, not a non-negative integer")  # never an unbounded repr
     return int(value)
 
 

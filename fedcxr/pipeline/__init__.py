@@ -17,7 +17,8 @@ protocol framework    ``protocols/base`` (context, asking sites, reply checks), 
 site side             ``site_runner`` (one site: its data, model, tasks), ``local`` (local
                       training + prediction), ``dp`` (DP-SGD with Opacus, ε accounting),
                       ``data`` (decode-once cache, datasets, loaders)
-rules and helpers     ``aggregate`` (pure aggregation rules), ``state`` (state-dict plumbing,
+rules and helpers     ``aggregate`` (pure aggregation rules, robust ones too), ``screening``
+                      (pure checks of a reply's counts and update norm), ``state`` (state-dict plumbing,
                       the one flatten), ``messages`` (the reply type and payload layouts),
                       ``config`` (the experiment YAML), ``engine`` (how training uses the
                       hardware: AMP, channels-last, cuDNN, loader workers, offloading)

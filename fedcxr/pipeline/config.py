@@ -272,6 +272,57 @@ class EngineConfig(_Strict):
                                    "process (auto: 1; a CPU run is bit-identical only with the same count)")
 
 
+class AggregationConfig(_Strict):
+    """How the server combines the sites' models where a method averages them (README "Robust aggregation").
+
+    ``rule`` (pure functions in :mod:`fedcxr.pipeline.aggregate`): ``mean`` (FedAvg/FedBN, the
+    default), ``median`` (coordinate-wise), ``trimmed_mean`` (``trim`` = β cut from each end),
+    ``krum`` / ``multi_krum`` (``byzantine`` = f, ``select`` = m), ``clip`` (each update's norm
+    bounded by ``clip_norm``, the round's median update norm when null). A bare string is
+    accepted: ``aggregation: median``.
+    """
+
+    rule: Literal["mean", "median", "trimmed_mean", "krum", "multi_krum", "clip"] = "mean"
+    trim: float = Field(0.1, ge=0, lt=0.5, description="trimmed_mean: fraction β of values cut from each end "
+                        "per coordinate (int(β·n) of n, as scipy/Flower)")
+    byzantine: int = Field(1, ge=0, le=1000, description="krum / multi_krum: f, the number of hostile sites "
+                           "tolerated (needs at least 2f+3 replies per round)")
+    select: Optional[int] = Field(None, ge=1, le=1000, description="multi_krum: m, the number of models "
+                                  "averaged (default n − f)")
+    clip_norm: Optional[float] = Field(None, gt=0, allow_inf_nan=False, description="clip: the update-norm "
+                                       "bound M (null: the median of the round's update norms)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_rule(cls, data: Any) -> Any:
+        """``aggregation: median`` is short for ``aggregation: {rule: median}``."""
+        return {"rule": data} if isinstance(data, str) else data
+
+
+class DefencesConfig(_Strict):
+    """Checks of every site's reply before it is aggregated (on by default; README "Robust aggregation").
+
+    Refused replies are recorded with their reason in ``run.json`` (``refused``) and
+    ``metrics.jsonl``; NaN/Inf and wrong shapes are always refused.
+    """
+
+    check_counts: bool = Field(True, description="refuse a reply claiming more training rows than its site "
+                               "reported at the start of the run (or more optimiser steps than the task "
+                               "allowed); a count that is not a non-negative integer is always refused")
+    check_variance: bool = Field(True, description="refuse a reply whose BatchNorm running variance is "
+                                 "negative (no training makes one; a sign-flipped update does, and every "
+                                 "prediction of the model becomes NaN)")
+    norm_factor: Optional[float] = Field(10.0, gt=1, allow_inf_nan=False, description="k: refuse an update "
+                                         "whose norm per optimiser step and unit of learning rate exceeds k × "
+                                         "the median of the round's other replies (needs 2 others; null: off)")
+    norm_limit: Optional[float] = Field(100.0, gt=0, allow_inf_nan=False, description="refuse an update with "
+                                        "‖Δ‖ above this many times ‖θ0‖, the model it started from (any number "
+                                        "of replies, a lone source too; null: off)")
+    stop_on_suspect: bool = Field(True, description="stop the run (exit 1) naming the suspect when a site's "
+                                  "update turns NaN/Inf after another site's reply was refused in an earlier "
+                                  "round")
+
+
 class ExperimentConfig(_Strict):
     name: str = Field("experiment", description="the run's name (the default run folder is runs/<name>-...): "
                       f"1 to {MAX_NAME} characters, no '/', '\\' or control character, not only dots")
@@ -306,6 +357,8 @@ class ExperimentConfig(_Strict):
         "(1/K) or `samples` (n_i/Σn). Default per method: uniform for FL, FL_PartialLoss, FL_Surgical, PFL "
         "(surgical aggregation paper Eq. 1 and its code's np.mean over clients); samples for FedAvg and the "
         "GP/FedDA/FedGP family (AuxInfo+GP and AutoFedGP code: clients_size_frac)")
+    aggregation: AggregationConfig = Field(AggregationConfig(), description=AggregationConfig.__doc__)
+    defences: DefencesConfig = Field(DefencesConfig(), description=DefencesConfig.__doc__)
     head_warmup: HeadWarmupConfig = Field(HeadWarmupConfig(), description=HeadWarmupConfig.__doc__)
     optimizer_state: Optional[Literal["fresh", "kept"]] = Field(
         None, description="`kept`: each site's optimiser state carries over from round to round (saved in "
@@ -556,6 +609,9 @@ def config_fingerprint(cfg: ExperimentConfig) -> str:
             data["model"].pop(key)
     if data.get("select_round") == "last":
         data.pop("select_round")
+    for key, default in (("aggregation", AggregationConfig()), ("defences", DefencesConfig())):
+        if data.get(key) == default.model_dump(mode="json"):  # defaults: the fingerprint of earlier versions
+            data.pop(key)
     privacy = data.pop("privacy", {})
     for key in ("combine_at", "auto_weights_at"):  # where a rule is computed does not change its result
         privacy.pop(key, None)

@@ -3,7 +3,7 @@
 Run directory::
 
     RUN_DIR/config.yaml           the resolved config
-    RUN_DIR/run.json              method, seed, target, classes, sites, status, missed rounds
+    RUN_DIR/run.json              method, seed, target, classes, sites, status, missed rounds, refused replies
     RUN_DIR/metrics.jsonl         one line per round: per-site training losses, val AUROC
     RUN_DIR/tensorboard/          the same numbers as TensorBoard scalars (config `tracking`, fedcxr.tracking)
     RUN_DIR/checkpoints/round_NNNN.pt   atomic, with a .sha256 beside it; the last two are kept
@@ -33,7 +33,7 @@ import torch
 from tqdm import tqdm
 
 from fedcxr.atomic import atomic_write_bytes, atomic_write_json, json_safe
-from fedcxr.errors import UserError
+from fedcxr.errors import RunFailed, UserError
 from fedcxr.logs import bar_disabled
 from fedcxr.pipeline.checkpoints import latest_checkpoint, load_latest_intact, save_checkpoint, save_final
 from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint, dump_config
@@ -43,6 +43,7 @@ from fedcxr.pipeline.inprocess import InProcessTransport, build_runners, run_eng
 from fedcxr.pipeline.local import resolve_device
 from fedcxr.pipeline.messages import StateDict
 from fedcxr.pipeline.protocols import CENTRAL_SITE, Context, RoundProtocol, get_protocol
+from fedcxr.pipeline.screening import count_problem
 from fedcxr.pipeline.site_runner import OPTIMIZER_PREFIX, derive_seed
 from fedcxr.pipeline.transport import Transport
 from fedcxr.runlock import run_lock
@@ -92,6 +93,7 @@ def build_context(cfg: ExperimentConfig, protocol: RoundProtocol, transport: Tra
     missing = [s for s in sites if s not in meta]
     if missing:
         raise UserError(f"sites did not answer the metadata query: {missing}")
+    check_metadata_counts(meta)
     refuse_unlabeled_sources(cfg, meta)
     classes = head_classes(cfg, meta)
     protocol.validate(cfg, meta, classes)
@@ -105,6 +107,19 @@ def build_context(cfg: ExperimentConfig, protocol: RoundProtocol, transport: Tra
         target=cfg.site_name(cfg.target) if cfg.target else None,
         task_defaults=protocol.task_defaults(),
     )
+
+
+def check_metadata_counts(meta: dict) -> None:
+    """Every site's metadata counts must be plain non-negative integers (later replies are judged
+    against them): anything else stops the run before round 0, naming the site (exit 2)."""
+    for site, reply in meta.items():
+        counts = {"n_samples": reply.n_samples, **{k: reply.metrics.get(k) for k in ("n_train", "n_val", "n_test")
+                                                   if k in reply.metrics}}
+        for what, value in counts.items():
+            problem = count_problem(value, what)
+            if problem:
+                raise UserError(f"site {site} answered the metadata query with {problem}; a site's counts must be "
+                                "its manifest's row counts (is it running fedcxr of this version?)")
 
 
 def initial_model(cfg: ExperimentConfig, ctx: Context) -> StateDict:
@@ -166,8 +181,12 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
                disable=bar_disabled(progress), initial=start, total=cfg.rounds)
     for r in bar:
         t0 = time.perf_counter()
-        state, metrics = protocol.run_round(ctx, r, state)
-        metrics = {"round": r, **metrics, "val": _validate(ctx, protocol, state, r)}
+        try:
+            state, metrics = protocol.run_round(ctx, r, state)
+        except RunFailed:  # the refusals and absences of the failed round stay on record in run.json
+            _write_run_files(run_dir, cfg, ctx, protocol, status="stopped")
+            raise
+        metrics = {"round": r, **metrics, **_round_record(ctx, r), "val": _validate(ctx, protocol, state, r)}
         metrics["seconds"] = round(time.perf_counter() - t0, 3)
         best = _keep_best(cfg, best, r, metrics["val"], state, transport)
         history.append(metrics)
@@ -175,7 +194,8 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
         tracker.log_round(metrics)
         save_checkpoint(run_dir, r, {
             "round": r, "fingerprint": fingerprint, "data_hashes": hashes, "threads": threads, "state": state,
-            "missed": ctx.missed, "local_states": transport.local_states(), "classes": ctx.classes,
+            "missed": ctx.missed, "refused": ctx.refused, "local_states": transport.local_states(),
+            "classes": ctx.classes,
             **({"dp_history": ledger.history} if ledger is not None else {}),
             **({"best": best} if best is not None else {}),
         })
@@ -193,6 +213,18 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
     })
     return _write_run_files(run_dir, cfg, ctx, protocol, status="finished", ledger=ledger,
                             selected={"round": best["round"], "val_auroc": best["score"]} if best else None)
+
+
+def _round_record(ctx: Context, r: int) -> dict:
+    """What the defences and a robust rule did this round, for ``metrics.jsonl`` (empty when nothing)."""
+    out = {}
+    refused = [e for e in ctx.refused if e["round"] == r]
+    if refused:
+        out["refused"] = refused
+    if ctx.notes:
+        out.update(ctx.notes)
+        ctx.notes = {}
+    return out
 
 
 def _keep_best(cfg: ExperimentConfig, best: Optional[dict], r: int, val: dict, state: dict,
@@ -275,6 +307,7 @@ def _resume(run_dir: Path, fingerprint: str, hashes: dict[str, str], transport: 
                     int(recorded_threads))
     transport.load_local_states(ckpt.get("local_states", {}))
     ctx.missed[:] = ckpt.get("missed", [])
+    ctx.refused[:] = ckpt.get("refused", [])
     history = _read_metrics(run_dir, upto=ckpt["round"])
     log.info("resuming %s after round %d (%s)", run_dir, ckpt["round"], path.name)
     return ckpt["state"], ckpt["round"] + 1, history, ckpt.get("best")
@@ -362,7 +395,7 @@ def _write_run_files(run_dir: Path, cfg: ExperimentConfig, ctx: Context, protoco
         "aux_tasks": ctx.aux_tasks, "sites": [cfg.site_name(s) for s in cfg.all_sites()],
         "site_dirs": {cfg.site_name(s): str(cfg.site_dir(s).resolve()) for s in cfg.all_sites()},
         "sources": ctx.sources, "eval_sites": eval_sites(ctx, protocol), "rounds": cfg.rounds, "status": status,
-        "missed": ctx.missed, "class_sets": {s: ctx.meta[s].class_set for s in ctx.meta},
+        "missed": ctx.missed, "refused": ctx.refused, "class_sets": {s: ctx.meta[s].class_set for s in ctx.meta},
         "n_train": {s: ctx.meta[s].metrics.get("n_train") for s in ctx.meta},
         "config": cfg.model_dump(mode="json"), "fingerprint": config_fingerprint(cfg),
         "data_hashes": data_hashes(ctx), "threads": run_threads(cfg),

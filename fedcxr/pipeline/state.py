@@ -26,7 +26,7 @@ import torch
 StateDict = dict[str, torch.Tensor]
 
 __all__ = [
-    "StateDict", "FlatSpec", "check_update", "split_state", "merge_states", "keep_keys", "delta",
+    "StateDict", "FlatSpec", "check_update", "nonfinite_problem", "split_state", "merge_states", "keep_keys", "delta",
     "apply_delta", "update_keys", "flatten_state", "unflatten", "cpu_state",
 ]
 
@@ -53,9 +53,15 @@ def check_update(state: Mapping[str, torch.Tensor], reference: Mapping[str, torc
     before aggregating, so one broken site is rejected (with this reason logged) instead of
     poisoning the global model.
     """
-    problem = _structure_problem(state, reference)
-    if problem:
-        return problem
+    return _structure_problem(state, reference) or nonfinite_problem(state)
+
+
+def nonfinite_problem(state: Mapping[str, torch.Tensor]) -> Optional[str]:
+    """Which floating entry of ``state`` holds NaN or ±Inf (the second half of :func:`check_update`).
+
+    Kept apart so the protocols can tell a broken update (NaN/Inf: a diverged or poisoned
+    model) from a malformed one (keys, shapes) when they look for a suspect.
+    """
     for key, value in state.items():
         if not value.is_floating_point() and not value.is_complex():
             continue

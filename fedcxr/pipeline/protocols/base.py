@@ -4,9 +4,13 @@
   classes, sources, target); never any patient data.
 * :func:`task_config` — the JSON-able config of a ``train`` task.
 * :func:`ask`, :func:`ask_one`, :func:`valid_replies` — run a task through the transport,
-  record absent sites, reject NaN/Inf/wrong-shape updates, fail a round below ``min_sites``.
+  record absent sites, screen every reply (:func:`screen`: counts against the site's
+  metadata, shapes, NaN/Inf, update norms — ``defences:``), record refusals with their
+  reason, stop a run whose sites fail after a refused one (:class:`SuspectSite`), fail a
+  round below ``min_sites``.
 * :class:`RoundProtocol` — the base class every method's protocol extends.
-* :func:`aggregate_backbone` — FedAvg/FedBN of the shared entries, used by several protocols.
+* :func:`aggregate_backbone` — FedAvg/FedBN (or the config's robust ``aggregation.rule``) of the
+  shared entries, used by several protocols.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ from typing import Callable, Optional
 
 from fedcxr.errors import RunFailed, UserError
 from fedcxr.pipeline import aggregate as agg
+from fedcxr.pipeline import screening
 from fedcxr.pipeline.config import ExperimentConfig
 from fedcxr.pipeline.messages import Reply, StateDict
-from fedcxr.pipeline.state import check_update
+from fedcxr.pipeline.state import _structure_problem, nonfinite_problem
 from fedcxr.pipeline.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -30,6 +35,13 @@ CENTRAL_SITE = "__central__"
 
 class RoundFailed(RunFailed):
     """A round cannot count: too few sites answered (``min_sites``) or a needed update was bad."""
+
+
+class SuspectSite(RoundFailed):
+    """Sites' updates turned NaN/Inf after another site's reply was refused: the model may be poisoned.
+
+    The run stops (exit 1) naming the suspect instead of going on without the honest sites
+    (``defences.stop_on_suspect``)."""
 
 
 @dataclass
@@ -46,6 +58,9 @@ class Context:
     bn_keys: list[str] = field(default_factory=list)
     head_keys: list[str] = field(default_factory=list)
     missed: list[dict] = field(default_factory=list)  # {"round", "task", "site"} for absent replies
+    refused: list[dict] = field(default_factory=list)  # {"round", "task", "site", "check", "reason"} (screen)
+    sent: dict = field(default_factory=dict)  # site → the task config it got in the latest ask (lr, step budget)
+    notes: dict = field(default_factory=dict)  # this round's extra metrics (robust rule: who was kept/clipped)
     said: set = field(default_factory=set)  # notices already logged this run (see :meth:`once`)
     task_defaults: dict = field(default_factory=dict)  # the method's optimiser defaults (RoundProtocol.task_defaults)
 
@@ -94,6 +109,7 @@ def ask(ctx: Context, task: str, sites: list[str], params: Optional[StateDict], 
     """Run a task; record absent sites; fail the round when fewer than ``minimum`` answered."""
     replies = ctx.transport.run(task, sites, params, config, per_site=per_site)
     for site in sites:
+        ctx.sent[site] = (per_site or {}).get(site, (params, config))[1]
         if site not in replies:
             ctx.missed.append({"round": r, "task": task, "site": site})
             log.warning("round %d: site %s did not answer task %s", r, site, task)
@@ -105,47 +121,178 @@ def ask(ctx: Context, task: str, sites: list[str], params: Optional[StateDict], 
 
 def ask_one(ctx: Context, task: str, site: str, params: Optional[StateDict], config: dict, *, r: int,
             reference: Optional[StateDict] = None) -> Reply:
-    """Ask one site the round cannot do without (target, pooled site); its update is checked.
+    """Ask one site the round cannot do without (target, pooled site); its reply is screened.
 
-    ``reference`` (default: the params sent) gives the expected keys and shapes; an update with
-    NaN/Inf or a wrong shape fails the round rather than entering the model.
+    ``reference`` (default: the params sent) gives the expected keys and shapes; a reply that
+    fails :func:`screen` (a bad count, NaN/Inf, a wrong shape, an implausible norm) fails the
+    round rather than entering the model.
     """
     reply = ask(ctx, task, [site], params, config, r=r, minimum=1)[site]
-    reference = params if reference is None else reference
-    if reference is not None and reply.params is not None:
-        reason = check_update(reply.params, reference)
-        if reason:
-            ctx.missed.append({"round": r, "task": task, "site": site, "reason": f"rejected: {reason}"})
-            raise RoundFailed(f"round {r}: rejected the update of {site} ({task}): {reason}")
+    check_one(ctx, reply, params if reference is None else reference, r, task=task)
     return reply
 
 
-def valid_replies(ctx: Context, replies: dict[str, Reply], reference: StateDict | Callable[[Reply], StateDict],
-                  r: int) -> dict[str, Reply]:
-    """Drop replies whose parameters contain NaN/Inf or have wrong shapes (reason logged).
+def check_one(ctx: Context, reply: Reply, reference: Optional[StateDict], r: int, *, task: str = "train") -> None:
+    """Screen a reply the round needs (the target's, the pooled site's): refused → the round fails.
 
-    ``reference`` gives the expected keys and shapes: one state for every site, or a function
-    of the reply (surgical aggregation: each site's head has its own classes' rows).
+    Counts, shapes, NaN/Inf and the absolute norm bound only: the target is never compared with
+    the sources' norms. It trains on other data at its own learning rate, often for a few steps
+    (a few Adam steps move every weight by about lr each, many steps partly cancel), so its
+    update per step is not comparable with theirs; and it is the party the run adapts to.
     """
-    kept = {}
+    problem = screen(ctx, reply, reference, r, task=task)
+    if problem is None:
+        return
+    check, reason = problem
+    refuse(ctx, r, task, reply.site, check, reason)
+    stop_if_suspect(ctx, r, [reply.site] if check == "values" else [])
+    raise RoundFailed(f"round {r}: rejected the update of {reply.site} ({task}): {reason}")
+
+
+def valid_replies(ctx: Context, replies: dict[str, Reply], reference: StateDict | Callable[[Reply], StateDict],
+                  r: int, *, task: str = "train", minimum: Optional[int] = None) -> dict[str, Reply]:
+    """The replies that may be aggregated: each one screened (:func:`screen`), then their update
+    norms compared with each other (``defences.norm_factor``); refusals recorded with the reason.
+
+    ``reference`` gives the expected keys and shapes and the model the update started from: one
+    state for every site, or a function of the reply (surgical aggregation: each site's head has
+    its own classes' rows). Fails the round below ``minimum`` (default ``min_sites``) valid
+    replies, and stops the run when honest sites fail after a refused one (:func:`stop_if_suspect`).
+    """
+    kept, stats, failed = {}, {}, []
     for site, reply in replies.items():
-        if reply.n_samples == 0:
+        expected = reference(reply) if callable(reference) else reference
+        problem = _count_problem(ctx, reply, task)
+        if problem is None and reply.n_samples == 0:
             # A site with no training rows for the model's classes returned θ0 unchanged;
             # averaging it in would only shrink the others' updates.
             if ctx.once(("no rows", site)):
                 log.warning("site %s has no training rows for the model's classes %s: its replies are not "
                             "aggregated (said once per run)", site, ctx.classes)
             continue
-        expected = reference(reply) if callable(reference) else reference
-        reason = check_update(reply.params, expected) if reply.params is not None else "no parameters"
-        if reason:
-            log.warning("round %d: rejected update from %s: %s", r, site, reason)
-            ctx.missed.append({"round": r, "task": "train", "site": site, "reason": f"rejected: {reason}"})
+        problem = problem or screen(ctx, reply, expected, r, task=task, counted=True)
+        if problem:
+            refuse(ctx, r, task, site, *problem)
+            failed += [site] if problem[0] == "values" else []
             continue
         kept[site] = reply
-    if not kept or len(kept) < min(len(replies), ctx.cfg.min_sites):
-        raise RoundFailed(f"round {r}: only {len(kept)} valid updates (need {ctx.cfg.min_sites})")
+        stats[site] = _step_norm(ctx, reply, expected)
+    factor = ctx.cfg.defences.norm_factor
+    for site, (value, ref) in (screening.norm_outliers(stats, factor) if factor else {}).items():
+        refuse(ctx, r, task, site, "norm", f"update norm per step and unit of lr {value:.3g} is above {factor:g} × "
+               f"the median of the round's other replies ({ref:.3g}) (defences.norm_factor)")
+        kept.pop(site)
+        stats.pop(site)
+    stop_if_suspect(ctx, r, failed)
+    need = min(len(replies), ctx.cfg.min_sites if minimum is None else minimum)
+    if not kept or len(kept) < need:
+        raise RoundFailed(f"round {r}: only {len(kept)} valid updates (need {max(need, 1)})")
     return kept
+
+
+# --------------------------------------------------------------------------- screening
+
+
+def screen(ctx: Context, reply: Reply, reference: Optional[StateDict], r: int, *, task: str = "train",
+           counted: bool = False) -> Optional[tuple[str, str]]:
+    """``(check, reason)`` when ``reply`` must not be aggregated, else ``None``.
+
+    ``check`` is ``counts`` (a claimed count that is not a count, or above what the site
+    reported at the start of the run / the steps the task allowed), ``structure`` (keys,
+    shapes, dtypes), ``values`` (NaN/Inf, a negative BN variance) or ``norm`` (``‖Δ‖ > norm_limit·‖θ0‖``). The
+    relative norm screening needs the round's other replies (:func:`valid_replies`).
+    ``counted``: the counts were checked already.
+    """
+    problem = None if counted else _count_problem(ctx, reply, task)
+    if problem:
+        return problem
+    if reference is None:
+        return None
+    if reply.params is None:
+        return "structure", "no parameters"
+    reason = _structure_problem(reply.params, reference)
+    if reason:
+        return "structure", reason
+    reason = nonfinite_problem(reply.params)
+    if reason is None and ctx.cfg.defences.check_variance:
+        reason = screening.negative_variance(reply.params)
+    if reason:
+        return "values", reason
+    limit = ctx.cfg.defences.norm_limit
+    if limit:
+        local = set(ctx.sent.get(reply.site, {}).get("local_keys") or ())
+        norm = agg.update_norms(reference, [reply.params], exclude=local)[0]
+        size = max(screening.state_norm(reference, exclude=local), 1.0)
+        if norm > limit * size:
+            return "norm", (f"update norm {norm:.3g} is above {limit:g} × the norm of the model it started from "
+                            f"({size:.3g}) (defences.norm_limit)")
+    return None
+
+
+def _count_problem(ctx: Context, reply: Reply, task: str) -> Optional[tuple[str, str]]:
+    """A claimed ``n_samples``/``n_batches`` that is not a count, or (``defences.check_counts``)
+    more training rows than the site's metadata reported / more steps than the task allowed."""
+    check = ctx.cfg.defences.check_counts
+    meta = ctx.meta.get(reply.site)
+    limit = None
+    if check and meta is not None and meta is not reply and task != "evaluate":
+        limit = int(meta.n_samples)
+    reason = screening.count_problem(reply.n_samples, "n_samples", limit,
+                                     "training rows the site reported at the start of the run")
+    if reason is None:
+        steps = None
+        if check and task == "train":
+            steps = screening.planned_steps(ctx.sent.get(reply.site, {}), reply.n_samples)
+        reason = screening.count_problem(reply.n_batches, "n_batches", steps, "optimiser steps the task allowed")
+    return ("counts", reason) if reason else None
+
+
+def _update_keys(ctx: Context, site: str, reference: StateDict) -> list[str]:
+    """Entries whose change follows the learning rate: floating, aggregated (not the site's
+    local keys), not BatchNorm running statistics (their change does not scale with lr)."""
+    local = set(ctx.sent.get(site, {}).get("local_keys") or ())
+    return [k for k, v in reference.items() if v.is_floating_point() and k not in local
+            and not k.endswith(("running_mean", "running_var"))]
+
+
+def _step_norm(ctx: Context, reply: Reply, reference: StateDict) -> float:
+    keys = _update_keys(ctx, reply.site, reference)
+    norm = agg.update_norms({k: reference[k] for k in keys}, [reply.params])[0]
+    lr = float(ctx.sent.get(reply.site, {}).get("lr") or 1.0)
+    return screening.step_norm(norm, lr, int(reply.n_batches))
+
+
+def refuse(ctx: Context, r: int, task: str, site: str, check: str, reason: str) -> None:
+    """Record a refused reply (``run.json`` ``refused`` and ``missed``, ``metrics.jsonl``) and log it."""
+    log.warning("round %d: rejected update from %s: %s (task %s)", r, site, reason, task)
+    ctx.refused.append({"round": r, "task": task, "site": site, "check": check, "reason": reason})
+    ctx.missed.append({"round": r, "task": task, "site": site, "reason": f"rejected: {reason}"})
+
+
+def stop_if_suspect(ctx: Context, r: int, failed: list[str]) -> None:
+    """Stop the run when sites' updates turn NaN/Inf after another site was refused in an earlier round.
+
+    The pattern of a poisoned model: a site's update got in (or nearly did), the next rounds'
+    honest sites diverge and are refused, and the suspect's update would be the only one left.
+    Going on would finish the run blaming the honest sites; stopping names the suspect
+    (``defences.stop_on_suspect``).
+    """
+    if not failed or not ctx.cfg.defences.stop_on_suspect:
+        return
+    earlier = [e for e in ctx.refused if e["round"] < r]
+    flagged = {e["site"] for e in earlier}
+    honest = sorted(set(failed) - flagged)
+    suspects = sorted(flagged - set(failed))
+    if not honest or not suspects:
+        return
+    first = {s: next(e for e in earlier if e["site"] == s) for s in suspects}
+    why = "; ".join(f"{s} in round {e['round']} ({e['check']}: {e['reason']})" for s, e in first.items())
+    raise SuspectSite(
+        f"round {r}: the updates of {', '.join(honest)} hold NaN/Inf values after a reply of "
+        f"{', '.join(suspects)} was refused ({why}); the global model may carry an earlier update of the "
+        f"suspect{'s' if len(suspects) > 1 else ''}: {', '.join(suspects)}. The run stops instead of going on "
+        "without the sites that failed; check the suspect's installation and data, then start a new run "
+        "without it (`sites:`) or resume once it is fixed")
 
 
 # --------------------------------------------------------------------------- base protocol
@@ -165,6 +312,8 @@ class RoundProtocol:
     aux_info = False
     #: how the backbone average weights sites unless ``backbone_weighting`` says otherwise
     default_backbone_weighting = "samples"
+    #: whether the server averages site models (where ``aggregation.rule`` applies); False: why not
+    averages_sites: bool | str = True
 
     def __init__(self, name: str):
         self.name = name
@@ -183,6 +332,32 @@ class RoundProtocol:
                 )
         if self.needs_sources and not cfg.source_sites():
             raise UserError(f"strategy {self.name} needs at least one source site in `sites:`")
+        self.validate_aggregation(cfg)
+
+    def validate_aggregation(self, cfg: ExperimentConfig) -> None:
+        """A robust ``aggregation.rule`` needs a server-side average of at least three sites
+        (two: the median is their mean, Krum has nothing to compare) — exit 2 saying why."""
+        rule = cfg.aggregation
+        if rule.rule == "mean":
+            return
+        if self.averages_sites is not True:
+            raise UserError(f"aggregation.rule {rule.rule}: strategy {self.name} {self.averages_sites}; "
+                            "use aggregation.rule: mean (the reply checks of `defences:` still apply)")
+        n = len(cfg.source_sites())
+        if n < 3:
+            raise UserError(f"aggregation.rule {rule.rule} needs at least 3 source sites ({n} in `sites:`): with "
+                            "two, no rule can tell which one is wrong (the median of two is their mean); use "
+                            "aggregation.rule: mean — `defences:` still refuses implausible replies")
+        if rule.rule in ("krum", "multi_krum") and n < 2 * rule.byzantine + 3:
+            raise UserError(f"aggregation.rule {rule.rule} with byzantine (f) = {rule.byzantine} needs at least "
+                            f"2f+3 = {2 * rule.byzantine + 3} source sites, `sites:` has {n}; lower "
+                            "aggregation.byzantine")
+        if rule.rule == "multi_krum" and rule.select is not None and rule.select > n:
+            raise UserError(f"aggregation.select (m) = {rule.select} is more than the {n} source sites")
+        if rule.rule == "trimmed_mean" and int(rule.trim * n) == 0:
+            raise UserError(f"aggregation.trim {rule.trim:g} of {n} source sites cuts int({rule.trim:g}·{n}) = 0 "
+                            f"values from each end: the plain mean; raise trim to at least {1 / n:.3g} or use "
+                            "aggregation.rule: median")
 
     def task_defaults(self) -> dict:
         """The method's defaults for ``optimizer``, ``weight_decay`` and ``optimizer_state`` (as its authors' code)."""
@@ -213,15 +388,68 @@ class RoundProtocol:
 
 def aggregate_backbone(ctx: Context, replies: dict[str, Reply], theta0: StateDict, *,
                        uniform: bool = False, exclude: tuple[str, ...] = ()) -> StateDict:
-    """FedAvg / FedBN / FedBN+ of everything except ``exclude`` (e.g. heads under surgical)."""
+    """FedAvg / FedBN / FedBN+ of everything except ``exclude`` (e.g. heads under surgical).
+
+    With a robust ``aggregation.rule`` the same entries go through that rule instead
+    (:func:`robust_average`); the mean keeps exactly the FedAvg arithmetic of the papers.
+    """
     sites = list(replies)
     states = [{k: v for k, v in replies[s].params.items() if k not in exclude} for s in sites]
     weights = [1.0 if uniform else float(max(replies[s].n_samples, 1)) for s in sites]
     mode = ctx.cfg.backbone_aggregation
-    if mode == "fedavg":
+    if ctx.cfg.aggregation.rule != "mean":
+        local = set(ctx.bn_keys) if mode != "fedavg" else set()
+        merged = robust_average(ctx, sites, [{k: v for k, v in st.items() if k not in local} for st in states],
+                                weights, theta0)
+    elif mode == "fedavg":
         merged = agg.fedavg(states, weights)
     else:
         merged = agg.fedbn(states, weights, ctx.bn_keys)
     out = dict(theta0)
     out.update(merged)
     return out
+
+
+def robust_average(ctx: Context, sites: list[str], states: list[StateDict], weights: list[float],
+                   theta0: StateDict) -> StateDict:
+    """The config's robust rule (:mod:`fedcxr.pipeline.aggregate`) over the round's screened states.
+
+    What it did goes into the round's metrics (``aggregation``): the sites Krum kept, the
+    clipping factors. When refusals or absences leave fewer replies than Krum's ``2f+3``, f is
+    lowered to what the replies allow (``(n−3)//2``; below 3 replies, their unweighted mean),
+    said in the log and the metrics: the run goes on after its defences removed a site.
+    """
+    spec = ctx.cfg.aggregation
+    note: dict = {"rule": spec.rule}
+    n = len(states)
+    if spec.rule == "median":
+        merged = agg.coordinate_median(states)
+    elif spec.rule == "trimmed_mean":
+        merged = agg.trimmed_mean(states, spec.trim)
+        note["trimmed_per_side"] = int(spec.trim * n)
+    elif spec.rule in ("krum", "multi_krum"):
+        f = min(spec.byzantine, (n - 3) // 2) if n >= 3 else None
+        if f != spec.byzantine:
+            note["byzantine"] = f
+            log.warning("aggregation.rule %s: %d valid replies this round, too few for byzantine (f) = %d; %s",
+                        spec.rule, n, spec.byzantine, f"f = {f} this round" if f is not None else
+                        "their unweighted mean this round")
+        if f is None:
+            chosen = list(range(n))
+        else:
+            m = 1 if spec.rule == "krum" else min(spec.select or n - f, n)
+            chosen = agg.krum_select(states, f, m)
+        note["kept"] = [sites[i] for i in chosen]
+        # Krum: the chosen model itself; multi-Krum: the unweighted mean of the chosen (trim 0)
+        merged = agg.trimmed_mean([states[i] for i in chosen], 0.0) if len(chosen) > 1 else \
+            {k: v.detach().clone() for k, v in states[chosen[0]].items()}
+    elif spec.rule == "clip":
+        base = {k: theta0[k] for k in states[0]}
+        bound, factors = agg.clip_factors(agg.update_norms(base, states), spec.clip_norm)
+        note["clip_norm"] = bound
+        note["clipped"] = {s: float(f"{f:.4g}") for s, f in zip(sites, factors) if f < 1.0}  # scale applied
+        merged = agg.norm_clipped_mean(base, states, weights, bound)
+    else:  # pragma: no cover - the config's Literal lists every rule
+        raise ValueError(f"unknown aggregation rule {spec.rule!r}")
+    ctx.notes.setdefault("aggregation", []).append(note)
+    return merged

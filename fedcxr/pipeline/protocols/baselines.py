@@ -17,6 +17,7 @@ class TargetOnlyProtocol(RoundProtocol):
     needs_target = True
     needs_target_labels = True
     needs_sources = False
+    averages_sites = "trains the target alone (no server-side average of site models)"
 
     def __init__(self, name: str, *, oracle: bool):
         super().__init__(name)
@@ -36,11 +37,13 @@ class TargetOnlyProtocol(RoundProtocol):
 class CentralProtocol(RoundProtocol):
     """Central: every site's training rows pooled in one place (the ``__central__`` site)."""
 
+    averages_sites = "trains one pooled model (no server-side average of site models)"
+
     def __init__(self, name: str):
         super().__init__(name)
 
     def validate(self, cfg, meta, classes):
-        pass
+        self.validate_aggregation(cfg)
 
     def run_round(self, ctx, r, state):
         cfg = task_config(ctx, r, "source", use_aux=bool(ctx.aux_tasks), missing_as_negative=True)
@@ -52,11 +55,13 @@ class CentralProtocol(RoundProtocol):
 class IndividualProtocol(RoundProtocol):
     """Individual: each site trains alone on its own classes; evaluated on its own test set."""
 
+    averages_sites = "trains each site alone (no server-side average of site models)"
+
     def __init__(self, name: str):
         super().__init__(name)
 
     def validate(self, cfg, meta, classes):
-        pass
+        self.validate_aggregation(cfg)
 
     def init_state(self, ctx, theta):
         return {"global": theta, "per_site": {s: dict(theta) for s in ctx.sources}}

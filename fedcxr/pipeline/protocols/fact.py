@@ -23,7 +23,7 @@ import random
 from fedcxr.errors import UserError
 from fedcxr.pipeline import aggregate as agg
 from fedcxr.pipeline.messages import FACT_HEAD_A, FACT_HEAD_B, StateDict
-from fedcxr.pipeline.protocols.base import Context, RoundProtocol, ask, ask_one, task_config
+from fedcxr.pipeline.protocols.base import Context, RoundProtocol, ask, ask_one, task_config, valid_replies
 from fedcxr.pipeline.site_runner import derive_seed
 
 
@@ -43,6 +43,7 @@ class FACTProtocol(RoundProtocol):
     """``FACT`` (with the head fine-tuning step) and ``FACT_NF`` (without)."""
 
     needs_target = True
+    averages_sites = "averages exactly the two sources of each round (no rule can tell which of two is wrong)"
 
     def __init__(self, name: str, *, finetune: bool):
         super().__init__(name)
@@ -70,6 +71,7 @@ class FACTProtocol(RoundProtocol):
         lr_t = lr_schedule(ctx.cfg.target_train.lr, r, rounds)
         pair = self.pair(ctx, r)
         replies = ask(ctx, "train", pair, theta0, task_config(ctx, r, "source", lr=lr_s), r=r, minimum=2)
+        replies = valid_replies(ctx, replies, theta0, r, minimum=2)  # both needed: a refused one fails the round
         bodies = [_split_head(replies[s].params)[0] for s in pair]
         g_prime = agg.fedavg(bodies, [1.0, 1.0])
         heads = {s: _split_head(replies[s].params)[1] for s in pair}
@@ -77,6 +79,7 @@ class FACTProtocol(RoundProtocol):
             cfg = task_config(ctx, r, "source", lr=lr_s, trainable="head", frozen_bn_trains=True)
             per_site = {s: ({**g_prime, **heads[s]}, cfg) for s in pair}
             tuned = ask(ctx, "train", pair, None, cfg, r=r, per_site=per_site, minimum=2)
+            tuned = valid_replies(ctx, tuned, lambda rep: per_site[rep.site][0], r, minimum=2)
             heads = {s: _split_head(tuned[s].params)[1] for s in pair}
         payload = dict(g_prime)
         payload.update({FACT_HEAD_A + k[len("head."):]: v for k, v in heads[pair[0]].items()})

@@ -34,17 +34,19 @@ from typing import Optional
 
 from fedcxr.pipeline.combine import combine
 from fedcxr.pipeline.messages import Reply, pack_combine
+from fedcxr.errors import UserError
 from fedcxr.pipeline.protocols.base import (
     Context,
     RoundFailed,
     aggregate_backbone,
     ask,
     ask_one,
+    check_one,
     task_config,
     valid_replies,
 )
 from fedcxr.pipeline.protocols.fedavg import FedAvgProtocol
-from fedcxr.pipeline.state import check_update, delta
+from fedcxr.pipeline.state import delta
 
 
 class TargetCombineProtocol(FedAvgProtocol):
@@ -66,6 +68,17 @@ class TargetCombineProtocol(FedAvgProtocol):
     def __init__(self, name: str, *, aux_info: bool = False):
         super().__init__(name, finetune=True, aux_info=aux_info)
         self.needs_target = True
+
+    def validate_aggregation(self, cfg) -> None:
+        """A robust ``aggregation.rule`` acts on the FedAvg warm-up rounds only: the source
+        combination itself is the paper's rule (projection / convex combination), screened
+        by ``defences:`` like every reply. No warm-up round: nothing for the rule to do."""
+        super().validate_aggregation(cfg)
+        warmup = self.default_warmup_rounds if cfg.warmup_rounds is None else cfg.warmup_rounds
+        if cfg.aggregation.rule != "mean" and min(warmup, cfg.rounds) == 0:
+            raise UserError(f"aggregation.rule {cfg.aggregation.rule}: strategy {self.name} averages the sources "
+                            "only in its FedAvg warm-up rounds, and warmup_rounds is 0; its source combination is "
+                            "the paper's rule (screened by `defences:`); use aggregation.rule: mean")
 
     def warmup_rounds(self, ctx: Context) -> int:
         value = ctx.cfg.warmup_rounds
@@ -182,11 +195,9 @@ class TargetCombineProtocol(FedAvgProtocol):
 
 
 def check_target(ctx: Context, target: Reply, theta0, r: int) -> None:
-    """The target's fine-tuned model must be usable: a NaN/Inf or wrong-shape update fails the round."""
-    reason = check_update(target.params, theta0) if target.params is not None else "no parameters"
-    if reason:
-        ctx.missed.append({"round": r, "task": "train", "site": ctx.target, "reason": f"rejected: {reason}"})
-        raise RoundFailed(f"round {r}: rejected the update of {ctx.target} (train): {reason}")
+    """The target's fine-tuned model must be usable: a bad count, NaN/Inf, a wrong shape or a norm
+    above ``defences.norm_limit`` fails the round (:func:`~fedcxr.pipeline.protocols.base.check_one`)."""
+    check_one(ctx, target, theta0, r, task="train")
 
 
 class GPProtocol(TargetCombineProtocol):

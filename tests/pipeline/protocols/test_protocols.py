@@ -30,6 +30,7 @@ def test_every_method_trains_and_evaluates(method, tiny_manifests, tmp_path):
     data = tiny_config(tiny_manifests, tmp_path / "cache", strategy=method, rounds=2, **extra)
     run = run_experiment(load_config(data=data), tmp_path / "run", progress=False)
     assert run["status"] == "finished"
+    assert run["refused"] == []  # the default reply checks refuse nothing of honest sites (SECURITY S6)
     final = torch.load(tmp_path / "run" / "final_model.pt", map_location="cpu", weights_only=True)
     for tensor in final["global"].values():
         assert torch.isfinite(tensor.float()).all()

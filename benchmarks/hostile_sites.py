@@ -1,0 +1,131 @@
+"""A faulty or hostile site, simulated for the tests and benchmarks only (SECURITY.md, "A faulty or hostile site").
+
+This file is not part of the ``fedcxr`` package and nothing in fedcxr imports it: a run never
+corrupts a reply unless a test or benchmark wraps its transport on purpose. Two ways in:
+
+* :class:`HostileTransport` wraps any :class:`~fedcxr.pipeline.transport.Transport` (the
+  in-process one) and rewrites the chosen sites' ``train`` replies in the chosen rounds;
+* :func:`corrupt` rewrites one :class:`~fedcxr.pipeline.messages.Reply`; the FLARE tests call it
+  inside a test client script, so a FLARE site sends exactly what the in-process wrapper makes.
+
+Faults (:data:`FAULTS`), as issue 19 lists them:
+
+========================  ========================================================================
+``huge``                  every floating entry of the update set to 1e30 (finite, float32)
+``flip``                  the update sign-flipped and scaled: θ0 − 10·Δ
+``flip1``                 the update sign-flipped: θ0 − Δ (a plausible norm)
+``nan``                   one entry NaN
+``inflate``               ``n_samples`` claimed as 10¹² (FedAvg would give it 99.9 % weight)
+``overflow``              ``n_samples`` claimed as 10⁴⁰⁰ (a float of it overflows)
+``count_float``           ``n_samples`` 40.5 (not an integer)
+``count_negative``        ``n_samples`` −5
+``count_bool``            ``n_samples`` True
+``steps``                 ``n_batches`` claimed as 10⁶ (deflates a per-step norm)
+========================  ========================================================================
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Mapping, Optional
+
+import torch
+
+from fedcxr.pipeline.messages import Reply, StateDict
+from fedcxr.pipeline.transport import Transport
+
+#: fault name → what it does (the module docstring's table)
+FAULTS = ("huge", "flip", "flip1", "nan", "inflate", "overflow", "count_float", "count_negative", "count_bool",
+          "steps")
+HUGE = 1e30
+FLIP_SCALE = 10.0
+
+
+def corrupt(reply: Reply, fault: str, sent: Optional[Mapping[str, torch.Tensor]]) -> Reply:
+    """A copy of ``reply`` with ``fault`` applied; ``sent`` = the model the site received (θ0)."""
+    if fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+    out = copy.copy(reply)
+    params: Optional[StateDict] = None if reply.params is None else dict(reply.params)
+    if fault in ("huge", "flip", "flip1", "nan") and params is None:
+        return out
+    if fault == "huge":
+        params = {k: torch.full_like(v, HUGE) if v.is_floating_point() and v.dim() else v for k, v in params.items()}
+    elif fault in ("flip", "flip1"):
+        scale = FLIP_SCALE if fault == "flip" else 1.0
+        if sent is None:
+            raise ValueError("a sign-flipped update needs the model the site received")
+        params = {k: _flipped(v, sent.get(k), scale) for k, v in params.items()}
+    elif fault == "nan":
+        key = next(k for k, v in params.items() if v.is_floating_point())
+        params[key] = torch.full_like(params[key], float("nan"))
+    elif fault == "inflate":
+        out.n_samples = 10**12
+    elif fault == "overflow":
+        out.n_samples = 10**400
+    elif fault == "count_float":
+        out.n_samples = 40.5
+    elif fault == "count_negative":
+        out.n_samples = -5
+    elif fault == "count_bool":
+        out.n_samples = True
+    elif fault == "steps":
+        out.n_batches = 10**6
+    out.params = params
+    return out
+
+
+def _flipped(value: torch.Tensor, sent: Optional[torch.Tensor], scale: float) -> torch.Tensor:
+    """``θ0 − scale·(θ − θ0)`` for floating entries of the sent shape; others unchanged."""
+    if sent is None or not value.is_floating_point() or tuple(sent.shape) != tuple(value.shape):
+        return value
+    return sent - scale * (value - sent)
+
+
+class HostileTransport(Transport):
+    """Rewrites the ``train`` replies of chosen sites in chosen rounds (tests and benchmarks only).
+
+    ``faults``: ``{site: {round: fault}}``; round ``"*"`` means every round. Every other call
+    passes through unchanged, so an honest run through this wrapper is the plain run.
+    """
+
+    def __init__(self, inner: Transport, faults: Mapping[str, Mapping]):
+        self.inner = inner
+        self.faults = {site: dict(rounds) for site, rounds in faults.items()}
+        self.site_names = inner.site_names
+        self.applied: list[dict] = []  # {"round", "site", "fault"} of every rewritten reply
+
+    def fault_for(self, site: str, round_: Optional[int]) -> Optional[str]:
+        rounds = self.faults.get(site, {})
+        return rounds.get(round_, rounds.get(str(round_), rounds.get("*")))
+
+    def run(self, task, targets, params, config, *, per_site=None):
+        replies = self.inner.run(task, targets, params, config, per_site=per_site)
+        if task != "train":
+            return replies
+        for site, reply in list(replies.items()):
+            sent, site_config = (per_site or {}).get(site, (params, config))
+            fault = self.fault_for(site, site_config.get("round"))
+            if fault:
+                replies[site] = corrupt(reply, fault, sent)
+                self.applied.append({"round": site_config.get("round"), "site": site, "fault": fault})
+        return replies
+
+    def local_states(self):
+        return self.inner.local_states()
+
+    def load_local_states(self, states):
+        self.inner.load_local_states(states)
+
+
+def hostile_run(cfg, run_dir, faults: Mapping[str, Mapping], *, device: str = "cpu", progress: bool = False) -> dict:
+    """``run_experiment`` with the in-process sites behind a :class:`HostileTransport` (returns run.json)."""
+    from fedcxr.pipeline.engine import backend_settings
+    from fedcxr.pipeline.federation import run_experiment
+    from fedcxr.pipeline.inprocess import InProcessTransport, build_runners, run_engine
+    from fedcxr.pipeline.local import resolve_device
+
+    dev = resolve_device(device)
+    transport = HostileTransport(InProcessTransport(build_runners(cfg, dev, progress)), faults)
+    with backend_settings(run_engine(cfg, dev)):
+        return run_experiment(cfg, run_dir, progress=progress, transport=transport)
