@@ -43,7 +43,7 @@ from fedcxr.pipeline.inprocess import InProcessTransport, build_runners, run_eng
 from fedcxr.pipeline.local import resolve_device
 from fedcxr.pipeline.messages import StateDict
 from fedcxr.pipeline.protocols import CENTRAL_SITE, Context, RoundProtocol, get_protocol
-from fedcxr.pipeline.site_runner import OPTIMIZER_PREFIX, derive_seed
+from fedcxr.pipeline.site_runner import PRIVATE_PREFIXES, derive_seed
 from fedcxr.pipeline.transport import Transport
 from fedcxr.vocab import CLASSES
 from fedcxr.tracking import make_tracker
@@ -229,8 +229,8 @@ def _resumed_dp(run_dir: Path, start: int) -> dict:
 
 
 def model_states(transport: Transport) -> dict[str, dict]:
-    """The sites' local state without optimiser moments (evaluation needs only the model's entries)."""
-    return {site: {k: v for k, v in state.items() if not k.startswith(OPTIMIZER_PREFIX)}
+    """The sites' local state without optimiser moments or SCAFFOLD's c_i (evaluation needs only the model's entries)."""
+    return {site: {k: v for k, v in state.items() if not k.startswith(PRIVATE_PREFIXES)}
             for site, state in transport.local_states().items()}
 
 
