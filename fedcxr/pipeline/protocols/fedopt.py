@@ -125,6 +125,10 @@ class SCAFFOLDProtocol(FedAvgProtocol):
                 "the control variate c_i⁺ = c_i − c + (x − y_i)/(K·η_l) is the mean gradient only for plain SGD "
                 f"steps, not for source.optimizer {cfg.source.optimizer or 'sgd'} with momentum "
                 f"{cfg.source.momentum or 0}; remove source.optimizer/source.momentum (or set sgd and 0)")
+        if cfg.source.lr < 1e-2:  # a warning, not a refusal: the run is valid, only slow to learn
+            log.warning("%s: the sources take plain SGD steps at source.lr = %g, an Adam-sized step; plain SGD "
+                        "usually needs 0.01-0.1 (Reddi et al. 2021's best client lr on CIFAR-10: 10^-1.5)",
+                        self.name, cfg.source.lr)
         if cfg.privacy.filters:
             raise UserError(f"strategy {self.name} with privacy.filters: each site's Δc_i carries (x − y_i)/(K·η_l), "
                             "its unfiltered model update, past FLARE's result filters; use another method with "
