@@ -910,7 +910,12 @@ def scaffold_client_control(
     ``theta`` = x (the model the site received), ``trained`` = y_i (after K = ``steps`` local
     steps at learning rate η_l = ``lr``, each y ← y − η_l·(g + c − c_i)). With plain SGD steps
     c_i⁺ is the mean gradient g the site saw this round — the reason SCAFFOLD's local optimiser
-    must be plain SGD here. ``steps = 0`` (no training): c_i unchanged, Δc_i = 0.
+    must be plain SGD here. ``steps = 0`` (no training): c_i unchanged, Δc_i = 0. c_i starts at 0.
+
+    Differences elsewhere: Flower's SCAFFOLD baseline (``baselines/niid_bench``) starts c_i at a
+    copy of the model's weights, takes K from the planned epochs × batches and steps SGD with
+    momentum 0.9; NVFLARE's ``PTScaffoldHelper`` applies the correction after any optimizer's step
+    (here plain SGD only, where that is Algorithm 1's step exactly).
 
     Returns ``(c_i⁺, Δc_i)``; c_i stays at the site, Δc_i goes to the server.
     """
