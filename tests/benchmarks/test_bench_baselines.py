@@ -5,11 +5,8 @@ sweep, paired table and CSVs."""
 from __future__ import annotations
 
 import pandas as pd
-import pytest
 
 from .conftest import load_bench
-
-pytestmark = pytest.mark.slow  # an ingest and two real-data runs: ~20 s on 2 idle cores
 
 
 def test_two_methods_one_seed_one_round(small_npz, tmp_path, one_torch_thread):
