@@ -107,7 +107,7 @@ def round_scalars(metrics: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
 
 
 #: site task → the part of its reply's metrics streamed from the site (FLARE experiment tracking)
-_SITE_PREFIX = {"train": "train", "train_combine": "train", "evaluate": "val"}
+_SITE_PREFIX = {"train": "train", "train_combine": "train", "train_scaffold": "train", "evaluate": "val"}
 
 
 def site_scalars(task: str, metrics: Mapping[str, Any]) -> Iterator[tuple[str, float]]:

@@ -110,3 +110,13 @@ def test_no_path_or_id_becomes_a_tag():
     with pytest.raises(ValueError):
         check_tag("train/a\\b/loss")
     assert all(math.isfinite(v) for v in tags.values())
+
+
+def test_every_site_task_that_trains_streams_its_losses():
+    """A FLARE site streams its losses after every task that trains (SCAFFOLD's is train_scaffold)."""
+    from fedcxr.flare.client import STATE_CHANGING_TASKS
+    from fedcxr.tracking import site_scalars
+
+    for task in ("train", "train_combine", "train_scaffold"):
+        assert task in STATE_CHANGING_TASKS
+        assert list(site_scalars(task, {"loss": 0.5, "scaffold_steps": 4})) == [("train/loss", 0.5)], task

@@ -26,7 +26,7 @@ The file is JSON (or YAML), either for this site alone or ``{"sites": {"<name>":
      "state_dir": "/data/fedcxr/flare_state"}               # optional: local state for resume
 
 Relative paths resolve against the file's folder. Local state (FedBN's BN statistics, PFL's
-heads) is saved after every training round under ``state_dir/<run fingerprint>/`` so a
+heads, kept optimiser state, SCAFFOLD's control variate c_i) is saved after every training round under ``state_dir/<run fingerprint>/`` so a
 restarted client (after a server resume) continues from the right round.
 """
 
@@ -50,7 +50,7 @@ from fedcxr.pipeline.data import default_cache_dir
 from fedcxr.pipeline.engine import apply_backend, resolve_engine
 from fedcxr.pipeline.local import resolve_device
 from fedcxr.pipeline.messages import Reply
-from fedcxr.pipeline.site_runner import OPTIMIZER_PREFIX, SiteRunner
+from fedcxr.pipeline.site_runner import PRIVATE_PREFIXES, SiteRunner
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ LOCAL_SITE_CONFIG = Path("local") / SITE_CONFIG_NAME
 #: optimiser state kept across rounds) may have changed, so it is saved for a resume; every
 #: task registered with :func:`~fedcxr.pipeline.site_runner.register_task` must be here or in
 #: :data:`READ_ONLY_TASKS` (tests/flare/test_client.py checks it)
-STATE_CHANGING_TASKS = frozenset({"train", "train_combine", "fact_target", "warmup_head"})
+STATE_CHANGING_TASKS = frozenset({"train", "train_combine", "fact_target", "warmup_head", "train_scaffold"})
 #: tasks that only read the site's state
 READ_ONLY_TASKS = frozenset({"metadata", "evaluate", "local_state", "validate"})
 KEEP_STATES = 3
@@ -209,8 +209,8 @@ class FlareSite:
         runner = self.runner_for(runner_settings, run)
         self._restore(runner, task, config, run)
         if task == "local_state":
-            # the model's local entries only: optimiser moments never leave the site
-            state = {k: v for k, v in runner.get_local_state().items() if not k.startswith(OPTIMIZER_PREFIX)}
+            # the model's local entries only: optimiser moments and SCAFFOLD's c_i never leave the site
+            state = {k: v for k, v in runner.get_local_state().items() if not k.startswith(PRIVATE_PREFIXES)}
             return Reply(site=self.name, params=state, class_set=runner.class_set)
         reply = runner.handle(task, params, config)
         if task in STATE_CHANGING_TASKS:

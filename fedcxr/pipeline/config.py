@@ -88,6 +88,10 @@ class LocalTrainingConfig(_Strict):
         None, description="default per method: sgd (momentum 0.9) for FACT/FACT_NF (FACT client.py), adam "
         "otherwise (AuxInfo+GP, AutoFedGP and surgical aggregation code)")
     max_rows: Optional[int] = Field(None, ge=1, le=MAX_ROWS, description="use at most this many training rows (speed)")
+    momentum: Optional[float] = Field(
+        None, ge=0, lt=1, description="SGD momentum. Default per method: 0 (plain SGD) for SCAFFOLD's sources "
+        "(Karimireddy et al. 2020, Algorithm 1: its option-II control variate assumes plain SGD steps), 0.9 "
+        "otherwise (FACT client.py)")
 
 
 class TargetTrainingConfig(LocalTrainingConfig):
@@ -368,6 +372,22 @@ class ExperimentConfig(_Strict):
         "Adam in every train() call)")
     min_sites: int = Field(1, ge=1, le=MAX_SITES, description="a round needs at least this many source replies "
                            "(at most the number of `sites`)")
+    fedprox_mu: Optional[float] = Field(
+        None, ge=0, description="FedProx(_Finetune): μ of the proximal term μ/2·‖w − w^t‖² in every source's loss "
+        "(Li et al. 2020, Eq. 2; μ = 0 is FedAvg). Default 0.01: NVFLARE's PTFedProxLoss default, inside the "
+        "paper's grid {0.001, 0.01, 0.1, 1}")
+    server_lr: Optional[float] = Field(
+        None, gt=0, description="server learning rate. FedAdam/FedYogi/FedAdagrad(_Finetune): η of the server "
+        "optimiser, default 0.01 for FedAdam and FedYogi, 0.1 for FedAdagrad (Reddi et al. 2021's CIFAR-10 "
+        "values, as Flower's baseline reproducing the paper: adaptive_federated_optimization/conf/cifar10). "
+        "SCAFFOLD(_Finetune): the global step size η_g, default 1 (Karimireddy et al. 2020's experiments)")
+    server_betas: Optional[tuple[float, float]] = Field(
+        None, description="FedOpt's decay rates (β1, β2), each in [0, 1). Default (0.9, 0.99) for FedAdam and "
+        "FedYogi (Reddi et al. 2021 §5; Flower's FedAdam/FedYogi); β1 = 0 for FedAdagrad (Flower's FedAdagrad; "
+        "its v uses no β2)")
+    server_tau: Optional[float] = Field(
+        None, gt=0, description="FedOpt's adaptivity τ (√v_t + τ in the step; v starts at τ²). Default 1e-3 for "
+        "FedAdam and FedYogi, 1e-2 for FedAdagrad (Reddi et al. 2021's CIFAR-10 values, as Flower's baseline)")
     model: ModelConfig = ModelConfig()
     task: Optional[SharedTaskConfig] = Field(None, description=SharedTaskConfig.__doc__)
     class_source: Literal["target", "union", "sources"] = "target"
@@ -401,6 +421,13 @@ class ExperimentConfig(_Strict):
                 if old in data:
                     raise ValueError(f"`{old}` was replaced: {new}")
         return data
+
+    @field_validator("server_betas")
+    @classmethod
+    def _decay_rates(cls, value: Optional[tuple[float, float]]) -> Optional[tuple[float, float]]:
+        if value is not None and not all(0.0 <= b < 1.0 for b in value):
+            raise ValueError(f"each of β1, β2 must lie in [0, 1), got {list(value)}")
+        return value
 
     @field_validator("aux_tasks")
     @classmethod
@@ -612,6 +639,12 @@ def config_fingerprint(cfg: ExperimentConfig) -> str:
     for key, default in (("aggregation", AggregationConfig()), ("defences", DefencesConfig())):
         if data.get(key) == default.model_dump(mode="json"):  # defaults: the fingerprint of earlier versions
             data.pop(key)
+    for key in ("fedprox_mu", "server_lr", "server_betas", "server_tau"):  # unset: earlier versions' fingerprint
+        if data.get(key) is None:
+            data.pop(key, None)
+    for block in ("source", "target_train"):
+        if data.get(block, {}).get("momentum") is None:
+            data.get(block, {}).pop("momentum", None)
     privacy = data.pop("privacy", {})
     for key in ("combine_at", "auto_weights_at"):  # where a rule is computed does not change its result
         privacy.pop(key, None)

@@ -44,7 +44,7 @@ from fedcxr.pipeline.local import resolve_device
 from fedcxr.pipeline.messages import StateDict
 from fedcxr.pipeline.protocols import CENTRAL_SITE, Context, RoundProtocol, get_protocol
 from fedcxr.pipeline.screening import count_problem
-from fedcxr.pipeline.site_runner import OPTIMIZER_PREFIX, derive_seed
+from fedcxr.pipeline.site_runner import PRIVATE_PREFIXES, derive_seed
 from fedcxr.pipeline.transport import Transport
 from fedcxr.runlock import run_lock
 from fedcxr.vocab import CLASSES
@@ -264,8 +264,8 @@ def _resumed_dp(run_dir: Path, start: int) -> dict:
 
 
 def model_states(transport: Transport) -> dict[str, dict]:
-    """The sites' local state without optimiser moments (evaluation needs only the model's entries)."""
-    return {site: {k: v for k, v in state.items() if not k.startswith(OPTIMIZER_PREFIX)}
+    """The sites' local state without optimiser moments or SCAFFOLD's c_i (evaluation needs only the model's entries)."""
+    return {site: {k: v for k, v in state.items() if not k.startswith(PRIVATE_PREFIXES)}
             for site, state in transport.local_states().items()}
 
 

@@ -12,6 +12,10 @@ optimizer state of the site's previous call (:func:`train_local` ``optimizer_sta
 surgical aggregation code keeps each client's Adam across rounds, FACT its SGD), optional AMP
 on CUDA, and — for FedDA/FedGP auto-weighting — the model-state change of
 every optimizer step (:func:`train_local` ``record_batch_updates``).
+
+Two reviewers' baselines change this loop and nothing else: FedProx adds the proximal term
+(:func:`proximal_term`, ``LocalConfig.prox_mu``) to the loss, and SCAFFOLD corrects every step
+by its control variates (:func:`train_local` ``drift_correction``).
 """
 
 from __future__ import annotations
@@ -75,6 +79,23 @@ def aux_ce(
     return total
 
 
+def proximal_term(params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor], mu: float) -> torch.Tensor:
+    """FedProx's proximal term ``(μ/2)·‖w − w^t‖²`` (Li et al. 2020, MLSys, Eq. 2), a 0-dim tensor.
+
+    ``params``: the trainable parameters w (BatchNorm running statistics are buffers, not
+    parameters, so they are not in it, as in Flower's and NVFLARE's FedProx); ``anchors``: the
+    same parameters as the site received them this round (w^t, no gradient). Summed in float32.
+    Flower's ``FedProx`` docstring adds ``(w − w^t).norm(2)`` unsquared; the paper, NVFLARE's
+    ``PTFedProxLoss`` and Flower's FedProx baseline square it, as here.
+    """
+    if len(params) != len(anchors):
+        raise ValueError(f"proximal_term: {len(params)} parameters but {len(anchors)} anchors")
+    if not params:
+        return torch.zeros(())
+    total = torch.stack([(p.float() - a.float()).square().sum() for p, a in zip(params, anchors)]).sum()
+    return total * (float(mu) / 2.0)
+
+
 # --------------------------------------------------------------------------- config and result
 
 
@@ -85,7 +106,8 @@ class LocalConfig:
     ``steps`` (when set) overrides ``epochs``: that many optimizer steps, cycling the loader.
     ``amp`` only takes effect on CUDA. ``channels_last``: the model and every batch in NHWC
     memory layout (tensor cores on CUDA; :mod:`fedcxr.pipeline.engine` turns it on there).
-    ``optimizer``: adam | adamw | sgd (momentum 0.9).
+    ``optimizer``: adam | adamw | sgd (with ``momentum``; 0.9 as FACT's code).
+    ``prox_mu``: FedProx's μ (:func:`proximal_term` added to the loss); 0 = off.
     """
 
     lr: float = 1e-3
@@ -99,6 +121,8 @@ class LocalConfig:
     optimizer: str = "adam"
     channels_last: bool = False
     dp: Optional[dict] = None  # privacy.dp: DP-SGD with Opacus (fedcxr.pipeline.dp); AMP off then
+    momentum: float = 0.9  # SGD only
+    prox_mu: float = 0.0  # FedProx
 
 
 @dataclass
@@ -107,7 +131,9 @@ class LocalResult:
 
     ``n_samples``: rows of the training set (``len(loader.dataset)``, the FedAvg weight);
     ``n_batches``: optimizer steps taken; losses: means over those steps;
-    ``batch_updates``: (n_batches, M) float32 on CPU when recorded (see :func:`train_local`).
+    ``batch_updates``: (n_batches, M) float32 on CPU when recorded (see :func:`train_local`);
+    ``corrected_steps``: steps that took SCAFFOLD's correction (``drift_correction``): the K of
+    its control-variate update (an AMP step skipped for inf gradients is not one).
     """
 
     n_samples: int
@@ -120,6 +146,7 @@ class LocalResult:
     samples_seen: int = 0
     skipped_batches: int = 0
     seconds: float = 0.0
+    corrected_steps: int = 0
 
 
 # --------------------------------------------------------------------------- devices
@@ -206,7 +233,7 @@ def make_optimizer(params: list[torch.nn.Parameter], cfg: LocalConfig) -> torch.
     if name == "adamw":
         return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     raise UserError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {cfg.optimizer!r}")
 
 
@@ -232,6 +259,7 @@ def train_local(
     freeze_bn: bool = False,
     optimizer_state: Optional[Mapping[str, torch.Tensor]] = None,
     frozen_bn_trains: bool = False,
+    drift_correction: Optional[Mapping[str, torch.Tensor]] = None,
 ) -> LocalResult:
     """Train ``model`` in place on ``loader``'s batches; return counts, losses and updates.
 
@@ -259,6 +287,14 @@ def train_local(
       loader's (:func:`fedcxr.pipeline.data.make_loader`, seeded separately).
     * A batch of one sample is skipped while BatchNorm layers train (BN cannot normalise a
       single value per channel); it is counted in ``skipped_batches``.
+    * ``drift_correction``: SCAFFOLD's ``c − c_i`` per trainable parameter name (Karimireddy et
+      al. 2020, Algorithm 1, line 10: ``y ← y − η_l·(g + c − c_i)``). Applied after each optimizer
+      step as ``y ← y − η_l·(c − c_i)``, which for plain SGD (the only optimizer allowed with it)
+      is that step exactly, and which DP-SGD cannot drop (Opacus replaces ``p.grad`` by its
+      clipped, noised per-sample sum). ``LocalResult.corrected_steps`` counts the steps.
+    * ``cfg.prox_mu`` > 0 (FedProx): :func:`proximal_term` against the parameters as they are
+      when the call starts (the round's received weights) is added to the loss. Refused with
+      DP-SGD, which would drop its gradient (not a per-sample term).
 
     The model's ``requires_grad`` flags and train/eval modes are restored afterwards.
     """
@@ -275,7 +311,7 @@ def train_local(
         with torch.random.fork_rng(devices=gpus, device_type="cuda"):
             torch.manual_seed(int(seed))
             return _loop(model, loader, cfg, device, loss_classes_mask, record_batch_updates, started,
-                         optimizer_state, frozen_bn_trains)
+                         optimizer_state, frozen_bn_trains, drift_correction)
     finally:
         for name, p in model.named_parameters():
             p.requires_grad_(flags[name])
@@ -285,10 +321,12 @@ def train_local(
 
 def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
           loss_classes_mask: Optional[torch.Tensor], record: bool, started: float,
-          optimizer_state: Optional[Mapping[str, torch.Tensor]] = None, frozen_bn_trains: bool = False) -> LocalResult:
+          optimizer_state: Optional[Mapping[str, torch.Tensor]] = None, frozen_bn_trains: bool = False,
+          drift_correction: Optional[Mapping[str, torch.Tensor]] = None) -> LocalResult:
     use_cuda = device.type == "cuda"
     amp = bool(cfg.amp) and use_cuda
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    _check_client_terms(cfg, named, drift_correction)
     params = [p for _, p in named]
     optimizer = make_optimizer(params, cfg)
     if optimizer_state:
@@ -301,7 +339,8 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
         amp = False
     try:
         return _steps(model, forward, optimizer, loader, cfg, device, amp, loss_classes_mask, record, started,
-                      named=named, optimizer_state=optimizer_state, frozen_bn_trains=frozen_bn_trains)
+                      named=named, optimizer_state=optimizer_state, frozen_bn_trains=frozen_bn_trains,
+                      drift_correction=drift_correction)
     finally:
         if close is not None:
             close()
@@ -310,7 +349,8 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
 def _steps(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimizer, loader: Any, cfg: LocalConfig,
            device: torch.device, amp: bool, loss_classes_mask: Optional[torch.Tensor], record: bool,
            started: float, *, named: Sequence[tuple[str, nn.Parameter]],
-           optimizer_state: Optional[Mapping[str, torch.Tensor]], frozen_bn_trains: bool) -> LocalResult:
+           optimizer_state: Optional[Mapping[str, torch.Tensor]], frozen_bn_trains: bool,
+           drift_correction: Optional[Mapping[str, torch.Tensor]] = None) -> LocalResult:
     use_cuda = device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=amp)
     tasks = list(getattr(model, "aux_tasks", {}) or {})
@@ -330,6 +370,10 @@ def _steps(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimize
     if record and planned is not None:
         updates = torch.empty((planned, before.numel()), dtype=torch.float32)
 
+    params = [p for _, p in named]
+    anchors = [p.detach().clone() for p in params] if cfg.prox_mu > 0 else None  # FedProx's w^t
+    corrections = _corrections(named, drift_correction)
+    corrected = 0
     sums = torch.zeros(3, device=device)  # total, main, aux
     steps = seen = skipped = 0
     layout = _memory_format(cfg.channels_last)
@@ -351,10 +395,16 @@ def _steps(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimize
         else:
             aux = torch.zeros((), device=device)
             loss = main
+        if anchors is not None:
+            loss = loss + proximal_term(params, anchors, cfg.prox_mu)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
+        scale = scaler.get_scale() if corrections is not None and amp else None
         scaler.step(optimizer)
         scaler.update()
+        if corrections is not None and (scale is None or scaler.get_scale() >= scale):  # not an AMP-skipped step
+            _correct(params, corrections, cfg.lr)
+            corrected += 1
         if cfg.dp:  # expanded weights refuse a forward while last step's per-sample gradients remain
             optimizer.zero_grad(set_to_none=True)
         sums += torch.stack([loss.detach(), main.detach(), aux.detach()])
@@ -394,7 +444,47 @@ def _steps(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimize
         samples_seen=seen,
         skipped_batches=skipped,
         seconds=time.perf_counter() - started,
+        corrected_steps=corrected,
     )
+
+
+def _check_client_terms(cfg: LocalConfig, named: Sequence[tuple[str, nn.Parameter]],
+                        drift_correction: Optional[Mapping[str, torch.Tensor]]) -> None:
+    """Refuse FedProx/SCAFFOLD settings whose update would not be the published one (protocols say so first)."""
+    if cfg.prox_mu < 0:
+        raise ValueError(f"prox_mu must be >= 0, got {cfg.prox_mu}")
+    if cfg.prox_mu > 0 and cfg.dp:
+        raise ValueError("FedProx's proximal term cannot be trained with DP-SGD: Opacus replaces each gradient by its "
+                         "clipped, noised per-sample sum, which drops the term's gradient")
+    if drift_correction is None:
+        return
+    if cfg.optimizer.lower() != "sgd" or cfg.momentum != 0:
+        raise ValueError(f"SCAFFOLD's drift correction needs plain SGD (momentum 0), got {cfg.optimizer} with "
+                         f"momentum {cfg.momentum}")
+    missing = [n for n, _ in named if n not in drift_correction]
+    if missing:
+        raise ValueError(f"drift_correction lacks trainable parameters {missing[:5]}")
+
+
+def _corrections(named: Sequence[tuple[str, nn.Parameter]],
+                 drift_correction: Optional[Mapping[str, torch.Tensor]]) -> Optional[list[torch.Tensor]]:
+    """``c − c_i`` per trainable parameter, on its device and in its dtype (None: not SCAFFOLD)."""
+    if drift_correction is None:
+        return None
+    out = []
+    for name, p in named:
+        value = drift_correction[name]
+        if tuple(value.shape) != tuple(p.shape):
+            raise ValueError(f"drift_correction[{name!r}] has shape {tuple(value.shape)}, the parameter {tuple(p.shape)}")
+        out.append(value.detach().to(device=p.device, dtype=p.dtype))
+    return out
+
+
+@torch.no_grad()
+def _correct(params: Sequence[torch.Tensor], corrections: Sequence[torch.Tensor], lr: float) -> None:
+    """SCAFFOLD's part of the step: ``y ← y − η_l·(c − c_i)`` (Algorithm 1, line 10, after the SGD step on g)."""
+    if params:
+        torch._foreach_add_(list(params), list(corrections), alpha=-float(lr))
 
 
 def optimizer_state_dict(optimizer: torch.optim.Optimizer,

@@ -18,7 +18,8 @@ Task configs (plain JSON-able dicts, built by the round protocols):
               optimiser state of earlier rounds), ``frozen_bn_trains``, ``from_warm`` (start
               from the head this site kept in ``warmup_head``),
               ``labeled`` (target: labeled rows used), and the
-              training hyper-parameters ``lr``, ``batch_size``, ``epochs``, ``steps``.
+              training hyper-parameters ``lr``, ``batch_size``, ``epochs``, ``steps``,
+              ``momentum`` (SGD; absent: 0.9), ``prox_mu`` (FedProx's μ; absent: 0).
 ``evaluate``  → per-class validation AUROC of the received model on ``split``.
 
 A ``train`` task with ``hold_for_combine`` keeps the trained model on the site (:attr:`SiteRunner.held`)
@@ -57,6 +58,10 @@ log = logging.getLogger(__name__)
 OPTIMIZER_PREFIX = "optimizer."
 #: Local-state entries of the head kept by the surgical head warm-up until round 0 uses it.
 WARM_PREFIX = "warm."
+#: Local-state entries of SCAFFOLD's site control variate c_i: ``control.<parameter name>``.
+CONTROL_PREFIX = "control."
+#: Local-state entries that never leave the site and are not model entries (evaluation ignores them).
+PRIVATE_PREFIXES = (OPTIMIZER_PREFIX, CONTROL_PREFIX)
 #: A site-side task: ``handler(runner, params, config) -> Reply``.
 TaskHandler = Callable[["SiteRunner", Optional[StateDict], dict], Reply]
 #: Tasks registered beyond the built-in ``metadata``/``train``/``evaluate`` (name → handler).
@@ -159,6 +164,15 @@ class SiteRunner:
         """Store the optimiser state in the local state (checkpointed with it, so a resume is exact)."""
         for key, value in state.items():
             self.local_state[OPTIMIZER_PREFIX + key] = value
+
+    def control_variate(self, reference: StateDict) -> StateDict:
+        """SCAFFOLD's c_i for the entries of ``reference`` (c's keys): kept from earlier rounds, zeros at first."""
+        return {k: self.local_state.get(CONTROL_PREFIX + k, torch.zeros_like(v)).clone() for k, v in reference.items()}
+
+    def keep_control_variate(self, control: StateDict) -> None:
+        """Store c_i in the local state (checkpointed in-process, saved per round on FLARE; never sent)."""
+        for key, value in control.items():
+            self.local_state[CONTROL_PREFIX + key] = value.detach().to("cpu", copy=True)
 
     # ------------------------------------------------------------------ tasks
     def handle(self, task: str, params: Optional[StateDict], config: dict) -> Reply:
@@ -338,7 +352,9 @@ class SiteRunner:
             model.head.weight.copy_(weight)
             model.head.bias.copy_(bias)
 
-    def _train(self, params: Optional[StateDict], config: dict) -> Reply:
+    def _train(self, params: Optional[StateDict], config: dict, *,
+               drift_correction: Optional[StateDict] = None) -> Reply:
+        """The ``train`` task; ``drift_correction`` (SCAFFOLD's c − c_i, from ``train_scaffold``) corrects every step."""
         from fedcxr.pipeline.local import train_local
 
         model, head_classes, aux_tasks, local_keys = self.prepared_model(params, config)
@@ -353,6 +369,8 @@ class SiteRunner:
             use_aux=bool(config.get("use_aux", False)) and bool(aux_tasks),
             weight_decay=float(config.get("weight_decay") or 0.0), optimizer=str(config.get("optimizer") or "adam"),
             dp=config.get("dp") or None,
+            momentum=0.9 if config.get("momentum") is None else float(config["momentum"]),
+            prox_mu=float(config.get("prox_mu") or 0.0),
         )
         if len(data) == 0:
             # the server says so once per run (protocols.base.valid_replies); here only at debug level
@@ -367,6 +385,7 @@ class SiteRunner:
             freeze_bn=bool(config.get("freeze_bn", False)),
             optimizer_state=self.optimizer_state() if config.get("keep_optimizer") else None,
             frozen_bn_trains=bool(config.get("frozen_bn_trains", False)),
+            drift_correction=drift_correction,
         )
         if result.optimizer_state is not None:
             self.keep_optimizer_state(result.optimizer_state)
@@ -377,6 +396,8 @@ class SiteRunner:
         if result.batch_updates is not None:
             extra["batch_updates"] = result.batch_updates.detach().cpu()
         metrics = {"loss": result.loss, "main_loss": result.main_loss, "aux_loss": result.aux_loss}
+        if drift_correction is not None:
+            metrics["scaffold_steps"] = result.corrected_steps  # K of the control-variate update
         if cfg.dp:
             from fedcxr.pipeline.dp import spent
 

@@ -8,6 +8,8 @@
   the best validation loss kept on the site for round 0.
 * ``fact_target`` (FACT, DESIGN §5): update the feature extractor G' to minimise the
   inter-domain distance of two source heads on the target's unlabeled images.
+* ``train_scaffold`` (SCAFFOLD): local training corrected by the control variates, then the
+  site's own c_i updated (option II) and kept here; only the model and Δc_i leave the site.
 
 Importing this module registers the tasks; the transports that build site runners
 (:mod:`fedcxr.pipeline.inprocess`, the FLARE client) import it.
@@ -31,7 +33,15 @@ from fedcxr.pipeline.local import (
     predict,
     train_local,
 )
-from fedcxr.pipeline.messages import FACT_HEAD_A, FACT_HEAD_B, Reply, StateDict, unpack_combine
+from fedcxr.pipeline.messages import (
+    FACT_HEAD_A,
+    FACT_HEAD_B,
+    Reply,
+    StateDict,
+    pack_control_delta,
+    unpack_combine,
+    unpack_control,
+)
 from fedcxr.pipeline.site_runner import WARM_PREFIX, SiteRunner, derive_seed, register_task
 from fedcxr.pipeline.state import cpu_state
 
@@ -119,7 +129,8 @@ def fact_target(runner: SiteRunner, params: Optional[StateDict], config: dict) -
     cfg = runner.local_config(lr=float(config["lr"]), batch_size=int(config["batch_size"]),
                               epochs=int(config.get("epochs") or 1), steps=config.get("steps"),
                               weight_decay=float(config.get("weight_decay") or 0.0),
-                              optimizer=str(config.get("optimizer") or "adam"))
+                              optimizer=str(config.get("optimizer") or "adam"),
+                              momentum=0.9 if config.get("momentum") is None else float(config["momentum"]))
     device = runner.device
     model.to(device).train()
     for p in model.head.parameters():
@@ -173,3 +184,30 @@ def _measure_idd(model, head_a, head_b, data, device, options: dict) -> float:
         count += d.numel()
     model.train()
     return total / max(count, 1)
+
+
+@register_task("train_scaffold")
+def train_scaffold(runner: SiteRunner, params: StateDict, config: dict) -> Reply:
+    """SCAFFOLD's client round (Karimireddy et al. 2020, Algorithm 1, lines 7-13).
+
+    ``params`` = the model x plus the server's control variate c (:func:`~fedcxr.pipeline.messages.pack_control`).
+    The site trains from x with every plain-SGD step corrected by ``c − c_i`` (:func:`train_local`
+    ``drift_correction``), then sets ``c_i⁺ = c_i − c + (x − y_i)/(K·η_l)`` (option II,
+    :func:`fedcxr.pipeline.aggregate.scaffold_client_control`), keeps c_i⁺ in its local state (c_i = 0
+    before its first round) and answers with y_i and Δc_i = c_i⁺ − c_i. A site without training rows
+    answers as ``train`` does and keeps its c_i.
+    """
+    theta, control = unpack_control(params)
+    if not control:
+        raise ValueError(f"site {runner.name}: a train_scaffold task without the server's control variate")
+    local = runner.control_variate(control)
+    correction = {k: control[k].to(local[k].dtype) - local[k] for k in control}
+    reply = runner._train(theta, config, drift_correction=correction)  # the one training path of the site
+    if reply.params is None or reply.n_samples == 0:
+        return reply
+    new_local, delta = agg.scaffold_client_control(local, control, theta, reply.params,
+                                                   steps=int(reply.metrics.get("scaffold_steps", 0)),
+                                                   lr=float(config["lr"]))
+    runner.keep_control_variate(new_local)
+    reply.extra = {**reply.extra, **pack_control_delta(delta)}
+    return reply

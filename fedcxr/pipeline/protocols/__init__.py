@@ -17,6 +17,8 @@ module                 methods
 ``surgical``           ``FL``, ``FL_PartialLoss``, ``FL_Surgical``, ``PFL``
 ``baselines``          ``Target_Only``, ``Oracle``, ``Central``, ``Individual``
 ``fact``               ``FACT``, ``FACT_NF``
+``fedopt``             ``FedProx``, ``SCAFFOLD``, ``FedAdagrad``, ``FedAdam``, ``FedYogi`` (each
+                       also ``_Finetune``): the reviewers' baselines
 =====================  ====================================================================
 """
 
@@ -38,6 +40,7 @@ from fedcxr.pipeline.protocols.base import (
 from fedcxr.pipeline.protocols.baselines import CentralProtocol, IndividualProtocol, TargetOnlyProtocol
 from fedcxr.pipeline.protocols.fact import FACTProtocol
 from fedcxr.pipeline.protocols.fedavg import FedAvgProtocol, FinetuneOfflineProtocol, SourceOnlyProtocol
+from fedcxr.pipeline.protocols.fedopt import FedOptProtocol, FedProxProtocol, SCAFFOLDProtocol
 from fedcxr.pipeline.protocols.surgical import SurgicalFamilyProtocol
 from fedcxr.pipeline.protocols.target_combine import FedDAGPProtocol, GPProtocol
 
@@ -68,6 +71,17 @@ REGISTRY: dict[str, Callable[[str], RoundProtocol]] = {
     "FL_Surgical": lambda n: SurgicalFamilyProtocol(n, mode="surgical"),
     "FACT": lambda n: FACTProtocol(n, finetune=True),
     "FACT_NF": lambda n: FACTProtocol(n, finetune=False),
+    # the reviewers' baselines (protocols/fedopt.py); _Finetune: the target fine-tunes as FedAvg_Finetune
+    "FedProx": lambda n: FedProxProtocol(n, finetune=False),
+    "FedProx_Finetune": lambda n: FedProxProtocol(n, finetune=True),
+    "SCAFFOLD": lambda n: SCAFFOLDProtocol(n, finetune=False),
+    "SCAFFOLD_Finetune": lambda n: SCAFFOLDProtocol(n, finetune=True),
+    "FedAdagrad": lambda n: FedOptProtocol(n, rule="adagrad", finetune=False),
+    "FedAdagrad_Finetune": lambda n: FedOptProtocol(n, rule="adagrad", finetune=True),
+    "FedAdam": lambda n: FedOptProtocol(n, rule="adam", finetune=False),
+    "FedAdam_Finetune": lambda n: FedOptProtocol(n, rule="adam", finetune=True),
+    "FedYogi": lambda n: FedOptProtocol(n, rule="yogi", finetune=False),
+    "FedYogi_Finetune": lambda n: FedOptProtocol(n, rule="yogi", finetune=True),
 }
 
 

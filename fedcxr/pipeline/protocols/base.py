@@ -91,6 +91,7 @@ def task_config(ctx: Context, r: int, role: str, **overrides) -> dict:
         "weight_decay": local.weight_decay if local.weight_decay is not None else
         ctx.task_defaults.get("weight_decay", 0.0),
         "optimizer": local.optimizer or ctx.task_defaults.get("optimizer", "adam"),
+        "momentum": local.momentum,  # SGD; None: the site's default 0.9
         "keep_optimizer": (cfg.optimizer_state or ctx.task_defaults.get("optimizer_state", "fresh")) == "kept",
         "max_rows": local.max_rows,
         "trainable": "all", "local_keys": [], "record_batch_updates": False,

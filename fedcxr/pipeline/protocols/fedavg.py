@@ -37,8 +37,12 @@ class FedAvgProtocol(RoundProtocol):
     def eval_local_keys(self, ctx: Context) -> list[str]:
         return self._local_keys(ctx)
 
+    def source_config(self, ctx: Context, r: int) -> dict:
+        """The sources' ``train`` task config of round ``r`` (FedProx adds its μ here)."""
+        return task_config(ctx, r, "source", local_keys=self._local_keys(ctx))
+
     def fedavg_round(self, ctx: Context, r: int, theta0: StateDict) -> tuple[StateDict, dict]:
-        cfg = task_config(ctx, r, "source", local_keys=self._local_keys(ctx))
+        cfg = self.source_config(ctx, r)
         replies = ask(ctx, "train", ctx.sources, theta0, cfg, r=r)
         replies = valid_replies(ctx, replies, theta0, r)
         theta = aggregate_backbone(ctx, replies, theta0, uniform=self.uniform_backbone(ctx))

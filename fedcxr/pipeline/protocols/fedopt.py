@@ -1,0 +1,220 @@
+"""The baselines reviewers ask for: FedProx, SCAFFOLD and FedOpt (FedAdagrad, FedAdam, FedYogi).
+
+* ``FedProx`` — FedAvg whose sources add the proximal term μ/2·‖w − w^t‖² to their loss (Li et
+  al. 2020, MLSys, Eq. 2; ``fedprox_mu``); the server averages as FedAvg.
+* ``SCAFFOLD`` — control variates (Karimireddy et al. 2020, ICML, Algorithm 1, option II): the
+  server sends the model x and its control variate c; each source takes plain-SGD steps corrected
+  by c − c_i, updates its own c_i (kept at the site, across rounds and through a resume) and
+  returns its model and Δc_i; the server moves x by η_g (``server_lr``) toward the clients' mean
+  and c by the mean Δc_i (:func:`fedcxr.pipeline.aggregate.scaffold`).
+* ``FedAdagrad``, ``FedAdam``, ``FedYogi`` — FedOpt (Reddi et al. 2021, ICLR, Algorithm 2): the
+  clients' mean update is a pseudo-gradient for a server optimiser whose moments m, v live in
+  the protocol state (:func:`fedcxr.pipeline.aggregate.fedopt`; ``server_lr``, ``server_betas``,
+  ``server_tau``).
+
+Each has a ``_Finetune`` variant: after the round's server step the target fine-tunes the global
+model on its labeled rows exactly as ``FedAvg_Finetune`` does (AuxInfo+GP paper, Alg. 1), so every
+``*_Finetune`` method spends the same target budget (``target_train``: rows, steps or epochs,
+optimiser, lr) in every round and only the sources' rule differs — what a comparison against a
+target with few labels needs. The fine-tuned model is the next round's global model.
+
+The server state (SCAFFOLD's c, FedOpt's m and v) is in the protocol state and so in every
+checkpoint; a site's c_i is in its local state (checkpointed in-process, saved per round by a FLARE
+client), so a killed run resumes bit-identical. Both cover the model's trainable parameters; BN
+running statistics and ``num_batches_tracked`` are averaged as in FedAvg. FedProx's term, too,
+covers the trainable parameters only.
+
+Refused, with the reason (exit 2): FedProx with DP-SGD (Opacus drops the term's gradient);
+SCAFFOLD with an adaptive or momentum optimiser at the sources (option II's c_i assumes plain
+SGD steps) or with FLARE result filters (Δc_i would carry the unfiltered update past them); FedBN
+variants with SCAFFOLD or FedOpt (their server step covers every shared entry).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from fedcxr.errors import UserError
+from fedcxr.pipeline import aggregate as agg
+from fedcxr.pipeline.messages import Reply, StateDict, pack_control, unpack_control_delta
+from fedcxr.pipeline.protocols.base import (
+    Context,
+    RoundFailed,
+    aggregate_backbone,
+    ask,
+    valid_replies,
+)
+from fedcxr.pipeline.protocols.fedavg import FedAvgProtocol
+from fedcxr.pipeline.state import check_update
+
+log = logging.getLogger(__name__)
+
+#: FedProx's μ unless ``fedprox_mu`` says: NVFLARE's PTFedProxLoss default, in Li et al.'s grid {0.001, 0.01, 0.1, 1}.
+DEFAULT_FEDPROX_MU = 0.01
+#: SCAFFOLD's global step size η_g unless ``server_lr`` says (Karimireddy et al. 2020 run η_g = 1).
+DEFAULT_SCAFFOLD_SERVER_LR = 1.0
+#: FedOpt defaults per rule, (η, (β1, β2), τ): Reddi et al. 2021's CIFAR-10 values as Flower's baseline
+#: reproducing the paper sets them (adaptive_federated_optimization/conf/cifar10/strategy/*.yaml);
+#: FedAdagrad has β1 = 0 there (Flower's FedAdagrad) and no β2 in its v.
+FEDOPT_DEFAULTS = {
+    "adam": (1e-2, (0.9, 0.99), 1e-3),
+    "yogi": (1e-2, (0.9, 0.99), 1e-3),
+    "adagrad": (1e-1, (0.0, 0.99), 1e-2),
+}
+
+
+def parameter_keys(ctx: Context) -> list[str]:
+    """The model's trainable parameters (no buffers): what SCAFFOLD's c and FedOpt's m, v cover.
+
+    Built from the run's network description (the same call as the initial model), under a
+    forked RNG so the run's random stream is not touched.
+    """
+    from fedcxr.models.network import network_from_config
+    from fedcxr.vocab import AUX_VOCAB
+
+    with torch.random.fork_rng(devices=[]):
+        model = network_from_config(ctx.classes, ctx.cfg.model.model_dump(),
+                                    {t: len(AUX_VOCAB[t]) for t in ctx.aux_tasks}, load_weights_file=False)
+    return [name for name, _ in model.named_parameters()]
+
+
+def _refuse_fedbn(name: str, cfg) -> None:
+    if cfg.backbone_aggregation != "fedavg":
+        raise UserError(f"strategy {name}: backbone_aggregation {cfg.backbone_aggregation} keeps BatchNorm entries "
+                        f"at the sites, but {name}'s server step covers every shared parameter; use "
+                        "backbone_aggregation: fedavg")
+
+
+class FedProxProtocol(FedAvgProtocol):
+    """FedProx(_Finetune): FedAvg with the proximal term μ/2·‖w − w^t‖² in every source's loss."""
+
+    def __init__(self, name: str, *, finetune: bool):
+        super().__init__(name, finetune=finetune, aux_info=False)
+        self.needs_target = finetune
+
+    def mu(self, ctx: Context) -> float:
+        value = ctx.cfg.fedprox_mu
+        return DEFAULT_FEDPROX_MU if value is None else float(value)
+
+    def validate(self, cfg, meta, classes):
+        super().validate(cfg, meta, classes)
+        if cfg.privacy.dp is not None:
+            raise UserError(f"strategy {self.name} with privacy.dp: DP-SGD (Opacus) replaces each gradient by its "
+                            "clipped, noised per-sample sum, which drops the proximal term's gradient (not a "
+                            "per-sample term), so the sites would train plain FedAvg; use FedAvg with privacy.dp")
+
+    def source_config(self, ctx, r):
+        return {**super().source_config(ctx, r), "prox_mu": self.mu(ctx)}
+
+
+class SCAFFOLDProtocol(FedAvgProtocol):
+    """SCAFFOLD(_Finetune): control variates c (server) and c_i (each source), Algorithm 1, option II."""
+
+    def __init__(self, name: str, *, finetune: bool):
+        super().__init__(name, finetune=finetune, aux_info=False)
+        self.needs_target = finetune
+
+    def validate(self, cfg, meta, classes):
+        super().validate(cfg, meta, classes)
+        _refuse_fedbn(self.name, cfg)
+        if cfg.source.optimizer not in (None, "sgd") or (cfg.source.momentum or 0) != 0:
+            raise UserError(
+                f"strategy {self.name}: the sources train with plain SGD (Karimireddy et al. 2020, Algorithm 1): "
+                "the control variate c_i⁺ = c_i − c + (x − y_i)/(K·η_l) is the mean gradient only for plain SGD "
+                f"steps, not for source.optimizer {cfg.source.optimizer or 'sgd'} with momentum "
+                f"{cfg.source.momentum or 0}; remove source.optimizer/source.momentum (or set sgd and 0)")
+        if cfg.source.lr < 1e-2:  # a warning, not a refusal: the run is valid, only slow to learn
+            log.warning("%s: the sources take plain SGD steps at source.lr = %g, an Adam-sized step; plain SGD "
+                        "usually needs 0.01-0.1 (Reddi et al. 2021's best client lr on CIFAR-10: 10^-1.5)",
+                        self.name, cfg.source.lr)
+        if cfg.privacy.filters:
+            raise UserError(f"strategy {self.name} with privacy.filters: each site's Δc_i carries (x − y_i)/(K·η_l), "
+                            "its unfiltered model update, past FLARE's result filters; use another method with "
+                            "filters")
+
+    def server_lr(self, ctx: Context) -> float:
+        value = ctx.cfg.server_lr
+        return DEFAULT_SCAFFOLD_SERVER_LR if value is None else float(value)
+
+    def init_state(self, ctx, theta):
+        state = super().init_state(ctx, theta)
+        state["control"] = {k: torch.zeros_like(theta[k]) for k in parameter_keys(ctx)}
+        return state
+
+    def source_config(self, ctx, r):
+        return {**super().source_config(ctx, r), "optimizer": "sgd", "momentum": 0.0}
+
+    def run_round(self, ctx, r, state):
+        theta0, control = state["global"], state["control"]
+        replies = ask(ctx, "train_scaffold", ctx.sources, pack_control(theta0, control), self.source_config(ctx, r),
+                      r=r)
+        replies = _with_control_updates(ctx, valid_replies(ctx, replies, theta0, r), control, r)
+        uniform = self.uniform_backbone(ctx)
+        average = aggregate_backbone(ctx, replies, theta0, uniform=uniform)
+        weights = [1.0 if uniform else float(max(rep.n_samples, 1)) for rep in replies.values()]
+        theta, control = agg.scaffold(theta0, control, average,
+                                      [unpack_control_delta(rep.extra) for rep in replies.values()], weights,
+                                      server_lr=self.server_lr(ctx), participation=len(replies) / len(ctx.sources))
+        metrics = {"train": {s: rep.metrics for s, rep in replies.items()},
+                   "n_samples": {s: rep.n_samples for s, rep in replies.items()}}
+        if self.finetune:
+            theta, more = self.finetune_target(ctx, r, theta)
+            metrics.update(more)
+        return {**state, "global": theta, "control": control}, metrics
+
+
+def _with_control_updates(ctx: Context, replies: dict[str, Reply], control: StateDict, r: int) -> dict[str, Reply]:
+    """Drop replies whose Δc_i is missing, mis-shaped or not finite (reason recorded), as for model updates."""
+    kept = {}
+    for site, reply in replies.items():
+        reason = check_update(unpack_control_delta(reply.extra), control)
+        if reason:
+            log.warning("round %d: rejected the control-variate update of %s: %s", r, site, reason)
+            ctx.missed.append({"round": r, "task": "train_scaffold", "site": site,
+                               "reason": f"rejected control update: {reason}"})
+            continue
+        kept[site] = reply
+    if not kept or len(kept) < min(len(replies), ctx.cfg.min_sites):
+        raise RoundFailed(f"round {r}: only {len(kept)} valid control-variate updates (need {ctx.cfg.min_sites})")
+    return kept
+
+
+class FedOptProtocol(FedAvgProtocol):
+    """FedAdagrad / FedAdam / FedYogi (_Finetune): a server optimiser on the sources' mean update."""
+
+    def __init__(self, name: str, *, rule: str, finetune: bool):
+        super().__init__(name, finetune=finetune, aux_info=False)
+        self.rule = rule
+        self.needs_target = finetune
+
+    def validate(self, cfg, meta, classes):
+        super().validate(cfg, meta, classes)
+        _refuse_fedbn(self.name, cfg)
+
+    def hyper(self, ctx: Context) -> dict:
+        """η, (β1, β2), τ: the config's values, else the rule's defaults (:data:`FEDOPT_DEFAULTS`)."""
+        lr, betas, tau = FEDOPT_DEFAULTS[self.rule]
+        cfg = ctx.cfg
+        return {"server_lr": lr if cfg.server_lr is None else float(cfg.server_lr),
+                "betas": betas if cfg.server_betas is None else tuple(float(b) for b in cfg.server_betas),
+                "tau": tau if cfg.server_tau is None else float(cfg.server_tau)}
+
+    def init_state(self, ctx, theta):
+        state = super().init_state(ctx, theta)
+        tau = self.hyper(ctx)["tau"]
+        keys = parameter_keys(ctx)  # m_{−1} = 0, v_{−1} = τ² (Algorithm 2)
+        state["server_opt"] = {"m": {k: torch.zeros_like(theta[k]) for k in keys},
+                               "v": {k: torch.full_like(theta[k], tau * tau) for k in keys}}
+        return state
+
+    def run_round(self, ctx, r, state):
+        theta0, moments = state["global"], state["server_opt"]
+        average, metrics = self.fedavg_round(ctx, r, theta0)
+        theta, moments = agg.fedopt(theta0, average, moments, rule=self.rule, keys=list(moments["m"]),
+                                    **self.hyper(ctx))
+        if self.finetune:
+            theta, more = self.finetune_target(ctx, r, theta)
+            metrics.update(more)
+        return {**state, "global": theta, "server_opt": moments}, metrics
