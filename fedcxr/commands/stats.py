@@ -22,11 +22,19 @@ def cli_stats(args: argparse.Namespace) -> int:
     options = StatsOptions(min_count=args.min_count, epsilon=args.epsilon, build_cache=args.cache_build,
                            headers=args.headers, pilot=args.pilot, device=args.device,
                            progress=progress_wanted(args))
+    collect = None
     if args.flare:
         from fedcxr.flare.controller import require_nvflare
 
         require_nvflare()
-    stats = run_stats(cfg, Path(args.out), options, flare=args.flare, map_path=args.regime_map)
+        from fedcxr.flare.stats_run import run_flare_stats
+
+        def collect(cfg, options):
+            return run_flare_stats(cfg, Path(args.out) / "flare", options, mode=args.flare)
+
+    stats = run_stats(cfg, Path(args.out), options, collect=collect,
+                      transport=f"NVIDIA FLARE {args.flare}" if args.flare else "in-process",
+                      map_path=args.regime_map)
     print_summary(stats, Path(args.out))
     return 0
 

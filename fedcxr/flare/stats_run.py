@@ -56,7 +56,6 @@ from fedcxr.flare.stats_job import (
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT = 1800.0
 
 
 def flare_site_names(cfg) -> list[str]:
@@ -103,7 +102,7 @@ def run_flare_stats(cfg, flare_dir: Path, options, *, mode: str, timeout: Option
     site_configs = write_site_configs([cfg], flare_dir, device="cpu")
     job_dir = export_stats_job(cfg, options, flare_dir / "job", site_configs=site_configs)
     runner = {"simulate": _simulate, "poc": _poc}[mode]
-    output = runner(job_dir, flare_dir, sites, timeout=timeout or DEFAULT_TIMEOUT, progress=options.progress)
+    output = runner(job_dir, flare_dir, sites, timeout=timeout, progress=options.progress)
     if output is None:
         raise RuntimeError(f"the FLARE statistics job wrote no result (no site sent statistics?); see the logs in "
                            f"{flare_dir / 'logs'}")
@@ -129,7 +128,8 @@ def _keep_outputs(workspace: Path, flare_dir: Path) -> Optional[Path]:
     return kept
 
 
-def _simulate(job_dir: Path, flare_dir: Path, sites: list[str], *, timeout: float, progress: bool) -> Optional[Path]:
+def _simulate(job_dir: Path, flare_dir: Path, sites: list[str], *, timeout: Optional[float], progress: bool
+              ) -> Optional[Path]:
     workspace = flare_dir / "simulator"
     shutil.rmtree(workspace, ignore_errors=True)
     logs = next_log_dir(flare_dir)
@@ -140,7 +140,7 @@ def _simulate(job_dir: Path, flare_dir: Path, sites: list[str], *, timeout: floa
         try:
             started = time.time()
             while proc.poll() is None:
-                if time.time() - started > timeout:
+                if timeout and time.time() - started > timeout:
                     raise TimeoutError(f"the FLARE statistics job did not finish within {timeout:.0f} s")
                 tree.snapshot()
                 time.sleep(0.5)
@@ -155,7 +155,8 @@ def _simulate(job_dir: Path, flare_dir: Path, sites: list[str], *, timeout: floa
     return kept
 
 
-def _poc(job_dir: Path, flare_dir: Path, sites: list[str], *, timeout: float, progress: bool) -> Optional[Path]:
+def _poc(job_dir: Path, flare_dir: Path, sites: list[str], *, timeout: Optional[float], progress: bool
+         ) -> Optional[Path]:
     workspace = flare_dir / "poc"
     shutil.rmtree(workspace, ignore_errors=True)
     env = {**_env(), "NVFLARE_POC_WORKSPACE": str(workspace)}

@@ -28,23 +28,34 @@ log = logging.getLogger(__name__)
 PILOT_METHOD = "FedGP_Auto"
 
 
-def pilot_config(cfg: ExperimentConfig) -> ExperimentConfig:
+def pilot_config(cfg: ExperimentConfig, sources: Optional[list[str]] = None) -> ExperimentConfig:
     """The experiment as a one-round FedGP_Auto run without warm-up, validation or tracking."""
     data = cfg.model_dump(mode="json")
     data.update(strategy=PILOT_METHOD, rounds=1, warmup_rounds=0, post_warmup_lr_scale=1.0,
-                eval_every=0, select_round="last", tracking="none")
+                eval_every=0, select_round="last", tracking="none", eval_sites=None)
+    if sources is not None:
+        data["sites"] = list(sources)
     return ExperimentConfig.model_validate(data)
 
 
-def pilot_estimates(cfg: ExperimentConfig, *, device: Optional[str] = None, progress: bool = False) -> dict[str, Any]:
-    """σ², d²_i, τ²d²_i and β_i (FedGP and FedDA rules) from one round; ``status`` says why not."""
+def pilot_estimates(cfg: ExperimentConfig, *, device: Optional[str] = None, progress: bool = False,
+                    usable: Optional[list[str]] = None) -> dict[str, Any]:
+    """σ², d²_i, τ²d²_i and β_i (FedGP and FedDA rules) from one round; ``status`` says why not.
+
+    ``usable``: the site names whose statistics came through; the pilot leaves the others out
+    (a source that failed its statistics would fail its training too).
+    """
     if not cfg.target:
         return {"status": "skipped", "reason": "the config names no target"}
-    if not cfg.source_sites():
-        return {"status": "skipped", "reason": "the config names no source site"}
+    keep = set(usable) if usable is not None else {cfg.site_name(s) for s in cfg.all_sites()}
+    if cfg.site_name(cfg.target) not in keep:
+        return {"status": "skipped", "reason": f"the target {cfg.site_name(cfg.target)} sent no statistics"}
+    sources = [s for s in cfg.source_sites() if cfg.site_name(s) in keep]
+    if not sources:
+        return {"status": "skipped", "reason": "no source site sent statistics"}
     try:
-        return _run(pilot_config(cfg), device=device, progress=progress)
-    except (UserError, RunFailed, ValueError) as exc:
+        return _run(pilot_config(cfg, sources), device=device, progress=progress)
+    except (UserError, RunFailed, ValueError, OSError) as exc:
         log.warning("pilot round not possible: %s", exc)
         return {"status": "unavailable", "reason": str(exc)}
 

@@ -106,8 +106,11 @@ def release(counts: SiteCounts, *, min_count: int = DEFAULT_MIN_COUNT, epsilon: 
         payload["groups"][name] = {"count": total if total >= min_count else None, "counts": shown}
     payload["status"] = "partial" if counts.unavailable else "ok"
     total_cells = sum(len(noisy[n]) for n in names)
-    payload["message"] = (f"{suppressed} of {total_cells} cells suppressed (below {min_count} or beside one)"
-                          + (f"; unavailable: {', '.join(sorted(counts.unavailable))}" if counts.unavailable else ""))
+    if suppressed == total_cells:
+        text = f"every cell below {min_count} or beside one: only group totals were sent"
+    else:
+        text = f"{suppressed} of {total_cells} cells suppressed (below {min_count} or beside one)"
+    payload["message"] = text + (f"; unavailable: {', '.join(sorted(counts.unavailable))}" if counts.unavailable else "")
     return payload
 
 

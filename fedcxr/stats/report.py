@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from fedcxr.stats import groups as G
 
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|~>-])")
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|~>$-])")  # $: GitHub renders $...$ as math
 
 
 def md(text: Any) -> str:

@@ -4,8 +4,8 @@ Two ways to gather the site payloads, one way to use them:
 
 * in-process (:func:`collect_in_process`): each site of the config is counted and released by
   :func:`site_payload` — the very function a FLARE site runs (:mod:`fedcxr.flare.stats`);
-* NVIDIA FLARE (:mod:`fedcxr.flare.stats_run`): the sites answer FLARE's own federated
-  statistics workflow and the server's sums come back.
+* NVIDIA FLARE (:mod:`fedcxr.flare.stats_run`, passed in by the command as ``collect``): the
+  sites answer FLARE's own federated statistics workflow and the server's sums come back.
 
 :func:`assemble` then builds ``stats.json`` — ``sites`` (what each site sent), ``global`` (the
 sums), ``min_count``, ``shift`` (distances, shift type, pilot) and ``advice`` — and
@@ -18,7 +18,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from fedcxr.atomic import atomic_write_bytes, atomic_write_json
 from fedcxr.pipeline.config import ExperimentConfig
@@ -133,23 +133,28 @@ def _mechanism(options: StatsOptions) -> str:
             "rounded and clipped at 0; suppression on the noisy counts; " + text)
 
 
-def run_stats(cfg: ExperimentConfig, out: Path, options: StatsOptions, *, flare: Optional[str] = None,
-              map_path: Optional[Path] = None, timeout: Optional[float] = None) -> dict[str, Any]:
-    """Gather the payloads (in-process or on FLARE), run the pilot, write every output; returns stats.json."""
+def run_stats(cfg: ExperimentConfig, out: Path, options: StatsOptions, *,
+              collect: Optional[Callable[[ExperimentConfig, StatsOptions], tuple[dict, Optional[dict]]]] = None,
+              transport: str = "in-process", map_path: Optional[Path] = None) -> dict[str, Any]:
+    """Gather the payloads, run the pilot, write every output; returns stats.json.
+
+    ``collect(cfg, options) -> (payloads, global sums or None)`` gathers the sites' payloads
+    another way (``fedcxr stats --flare``: :func:`fedcxr.flare.stats_run.run_flare_stats`);
+    by default every site is counted here (:func:`collect_in_process`).
+    """
     from fedcxr.stats.pilot import pilot_estimates
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    global_groups = None
-    if flare:
-        from fedcxr.flare.stats_run import run_flare_stats
-
-        payloads, global_groups = run_flare_stats(cfg, out / "flare", options, mode=flare, timeout=timeout)
+    if collect is None:
+        payloads, global_groups = collect_in_process(cfg, options), None
     else:
-        payloads = collect_in_process(cfg, options)
-    pilot = pilot_estimates(cfg, device=options.device, progress=options.progress) if options.pilot else None
-    stats = assemble(cfg, payloads, options, transport=f"flare {flare}" if flare else "in-process",
-                     pilot=pilot, map_path=map_path, global_groups=global_groups)
+        payloads, global_groups = collect(cfg, options)
+    usable = [name for name, p in payloads.items() if p.get("status") in ("ok", "partial")]
+    pilot = (pilot_estimates(cfg, device=options.device, progress=options.progress, usable=usable)
+             if options.pilot else None)
+    stats = assemble(cfg, payloads, options, transport=transport, pilot=pilot, map_path=map_path,
+                     global_groups=global_groups)
     write_outputs(out, stats)
     return stats
 
