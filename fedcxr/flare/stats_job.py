@@ -166,7 +166,8 @@ def read_result(data: dict, sites: list[str], min_count: int) -> tuple[dict[str,
     for payload in payloads.values():
         payload["groups"] = {n: payload["groups"][n] for n in G.all_groups(list(CLASSES)) if n in payload["groups"]}
         if payload["status"] in ("ok", "partial") and not payload["groups"]:
-            payload["status"], payload["message"] = "failed", "no statistics received from the site"
+            payload["status"] = "failed"
+            payload["message"] = "no usable statistics received from the site; " + (payload["message"] or "")
     return payloads, {n: glob[n] for n in G.all_groups(list(CLASSES)) if n in glob}
 
 
