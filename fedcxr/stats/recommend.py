@@ -78,7 +78,7 @@ def advise(cfg: ExperimentConfig, payloads: dict[str, dict], shift: dict[str, An
     labels = target_labels(cfg, payloads.get(target))
     inputs = {
         "shift_type": {"value": kind.get("value"), "why": kind.get("why"), "rule": kind.get("rule"),
-                       "distances": shift.get("target_vs_sources")},
+                       "caveat": kind.get("caveat"), "distances": shift.get("target_vs_sources")},
         "target_labels": labels,
         "rounds": {"value": int(cfg.rounds), "from": "config `rounds`"},
         "pilot": _pilot_summary(shift.get("pilot")),
@@ -98,7 +98,7 @@ def advise(cfg: ExperimentConfig, payloads: dict[str, dict], shift: dict[str, An
 def _why(out: dict, placed: dict) -> str:
     verdict = out["verdict"]
     if verdict == regime.NO_CELL:
-        return f"no cell close enough: {placed['why']}"
+        return placed["why"]
     where = placed["why"]
     if verdict == "resolved":
         return f"{where}: {out['why']}"

@@ -72,7 +72,8 @@ def _advice(stats: dict) -> list[str]:
                 ["target labels", md(inputs["target_labels"].get("value")), md(inputs["target_labels"].get("from"))],
                 ["rounds", md(inputs["rounds"]["value"]), md(inputs["rounds"]["from"])]]
         lines += ["The federation's place in the regime map:", ""] + table(["input", "value", "from"], rows)
-        lines += [f"Rule: {md(advice.get('placement', {}).get('rule', ''))}.", ""]
+        lines += [f"Rule: {md(advice.get('placement', {}).get('rule', ''))}. "
+                  f"Caveat: {md(shift.get('caveat') or '')}.", ""]
     cell = advice.get("cell")
     if cell:
         methods = sorted(cell["auroc"], key=lambda m: -cell["auroc"][m])

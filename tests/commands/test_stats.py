@@ -41,6 +41,7 @@ def every_count(node, counted=False):
 
 @pytest.fixture(scope="module")
 def stats_run(tiny_manifests, tmp_path_factory):
+    """The whole command with its pilot round (about 5–8 s here: the tests using it are slow)."""
     tmp = tmp_path_factory.mktemp("stats")
     config = write_config(tmp, tiny_manifests, sites=["nih_style", "chexpert_style", "midrc_style"])
     out = tmp / "out"
@@ -48,34 +49,39 @@ def stats_run(tiny_manifests, tmp_path_factory):
     return config, out, json.loads((out / "stats.json").read_text())
 
 
-def test_stats_writes_every_section_figure_and_page(stats_run):
-    _, out, stats = stats_run
-    assert {"sites", "global", "min_count", "shift", "advice"} <= set(stats) and stats["min_count"] == K
-    for name in ("prevalence", "pyramids", "intensity", "distances"):
-        assert (out / f"{name}.png").stat().st_size > 10_000, name
-        assert f"]({name}.png)" in (out / "stats.md").read_text()
-    assert set(stats["sites"]) == {"nih_style", "chexpert_style", "midrc_style", "dicom_style"}
-    split = stats["global"]["groups"]["split"]
-    assert split["count"] == 4 * 48 and split["categories"] == ["train", "val", "test"]
-    quantiles = stats["global"]["derived"]["intensity_quantiles"]
-    assert 0 <= quantiles["p05"] <= quantiles["p50"] <= quantiles["p95"] <= 1
-
-
-def test_no_count_below_k_in_what_the_sites_send(stats_run):
-    config, _, stats = stats_run
-    payloads = collect_in_process(load_config(config), StatsOptions(min_count=K, pilot=False))
+def test_no_count_below_k_in_what_the_sites_send(tiny_manifests, tmp_path):
+    config = load_config(write_config(tmp_path, tiny_manifests, sites=["nih_style", "chexpert_style",
+                                                                         "midrc_style"]))
+    payloads = collect_in_process(config, StatsOptions(min_count=K, pilot=False))
+    assert set(payloads) == {"nih_style", "chexpert_style", "midrc_style", "dicom_style"}
     for site, payload in payloads.items():
         check_payload(payload, K, where=site)
         values = list(every_count(payload))
         assert values and all(v is None or (isinstance(v, int) and v >= K) for v in values), site
         assert any(v is None for v in values), "this tiny federation has small cells: some must be suppressed"
-    # what is written is what was sent (the same function counts both)
-    for site, payload in payloads.items():
+        assert set(payload) == {"version", "site", "privacy", "image_size", "unavailable", "groups", "status",
+                                "message"}, "nothing but counts, a status and the privacy settings is sent"
+
+
+@pytest.mark.slow
+def test_stats_writes_every_section_figure_and_page_and_what_the_sites_sent(stats_run):
+    config, out, stats = stats_run
+    assert {"sites", "global", "min_count", "shift", "advice"} <= set(stats) and stats["min_count"] == K
+    for name in ("prevalence", "pyramids", "intensity", "distances"):
+        assert (out / f"{name}.png").stat().st_size > 10_000, name
+        assert f"]({name}.png)" in (out / "stats.md").read_text()
+    split = stats["global"]["groups"]["split"]
+    assert split["count"] == 4 * 48 and split["categories"] == ["train", "val", "test"]
+    quantiles = stats["global"]["derived"]["intensity_quantiles"]
+    assert 0 <= quantiles["p05"] <= quantiles["p50"] <= quantiles["p95"] <= 1
+    payloads = collect_in_process(load_config(config), StatsOptions(min_count=K, pilot=False))
+    for site, payload in payloads.items():  # what is written is what was sent
         assert {n: {k: g[k] for k in ("count", "counts")} for n, g in stats["sites"][site]["groups"].items()} \
             == payload["groups"]
     assert all(v is None or v >= K for v in every_count(stats["global"]))
 
 
+@pytest.mark.slow
 def test_the_advice_names_its_evidence_and_the_pilot_numbers(stats_run):
     _, out, stats = stats_run
     advice, pilot = stats["advice"], stats["shift"]["pilot"]
