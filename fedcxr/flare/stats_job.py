@@ -57,7 +57,7 @@ class FedcxrStatisticsController(StatisticsController):
     """
 
     def __init__(self, statistic_configs: dict, writer_id: str, min_clients: Optional[int] = None,
-                 min_sites_ok: int = 1, result_wait_timeout: int = 60, wait_time_after_min_received: int = 1):
+                 min_sites_ok: int = 1, result_wait_timeout: int = 10, wait_time_after_min_received: int = 1):
         super().__init__(statistic_configs=statistic_configs, writer_id=writer_id, min_clients=min_clients,
                          result_wait_timeout=result_wait_timeout,
                          wait_time_after_min_received=wait_time_after_min_received, enable_pre_run_task=True)
