@@ -31,6 +31,7 @@ HANDLERS: dict[str, str] = {
     "sweep": "fedcxr.commands.sweep:cli_sweep",
     "shift": "fedcxr.site_adapters.shift:cli_shift",
     "flare": "fedcxr.flare.cli:cli_flare",
+    "stats": "fedcxr.commands.stats:cli_stats",
 }
 
 
@@ -247,7 +248,31 @@ def build_parser() -> argparse.ArgumentParser:
                         "model on its own test split and sends back only the AUROC summary)")
     p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
                    help="patient-bootstrap resamples of the cross-site evaluation (0: DeLong CIs)")
+    _stats_parser(command("stats", "before training: federated statistics, shift diagnosis, method advice"))
     return parser
+
+
+def _stats_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", type=Path, help="experiment YAML (its sites, target, rounds and label budget)")
+    p.add_argument("--out", required=True, type=Path, help="folder for stats.json, stats.md and the figures")
+    p.add_argument("--min-count", type=int, default=5, metavar="K",
+                   help="a count below K is suppressed at its site (null, never sent)")
+    p.add_argument("--epsilon", type=float, default=None, metavar="E",
+                   help="Laplace noise on every count, budget E per site split over its groups; unset: no noise")
+    p.add_argument("--flare", choices=["simulate", "poc"], default=None,
+                   help="gather the statistics through NVIDIA FLARE's federated statistics workflow "
+                        "(simulator or POC system on loopback); unset: in-process")
+    p.add_argument("--no-pilot", dest="pilot", action="store_false",
+                   help="skip the one-round pilot estimate of σ², d², τ²d² (it trains one round)")
+    p.add_argument("--no-cache-build", dest="cache_build", action="store_false",
+                   help="report pixel intensities only where the decode-once cache exists (never decode images)")
+    p.add_argument("--no-headers", dest="headers", action="store_false",
+                   help="skip the acquisition section (reads every image file's header)")
+    p.add_argument("--regime-map", type=Path, default=None, metavar="CSV",
+                   help="regime map to advise from; unset: the map shipped with fedcxr")
+    _device(p, what="the config's `device` (pilot round)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key; repeatable")
 
 
 def _resolve(name: str) -> Callable[[argparse.Namespace], int]:

@@ -13,6 +13,7 @@ module         command
 ``report``     ``fedcxr report`` — method-comparison table across runs (evaluation only)
 ``sweep``      ``fedcxr sweep`` — methods × seeds, each trained, evaluated, then compared
 ``demo``       ``fedcxr demo`` — synth → ingest → train → evaluate on the embedded default
+``stats``      ``fedcxr stats`` — federated statistics, shift diagnosis, advice (:mod:`fedcxr.stats`)
 =============  ===============================================================================
 
 ``fedcxr synth`` needs no training side (:mod:`fedcxr.synth`); ``fedcxr flare`` lives with FLARE (:mod:`fedcxr.flare.cli`).

@@ -14,6 +14,11 @@ module              what it holds
 ``job``             the FLARE job (controller, persistor, tracking receiver, client script per site)
 ``run``             the FLARE simulator and POC mode: processes started, waited for, stopped
 ``cli``             ``fedcxr flare export|simulate|poc``
+``stats``           ``fedcxr stats --flare``, a site: FLARE ``Statistics`` over fedcxr's released counts,
+                    and the recorder of what the site sent
+``stats_job``       the server: FLARE's ``StatsJob`` and ``StatisticsController`` with fedcxr's pieces;
+                    FLARE's result read back and checked
+``stats_run``       the statistics job in the simulator or on a POC system
 ==================  ==========================================================================
 
 A package of its own above :mod:`fedcxr.pipeline` (whose protocols, site runner and

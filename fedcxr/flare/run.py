@@ -388,9 +388,10 @@ def write_project(path: Path, sites: list[str], port: int) -> Path:
     return path
 
 
-def allow_controller(server_kit: Path) -> None:
-    """Let the server build fedcxr's controller, persistor and model locator: add them to
-    ``local/resources.json``'s ``class_allow_list``.
+def allow_controller(server_kit: Path, paths: tuple[str, ...] = (CONTROLLER_PATH, PERSISTOR_PATH, LOCATOR_PATH)
+                     ) -> None:
+    """Let the server build fedcxr's controller, persistor and model locator (or the classes in
+    ``paths``, e.g. a statistics job's): add them to ``local/resources.json``'s ``class_allow_list``.
 
     A provisioned FLARE server only builds components its operator allowed (jobs without
     custom code are checked against this list); production servers need the same line.
@@ -404,9 +405,9 @@ def allow_controller(server_kit: Path) -> None:
 
         resources["class_allow_list"] = list(DEFAULT_CLASS_ALLOW_LIST)
     allowed = resources["class_allow_list"]
-    for path in (CONTROLLER_PATH, PERSISTOR_PATH, LOCATOR_PATH):
-        if path not in allowed and "*" not in allowed:
-            allowed.append(path)
+    for name in paths:
+        if name not in allowed and "*" not in allowed:
+            allowed.append(name)
     (server_kit / "local" / "resources.json").write_text(json.dumps(resources, indent=2))
 
 

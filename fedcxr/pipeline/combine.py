@@ -58,6 +58,14 @@ def combine(theta0: StateDict, target: StateDict, deltas: list[StateDict], spec:
 def auto_betas(theta0: StateDict, deltas: list[StateDict], spec: dict,
                batch_updates: Optional[torch.Tensor]) -> list[float]:
     """Auto-weighting (DESIGN §5): the target's per-batch updates vs each source's per-batch update."""
+    return [float(b) for b in auto_estimates(theta0, deltas, spec, batch_updates)["betas"]]
+
+
+def auto_estimates(theta0: StateDict, deltas: list[StateDict], spec: dict,
+                   batch_updates: Optional[torch.Tensor]) -> dict:
+    """:func:`fedcxr.pipeline.aggregate.auto_betas`'s whole result (σ², d², τ²d², β per source) for
+    this round's updates, aligned exactly as auto-weighting aligns them (``fedcxr stats``' pilot
+    reports these numbers)."""
     if batch_updates is None or batch_updates.shape[0] < 2:
         raise UserError("auto-weighting (FedDA_Auto/FedGP_Auto) needs at least two target batches per "
                         "round: raise target_train.steps/epochs or labeled, or lower target_train.batch_size")
@@ -65,8 +73,7 @@ def auto_betas(theta0: StateDict, deltas: list[StateDict], spec: dict,
     keys = update_keys(theta0)
     flat = [agg.source_step_update(flatten_state(d, keys)[0], max(int(b), 1))
             for d, b in zip(deltas, spec["n_batches"])]
-    result = agg.auto_betas(g, torch.stack(flat), rule=spec["rule"])
-    return [float(b) for b in result["betas"]]
+    return agg.auto_betas(g, torch.stack(flat), rule=spec["rule"])
 
 
 def aligned_target_updates(theta0: StateDict, batch_updates: torch.Tensor, spec: dict) -> torch.Tensor:

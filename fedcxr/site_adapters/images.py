@@ -70,7 +70,7 @@ KIND_DICOM, KIND_PNG, KIND_JPEG = "dicom", "png", "jpeg"
 DICOM_TAGS: tuple[str, ...] = (
     "PatientID", "PatientSex", "PatientAge", "ViewPosition", "SOPInstanceUID",
     "StudyInstanceUID", "SeriesInstanceUID", "PhotometricInterpretation", "StudyDescription",
-    "SeriesDescription", "BodyPartExamined", "Modality",
+    "SeriesDescription", "BodyPartExamined", "Modality", "Manufacturer",
 )
 
 _PNG_SIG = b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,201 @@
+"""The science regime map: which method won where, read from a CSV shipped with fedcxr.
+
+One row per measured cell (``regime_map.csv`` beside this module; regenerate with
+``benchmarks/build_regime_map.py``). Columns:
+
+=====================  ============================================================================
+``shift``              none | pixel | shortcut | label_noise
+``target_labels``      labeled target training rows every method had (int)
+``rounds``             federated rounds (int)
+``winner``             method with the highest mean test AUROC (methods with the same target budget;
+                       Oracle, which uses every target label, never counts); blank when no method
+                       stood out (recorded as measured, e.g. "all noisy")
+``runner_up``          the second best
+``margin``             winner − runner-up mean AUROC
+``ci_low`` ``ci_high`` paired 95 % interval of the margin over seeds (Student t); blank when the
+                       source reported none
+``resolved``           true when the interval excludes 0
+``n_seeds``            seeds per method
+``auroc__<Method>``    each method's mean AUROC (blank: not run in that cell)
+``source``             where the numbers come from (file or issue, code version)
+=====================  ============================================================================
+
+The code reads any number of rows and any set of ``auroc__`` columns. A federation is placed
+in the cell of its shift type whose label budget and rounds are nearest on a log scale, and
+only when both are within a factor :data:`MAX_FACTOR` — otherwise the answer is "no cell close
+enough".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from fedcxr.errors import UserError
+
+SHIFT_TYPES = ("none", "pixel", "shortcut", "label_noise")
+REQUIRED = ("shift", "target_labels", "rounds", "winner", "runner_up", "margin", "ci_low", "ci_high",
+            "resolved", "n_seeds")
+METHOD_PREFIX = "auroc__"
+#: A cell is close enough when the target's label budget and the planned rounds are each within
+#: this factor of the cell's (|log2 ratio| ≤ 1): 50 labels match cells of 25–100.
+MAX_FACTOR = 2.0
+UNRESOLVED = "unresolved: run a sweep"
+NO_CELL = "no cell close enough"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One row of the map."""
+
+    row: int
+    shift: str
+    target_labels: int
+    rounds: int
+    winner: Optional[str]
+    runner_up: Optional[str]
+    margin: Optional[float]
+    ci_low: Optional[float]
+    ci_high: Optional[float]
+    resolved: bool
+    n_seeds: int
+    auroc: dict[str, float] = field(default_factory=dict)
+    source: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"row": self.row, "shift": self.shift, "target_labels": self.target_labels, "rounds": self.rounds,
+                "winner": self.winner, "runner_up": self.runner_up, "margin": self.margin, "ci_low": self.ci_low,
+                "ci_high": self.ci_high, "resolved": self.resolved, "n_seeds": self.n_seeds,
+                "auroc": dict(self.auroc), "source": self.source}
+
+
+def map_path() -> Path:
+    """The map shipped with fedcxr (package data)."""
+    return Path(__file__).with_name("regime_map.csv")
+
+
+def load_regime_map(path: Path | str | None = None) -> list[Cell]:
+    """Every row of the map, checked; a bad row stops with its file, row and column named."""
+    import pandas as pd
+
+    path = Path(path) if path is not None else map_path()
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: cannot read the regime map ({exc})") from None
+    missing = [c for c in REQUIRED if c not in frame.columns]
+    if missing:
+        raise UserError(f"{path}: the regime map lacks column(s) {missing}; needs {list(REQUIRED)} and auroc__<Method>")
+    methods = [c for c in frame.columns if c.startswith(METHOD_PREFIX)]
+    return [_cell(path, i + 2, row, methods) for i, row in enumerate(frame.to_dict("records"))]
+
+
+def _cell(path: Path, line: int, row: dict, methods: list[str]) -> Cell:
+    def bad(column: str, why: str) -> UserError:
+        return UserError(f"{path}: row {line}, column {column!r}: {why} (got {row.get(column)!r})")
+
+    shift = row["shift"].strip()
+    if shift not in SHIFT_TYPES:
+        raise bad("shift", f"one of {', '.join(SHIFT_TYPES)}")
+    numbers = {c: _number(row[c], lambda why, c=c: bad(c, why)) for c in ("margin", "ci_low", "ci_high")}
+    counts = {}
+    for column in ("target_labels", "rounds", "n_seeds"):
+        value = _number(row[column], lambda why, c=column: bad(c, why))
+        if value is None or value != int(value) or value < 1:
+            raise bad(column, "a whole number ≥ 1")
+        counts[column] = int(value)
+    text = row["resolved"].strip().lower()
+    if text not in ("true", "false", "1", "0"):
+        raise bad("resolved", "true or false")
+    resolved = text in ("true", "1")
+    lo, hi = numbers["ci_low"], numbers["ci_high"]
+    if resolved and (lo is None or hi is None or (lo <= 0 <= hi)):
+        raise bad("resolved", "true only with an interval that excludes 0")
+    auroc = {}
+    for column in methods:
+        value = _number(row[column], lambda why, c=column: bad(c, why))
+        if value is not None:
+            auroc[column[len(METHOD_PREFIX):]] = value
+    winner = row["winner"].strip() or None
+    if resolved and not winner:
+        raise bad("winner", "a resolved cell names its winner")
+    return Cell(row=line, shift=shift, winner=winner, runner_up=row["runner_up"].strip() or None,
+                margin=numbers["margin"], ci_low=lo, ci_high=hi, resolved=resolved, auroc=auroc,
+                source=str(row.get("source", "")).strip(), **counts)
+
+
+def _number(text: str, error) -> Optional[float]:
+    text = str(text).strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise error("a number or blank") from None
+    if not math.isfinite(value):
+        raise error("a finite number")
+    return value
+
+
+# --------------------------------------------------------------------------- placing a federation
+
+
+def gap(cell: Cell, labels: int, rounds: int) -> float:
+    """Distance on a log scale: |log2(labels/cell labels)| + |log2(rounds/cell rounds)|."""
+    return abs(math.log2(labels / cell.target_labels)) + abs(math.log2(rounds / cell.rounds))
+
+
+def place(cells: Sequence[Cell], shift: str, labels: Optional[int], rounds: Optional[int]) -> dict[str, Any]:
+    """The nearest cell of ``shift`` within :data:`MAX_FACTOR` on both axes, or why there is none."""
+    rule = (f"same shift type; target labels and rounds each within a factor {MAX_FACTOR:g} of the cell's; "
+            "nearest by |log2 label ratio| + |log2 rounds ratio|, ties: more seeds")
+    if shift not in SHIFT_TYPES:
+        return {"cell": None, "rule": rule, "why": f"shift type {shift!r} is not one of the map's ({', '.join(SHIFT_TYPES)})"}
+    if not labels or not rounds:
+        return {"cell": None, "rule": rule, "why": "the target's label budget or the planned rounds is unknown"}
+    same = [c for c in cells if c.shift == shift]
+    if not same:
+        return {"cell": None, "rule": rule, "why": f"the map has no cell with shift {shift!r}"}
+    limit = math.log2(MAX_FACTOR) + 1e-9
+    close = [c for c in same if abs(math.log2(labels / c.target_labels)) <= limit
+             and abs(math.log2(rounds / c.rounds)) <= limit]
+    if not close:
+        nearest = min(same, key=lambda c: gap(c, labels, rounds))
+        return {"cell": None, "rule": rule,
+                "why": (f"nearest {shift} cell has {nearest.target_labels} labels and {nearest.rounds} rounds "
+                        f"(this federation: {labels} labels, {rounds} rounds): more than a factor {MAX_FACTOR:g} away")}
+    best = min(close, key=lambda c: (gap(c, labels, rounds), -c.n_seeds, c.row))
+    return {"cell": best, "gap": round(gap(best, labels, rounds), 4), "rule": rule,
+            "why": f"{shift} cell with {best.target_labels} labels and {best.rounds} rounds (row {best.row})"}
+
+
+def verdict(cell: Optional[Cell]) -> dict[str, Any]:
+    """The map's verdict in a cell: a recommendation only where the interval excludes 0."""
+    if cell is None:
+        return {"recommendation": None, "verdict": NO_CELL}
+    if not cell.winner:
+        return {"recommendation": None, "verdict": UNRESOLVED,
+                "why": f"no method stood out in this cell ({cell.source or 'map'})", "candidates": _top(cell)}
+    interval = _interval(cell)
+    if cell.resolved:
+        return {"recommendation": cell.winner, "verdict": "resolved",
+                "why": (f"{cell.winner} beat the runner-up {cell.runner_up} by {cell.margin:+.3f} AUROC{interval} "
+                        f"over {cell.n_seeds} seeds")}
+    margin = f" by {cell.margin:+.3f}" if cell.margin is not None else ""
+    reason = (f"{cell.winner} led {cell.runner_up}{margin}{interval} over {cell.n_seeds} seeds, "
+              + ("but the interval includes 0" if interval else "but no paired interval was reported"))
+    return {"recommendation": None, "verdict": UNRESOLVED, "why": reason, "candidates": _top(cell)}
+
+
+def _interval(cell: Cell) -> str:
+    if cell.ci_low is None or cell.ci_high is None:
+        return ""
+    return f" [95 % {cell.ci_low:+.3f}, {cell.ci_high:+.3f}]"
+
+
+def _top(cell: Cell, n: int = 3) -> list[str]:
+    named = [m for m in (cell.winner, cell.runner_up) if m]
+    ranked = sorted(cell.auroc, key=lambda m: -cell.auroc[m])
+    return list(dict.fromkeys(named + ranked))[:n]

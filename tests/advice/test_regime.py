@@ -1,0 +1,90 @@
+"""The regime map: reading and checking it, placing a federation, the verdict, building a row."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedcxr.advice import regime
+from fedcxr.advice.cells import cell_row
+from fedcxr.errors import UserError
+
+HEADER = "shift,target_labels,rounds,winner,runner_up,margin,ci_low,ci_high,resolved,n_seeds,auroc__A,auroc__B,source\n"
+
+
+def write(tmp_path, *rows: str):
+    path = tmp_path / "map.csv"
+    path.write_text(HEADER + "".join(r + "\n" for r in rows))
+    return path
+
+
+def test_the_shipped_map_loads_and_every_resolved_cell_names_a_winner_with_an_interval_above_zero():
+    cells = regime.load_regime_map()
+    assert cells and {c.shift for c in cells} <= set(regime.SHIFT_TYPES)
+    assert all(c.source for c in cells), "every cell names where its numbers come from"
+    for cell in cells:
+        if cell.resolved:
+            assert cell.winner and cell.ci_low > 0
+
+
+def test_the_code_does_not_care_how_many_cells_or_methods_there_are(tmp_path):
+    path = write(tmp_path, "pixel,50,20,A,B,0.05,0.01,0.09,true,5,0.9,0.85,bench")
+    (cell,) = regime.load_regime_map(path)
+    assert cell.auroc == {"A": 0.9, "B": 0.85} and cell.resolved
+    assert regime.load_regime_map(write(tmp_path)) == []
+
+
+@pytest.mark.parametrize("row, column", [
+    ("blur,50,20,A,B,0.05,0.01,0.09,true,5,0.9,0.85,x", "shift"),
+    ("pixel,0,20,A,B,0.05,0.01,0.09,true,5,0.9,0.85,x", "target_labels"),
+    ("pixel,50,20,A,B,0.05,-0.01,0.09,true,5,0.9,0.85,x", "resolved"),  # interval spans 0
+    ("pixel,50,20,A,B,0.05,0.01,0.09,maybe,5,0.9,0.85,x", "resolved"),
+    ("pixel,50,20,A,B,0.05,0.01,0.09,false,5,high,0.85,x", "auroc__A"),
+])
+def test_a_bad_row_is_named_by_file_row_and_column(tmp_path, row, column):
+    path = write(tmp_path, row)
+    with pytest.raises(UserError, match=rf"map.csv: row 2, column '{column}'"):
+        regime.load_regime_map(path)
+
+
+def cells(tmp_path):
+    return regime.load_regime_map(write(
+        tmp_path,
+        "pixel,50,20,A,B,0.05,0.01,0.09,true,5,0.9,0.85,x",
+        "pixel,100,20,B,A,0.01,-0.02,0.04,false,3,0.8,0.81,x",
+        "none,50,5,A,B,0.01,,,false,3,0.9,0.89,x",
+    ))
+
+
+def test_a_federation_goes_to_the_nearest_cell_of_its_shift_within_a_factor_two(tmp_path):
+    placed = regime.place(cells(tmp_path), "pixel", 60, 25)
+    assert placed["cell"].target_labels == 50
+    assert regime.verdict(placed["cell"])["recommendation"] == "A"
+    assert regime.place(cells(tmp_path), "pixel", 90, 20)["cell"].target_labels == 100
+
+
+def test_no_cell_close_enough_is_an_answer(tmp_path):
+    far = regime.place(cells(tmp_path), "pixel", 10, 20)
+    assert far["cell"] is None and "more than a factor 2" in far["why"]
+    assert regime.verdict(None) == {"recommendation": None, "verdict": regime.NO_CELL}
+    assert "no cell with shift 'shortcut'" in regime.place(cells(tmp_path), "shortcut", 50, 20)["why"]
+    assert regime.place(cells(tmp_path), "unknown", 50, 20)["cell"] is None
+
+
+def test_an_unresolved_cell_gives_no_recommendation_but_the_candidates(tmp_path):
+    cell = regime.place(cells(tmp_path), "pixel", 100, 20)["cell"]
+    verdict = regime.verdict(cell)
+    assert verdict["recommendation"] is None and verdict["verdict"] == regime.UNRESOLVED
+    assert verdict["candidates"][:2] == ["B", "A"]
+    no_interval = regime.verdict(regime.place(cells(tmp_path), "none", 50, 5)["cell"])
+    assert "no paired interval" in no_interval["why"]
+
+
+def test_cell_row_by_hand():
+    runs = [{"method": "A", "seed": s, "auroc": a} for s, a in enumerate([0.90, 0.92, 0.94])]
+    runs += [{"method": "B", "seed": s, "auroc": a} for s, a in enumerate([0.80, 0.83, 0.86])]
+    runs += [{"method": "Oracle", "seed": 0, "auroc": 0.99}]
+    row = cell_row(runs, shift="pixel", target_labels=50, rounds=5, source="test")
+    assert (row["winner"], row["runner_up"], row["margin"], row["n_seeds"]) == ("A", "B", "0.0900", 3)
+    # paired differences 0.10, 0.09, 0.08: mean 0.09, sd 0.01, t(0.975, 2) = 4.3027 → ± 0.0248
+    assert row["ci_low"] == "0.0652" and row["ci_high"] == "0.1148" and row["resolved"] == "true"
+    assert "auroc__Oracle" not in row
