@@ -54,6 +54,7 @@ __all__ = [
     "fedgp",
     "fedda",
     "projection_cosines",
+    "magnitude_scales",
     "auto_betas",
     "idd",
     "source_step_update",
@@ -301,8 +302,8 @@ def _unit_interval(name: str, value: float) -> float:
     return value
 
 
-def _magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source, epochs_target,
-                      steps_source=None, steps_target=None) -> list[float]:
+def magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source=1,
+                     epochs_target=1, steps_source=None, steps_target=None) -> list[float]:
     """``s_i = (lr_T/lr_S)·(E_T/E_S)·((n_T/bs_T)/(n_i/bs_S))·(n_i/Σn)`` (DESIGN §5; GP App. A.2 Eq. 8).
 
     Aligns a source update (n_i/bs_S steps at lr_S for E_S epochs) with the target's
@@ -507,7 +508,7 @@ def gp(
 
         θ = θ0 + β·Σ_{c_i>0} s_i·c_i·Δ_i + (1−β)·Δ_T,
 
-    ``s_i`` as in :func:`_magnitude_scales` (from the real optimiser step counts when
+    ``s_i`` as in :func:`magnitude_scales` (from the real optimiser step counts when
     ``steps_source``/``steps_target`` are given). β weights the SOURCES (the paper's text and code;
     its Eq. 7/9 print it the other way round): β=0 gives the target's own fine-tuned model,
     β=1 only the projected sources. BN running statistics are entries like any other and take
@@ -515,7 +516,7 @@ def gp(
     """
     _check_inputs(theta0, target, sources, len(n_sources), "gp")
     beta = _unit_interval("beta", beta)
-    scales = _magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source,
+    scales = magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source,
                                epochs_target, steps_source, steps_target)
     return _combine(theta0, target, sources, target_coef=1.0 - beta, source_coefs=[beta * s for s in scales], project=True)
 
@@ -547,7 +548,7 @@ def fedgp(
     """
     _check_inputs(theta0, target, sources, len(n_sources), "fedgp")
     betas = _betas(betas, len(sources), "fedgp")
-    scales = _magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source,
+    scales = magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source,
                                epochs_target, steps_source, steps_target)
     total = sum(float(n) for n in n_sources)
     # summed, then divided once: with every β_i = 0 the coefficient is exactly 1.0, so the

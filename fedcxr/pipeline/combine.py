@@ -30,12 +30,32 @@ def combine(theta0: StateDict, target: StateDict, deltas: list[StateDict], spec:
     epochs, and either a fixed ``beta`` or ``auto: true`` (β_i from ``batch_updates``).
     ``target_steps`` (the target's optimiser steps) with ``spec["n_batches"]`` (each source's)
     makes the GP magnitude scale use the real step counts.
-    Returns the combined model and the β used per source.
+    Returns the combined model and the β used per source (:func:`combine_with_estimates` also
+    returns the numbers behind them).
+    """
+    theta, betas, _ = combine_with_estimates(theta0, target, deltas, spec, n_target=n_target,
+                                             batch_updates=batch_updates, target_steps=target_steps)
+    return theta, betas
+
+
+def combine_with_estimates(theta0: StateDict, target: StateDict, deltas: list[StateDict], spec: dict, *,
+                           n_target: int, batch_updates: Optional[torch.Tensor],
+                           target_steps: Optional[int] = None) -> tuple[StateDict, list[float], dict]:
+    """:func:`combine`, plus what a round's metrics record about it (only counts and scalars):
+
+    ``scales`` (gp, fedgp: the magnitude scale s_i of each source), ``kept`` and ``cos``
+    (gp, fedgp: the share of the model's values in entries where source i is kept, c_i > 0, and
+    the value-weighted mean of c_i), ``target_batches`` (B) and, auto-weighted, ``sigma2``,
+    ``d2``, ``tau2d2`` (:func:`fedcxr.pipeline.aggregate.auto_betas`). Lists follow the sources.
     """
     sources = [apply_delta(theta0, d) for d in deltas]
     n_sources = [max(int(n), 1) for n in spec["n_sources"]]
+    estimates: dict = {}
     if spec.get("auto"):
-        betas = auto_betas(theta0, deltas, spec, batch_updates)
+        auto = auto_estimates(theta0, deltas, spec, batch_updates)
+        betas = [float(b) for b in auto["betas"]]
+        estimates.update(sigma2=float(auto["sigma2"]), d2=[float(v) for v in auto["d2"]],
+                         tau2d2=[float(v) for v in auto["tau2d2"]], target_batches=int(batch_updates.shape[0]))
     else:
         betas = [float(spec["beta"])] * len(sources)
     scale = dict(
@@ -46,18 +66,37 @@ def combine(theta0: StateDict, target: StateDict, deltas: list[StateDict], spec:
     if target_steps and all(int(b) > 0 for b in spec.get("n_batches") or [0]):
         scale.update(steps_source=[int(b) for b in spec["n_batches"]], steps_target=int(target_steps))
     rule = spec["rule"]
+    if rule not in RULES:
+        raise ValueError(f"unknown combination rule {rule!r}; known: {', '.join(RULES)}")
+    if rule in ("gp", "fedgp"):
+        estimates.update(scales=agg.magnitude_scales(**scale), **projection_summary(theta0, target, sources))
     if rule == "gp":
-        return agg.gp(theta0, target, sources, beta=betas[0], **scale), betas
+        return agg.gp(theta0, target, sources, beta=betas[0], **scale), betas, estimates
     if rule == "fedda":
-        return agg.fedda(theta0, target, sources, betas=betas, n_sources=n_sources), betas
-    if rule == "fedgp":
-        return agg.fedgp(theta0, target, sources, betas=betas, **scale), betas
-    raise ValueError(f"unknown combination rule {rule!r}; known: {', '.join(RULES)}")
+        return agg.fedda(theta0, target, sources, betas=betas, n_sources=n_sources), betas, estimates
+    return agg.fedgp(theta0, target, sources, betas=betas, **scale), betas, estimates
+
+
+def projection_summary(theta0: StateDict, target: StateDict, sources: list[StateDict]) -> dict:
+    """Per source: ``kept`` = share of the model's values in entries where c_i > 0 (the source is
+    projected there) and ``cos`` = the value-weighted mean of the per-entry c_i (GP Eq. 4)."""
+    cosines = agg.projection_cosines(theta0, target, sources)
+    sizes = {k: theta0[k].numel() for k in cosines}
+    total = max(sum(sizes.values()), 1)
+    kept = [sum(sizes[k] for k, c in cosines.items() if c[i] > 0) / total for i in range(len(sources))]
+    mean = [sum(sizes[k] * c[i] for k, c in cosines.items()) / total for i in range(len(sources))]
+    return {"kept": kept, "cos": mean}
 
 
 def auto_betas(theta0: StateDict, deltas: list[StateDict], spec: dict,
                batch_updates: Optional[torch.Tensor]) -> list[float]:
     """Auto-weighting (DESIGN §5): the target's per-batch updates vs each source's per-batch update."""
+    return [float(b) for b in auto_estimates(theta0, deltas, spec, batch_updates)["betas"]]
+
+
+def auto_estimates(theta0: StateDict, deltas: list[StateDict], spec: dict,
+                   batch_updates: Optional[torch.Tensor]) -> dict:
+    """:func:`fedcxr.pipeline.aggregate.auto_betas` on the aligned target updates: β_i, σ², d², τ²d²."""
     if batch_updates is None or batch_updates.shape[0] < 2:
         raise UserError("auto-weighting (FedDA_Auto/FedGP_Auto) needs at least two target batches per "
                         "round: raise target_train.steps/epochs or labeled, or lower target_train.batch_size")
@@ -65,8 +104,7 @@ def auto_betas(theta0: StateDict, deltas: list[StateDict], spec: dict,
     keys = update_keys(theta0)
     flat = [agg.source_step_update(flatten_state(d, keys)[0], max(int(b), 1))
             for d, b in zip(deltas, spec["n_batches"])]
-    result = agg.auto_betas(g, torch.stack(flat), rule=spec["rule"])
-    return [float(b) for b in result["betas"]]
+    return agg.auto_betas(g, torch.stack(flat), rule=spec["rule"])
 
 
 def aligned_target_updates(theta0: StateDict, batch_updates: torch.Tensor, spec: dict) -> torch.Tensor:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from fedcxr.pipeline.combine import combine
+from fedcxr.pipeline.combine import combine_with_estimates
 from fedcxr.pipeline.messages import Reply, pack_combine
 from fedcxr.pipeline.protocols.base import (
     Context,
@@ -102,8 +102,9 @@ class TargetCombineProtocol(FedAvgProtocol):
         return {**state, "global": target.params}, {
             **({"warmup": True} if warmup else {}),
             "train": {s: rep.metrics for s, rep in replies.items()},
-            "target": {k: v for k, v in target.metrics.items() if k != "betas"},
+            "target": {k: v for k, v in target.metrics.items() if k not in ("betas", "combine")},
             "betas": dict(zip(sites, [float(b) for b in betas])),
+            "combine": by_site(target.metrics.get("combine") or {}, sites),
         }
 
     def combine_where(self, ctx: Context) -> str:
@@ -135,14 +136,15 @@ class TargetCombineProtocol(FedAvgProtocol):
             check_target(ctx, target, theta0, r)
         order = list(replies)
         spec = self.combine_spec(ctx, replies, scale)
-        theta, betas = combine(theta0, target.params, [delta(replies[s].params, theta0) for s in order], spec,
-                               n_target=target.n_samples, batch_updates=target.extra.get("batch_updates"),
-                               target_steps=target.n_batches)
+        theta, betas, estimates = combine_with_estimates(
+            theta0, target.params, [delta(replies[s].params, theta0) for s in order], spec,
+            n_target=target.n_samples, batch_updates=target.extra.get("batch_updates"), target_steps=target.n_batches)
         return {**state, "global": theta}, {
             **({"warmup": True} if warmup else {}),
             "train": {s: rep.metrics for s, rep in replies.items()},
             "target": dict(target.metrics),
             "betas": dict(zip(order, [float(b) for b in betas])),
+            "combine": by_site(estimates, order),
         }
 
     def train_sources(self, ctx: Context, r: int, theta0, scale: float) -> dict[str, Reply]:
@@ -179,6 +181,12 @@ class TargetCombineProtocol(FedAvgProtocol):
             "lr_source": cfg.source.lr * lr_scale, "lr_target": cfg.target_train.lr * lr_scale,
             "epochs_source": cfg.source.epochs or 1, "epochs_target": cfg.target_train.epochs or 1,
         }
+
+
+def by_site(estimates: dict, sites: list[str]) -> dict:
+    """A combination's estimates with per-source lists keyed by site name (the round's metrics)."""
+    return {key: dict(zip(sites, [float(v) for v in value])) if isinstance(value, list) else value
+            for key, value in estimates.items()}
 
 
 def check_target(ctx: Context, target: Reply, theta0, r: int) -> None:
