@@ -232,6 +232,12 @@ class ExperimentConfig(_Strict):
         None, gt=0, description="multiplies source and target learning rates after the warm-up rounds. "
         "Default per method: 0.1 for FedDA_Auto and FedGP_Auto (AutoFedGP main_domain_bed_auto_beta.py: "
         "hparams['lr'] *= 0.1 after warm-up), 1 otherwise")
+    auto_alignment: Literal["lr_s_over_lr_t", "lr_t_over_lr_s"] = Field(
+        "lr_s_over_lr_t", description="FedDA_Auto/FedGP_Auto: the factor the target's per-batch updates are "
+        "multiplied by before the β estimators compare them with the sources' mean step. lr_s_over_lr_t "
+        "(default): a step moves the weights by about its lr, so this brings a target step to the sources' step "
+        "size; lr_t_over_lr_s: the AutoFedGP DomainBed script's `grads_all_epochs * args.lr_ratio`, kept to "
+        "replay it (README: a deliberate departure; FedGP_Auto's β does not depend on it, FedDA_Auto's does)")
     source: LocalTrainingConfig = LocalTrainingConfig()
     target_train: TargetTrainingConfig = TargetTrainingConfig()
     finetune_offline_epochs: int = Field(
@@ -450,6 +456,8 @@ def config_fingerprint(cfg: ExperimentConfig) -> str:
             data["model"].pop(key)
     if data.get("select_round") == "last":
         data.pop("select_round")
+    if data.get("auto_alignment") == "lr_s_over_lr_t":  # the default: the fingerprint of earlier versions
+        data.pop("auto_alignment")
     privacy = data.pop("privacy", {})
     for key in ("combine_at", "auto_weights_at"):  # where a rule is computed does not change its result
         privacy.pop(key, None)

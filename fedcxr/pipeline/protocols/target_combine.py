@@ -180,6 +180,7 @@ class TargetCombineProtocol(FedAvgProtocol):
             "bs_source": cfg.source.batch_size, "bs_target": cfg.target_train.batch_size,
             "lr_source": cfg.source.lr * lr_scale, "lr_target": cfg.target_train.lr * lr_scale,
             "epochs_source": cfg.source.epochs or 1, "epochs_target": cfg.target_train.epochs or 1,
+            "alignment": cfg.auto_alignment,
         }
 
 
