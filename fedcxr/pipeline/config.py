@@ -51,9 +51,12 @@ class _Strict(BaseModel):
 class LocalTrainingConfig(_Strict):
     """How one site trains in one round (optimiser and whether its state carries over: per method)."""
 
-    lr: float = Field(1e-3, gt=0)
-    batch_size: int = Field(32, ge=1)
-    epochs: int = Field(1, ge=0)
+    lr: float = Field(1e-3, gt=0, description="AuxInfo+GP App. A.3 (sources 1e-3); DomainBed's small-image "
+                      "default that AutoFedGP uses (hparams_registry lr 1e-3)")
+    batch_size: int = Field(32, ge=1, description="AuxInfo+GP federated_chexpert/mimic_multi.py "
+                            "--source_batch_size 32; DomainBed's default for large images")
+    epochs: int = Field(1, ge=0, description="local passes per round: 1 in both papers' code "
+                        "(--num_source_epochs/--num_target_epochs 1; 'local update epoch 1')")
     steps: Optional[int] = Field(None, ge=1, description="optimizer steps per round; overrides epochs")
     weight_decay: Optional[float] = Field(
         None, ge=0, description="default per method: 5e-4 for FACT (its code's SGD), 0 otherwise")
@@ -66,7 +69,15 @@ class LocalTrainingConfig(_Strict):
 class TargetTrainingConfig(LocalTrainingConfig):
     """Target-site fine-tuning; ``labeled`` limits the labeled rows it may use."""
 
-    lr: float = Field(2e-4, gt=0)
+    lr: float = Field(2e-4, gt=0, description="1/5 of the sources' 1e-3, as the papers: AuxInfo+GP App. A.3 "
+                      "(target 2e-4, sources 1e-3) and AutoFedGP `--lr_ratio 0.2`")
+    batch_size: Optional[int] = Field(
+        None, ge=1, description="default per method, as the authors' code: 4 for FedDA_Auto and FedGP_Auto "
+        "(AutoFedGP paper App. C.4 'target domain batch size 2, 4, 8' and scripts/noniid_exp "
+        "run_fedgp_auto_beta.sh --target_batch_size 4: the auto-β estimators need many batch updates per round); "
+        "16 for FedDA, FedGP, Target_Only, Finetune_Offline (AutoFedGP main_domain_bed*.py "
+        "DataLoader(batch_size=16)); 32 otherwise (AuxInfo+GP federated_chexpert/mimic_multi.py "
+        "--target_batch_size 32)")
     labeled: Optional[Union[int, float]] = Field(
         None, description="labeled target rows used: a count (int) or a fraction of train rows (float ≤ 1)"
     )

@@ -30,8 +30,10 @@ Both call the same :func:`fedcxr.pipeline.combine.combine` on the same numbers.
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
+from fedcxr.errors import UserError
 from fedcxr.pipeline.combine import combine_with_estimates
 from fedcxr.pipeline.messages import Reply, pack_combine
 from fedcxr.pipeline.protocols.base import (
@@ -40,11 +42,14 @@ from fedcxr.pipeline.protocols.base import (
     aggregate_backbone,
     ask,
     ask_one,
+    target_batch_size,
     task_config,
     valid_replies,
 )
 from fedcxr.pipeline.protocols.fedavg import FedAvgProtocol
 from fedcxr.pipeline.state import check_update, delta
+
+log = logging.getLogger(__name__)
 
 
 class TargetCombineProtocol(FedAvgProtocol):
@@ -177,7 +182,7 @@ class TargetCombineProtocol(FedAvgProtocol):
             "rule": self.rule, "auto": self.auto, "beta": cfg.beta,
             "n_sources": [int(rep.n_samples) for rep in replies.values()],
             "n_batches": [int(rep.n_batches) for rep in replies.values()],
-            "bs_source": cfg.source.batch_size, "bs_target": cfg.target_train.batch_size,
+            "bs_source": cfg.source.batch_size, "bs_target": target_batch_size(ctx),
             "lr_source": cfg.source.lr * lr_scale, "lr_target": cfg.target_train.lr * lr_scale,
             "epochs_source": cfg.source.epochs or 1, "epochs_target": cfg.target_train.epochs or 1,
             "alignment": cfg.auto_alignment,
@@ -212,3 +217,55 @@ class FedDAGPProtocol(TargetCombineProtocol):
     def __init__(self, name: str, *, rule: str, auto: bool):
         super().__init__(name)
         self.rule, self.auto = rule, auto
+
+    def task_defaults(self) -> dict:
+        """Target batches as AutoFedGP: 4 for the auto versions (paper App. C.4: 2, 4, 8; noniid scripts
+        --target_batch_size 4), 16 for fixed β (main_domain_bed.py DataLoader(batch_size=16))."""
+        return {"target_batch_size": 4 if self.auto else 16}
+
+    def validate(self, cfg, meta, classes):
+        super().validate(cfg, meta, classes)
+        if self.auto:
+            check_auto_batches(cfg, meta[cfg.site_name(cfg.target)], self.task_defaults()["target_batch_size"])
+
+
+#: The fewest target batch updates per round the authors' auto-weighted runs had (AutoFedGP paper
+#: App. C.2/C.4: ColoredMNIST, 0.1 % of the target's 80 % split ≈ 18 rows in batches of 2). Fewer still
+#: work (the estimators need 2) but β then rests on very few per-batch updates (BENCHMARKS.md).
+AUTO_MIN_BATCHES = 9
+
+
+def auto_batches(cfg, target_meta: Reply, default_batch_size: int) -> tuple[int, int, int]:
+    """(labeled rows, batch size, B = target batch updates per round) this config gives the target."""
+    metrics = target_meta.metrics
+    available = int(metrics.get("n_labeled_train", 0))
+    labeled = cfg.target_train.labeled
+    if isinstance(labeled, float) and labeled <= 1:
+        rows = min(available, max(1, int(round(labeled * int(metrics.get("n_train", available))))))
+    elif labeled is not None:
+        rows = min(available, int(labeled))
+    else:
+        rows = available
+    if cfg.target_train.max_rows:
+        rows = min(rows, int(cfg.target_train.max_rows))
+    bs = int(cfg.target_train.batch_size or default_batch_size)
+    if cfg.target_train.steps:
+        return rows, bs, int(cfg.target_train.steps)
+    full, last = divmod(rows, bs)
+    per_epoch = full + (1 if last > 1 else 0)  # a last batch of one sample is skipped while BatchNorm trains
+    return rows, bs, per_epoch * int(cfg.target_train.epochs)
+
+
+def check_auto_batches(cfg, target_meta: Reply, default_batch_size: int) -> None:
+    """At run start: an error below 2 target batch updates per round, a warning below :data:`AUTO_MIN_BATCHES`."""
+    rows, bs, batches = auto_batches(cfg, target_meta, default_batch_size)
+    what = (f"{cfg.strategy}: the target gives B = {batches} batch update(s) per round ({rows} labeled rows, batch "
+            f"size {bs}, {'steps ' + str(cfg.target_train.steps) if cfg.target_train.steps else str(cfg.target_train.epochs) + ' epoch(s)'})")
+    if batches < 2:
+        raise UserError(f"{what}; the auto-β estimators need at least 2 (a variance): lower target_train.batch_size "
+                        f"to at most {max(1, rows // 2)} or raise target_train.epochs/steps")
+    if batches < AUTO_MIN_BATCHES:
+        log.warning("%s; the authors' auto-weighted runs had at least %d (AutoFedGP: ColoredMNIST's 18 rows in "
+                    "batches of 2). With few, β_i rests on few per-batch updates; lower target_train.batch_size "
+                    "(at most %d here) or raise target_train.epochs (BENCHMARKS.md, 'FedGP_Auto on the shortcut "
+                    "shift')", what, AUTO_MIN_BATCHES, max(1, rows // AUTO_MIN_BATCHES))
