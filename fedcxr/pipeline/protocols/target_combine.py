@@ -31,6 +31,7 @@ Both call the same :func:`fedcxr.pipeline.combine.combine` on the same numbers.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Optional
 
 from fedcxr.errors import UserError
@@ -265,7 +266,10 @@ def check_auto_batches(cfg, target_meta: Reply, default_batch_size: int) -> None
         raise UserError(f"{what}; the auto-β estimators need at least 2 (a variance): lower target_train.batch_size "
                         f"to at most {max(1, rows // 2)} or raise target_train.epochs/steps")
     if batches < AUTO_MIN_BATCHES:
+        fit = rows // AUTO_MIN_BATCHES
+        per_epoch = max(1, batches // max(1, int(cfg.target_train.epochs or 1)))
+        advice = (f"lower target_train.batch_size to at most {fit}" if fit >= 2 else
+                  f"raise target_train.epochs to {math.ceil(AUTO_MIN_BATCHES / per_epoch)}")
         log.warning("%s; the authors' auto-weighted runs had at least %d (AutoFedGP: ColoredMNIST's 18 rows in "
-                    "batches of 2). With few, β_i rests on few per-batch updates; lower target_train.batch_size "
-                    "(at most %d here) or raise target_train.epochs (BENCHMARKS.md, 'FedGP_Auto on the shortcut "
-                    "shift')", what, AUTO_MIN_BATCHES, max(1, rows // AUTO_MIN_BATCHES))
+                    "batches of 2). With few, β_i rests on few per-batch updates: %s (BENCHMARKS.md, 'FedGP_Auto "
+                    "on the shortcut shift')", what, AUTO_MIN_BATCHES, advice)
