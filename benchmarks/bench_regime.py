@@ -21,7 +21,10 @@ of which ``labels`` are used). Shifts (``--shifts``):
   target only (:mod:`fedcxr.site_adapters.shift`, seed 0);
 * ``shortcut`` — a bright corner marker on 95 % of pneumonia / 5 % of normal images at every
   source and the reverse (5 % / 95 %) at the target: the FedGP papers' ColoredMNIST −90 % case
-  (``fedcxr shift --kind shortcut``).
+  (``fedcxr shift --kind shortcut``);
+* ``labelnoise<percent>`` (``labelnoise40``) — every source's training labels flipped at that rate
+  (rows chosen by patient hash); the target untouched. (The FedGP papers' "noise" is feature
+  noise on the target, the ``noise<level>`` shifts here.)
 
 Every run: :data:`REGIME_CONFIG` (fixed before any result was seen), plus ``strategy``,
 ``seed``, ``rounds``, ``target_train.labeled`` and ``--set`` overrides. Finished runs are
@@ -100,9 +103,32 @@ def cell_sites(manifests: Path, work: Path, shift: str) -> tuple[list[str], Path
                        seed=0, site_name="target", progress=False)
         return marked, (out / "target").resolve()
     kind, level = shift.rstrip("0123456789"), shift[len(shift.rstrip("0123456789")):]
+    if kind == "labelnoise" and level:
+        return noisy_sources(manifests, work, int(level) / 100), (manifests / "target-base").resolve()
     if kind not in ("noise", "gamma", "blur", "mix") or not level:
-        raise SystemExit(f"--shifts: unknown shift {shift!r} (none, shortcut, or noise|gamma|blur|mix + level 0-4)")
+        raise SystemExit(f"--shifts: unknown shift {shift!r} (none, shortcut, labelnoise<percent>, or "
+                         "noise|gamma|blur|mix + level 0-4)")
     return sources, bench_shift.shifted_target(manifests, work, kind, int(level)).resolve()
+
+
+def noisy_sources(manifests: Path, work: Path, rate: float) -> list[str]:
+    """The sources with each training label flipped with probability ``rate`` (chosen by a hash of the
+    patient id, so the same rows every run); validation rows and the target are untouched."""
+    from fedcxr.site_adapters.manifest import patient_bucket, read_manifest, read_site_json, write_site
+
+    out, folders = work / "sources" / f"labelnoise{round(100 * rate)}", []
+    for k in (1, 2, 3):
+        site = manifests / f"site-{k}"
+        if not (out / f"site-{k}" / "site.json").is_file():
+            meta, frame = read_site_json(site), read_manifest(site)
+            flip = (patient_bucket(frame["patient_id"], salt="bench-regime-label-noise") < rate) & (
+                frame["split"] == "train").to_numpy() & frame["label__pneumonia"].notna().to_numpy()
+            frame.loc[flip, "label__pneumonia"] = 1.0 - frame.loc[flip, "label__pneumonia"]
+            write_site(out, f"site-{k}", frame, classes=list(meta["class_set"]), source=meta["source"],
+                       adapter_version=meta["adapter_version"], export_root=Path(meta["export_root"]), set_aside=[],
+                       options={**(meta.get("options") or {}), "bench_regime": f"training labels flipped at rate {rate}"})
+        folders.append(str((out / f"site-{k}").resolve()))
+    return folders
 
 
 def cell_name(shift: str, labels: int, rounds: int) -> str:
@@ -262,7 +288,7 @@ def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--work", type=Path, default=REPO / "runs" / "bench_regime", help="sites, caches and runs")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results", help="CSV and Markdown tables")
     p.add_argument("--stem", default="regime", help="output file stem")
-    p.add_argument("--shifts", nargs="+", default=["shortcut"], help="none | shortcut | <kind><level> (mix4, …)")
+    p.add_argument("--shifts", nargs="+", default=["shortcut"], help="none | shortcut | labelnoise<percent> | <kind><level> (mix4, noise3, …)")
     p.add_argument("--labels", type=int, nargs="+", default=[50], help="labeled target rows")
     p.add_argument("--rounds", type=int, nargs="+", default=[20])
     p.add_argument("--methods", nargs="+", default=METHODS)

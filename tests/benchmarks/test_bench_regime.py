@@ -37,3 +37,18 @@ def test_one_cell_two_methods_one_seed(small_npz, tmp_path, one_torch_thread):
         assert abs(marked[positives].mean() - rate) < 0.1, site
     metrics = (cell / "runs" / "FedGP_Auto-seed0" / "metrics.jsonl").read_text().splitlines()
     assert '"sigma2"' in metrics[-1]
+
+
+def test_label_noise_flips_the_sources_training_labels_only(small_npz, tmp_path):
+    bench = load_bench("bench_regime")
+    manifests = bench.bench_shift.prepare_sites(small_npz, tmp_path, n_sources=3, target_split=(0.45, 0.15, 0.40))
+    sources, target = bench.cell_sites(manifests, tmp_path, "labelnoise40")
+    assert target == (manifests / "target-base").resolve()
+    flipped = kept = 0
+    for k, site in enumerate(sources, start=1):
+        before, after = read_manifest(manifests / f"site-{k}"), read_manifest(site)
+        assert after["patient_id"].equals(before["patient_id"])
+        changed = (after["label__pneumonia"] != before["label__pneumonia"]).to_numpy()
+        assert not changed[(after["split"] != "train").to_numpy()].any()
+        flipped, kept = flipped + changed.sum(), kept + (~changed[(after["split"] == "train").to_numpy()]).sum()
+    assert 0.2 < flipped / (flipped + kept) < 0.6  # 40 % of about 55 training rows
