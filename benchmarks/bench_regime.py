@@ -235,6 +235,19 @@ def pair_table(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[*CELL, "winner", "other", "other_rank", "n", "diff", "lo", "hi", "verdict"])
 
 
+def versus_table(runs: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
+    """This variant − another, per cell × method, paired by seed (e.g. a code fix, a changed default)."""
+    keys = [*CELL, "method", "seed"]
+    both = runs.merge(other, on=keys, suffixes=("", "_other"))
+    rows = []
+    for key, group in both.groupby([*CELL, "method"]):
+        mean, lo, hi = bench_shift.t_interval((group["auroc"] - group["auroc_other"]).tolist())
+        verdict = "resolved" if np.isfinite(lo) and (lo > 0 or hi < 0) else "unresolved"
+        rows.append({**dict(zip([*CELL, "method"], key)), "n": len(group), "mean": group["auroc"].mean(),
+                     "mean_other": group["auroc_other"].mean(), "diff": mean, "lo": lo, "hi": hi, "verdict": verdict})
+    return pd.DataFrame(rows, columns=[*CELL, "method", "n", "mean", "mean_other", "diff", "lo", "hi", "verdict"])
+
+
 def markdown(cells: pd.DataFrame, pairs: pd.DataFrame, methods: Sequence[str]) -> str:
     """Per cell: each method's mean [interval], the winner in bold, then its paired margins."""
     out = []
@@ -300,6 +313,8 @@ def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="name of this grid's configuration (runs in WORK/sweep/<variant>/<cell>); the tables "
                         "cover every finished run of the variant")
     p.add_argument("--workers", type=int, default=1, help="runs trained at once (processes, one thread each)")
+    p.add_argument("--versus", nargs="+", default=[], metavar="VARIANT",
+                   help="also compare with these variants' finished runs, paired by seed: <stem>_versus_<variant>.csv")
     return p.parse_args(argv)
 
 
@@ -328,6 +343,10 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
             "this_call": {"shifts": args.shifts, "labels": args.labels, "rounds": args.rounds,
                           "methods": args.methods, "seeds": args.seeds, "wall_s": round(time.time() - start)}}
     write_outputs(runs, args.out, args.stem, args.methods, meta)
+    for variant in args.versus:
+        table = versus_table(runs, collect(args.work, variant))
+        table.to_csv(args.out / f"{args.stem}_versus_{variant}.csv", index=False)
+        print(f"\n{args.variant} − {variant}, paired by seed:\n" + table.to_string(index=False, float_format="%.3f"))
     print(f"total {time.time() - start:.0f} s; outputs in {args.out}")
     return runs
 

@@ -595,15 +595,17 @@ def _betas(betas: Sequence[float], n: int, who: str) -> list[float]:
 def auto_betas(target_batch_updates: torch.Tensor, source_updates: torch.Tensor, rule: str = "fedgp") -> dict:
     """Auto-weighted β_i for FedDA/FedGP (FedGP paper §4.2 Eq. 3, App. A.5 and C.4; DESIGN §5).
 
-    Inputs, already flattened (:func:`flatten_state`, non-0-dim entries in state-dict order)
-    and magnitude-aligned by the caller (App. C.4; DESIGN §5): s_i = Δ_i / #batches via
+    Inputs, already flattened (:func:`flatten_state`, the same entries in state-dict order for
+    both) and magnitude-aligned by the caller (App. C.4; DESIGN §5): s_i = Δ_i / #batches via
     :func:`source_step_update`, and the g_j rescaled by the learning-rate ratio so that a
-    target batch update and a source step are in the same units (steps taken at the same lr):
+    target batch update and a source step are in the same units (steps taken at the same lr).
+    :func:`fedcxr.pipeline.combine.auto_estimates` passes the trained parameters only: BN
+    running statistics change by batch noise, not by gradient steps, and would swamp σ².
 
     .. note:: a step moves the weights by about its lr, so that means ``g_j·lr_S/lr_T``
-       (:func:`fedcxr.pipeline.combine.aligned_target_updates`, BN running statistics left
-       unscaled); the authors' DomainBed script uses lr_T/lr_S. The factor changes FedDA's d²
-       and β; FedGP's β does not depend on it.
+       (:func:`fedcxr.pipeline.combine.aligned_target_updates`); the authors' DomainBed
+       script uses lr_T/lr_S. The factor changes FedDA's d² and β; FedGP's β does not depend
+       on it.
 
     * ``target_batch_updates``: ``(B, M)``, the target's B per-batch updates g_j (B ≥ 2);
     * ``source_updates``: ``(N, M)``, one mean per-step update s_i per source.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from fedcxr.pipeline.config import load_config
 from fedcxr.site_adapters.images import read_image_resized
@@ -13,6 +14,7 @@ from fedcxr.site_adapters.manifest import read_manifest, read_site_json
 from .conftest import load_bench
 
 
+@pytest.mark.slow  # three federated rounds and a Target_Only run on real X-rays: ~25 s on busy cores
 def test_one_cell_two_methods_one_seed(small_npz, tmp_path, one_torch_thread):
     bench = load_bench("bench_regime")
     out, work = tmp_path / "results", tmp_path / "work"
@@ -37,6 +39,12 @@ def test_one_cell_two_methods_one_seed(small_npz, tmp_path, one_torch_thread):
         assert abs(marked[positives].mean() - rate) < 0.1, site
     metrics = (cell / "runs" / "FedGP_Auto-seed0" / "metrics.jsonl").read_text().splitlines()
     assert '"sigma2"' in metrics[-1]
+    # a second call trains nothing (finished runs are kept) and compares variants paired by seed
+    bench.main(["--npz", str(small_npz), "--work", str(work), "--out", str(out), "--shifts", "shortcut", "--labels",
+                "10", "--rounds", "3", "--methods", "Target_Only", "--seeds", "1", "--set", "source.steps=2",
+                "--versus", "default"])
+    versus = pd.read_csv(out / "regime_versus_default.csv")
+    assert len(versus) == 2 and (versus["diff"] == 0).all()
 
 
 def test_label_noise_flips_the_sources_training_labels_only(small_npz, tmp_path):
