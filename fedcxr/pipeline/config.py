@@ -242,7 +242,8 @@ class ExperimentConfig(_Strict):
     post_warmup_lr_scale: Optional[float] = Field(
         None, gt=0, description="multiplies source and target learning rates after the warm-up rounds. "
         "Default per method: 0.1 for FedDA_Auto and FedGP_Auto (AutoFedGP main_domain_bed_auto_beta.py: "
-        "hparams['lr'] *= 0.1 after warm-up), 1 otherwise")
+        "hparams['lr'] *= 0.1 after warm-up, for its 50 rounds; the paper's App. C.4 names 0.25 for ColoredMNIST "
+        "-90%, VLCS and TerraIncognita, which runs much shorter than 50 rounds need: BENCHMARKS.md), 1 otherwise")
     auto_alignment: Literal["lr_s_over_lr_t", "lr_t_over_lr_s"] = Field(
         "lr_s_over_lr_t", description="FedDA_Auto/FedGP_Auto: the factor the target's per-batch updates are "
         "multiplied by before the β estimators compare them with the sources' mean step. lr_s_over_lr_t "
