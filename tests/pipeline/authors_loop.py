@@ -130,6 +130,15 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.nn.CosineSimilarity()(a.reshape(1, -1).float(), b.reshape(1, -1).float()))
 
 
+def zero_dim_entry(key: str, old: StateDict, locals_: Sequence[StateDict], fracs: Sequence[float],
+                   zero_dim: str) -> torch.Tensor:
+    """A 0-dim entry after a GP-family round: the sources' average (``"fedavg"``, AutoFedGP's DomainBed
+    scripts) or θ0's (``"keep"``, its noniid scripts and AuxInfo+GP)."""
+    if zero_dim == "fedavg":
+        return sum(float(f) * loc[key].float() for f, loc in zip(fracs, locals_))
+    return old[key]
+
+
 def gp_update(old: StateDict, finetuned: StateDict, locals_: Sequence[StateDict], *, betas: Sequence[float],
               scales: Sequence[float], fracs: Sequence[float], target_once: bool, zero_dim: str = "keep"
               ) -> tuple[StateDict, dict[str, list[float]]]:
@@ -143,8 +152,7 @@ def gp_update(old: StateDict, finetuned: StateDict, locals_: Sequence[StateDict]
     out, cosines = copy.deepcopy(old), {}
     for key, value in out.items():
         if value.dim() == 0:
-            if zero_dim == "fedavg":
-                out[key] = sum(float(f) * loc[key].float() for f, loc in zip(fracs, locals_))
+            out[key] = zero_dim_entry(key, old, locals_, fracs, zero_dim)
             continue
         g_t = finetuned[key] - old[key]
         cosines[key] = []
@@ -167,8 +175,7 @@ def da_update(old: StateDict, finetuned: StateDict, locals_: Sequence[StateDict]
     out = copy.deepcopy(old)
     for key, value in out.items():
         if value.dim() == 0:
-            if zero_dim == "fedavg":
-                out[key] = sum(float(f) * loc[key].float() for f, loc in zip(fracs, locals_))
+            out[key] = zero_dim_entry(key, old, locals_, fracs, zero_dim)
             continue
         g_t = finetuned[key] - old[key]
         for i, loc in enumerate(locals_):

@@ -275,3 +275,14 @@ def test_counting_departures_in_numbers():
     sizes = [s * bs_s for s in steps_s]
     theirs = [(lr_t / lr_s) * (n_t / bs_t) / (size / bs_s) * size / sum(sizes) for size in sizes]
     assert ours[0] / theirs[0] == pytest.approx(4 / 3.125)
+
+
+def test_the_0dim_counters_are_the_only_difference_from_the_domainbed_scripts(tiny_manifests, root):
+    """AutoFedGP's DomainBed scripts average the sources' ``num_batches_tracked``; fedcxr (as their noniid
+    scripts and AuxInfo+GP) keeps θ0's. Only those counters differ; BatchNorm with a momentum never reads them."""
+    run = _fedcxr_run(tiny_manifests, root, "FedGP", 3)
+    theirs = _replay(run, _setting("fedgp", False, 2, zero_dim="fedavg"), 3)[-1].global_after
+    ours, start = run["final"], _globals(run, 3)[1]  # after the projected round, and before it
+    counters = [k for k, v in ours.items() if v.dim() == 0]
+    assert counters and all(k.endswith("num_batches_tracked") for k in counters)
+    assert all(int(ours[k]) == int(start[k]) and int(theirs[k]) == int(start[k]) + 3 for k in counters)
