@@ -260,8 +260,9 @@ def auto_batches(cfg, target_meta: Reply, default_batch_size: int) -> tuple[int,
 def check_auto_batches(cfg, target_meta: Reply, default_batch_size: int) -> None:
     """At run start: an error below 2 target batch updates per round, a warning below :data:`AUTO_MIN_BATCHES`."""
     rows, bs, batches = auto_batches(cfg, target_meta, default_batch_size)
+    budget = f"steps {cfg.target_train.steps}" if cfg.target_train.steps else f"{cfg.target_train.epochs} epoch(s)"
     what = (f"{cfg.strategy}: the target gives B = {batches} batch update(s) per round ({rows} labeled rows, batch "
-            f"size {bs}, {'steps ' + str(cfg.target_train.steps) if cfg.target_train.steps else str(cfg.target_train.epochs) + ' epoch(s)'})")
+            f"size {bs}, {budget})")
     if batches < 2:
         raise UserError(f"{what}; the auto-β estimators need at least 2 (a variance): lower target_train.batch_size "
                         f"to at most {max(1, rows // 2)} or raise target_train.epochs/steps")
