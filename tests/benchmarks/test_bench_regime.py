@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import pytest
 
 from fedcxr.pipeline.config import load_config
 from fedcxr.site_adapters.images import read_image_resized
@@ -14,7 +13,6 @@ from fedcxr.site_adapters.manifest import read_manifest, read_site_json
 from .conftest import load_bench
 
 
-@pytest.mark.slow  # three federated rounds and a Target_Only run on real X-rays: 6 s (25 s on busy cores)
 def test_one_cell_two_methods_one_seed(small_npz, tmp_path, one_torch_thread):
     bench = load_bench("bench_regime")
     out, work = tmp_path / "results", tmp_path / "work"
