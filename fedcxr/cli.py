@@ -217,13 +217,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key for every run; repeatable")
 
-    p = command("shift", "a seeded covariate shift (noise/gamma/blur) of one site's images → a new site")
+    p = command("shift", "a seeded covariate shift (noise/gamma/blur) or shortcut marker of one site's images → "
+                         "a new site")
     p.add_argument("site_dir", type=Path, help="an ingested site folder (manifest.parquet + site.json)")
     p.add_argument("--out", required=True, type=Path, help="folder for the new site (OUT/<site>) and its PNGs")
-    p.add_argument("--kind", required=True, choices=["noise", "gamma", "blur", "mix"],
-                   help="noise: Gaussian noise; gamma: contrast curve; blur: Gaussian blur; mix: all three")
-    p.add_argument("--level", required=True, type=int, choices=[0, 1, 2, 3, 4],
-                   help="strength, 0 = none (identity) ... 4 = strong (table: BENCHMARKS.md, `fedcxr.site_adapters.shift`)")
+    p.add_argument("--kind", required=True, choices=["noise", "gamma", "blur", "mix", "shortcut"],
+                   help="noise: Gaussian noise; gamma: contrast curve; blur: Gaussian blur; mix: all three; "
+                        "shortcut: a bright corner marker tied to a label (--marker-rates)")
+    p.add_argument("--level", type=int, choices=[0, 1, 2, 3, 4], default=None,
+                   help="noise/gamma/blur/mix: strength, 0 = none (identity) ... 4 = strong (table: BENCHMARKS.md, "
+                        "`fedcxr.site_adapters.shift`)")
+    p.add_argument("--marker-rates", type=float, nargs=2, default=None, metavar=("POSITIVE", "NEGATIVE"),
+                   help="shortcut: fraction of the class's positive and of its negative rows that get the marker "
+                        "(sources 0.95 0.05, target 0.05 0.95: the FedGP papers' ColoredMNIST -90%% case)")
+    p.add_argument("--marker-class", default=None,
+                   help="shortcut: the class the marker goes with; unset: the site's only class")
     p.add_argument("--seed", type=int, default=0, help="noise seed (same seed, same PNGs)")
     p.add_argument("--site-name", default=None, help="name of the new site; unset: the input site's name")
 

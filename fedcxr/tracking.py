@@ -11,6 +11,10 @@ tag                             value
 ``train/<site>/aux_loss``       … its auxiliary part (AuxInfo)
 ``target/loss``                 the target's fine-tuning loss (GP, FedDA, FedGP)
 ``beta/<site>``                 FedDA/FedGP's β of each source (target_combine)
+``combine/<name>/<site>``       GP/FedGP: ``scales`` (s_i), ``kept`` (share of values where
+                                c_i > 0), ``cos`` (mean c_i); auto: ``d2``, ``tau2d2``
+``combine/sigma2``              auto-weighting: σ² of the target's mean update
+``combine/target_batches``      auto-weighting: B, the target's batch updates
 ``val/<site>/mean_auroc``       validation mean AUROC of the model the site keeps
 ``val/<site>/auroc/<class>``    … per class
 ``round/seconds``               wall time of the round
@@ -99,6 +103,12 @@ def round_scalars(metrics: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
         yield from emit(tag("target", key), target.get(key))
     for site, beta in (metrics.get("betas") or {}).items():
         yield from emit(tag("beta", site), beta)
+    for name, value in (metrics.get("combine") or {}).items():
+        if isinstance(value, Mapping):
+            for site, number in value.items():
+                yield from emit(tag("combine", name, site), number)
+        else:
+            yield from emit(tag("combine", name), value)
     for site, values in (metrics.get("val") or {}).items():
         yield from emit(tag("val", site, "mean_auroc"), (values or {}).get("mean_auroc"))
         for cls, auroc in ((values or {}).get("auroc") or {}).items():

@@ -68,6 +68,7 @@ __all__ = [
     "fedgp",
     "fedda",
     "projection_cosines",
+    "magnitude_scales",
     "auto_betas",
     "idd",
     "source_step_update",
@@ -329,8 +330,8 @@ def _unit_interval(name: str, value: float) -> float:
     return value
 
 
-def _magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source, epochs_target,
-                      steps_source=None, steps_target=None) -> list[float]:
+def magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source=1,
+                     epochs_target=1, steps_source=None, steps_target=None) -> list[float]:
     """``s_i = (lr_T/lr_S)·(E_T/E_S)·((n_T/bs_T)/(n_i/bs_S))·(n_i/Σn)`` (DESIGN §5; GP App. A.2 Eq. 8).
 
     Aligns a source update (n_i/bs_S steps at lr_S for E_S epochs) with the target's
@@ -535,7 +536,7 @@ def gp(
 
         θ = θ0 + β·Σ_{c_i>0} s_i·c_i·Δ_i + (1−β)·Δ_T,
 
-    ``s_i`` as in :func:`_magnitude_scales` (from the real optimiser step counts when
+    ``s_i`` as in :func:`magnitude_scales` (from the real optimiser step counts when
     ``steps_source``/``steps_target`` are given). β weights the SOURCES (the paper's text and code;
     its Eq. 7/9 print it the other way round): β=0 gives the target's own fine-tuned model,
     β=1 only the projected sources. BN running statistics are entries like any other and take
@@ -543,7 +544,7 @@ def gp(
     """
     _check_inputs(theta0, target, sources, len(n_sources), "gp")
     beta = _unit_interval("beta", beta)
-    scales = _magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source,
+    scales = magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source,
                                epochs_target, steps_source, steps_target)
     return _combine(theta0, target, sources, target_coef=1.0 - beta, source_coefs=[beta * s for s in scales], project=True)
 
@@ -575,7 +576,7 @@ def fedgp(
     """
     _check_inputs(theta0, target, sources, len(n_sources), "fedgp")
     betas = _betas(betas, len(sources), "fedgp")
-    scales = _magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source,
+    scales = magnitude_scales(n_sources, n_target, bs_source, bs_target, lr_source, lr_target, epochs_source,
                                epochs_target, steps_source, steps_target)
     total = sum(float(n) for n in n_sources)
     # summed, then divided once: with every β_i = 0 the coefficient is exactly 1.0, so the
@@ -622,15 +623,17 @@ def _betas(betas: Sequence[float], n: int, who: str) -> list[float]:
 def auto_betas(target_batch_updates: torch.Tensor, source_updates: torch.Tensor, rule: str = "fedgp") -> dict:
     """Auto-weighted β_i for FedDA/FedGP (FedGP paper §4.2 Eq. 3, App. A.5 and C.4; DESIGN §5).
 
-    Inputs, already flattened (:func:`flatten_state`, non-0-dim entries in state-dict order)
-    and magnitude-aligned by the caller (App. C.4; DESIGN §5): s_i = Δ_i / #batches via
+    Inputs, already flattened (:func:`flatten_state`, the same entries in state-dict order for
+    both) and magnitude-aligned by the caller (App. C.4; DESIGN §5): s_i = Δ_i / #batches via
     :func:`source_step_update`, and the g_j rescaled by the learning-rate ratio so that a
-    target batch update and a source step are in the same units (steps taken at the same lr):
+    target batch update and a source step are in the same units (steps taken at the same lr).
+    :func:`fedcxr.pipeline.combine.auto_estimates` passes the trained parameters only: BN
+    running statistics change by batch noise, not by gradient steps, and would swamp σ².
 
     .. note:: a step moves the weights by about its lr, so that means ``g_j·lr_S/lr_T``
-       (:func:`fedcxr.pipeline.combine.aligned_target_updates`, BN running statistics left
-       unscaled); the authors' DomainBed script uses lr_T/lr_S. The factor changes FedDA's d²
-       and β; FedGP's β does not depend on it.
+       (:func:`fedcxr.pipeline.combine.aligned_target_updates`); the authors' DomainBed
+       script uses lr_T/lr_S. The factor changes FedDA's d² and β; FedGP's β does not depend
+       on it.
 
     * ``target_batch_updates``: ``(B, M)``, the target's B per-batch updates g_j (B ≥ 2);
     * ``source_updates``: ``(N, M)``, one mean per-step update s_i per source.

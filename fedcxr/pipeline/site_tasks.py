@@ -3,7 +3,7 @@
 * ``train_combine`` (GP / FedDA / FedGP, DESIGN §8): fine-tune from θ0 on the target's labels
   (or take the fine-tuning held from this round's ``train`` with ``hold_for_combine``),
   then combine with the source deltas (:mod:`fedcxr.pipeline.combine`); only the combined
-  model and the β_i leave the site — its fine-tuned model and per-batch updates do not.
+  model, the β_i and the scalars behind them (s_i, kept share, σ², d², τ²d²) leave the site — its fine-tuned model and per-batch updates do not.
 * ``warmup_head`` (surgical aggregation paper): head-only epochs before round 0, the head with
   the best validation loss kept on the site for round 0.
 * ``fact_target`` (FACT, DESIGN §5): update the feature extractor G' to minimise the
@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import Subset
 
 from fedcxr.pipeline import aggregate as agg
-from fedcxr.pipeline.combine import combine
+from fedcxr.pipeline.combine import combine_with_estimates
 from fedcxr.pipeline.data import make_loader
 from fedcxr.pipeline.local import (
     batches,
@@ -54,10 +54,11 @@ def train_combine(runner: SiteRunner, params: StateDict, config: dict) -> Reply:
     reply = _held(runner, theta0, config.get("round"))
     if reply is None:  # not fine-tuned beside the sources (or the site restarted since): do it now
         reply = runner.handle("train", theta0, {**config, "record_batch_updates": bool(spec.get("auto"))})
-    theta, betas = combine(theta0, reply.params, deltas, spec, n_target=reply.n_samples,
-                           batch_updates=reply.extra.get("batch_updates"), target_steps=reply.n_batches)
+    theta, betas, estimates = combine_with_estimates(theta0, reply.params, deltas, spec, n_target=reply.n_samples,
+                                                     batch_updates=reply.extra.get("batch_updates"),
+                                                     target_steps=reply.n_batches)
     return Reply(site=runner.name, params=theta, n_samples=reply.n_samples, n_batches=reply.n_batches,
-                 class_set=reply.class_set, metrics={**reply.metrics, "betas": betas})
+                 class_set=reply.class_set, metrics={**reply.metrics, "betas": betas, "combine": estimates})
 
 
 @register_task("warmup_head")

@@ -90,3 +90,44 @@ def test_paths_that_leave_the_root_are_refused():
         shifted_path("../x.png", "gamma", 2, 0)
     with pytest.raises(UserError, match="--level"):
         shift_image(np.zeros((4, 4), np.float32), "gamma", 9)
+
+
+# --------------------------------------------------------------------------- shortcut marker
+
+
+def test_shortcut_marks_the_given_share_of_each_label_in_every_split(real_site, tmp_path):
+    """Sources 0.95/0.05, target reversed: exact counts per split and label, only the corner changes."""
+    from fedcxr.site_adapters.shift import Shortcut, add_marker
+
+    spec = Shortcut("pneumonia", 0.75, 0.25)
+    payload = shift_site(real_site, tmp_path / "out", kind="shortcut", shortcut=spec, seed=0, progress=False)
+    before, after = read_manifest(real_site), read_manifest(tmp_path / "out" / "medmnist")
+    assert after[["patient_id", "split", "label__pneumonia"]].equals(before[["patient_id", "split", "label__pneumonia"]])
+    assert all(p.startswith("shortcut75-25-seed0/") for p in after["image_path"])
+    old, new = _pixels(real_site), _pixels(tmp_path / "out" / "medmnist")
+    corner = (new[:, :4, :4] == 255).all(axis=(1, 2))
+    assert np.array_equal(new[~corner], old[~corner])  # unmarked images: the very same pixels
+    outside = np.abs(new.astype(int) - old.astype(int))
+    outside[:, :4, :4] = 0
+    # marked: the corner only, up to the decode path's min/max rescaling when the marker hides the darkest pixel
+    assert outside[corner].max() <= 16 and outside[corner].mean() < 1
+    for split in ("train", "val", "test"):
+        for value, rate in ((1.0, 0.75), (0.0, 0.25)):
+            rows = ((after["split"] == split) & (after["label__pneumonia"] == value)).to_numpy()
+            assert corner[rows].sum() == round(rate * rows.sum()), (split, value)
+    assert payload["options"]["shift"]["positive_rate"] == 0.75
+    assert add_marker(np.zeros((28, 28), np.float32)).sum() == 16.0  # 4 x 4 px at 28 px
+
+
+def test_shortcut_cli_and_its_errors(real_site, tmp_path, capsys):
+    assert main(["shift", str(real_site), "--out", str(tmp_path / "o"), "--kind", "shortcut",
+                 "--marker-rates", "0.05", "0.95", "-q"]) == 0
+    assert "5% of pneumonia-positive" in capsys.readouterr().out
+    for bad, message in ((["--kind", "shortcut"], "needs --marker-rates"),
+                         (["--kind", "shortcut", "--marker-rates", "0.9", "0.1", "--level", "2"], "no --level"),
+                         (["--kind", "shortcut", "--marker-rates", "1.5", "0.1"], "must lie in"),
+                         (["--kind", "shortcut", "--marker-rates", "0.9", "0.1", "--marker-class", "edema"],
+                          "does not label it"),
+                         (["--kind", "noise"], "needs --level")):
+        assert main(["shift", str(real_site), "--out", str(tmp_path / "bad"), *bad, "-q"]) == 2
+        assert message in capsys.readouterr().err

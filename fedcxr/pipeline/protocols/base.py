@@ -87,7 +87,8 @@ def task_config(ctx: Context, r: int, role: str, **overrides) -> dict:
         "param_classes": list(ctx.classes), "head_classes": list(ctx.classes),
         "aux_tasks": list(ctx.aux_tasks), "alpha": cfg.alpha,
         "use_aux": bool(ctx.aux_tasks) and role == "source",
-        "lr": local.lr, "batch_size": local.batch_size, "epochs": local.epochs, "steps": local.steps,
+        "lr": local.lr, "batch_size": target_batch_size(ctx) if role == "target" else local.batch_size,
+        "epochs": local.epochs, "steps": local.steps,
         "weight_decay": local.weight_decay if local.weight_decay is not None else
         ctx.task_defaults.get("weight_decay", 0.0),
         "optimizer": local.optimizer or ctx.task_defaults.get("optimizer", "adam"),
@@ -103,6 +104,16 @@ def task_config(ctx: Context, r: int, role: str, **overrides) -> dict:
     }
     out.update(overrides)
     return out
+
+
+#: The target's batch size when neither the config nor the method says (AuxInfo+GP code: 32).
+TARGET_BATCH_SIZE = 32
+
+
+def target_batch_size(ctx: Context) -> int:
+    """``target_train.batch_size``, else the method's default (:meth:`RoundProtocol.task_defaults`)."""
+    value = ctx.cfg.target_train.batch_size
+    return int(value) if value is not None else int(ctx.task_defaults.get("target_batch_size", TARGET_BATCH_SIZE))
 
 
 def ask(ctx: Context, task: str, sites: list[str], params: Optional[StateDict], config: dict, *,
@@ -361,7 +372,8 @@ class RoundProtocol:
                             "aggregation.rule: median")
 
     def task_defaults(self) -> dict:
-        """The method's defaults for ``optimizer``, ``weight_decay`` and ``optimizer_state`` (as its authors' code)."""
+        """The method's defaults for ``optimizer``, ``weight_decay``, ``optimizer_state`` and
+        ``target_batch_size`` (as its authors' code)."""
         return {}
 
     def init_state(self, ctx: Context, theta: StateDict) -> dict:

@@ -79,6 +79,10 @@ class FinetuneOfflineProtocol(FedAvgProtocol):
         super().__init__(name, finetune=True, aux_info=False)
         self.needs_target = True
 
+    def task_defaults(self) -> dict:
+        """Target batches of 16 (AutoFedGP main_domain_bed_offline.py DataLoader(batch_size=16))."""
+        return {"target_batch_size": 16}
+
     def run_round(self, ctx, r, state):
         theta, metrics = self.fedavg_round(ctx, r, state["global"])
         if r == ctx.cfg.rounds - 1:

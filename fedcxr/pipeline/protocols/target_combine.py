@@ -30,9 +30,12 @@ Both call the same :func:`fedcxr.pipeline.combine.combine` on the same numbers.
 
 from __future__ import annotations
 
+import logging
+import math
 from typing import Optional
 
-from fedcxr.pipeline.combine import combine
+from fedcxr.errors import UserError
+from fedcxr.pipeline.combine import combine_with_estimates
 from fedcxr.pipeline.messages import Reply, pack_combine
 from fedcxr.errors import UserError
 from fedcxr.pipeline.protocols.base import (
@@ -42,11 +45,14 @@ from fedcxr.pipeline.protocols.base import (
     ask,
     ask_one,
     check_one,
+    target_batch_size,
     task_config,
     valid_replies,
 )
 from fedcxr.pipeline.protocols.fedavg import FedAvgProtocol
 from fedcxr.pipeline.state import delta
+
+log = logging.getLogger(__name__)
 
 
 class TargetCombineProtocol(FedAvgProtocol):
@@ -115,8 +121,9 @@ class TargetCombineProtocol(FedAvgProtocol):
         return {**state, "global": target.params}, {
             **({"warmup": True} if warmup else {}),
             "train": {s: rep.metrics for s, rep in replies.items()},
-            "target": {k: v for k, v in target.metrics.items() if k != "betas"},
+            "target": {k: v for k, v in target.metrics.items() if k not in ("betas", "combine")},
             "betas": dict(zip(sites, [float(b) for b in betas])),
+            "combine": by_site(target.metrics.get("combine") or {}, sites),
         }
 
     def combine_where(self, ctx: Context) -> str:
@@ -148,14 +155,15 @@ class TargetCombineProtocol(FedAvgProtocol):
             check_target(ctx, target, theta0, r)
         order = list(replies)
         spec = self.combine_spec(ctx, replies, scale)
-        theta, betas = combine(theta0, target.params, [delta(replies[s].params, theta0) for s in order], spec,
-                               n_target=target.n_samples, batch_updates=target.extra.get("batch_updates"),
-                               target_steps=target.n_batches)
+        theta, betas, estimates = combine_with_estimates(
+            theta0, target.params, [delta(replies[s].params, theta0) for s in order], spec,
+            n_target=target.n_samples, batch_updates=target.extra.get("batch_updates"), target_steps=target.n_batches)
         return {**state, "global": theta}, {
             **({"warmup": True} if warmup else {}),
             "train": {s: rep.metrics for s, rep in replies.items()},
             "target": dict(target.metrics),
             "betas": dict(zip(order, [float(b) for b in betas])),
+            "combine": by_site(estimates, order),
         }
 
     def train_sources(self, ctx: Context, r: int, theta0, scale: float) -> dict[str, Reply]:
@@ -188,10 +196,17 @@ class TargetCombineProtocol(FedAvgProtocol):
             "rule": self.rule, "auto": self.auto, "beta": cfg.beta,
             "n_sources": [int(rep.n_samples) for rep in replies.values()],
             "n_batches": [int(rep.n_batches) for rep in replies.values()],
-            "bs_source": cfg.source.batch_size, "bs_target": cfg.target_train.batch_size,
+            "bs_source": cfg.source.batch_size, "bs_target": target_batch_size(ctx),
             "lr_source": cfg.source.lr * lr_scale, "lr_target": cfg.target_train.lr * lr_scale,
             "epochs_source": cfg.source.epochs or 1, "epochs_target": cfg.target_train.epochs or 1,
+            "alignment": cfg.auto_alignment,
         }
+
+
+def by_site(estimates: dict, sites: list[str]) -> dict:
+    """A combination's estimates with per-source lists keyed by site name (the round's metrics)."""
+    return {key: dict(zip(sites, [float(v) for v in value])) if isinstance(value, list) else value
+            for key, value in estimates.items()}
 
 
 def check_target(ctx: Context, target: Reply, theta0, r: int) -> None:
@@ -214,3 +229,59 @@ class FedDAGPProtocol(TargetCombineProtocol):
     def __init__(self, name: str, *, rule: str, auto: bool):
         super().__init__(name)
         self.rule, self.auto = rule, auto
+
+    def task_defaults(self) -> dict:
+        """Target batches as AutoFedGP: 4 for the auto versions (paper App. C.4: 2, 4, 8; noniid scripts
+        --target_batch_size 4), 16 for fixed β (main_domain_bed.py DataLoader(batch_size=16))."""
+        return {"target_batch_size": 4 if self.auto else 16}
+
+    def validate(self, cfg, meta, classes):
+        super().validate(cfg, meta, classes)
+        if self.auto:
+            check_auto_batches(cfg, meta[cfg.site_name(cfg.target)], self.task_defaults()["target_batch_size"])
+
+
+#: The fewest target batch updates per round the authors' auto-weighted runs had (AutoFedGP paper
+#: App. C.2/C.4: ColoredMNIST, 0.1 % of the target's 80 % split ≈ 18 rows in batches of 2). Fewer still
+#: work (the estimators need 2) but β then rests on very few per-batch updates (BENCHMARKS.md).
+AUTO_MIN_BATCHES = 9
+
+
+def auto_batches(cfg, target_meta: Reply, default_batch_size: int) -> tuple[int, int, int]:
+    """(labeled rows, batch size, B = target batch updates per round) this config gives the target."""
+    metrics = target_meta.metrics
+    available = int(metrics.get("n_labeled_train", 0))
+    labeled = cfg.target_train.labeled
+    if isinstance(labeled, float) and labeled <= 1:
+        rows = min(available, max(1, int(round(labeled * int(metrics.get("n_train", available))))))
+    elif labeled is not None:
+        rows = min(available, int(labeled))
+    else:
+        rows = available
+    if cfg.target_train.max_rows:
+        rows = min(rows, int(cfg.target_train.max_rows))
+    bs = int(cfg.target_train.batch_size or default_batch_size)
+    if cfg.target_train.steps:
+        return rows, bs, int(cfg.target_train.steps)
+    full, last = divmod(rows, bs)
+    per_epoch = full + (1 if last > 1 else 0)  # a last batch of one sample is skipped while BatchNorm trains
+    return rows, bs, per_epoch * int(cfg.target_train.epochs)
+
+
+def check_auto_batches(cfg, target_meta: Reply, default_batch_size: int) -> None:
+    """At run start: an error below 2 target batch updates per round, a warning below :data:`AUTO_MIN_BATCHES`."""
+    rows, bs, batches = auto_batches(cfg, target_meta, default_batch_size)
+    budget = f"steps {cfg.target_train.steps}" if cfg.target_train.steps else f"{cfg.target_train.epochs} epoch(s)"
+    what = (f"{cfg.strategy}: the target gives B = {batches} batch update(s) per round ({rows} labeled rows, batch "
+            f"size {bs}, {budget})")
+    if batches < 2:
+        raise UserError(f"{what}; the auto-β estimators need at least 2 (a variance): lower target_train.batch_size "
+                        f"to at most {max(1, rows // 2)} or raise target_train.epochs/steps")
+    if batches < AUTO_MIN_BATCHES:
+        fit = rows // AUTO_MIN_BATCHES
+        per_epoch = max(1, batches // max(1, int(cfg.target_train.epochs or 1)))
+        advice = (f"lower target_train.batch_size to at most {fit}" if fit >= 2 else
+                  f"raise target_train.epochs to {math.ceil(AUTO_MIN_BATCHES / per_epoch)}")
+        log.warning("%s; the authors' auto-weighted runs had at least %d (AutoFedGP: ColoredMNIST's 18 rows in "
+                    "batches of 2). With few, β_i rests on few per-batch updates: %s (BENCHMARKS.md, 'FedGP_Auto "
+                    "on the shortcut shift')", what, AUTO_MIN_BATCHES, advice)

@@ -349,3 +349,65 @@ def test_the_replaced_head_warmup_rounds_key_names_head_warmup():
 
     with pytest.raises(UserError, match="head_warmup: {epochs"):
         load_config(data={"sites": ["a"], "head_warmup_rounds": 2}, check_sites=False)
+
+
+# --------------------------------------------------------------------------- target batch size
+
+
+@pytest.mark.parametrize("strategy,size", [("FedGP_Auto", 4), ("FedDA_Auto", 4), ("FedGP", 16), ("FedDA", 16),
+                                           ("Target_Only", 16), ("Finetune_Offline", 16), ("FedAvg_Finetune", 32),
+                                           ("FedAvg_Finetune_GP", 32), ("Oracle", 32)])
+def test_the_target_batch_size_defaults_to_the_authors_per_method(strategy, size):
+    """AutoFedGP: 4 for the auto versions (paper App. C.4, noniid scripts), 16 for the rest of its methods
+    (main_domain_bed*.py); AuxInfo+GP: 32. A configured size wins, and reaches the GP scale s_i."""
+    from fedcxr.pipeline.config import ExperimentConfig
+    from fedcxr.pipeline.protocols import Context, get_protocol, task_config
+
+    def ctx(**target_train):
+        cfg = ExperimentConfig(sites=["a"], target="t", strategy=strategy, target_train=target_train)
+        protocol = get_protocol(strategy)
+        return protocol, Context(cfg=cfg, transport=None, meta={}, classes=["edema"], aux_tasks=[], sources=["a"],
+                                 target="t", task_defaults=protocol.task_defaults())
+
+    protocol, default = ctx()
+    assert task_config(default, 0, "target")["batch_size"] == size
+    assert task_config(default, 0, "source")["batch_size"] == 32
+    protocol, set_ = ctx(batch_size=7)
+    assert task_config(set_, 0, "target")["batch_size"] == 7
+    if hasattr(protocol, "combine_spec"):
+        assert protocol.combine_spec(default, {})["bs_target"] == size
+
+
+def _target_meta(n_labeled: int, n_train: int = 260):
+    from fedcxr.pipeline.messages import Reply
+
+    return Reply(site="t", metrics={"n_labeled_train": n_labeled, "n_train": n_train})
+
+
+def test_auto_weighting_counts_the_target_batches_at_run_start(caplog):
+    """B from labeled rows, batch size and epochs/steps: error below 2 (exit 2, before any round), a warning
+    with the numbers below the authors' fewest (9), silence at the default batch of 4 with 50 labels."""
+    from fedcxr.errors import UserError
+    from fedcxr.pipeline.config import ExperimentConfig
+    from fedcxr.pipeline.protocols.target_combine import auto_batches, check_auto_batches
+
+    def cfg(**target_train):
+        return ExperimentConfig(sites=["a"], target="t", strategy="FedGP_Auto", target_train=target_train)
+
+    assert auto_batches(cfg(labeled=50), _target_meta(260), 4) == (50, 4, 13)
+    assert auto_batches(cfg(labeled=50, batch_size=25), _target_meta(260), 4) == (50, 25, 2)
+    assert auto_batches(cfg(labeled=49, batch_size=8), _target_meta(260), 4) == (49, 8, 6)  # 6 full + one row skipped
+    assert auto_batches(cfg(labeled=0.1, batch_size=4), _target_meta(30, 260), 4) == (26, 4, 7)
+    assert auto_batches(cfg(labeled=50, batch_size=25, steps=12), _target_meta(260), 4) == (50, 25, 12)
+    with caplog.at_level("WARNING"):
+        check_auto_batches(cfg(labeled=50), _target_meta(260), 4)
+        assert not caplog.records
+        check_auto_batches(cfg(labeled=50, batch_size=25), _target_meta(260), 4)
+    assert "B = 2 batch update(s) per round (50 labeled rows, batch size 25" in caplog.text
+    assert "at least 9" in caplog.text and "batch_size to at most 5" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        check_auto_batches(cfg(labeled=12), _target_meta(260), 4)  # 3 batches, too few rows for smaller ones
+    assert "B = 3" in caplog.text and "raise target_train.epochs to 3" in caplog.text
+    with pytest.raises(UserError, match="B = 1 .* at least 2"):
+        check_auto_batches(cfg(labeled=50, batch_size=50), _target_meta(260), 4)

@@ -190,3 +190,27 @@ def test_held_fine_tuning_equals_the_sequential_one(tiny_manifests, root):
     assert target.held is None  # used once
     assert _max_diff(sequential.params, parallel.params) == 0.0
     assert sequential.metrics["betas"] == parallel.metrics["betas"]
+
+
+@pytest.mark.parametrize("strategy,auto", [("FedGP", False), ("FedGP_Auto", True)])
+def test_the_round_records_the_numbers_behind_the_rule_in_both_modes(strategy, auto, tiny_manifests, root):
+    """metrics.jsonl: s_i, kept share, mean c_i (GP rules) and σ², d², τ²d², B (auto) per source, the same
+    wherever the rule ran; the tracker turns them into combine/... scalars."""
+    from fedcxr.tracking import round_scalars
+
+    _, server, _ = _run(tiny_manifests, root, strategy, where="server", auto=auto)
+    _, target, _ = _run(tiny_manifests, root, strategy, where="target", auto=auto)
+    got = server[0]["combine"]
+    keys = {"scales", "kept", "cos"} | ({"sigma2", "d2", "tau2d2", "target_batches"} if auto else set())
+    assert set(got) == keys
+    assert set(got["scales"]) == {"nih_style", "chexpert_style"} and all(0 <= v <= 1 for v in got["kept"].values())
+    if auto:
+        assert got["target_batches"] == 3 and got["sigma2"] > 0
+    for key, value in got.items():
+        other = target[0]["combine"][key]
+        if isinstance(value, dict):
+            assert value == pytest.approx(other, rel=1e-5, abs=1e-12), key
+        else:
+            assert value == pytest.approx(other, rel=1e-5), key
+    tags = dict(round_scalars(server[0]))
+    assert "combine/scales/nih_style" in tags and ("combine/sigma2" in tags) == auto
