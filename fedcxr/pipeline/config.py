@@ -261,7 +261,7 @@ class ExperimentConfig(_Strict):
     class_source: Literal["target", "union", "sources"] = "target"
     image_size: int = Field(224, ge=8)
     augment: bool = True
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: str = Field("auto", description="auto (CUDA when present) | cpu | cuda | cuda:N (GPU number N)")
     seed: int = 0
     cache_dir: Optional[Path] = None
     eval_sites: Optional[list[str]] = Field(None, description="sites evaluated; default target or all")
@@ -287,6 +287,15 @@ class ExperimentConfig(_Strict):
                 if old in data:
                     raise ValueError(f"`{old}` was replaced: {new}")
         return data
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        """``cuda:N`` picks a GPU by number; whether it exists is checked when the run starts."""
+        text = str(value).strip().lower()
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
+            raise ValueError(f"{value!r}: use auto, cpu, cuda or cuda:N (N: the GPU's number, e.g. cuda:1)")
+        return text
 
     @field_validator("aux_tasks")
     @classmethod
