@@ -34,6 +34,7 @@ def monai_run(bundle: Path, dataset_dir: Path, output_dir: Path) -> subprocess.C
     )
 
 
+@pytest.mark.slow  # MONAI's bundle runner in a subprocess (~5 s of imports)
 def test_bundle_runs_with_monai_and_matches_predict(evaluated_run, scan_folder, tmp_path):
     bundle = tmp_path / "bundle"
     assert main(["export-bundle", str(evaluated_run), "--out", str(bundle), "-q"]) == 0
