@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -20,6 +21,7 @@ from fedcxr.logs import verbosity
 
 #: subcommand → "module:function(args) -> int"
 HANDLERS: dict[str, str] = {
+    "init": "fedcxr.commands.init:cli_init",
     "ingest": "fedcxr.commands.ingest:cli_ingest",
     "synth": "fedcxr.synth:cli_synth",
     "train": "fedcxr.commands.train:cli_train",
@@ -36,10 +38,36 @@ HANDLERS: dict[str, str] = {
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows every option's default; keeps option lists readable."""
+    """Shows an option's default where it says something; keeps option lists readable.
+
+    No ``(default: …)`` on a required option, a flag (``--resume``: default False; ``--no-cross-site``:
+    its stored True read as "skipped by default"), an unset (None) or empty-list default, or an
+    option whose help already says what happens when it is not given (``unset: …``)."""
 
     def __init__(self, prog: str):
         super().__init__(prog, max_help_position=32, width=100)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (action.required or default is None or default is argparse.SUPPRESS or isinstance(default, bool)
+                or default == [] or "unset:" in text or "%(default)" in text):
+            return text
+        return super()._get_help_string(action)
+
+
+#: ``--device`` values: auto, cpu, cuda (the current GPU) or cuda:N (GPU number N)
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def device_name(text: str) -> str:
+    """``--device`` checked at parse time (a GPU number that does not exist is refused when the
+    run starts, :func:`fedcxr.pipeline.local.resolve_device`: parsing never imports torch)."""
+    value = text.strip().lower()
+    if not DEVICE_PATTERN.match(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: use auto, cpu, cuda or cuda:N (N: the GPU's number, "
+                                         "e.g. cuda:1)")
+    return value
 
 
 def _common() -> argparse.ArgumentParser:
@@ -76,8 +104,10 @@ class _SourceHelp(argparse.Action):
 
 
 def _device(p: argparse.ArgumentParser, default: Optional[str] = None, what: str = "the config's `device`") -> None:
-    p.add_argument("--device", default=default, choices=["auto", "cpu", "cuda"],
-                   help=f"where the network runs (auto: CUDA when present); unset: {what}")
+    """``--device``; ``default`` None means "unset: ``what``" (the config decides)."""
+    choices = "auto (CUDA when present), cpu, cuda or cuda:N (GPU number N)"
+    p.add_argument("--device", default=default, type=device_name, metavar="auto|cpu|cuda|cuda:N",
+                   help=f"where the network runs: {choices}" + (f"; unset: {what}" if default is None else ""))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help_text, description=help_text, parents=[common],
                               formatter_class=_HelpFormatter)
 
+    p = command("init", "start a study: a commented experiment config, a csv mapping template and an example export")
+    p.add_argument("dir", type=Path, metavar="DIR",
+                   help="folder to write into (new or empty): experiment.yaml, mapping.yaml, export/ "
+                        "(README: Your own data in three steps)")
+
     p = sub.add_parser("ingest", help="hospital export → canonical per-site manifests", parents=[common],
                        formatter_class=_HelpFormatter, add_help=False,
                        description="hospital export → canonical per-site manifests",
@@ -106,16 +141,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", metavar="SOURCE",
                    help="nih | chexpert | mimic | midrc | dicom | images (DICOM/PNG/JPEG folder) | csv | medmnist "
                         "| rsna | vindr | siim | openi | padchest")
-    p.add_argument("--input", required=True, type=Path, help="export root folder")
-    p.add_argument("--out", required=True, type=Path, help="output folder (one subfolder per site)")
+    p.add_argument("--input", required=True, type=Path, metavar="DIR", help="export root folder")
+    p.add_argument("--out", required=True, type=Path, metavar="OUT", help="output folder (one subfolder per site)")
     p.add_argument("--site-by", default=None,
                    help="COLUMN | conditions:c1,c2,... | chexpert-conditions | iid:K[:shared=S|:classes=..] "
                         "| skew:K[:alpha=A][:seed=N]; unset: the whole export is one site")
     p.add_argument("--site-name", default=None, help="site name when the whole export is one site; unset: SOURCE")
     p.add_argument("--uncertain", default="ignore", choices=["zeros", "ones", "ignore"],
                    help="policy for uncertain (-1) labels (ignore → NaN, masked out of the loss)")
-    p.add_argument("--mapping", type=Path, default=None, help="YAML column mapping (csv source)")
-    p.add_argument("--labels", type=Path, default=None,
+    p.add_argument("--mapping", type=Path, default=None, metavar="FILE.yaml",
+                   help="YAML column mapping (csv source; README: The `csv` mapping; a commented template: "
+                        "`fedcxr init DIR`)")
+    p.add_argument("--labels", type=Path, default=None, metavar="FILE.csv",
                    help="label csv keyed by SOPInstanceUID/StudyInstanceUID/file name, or by --labels-key "
                         "(dicom, images sources)")
     p.add_argument("--labels-key", default=None, metavar="TAG[=COLUMN]",
@@ -127,12 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "a negative, the CheXpert labeler's rule; Support Devices excepted)")
     p.add_argument("--plan", action="store_true",
                    help="read the metadata only (never open an image) and write OUT/ingest_plan.json: the sites, "
-                        "splits, per-class counts and rows that would be set aside (nih, chexpert, mimic, csv)")
+                        "splits, per-class counts and rows that would be set aside (nih, chexpert, mimic, csv, rsna, "
+                        "vindr, siim, openi, padchest)")
     p.add_argument("--keep-non-chest", action="store_true",
                    help="keep DICOMs whose Modality/BodyPartExamined say they are not chest radiographs "
                         "(flagged in the manifest's not_chest column; unset: set aside with the reason)")
     p.add_argument("--verify-pixels", action="store_true", help="fully decode every image (slower; finds corrupt pixels)")
-    p.add_argument("--workers", type=int, default=1, help="parallel processes for image checks")
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="parallel processes for image checks")
     p.add_argument("--val-fraction", type=float, default=0.1,
                    help="share of patients in val when the source has no official split")
     p.add_argument("--test-fraction", type=float, default=0.2,
@@ -159,9 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same export)")
 
     p = command("train", "run a federated experiment from a YAML config")
-    p.add_argument("config", type=Path, help="experiment YAML (see README: Configuration)")
-    p.add_argument("--out", type=Path, default=None, help="run directory; unset: runs/<name>-<strategy>-seed<seed>")
-    p.add_argument("--resume", action="store_true", help="continue from the last complete round")
+    p.add_argument("config", type=Path, metavar="CONFIG.yaml",
+                   help="experiment YAML (README: `fedcxr train` — a federated experiment; a commented "
+                        "starter: `fedcxr init DIR`)")
+    p.add_argument("--out", type=Path, default=None, metavar="RUN_DIR",
+                   help="run directory (a finished one is refused: choose a new one); "
+                        "unset: runs/<name>-<strategy>-seed<seed>")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run from its last complete round (a finished run is left as it is)")
     _device(p)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (dotted keys allowed, YAML values); repeatable")
@@ -169,26 +212,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("evaluate", "per-class AUROC report of a run")
     p.add_argument("run_dir", type=Path, help="a finished run directory")
     p.add_argument("--split", default="test", choices=["train", "val", "test"], help="split to evaluate")
-    p.add_argument("--bootstrap", type=int, default=1000,
+    p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
                    help="patient-level bootstrap resamples for 95%% CIs (0: DeLong CIs)")
     _device(p, what="the run's device")
     p.add_argument("--cam", type=int, nargs="?", const=3, default=0, metavar="N",
-                   help="opt-in: Grad-CAM gallery of the N (default 3) top-scoring images per class in report.md "
-                        "(PNGs under RUN_DIR/cam/, derived from patient pixels)")
+                   help="opt-in: Grad-CAM gallery of the N top-scoring images per class in report.md "
+                        "(PNGs under RUN_DIR/cam/, derived from patient pixels); `--cam` alone: N = 3; "
+                        "unset: no gallery")
 
     p = command("predict", "score new images with a trained model (CSV of keys, probabilities, decisions)")
     p.add_argument("run_dir", type=Path, help="a finished run directory (operating points: run `fedcxr evaluate` first)")
-    p.add_argument("--input", required=True, type=Path,
+    p.add_argument("--input", required=True, type=Path, metavar="DIR",
                    help="a site's manifest folder, or a folder of DICOM/PNG/JPEG files (never written to)")
-    p.add_argument("--out", required=True, type=Path,
+    p.add_argument("--out", required=True, type=Path, metavar="FILE.csv",
                    help="FILE.csv (no ids, no paths); FILE.private-key-map.csv beside it maps keys to images")
-    p.add_argument("--site", default=None,
-                   help="use this site's own model and thresholds (PFL, FedBN, Individual); unset: the global model")
+    p.add_argument("--site", default=None, metavar="NAME",
+                   help="use this site's own model and thresholds (PFL, FedBN, Individual); unset: the global "
+                        "model, and the target's thresholds (or the only evaluated site's)")
     _device(p, default="auto")
     p.add_argument("--cam", type=int, default=0, metavar="N",
-                   help="Grad-CAM overlays of the N top-scoring images per class into FILE.cam/ (patient pixels)")
-    p.add_argument("--batch-size", type=int, default=32, help="images per forward pass")
-    p.add_argument("--site-key", type=Path, default=None,
+                   help="Grad-CAM overlays of the N top-scoring images per class into FILE.cam/ (patient pixels); "
+                        "unset: none")
+    p.add_argument("--batch-size", type=int, default=32, metavar="N", help="images per forward pass")
+    p.add_argument("--site-key", type=Path, default=None, metavar="FILE",
                    help="site key file for a plain folder's pseudonyms (stable keys across runs); "
                         "unset: $FEDCXR_SITE_KEY, else a fresh key per run")
 
@@ -205,11 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("demo", "synth → ingest → train → evaluate on the embedded default")
     p.add_argument("--out", type=Path, default=Path("fedcxr-demo"), help="folder for everything the demo writes")
     _device(p, default="auto")
-    p.add_argument("--quick", action="store_true", help="an even smaller run (tests, smoke checks)")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke check of the pipeline (tests, CI): 2 rounds on 80 images per hospital; its "
+                        "test set is tiny, so its numbers mean nothing")
 
     p = command("sweep", "run methods × seeds and write the comparison table")
     p.add_argument("config", type=Path, help="experiment YAML shared by every run")
-    p.add_argument("--methods", nargs="+", required=True, help="method names (see README: Methods)")
+    p.add_argument("--methods", nargs="+", required=True, metavar="METHOD",
+                   help="method names (README: `fedcxr train` — a federated experiment, table of methods)")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per method")
     p.add_argument("--out", type=Path, required=True, help="folder: runs/<method>-seed<k>, comparison files")
     p.add_argument("--baseline", default=None, help="method the others are tested against; unset: no tests")
@@ -233,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--marker-class", default=None,
                    help="shortcut: the class the marker goes with; unset: the site's only class")
     p.add_argument("--seed", type=int, default=0, help="noise seed (same seed, same PNGs)")
-    p.add_argument("--site-name", default=None, help="name of the new site; unset: the input site's name")
+    p.add_argument("--site-name", default=None, metavar="NAME", help="name of the new site; unset: the input site's name")
 
     p = command("flare", "the same run on NVIDIA FLARE (export | simulate | poc)")
     p.add_argument("flare_command", choices=["export", "simulate", "poc"],
@@ -244,16 +293,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "or job folder (export, required)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key; repeatable")
-    p.add_argument("--resume", action="store_true", help="continue from the last complete round")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run from its last complete round")
     p.add_argument("--timeout", type=int, default=0, metavar="SECONDS",
                    help="how long a round waits for a site before going on without it (0: no limit)")
     _device(p, what="the config's `device`, at every site")
-    p.add_argument("--run-dir", default=None,
+    p.add_argument("--run-dir", default=None, metavar="RUN_DIR",
                    help="export: the server's run directory (a stable path makes the run resumable); "
                         "unset: a folder in the FLARE job workspace")
     p.add_argument("--no-cross-site", dest="cross_site", action="store_false",
-                   help="skip the cross-site evaluation after the last round (each site scores the final "
-                        "model on its own test split and sends back only the AUROC summary)")
+                   help="skip the cross-site evaluation after the last round; unset: each site scores the final "
+                        "model on its own test split and sends back only the AUROC summary")
     p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
                    help="patient-bootstrap resamples of the cross-site evaluation (0: DeLong CIs)")
     _stats_parser(command("stats", "before training: federated statistics, shift diagnosis, method advice"))

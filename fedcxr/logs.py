@@ -14,7 +14,9 @@ One call (:func:`configure`) from the command line sets it up:
   PIL) altogether: their failures reach the user as set-aside reasons. A handler a library
   attached itself (``pydicom.config.debug()`` adds a StreamHandler) is removed, so every
   record goes through this one console;
-* progress bars show only on a terminal (:func:`bar_disabled`), never in a log file or CI.
+* progress bars show only on a terminal (:func:`bar_disabled`), never in a log file or CI; a
+  record logged with ``extra={"console": False}`` (a training round's line while its bar is on
+  screen) is left to the run's own log file.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class TqdmHandler(logging.Handler):
     """A stderr handler that writes around any active tqdm bar instead of through it."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "console", True) is False:  # the bar on screen already says it
+            return
         try:
             tqdm.write(self.format(record), file=sys.stderr)
         except Exception:  # pragma: no cover - logging must never raise
@@ -75,13 +79,14 @@ def configure(verbosity: str = "normal") -> None:
     for handler in list(root.handlers):
         if isinstance(handler, TqdmHandler):
             root.removeHandler(handler)
+    level = LEVELS[verbosity]
     handler = TqdmHandler()
     handler.setFormatter(OneLineFormatter())
     if verbosity == "quiet":
         handler.addFilter(SilenceDecoders())
+    handler.setLevel(level)  # loggers that always log INFO (fedcxr.rounds, for train.log) obey --quiet here
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
-    level = LEVELS[verbosity]
     logging.getLogger("fedcxr").setLevel(level)
     # third-party libraries stay at WARNING even with -v, except when they are asked for by name
     for noisy in ("openjpeg", "pylibjpeg", "pydicom", "PIL", "matplotlib", "nvflare", "monai"):

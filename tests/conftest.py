@@ -8,6 +8,7 @@ has it.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,21 @@ def csv_export(tmp_path):
     return make
 
 
+#: fixtures that start NVIDIA FLARE (a simulator job costs ~15-20 s to start, a POC system ~40 s):
+#: every test using one is ``slow`` (see :func:`pytest_collection_modifyitems`)
+SLOW_FIXTURES = {"flare_runs"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark ``slow`` every test that uses a fixture of :data:`SLOW_FIXTURES`.
+
+    The fast tier, ``pytest -m "not slow"``, is for everyday work; the whole suite (the README's
+    test command, run by CI) still runs every slow test."""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _torch_threads_restored():
     """Every test leaves torch's thread count as it found it. A benchmark's ``main`` sets it (its
@@ -112,19 +128,53 @@ def one_torch_thread():
 # --------------------------------------------------------------------------- a tiny federation
 
 
+#: the image size of :func:`tiny_config`; the session decodes the tiny federation once at it
+TINY_IMAGE_SIZE = 32
+
+
 @pytest.fixture(scope="session")
 def tiny_manifests(tmp_path_factory) -> Path:
-    """Four synthetic hospitals (48 images each, 32 px) ingested into ``<tmp>/manifests``."""
+    """Four synthetic hospitals (48 images each, 32 px) ingested into ``<tmp>/manifests``.
+
+    Their images are also decoded once, at :data:`TINY_IMAGE_SIZE`, into ``<tmp>/cache`` (the
+    session's image cache): :func:`tiny_config` seeds each test's own cache folder from it, so
+    some 80 tests no longer decode the same 192 images again."""
+    from fedcxr.pipeline.data import cache_images, load_site
     from fedcxr.synth import ingest_synthetic, write_synthetic_export
 
     root = tmp_path_factory.mktemp("federation")
     write_synthetic_export(root / "export", images_per_site=48, image_size=32, seed=1)
     ingest_synthetic(root / "export", root / "manifests", progress=False)
+    for site in sorted((root / "manifests").iterdir()):
+        if (site / "manifest.parquet").is_file():
+            cache_images(load_site(site), TINY_IMAGE_SIZE, _session_cache(root / "manifests"), progress=False)
     return root / "manifests"
 
 
+def _session_cache(manifests: Path) -> Path:
+    return Path(manifests).parent / "cache"
+
+
+def seed_cache(manifests: Path, cache: Path) -> None:
+    """Copy the session's decoded images of ``manifests`` into the test's ``cache`` folder when it
+    holds none yet (a copy, not a link: a test that damages its cache harms no other test). The
+    cache files are keyed by manifest content hash and size, so a copy is exactly what decoding
+    would write; runs at another image size decode as usual."""
+    shared, cache = _session_cache(manifests), Path(cache)
+    if not shared.is_dir() or shared.resolve() == cache.resolve() or any(cache.glob("*.u8")):
+        return
+    cache.mkdir(parents=True, exist_ok=True)
+    for path in shared.iterdir():
+        if path.suffix in (".u8", ".json") and path.is_file():
+            shutil.copyfile(path, cache / path.name)
+
+
 def tiny_config(manifests: Path, cache: Path, **overrides) -> dict:
-    """A config small enough for a 2-core test: resnet_tiny at 32 px, two short rounds."""
+    """A config small enough for a 2-core test: resnet_tiny at 32 px, two short rounds.
+
+    ``cache`` is the test's image cache folder, seeded from the session's decoded images
+    (:func:`seed_cache`)."""
+    seed_cache(manifests, cache)
     data = {
         "name": "tiny",
         "manifests": str(manifests),
@@ -135,7 +185,7 @@ def tiny_config(manifests: Path, cache: Path, **overrides) -> dict:
         "source": {"lr": 2e-3, "batch_size": 16, "steps": 2},
         "target_train": {"lr": 1e-3, "batch_size": 16, "steps": 2, "labeled": 0.5},
         "model": {"backbone": "resnet_tiny", "hidden": 16},
-        "image_size": 32,
+        "image_size": TINY_IMAGE_SIZE,
         "augment": False,
         "device": "cpu",
         "seed": 0,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -105,27 +107,70 @@ def test_version_is_printed(capsys):
     assert capsys.readouterr().out.strip() == f"fedcxr {fedcxr.__version__}"
 
 
-COMMANDS = ["ingest", "synth", "train", "evaluate", "report", "demo", "sweep", "flare"]
+def _subcommands() -> dict:
+    import argparse
+
+    from fedcxr.cli import build_parser
+
+    parser = build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+COMMANDS = list(_subcommands())  # every subcommand, so a new one is audited too
+
+
+def test_every_handler_has_a_subcommand():
+    from fedcxr.cli import HANDLERS
+
+    assert set(COMMANDS) == set(HANDLERS)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_option_has_help_and_every_command_has_verbose_and_quiet(command, capsys):
-    from fedcxr.cli import build_parser
+    import argparse
 
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction))
-    actions = [a for a in sub.choices[command]._actions if a.option_strings or a.dest != "help"]
+    actions = [a for a in _subcommands()[command]._actions if a.option_strings or a.dest != "help"]
     undocumented = [a.dest for a in actions if not a.help]
     assert not undocumented, f"fedcxr {command}: options without help {undocumented}"
     flags = {s for a in actions for s in a.option_strings}
     assert {"-v", "--verbose", "-q", "--quiet"} <= flags
     with pytest.raises(SystemExit):
         main([command, "--help"])
-    text = capsys.readouterr().out
-    defaults = [a for a in actions if a.option_strings and a.default not in (None, False, [], __import__("argparse").SUPPRESS)
-                and a.help]
-    for action in defaults:  # a default is shown next to the option that has one
-        assert f"(default: {action.default})" in " ".join(text.split()), (command, action.dest)
+    text = " ".join(capsys.readouterr().out.split())
+    shown = [a for a in actions if a.option_strings and not a.required and not isinstance(a.default, bool)
+             and a.default not in (None, [], argparse.SUPPRESS) and a.help and "unset:" not in a.help]
+    for action in shown:  # a default that says something is shown next to its option
+        assert f"(default: {action.default})" in text, (command, action.dest)
+    # ... and no default that says nothing or contradicts the help: a required option's "None", a flag's
+    # True/False (--no-cross-site's stored True read as "skipped by default"), an empty list
+    for noise in ("(default: None)", "(default: True)", "(default: False)", "(default: [])"):
+        assert noise not in text, (command, noise)
+    for action in actions:  # "unset: X" describes an option (not a flag) whose default is "not given"
+        if action.help and "unset:" in action.help and action.nargs != 0:
+            assert action.default in (None, 0, False, []), (command, action.dest, action.default)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_readme_section_a_help_text_names_exists(command, capsys):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    headings = [line.lstrip("#").strip() for line in readme.splitlines() if line.startswith("#")]
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in re.findall(r"README: ([^;),]+)", text):
+        assert any(name.strip() in heading for heading in headings), (command, name)
+
+
+def test_device_accepts_a_gpu_number_and_refuses_other_names(capsys):
+    from fedcxr.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["train", "x.yaml", "--device", "cuda:1"]).device == "cuda:1"
+    assert parser.parse_args(["predict", "r", "--input", "i", "--out", "o.csv", "--device", "CUDA"]).device == "cuda"
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(["train", "x.yaml", "--device", "gpu1"])
+    assert exit_info.value.code == 2
+    assert "use auto, cpu, cuda or cuda:N" in capsys.readouterr().err
 
 
 def test_quiet_ingest_prints_no_info_lines(csv_export, tmp_path, capsys):

@@ -7,6 +7,8 @@ Layout (MONAI's bundle specification)::
                                      operating points stored by ``fedcxr evaluate`` (if any)
     BUNDLE/configs/inference.json    MONAI evaluator: list the images → fedcxr preprocessing →
                                      model.ts → sigmoid → OUT/predictions.csv
+    BUNDLE/configs/logging.conf      Python logging config MONAI's runner applies by default
+                                     (the model zoo's: INFO to stdout; stdlib classes only)
     BUNDLE/scripts/fedcxr_runtime.py :mod:`fedcxr.bundle.runtime` (checksum check, image listing,
                                      the transform, the CSV writers)
     BUNDLE/docs/README.md            how to run it
@@ -153,6 +155,33 @@ def _inference_config(classes: list[str], size: int) -> dict:
     }
 
 
+#: ``configs/logging.conf`` as the MONAI model zoo's bundles ship it: ``monai.bundle run`` applies
+#: ``<config folder>/logging.conf`` when present (and warns when it is not). Standard library
+#: handler and formatter only, arguments literal: MONAI refuses anything that would run code.
+LOGGING_CONF = """[loggers]
+keys=root
+
+[handlers]
+keys=consoleHandler
+
+[formatters]
+keys=fullFormatter
+
+[logger_root]
+level=INFO
+handlers=consoleHandler
+
+[handler_consoleHandler]
+class=StreamHandler
+level=INFO
+formatter=fullFormatter
+args=(sys.stdout,)
+
+[formatter_fullFormatter]
+format=%(asctime)s - %(name)s - %(levelname)s - %(message)s
+"""
+
+
 README = """# fedcxr chest X-ray classifier ({method}, {model} model)
 
 Classes (sigmoid probability each): {classes}. Input: one grey image, resized to {size}x{size}.
@@ -186,6 +215,7 @@ def export_bundle(run_dir: Path | str, out: Path | str, *, site: Optional[str] =
     atomic_write_bytes(out / "models" / "model.ts", _trace(loaded.model.cpu(), loaded.image_size))
     atomic_write_json(out / "configs" / "metadata.json", _metadata(loaded, thresholds, threshold_site))
     atomic_write_json(out / "configs" / "inference.json", _inference_config(loaded.classes, loaded.image_size))
+    (out / "configs" / "logging.conf").write_text(LOGGING_CONF)
     (out / "scripts").mkdir(parents=True, exist_ok=True)
     (out / "scripts" / "__init__.py").write_text("")
     shutil.copyfile(Path(__file__).with_name("runtime.py"), out / "scripts" / f"{RUNTIME}.py")

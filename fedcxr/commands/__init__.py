@@ -6,6 +6,7 @@ The packages below never import each other across the train/evaluate divide
 =============  ===============================================================================
 module         command
 =============  ===============================================================================
+``init``       ``fedcxr init`` — a commented starter config, csv mapping and example export
 ``ingest``     ``fedcxr ingest`` — an export → per-site manifests (:mod:`fedcxr.site_adapters`)
 ``train``      ``fedcxr train`` — one experiment in-process (:mod:`fedcxr.pipeline.federation`)
 ``evaluate``   ``fedcxr evaluate`` — predictions (pipeline) → per-class AUROC report (evaluation)

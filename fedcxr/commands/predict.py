@@ -15,7 +15,9 @@ Two files come out:
     ``<rule>__<class>`` (1/0) for every operating point stored in ``RUN_DIR/operating_points.json``
     (thresholds chosen on validation data by ``fedcxr evaluate``: ``youden``, ``sens90``,
     ``spec90``; empty where a threshold is undefined). No patient id, no file name, no path:
-    the CSV can be shared.
+    the CSV can be shared. When there are no thresholds to apply (the run was never evaluated,
+    or it has no ``target:`` and was evaluated at several sites without ``--site``) the CSV has
+    probabilities only and the command says why.
 ``FILE.private-key-map.csv``
     ``key, image_path, status, not_chest``: the only link from a key back to an image (paths
     relative to DIR), plus every file that could not be scored and why (``status``), and why a
@@ -74,27 +76,42 @@ def cam_dir(out: Path) -> Path:
 
 
 def thresholds_for(run_dir: Path, run: dict, site: Optional[str]) -> tuple[Optional[str], dict]:
-    """``(site whose thresholds apply, {class: {rule: t}})`` from ``operating_points.json``, or ``(None, {})``."""
+    """``(site whose thresholds apply, {class: {rule: t}})`` from ``operating_points.json``, or ``(None, {})``
+    (the reason is logged as a warning; :func:`decision_thresholds` also returns it)."""
+    chosen, thresholds, reason = decision_thresholds(run_dir, run, site)
+    if reason:
+        log.warning("%s: probabilities only, no decisions", reason)
+    return chosen, thresholds
+
+
+def decision_thresholds(run_dir: Path, run: dict, site: Optional[str]) -> tuple[Optional[str], dict, Optional[str]]:
+    """``(site whose thresholds apply, {class: {rule: t}}, None)``, or ``(None, {}, why there are none)``.
+
+    Without ``site`` the thresholds are the run's target's, or those of the only site evaluated;
+    a run without a ``target:`` evaluated at several sites has no single choice, and the reason
+    says to pass ``--site``."""
     path = Path(run_dir) / OPERATING_POINTS
     if not path.is_file():
-        log.warning("%s has no %s (run `fedcxr evaluate %s` first): probabilities only, no decisions",
-                    run_dir, OPERATING_POINTS, run_dir)
-        return None, {}
+        return None, {}, (f"{run_dir} has no {OPERATING_POINTS}: the run was never evaluated (run "
+                          f"`fedcxr evaluate {run_dir}` first: it chooses the thresholds on the validation split)")
     try:
         stored = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(stored, dict):
+        raise UserError(f"{path}: expected a mapping of site → class → thresholds")
     if site is None:
         candidates = [run.get("target")] if run.get("target") in stored else list(stored)
         if len(candidates) != 1:
-            log.warning("%s holds thresholds of sites %s: pass --site NAME to apply one site's; "
-                        "probabilities only", path.name, sorted(stored))
-            return None, {}
+            why = ("the run has no `target:`" if not run.get("target")
+                   else f"its target {run.get('target')!r} has none")
+            return None, {}, (f"{path.name} holds thresholds of sites {', '.join(sorted(stored)) or '(none)'} and "
+                              f"{why}: pass --site NAME to apply one site's thresholds (and model)")
         site = candidates[0]
     if site not in stored:
-        log.warning("%s has no thresholds for site %s: probabilities only", path.name, site)
-        return None, {}
-    return site, stored[site]
+        return None, {}, (f"{path.name} has no thresholds for site {site!r} "
+                          f"(it has {', '.join(sorted(stored)) or 'none'})")
+    return site, stored[site], None
 
 
 def _input_site(input_dir: Path, tmp: Path, progress: bool,
@@ -180,7 +197,7 @@ def predict_folder(run_dir: Path | str, input_dir: Path | str, out: Path | str, 
         aside = aside + unread
         probs = score_files(loaded.model, paths, size=loaded.image_size, device=dev, names=relative,
                             batch_size=batch_size, progress=progress)
-    threshold_site, thresholds = thresholds_for(run_dir, loaded.run, site)
+    threshold_site, thresholds, no_decisions = decision_thresholds(run_dir, loaded.run, site)
     frame = pd.DataFrame({"key": keys})
     frame[NOT_CHEST_COLUMN] = [int(bool(reason)) for reason in not_chest]
     for j, cls in enumerate(loaded.classes):
@@ -204,7 +221,8 @@ def predict_folder(run_dir: Path | str, input_dir: Path | str, out: Path | str, 
     summary = {"scored": len(frame), "not_scored": len(aside), "not_chest": int(frame[NOT_CHEST_COLUMN].sum()),
                "out": str(out),
                "private_key_map": str(private_map_path(out)), "model": site or "global",
-               "thresholds_from": threshold_site, "classes": loaded.classes, "cam": []}
+               "thresholds_from": threshold_site, "no_decisions": no_decisions, "classes": loaded.classes,
+               "cam": []}
     if cam:
         from fedcxr.pipeline.explain import write_overlays
 
@@ -221,6 +239,8 @@ def cli_predict(args: argparse.Namespace) -> int:
           f"({len(summary['classes'])} classes): {summary['out']}")
     if summary["thresholds_from"]:
         print(f"  decisions at the operating points chosen on {summary['thresholds_from']}'s validation split")
+    else:
+        print(f"  no decisions, probabilities only: {summary['no_decisions']}")
     if summary["not_chest"]:
         print(f"  {summary['not_chest']} image(s) are not chest radiographs by their DICOM tags (Modality / "
               f"BodyPartExamined): their scores mean nothing; flagged 1 in column {NOT_CHEST_COLUMN}, the reason "

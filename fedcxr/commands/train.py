@@ -1,4 +1,8 @@
-"""``fedcxr train CONFIG.yaml [--out RUN_DIR] [--resume] [--device ...] [--set k=v ...]``."""
+"""``fedcxr train CONFIG.yaml [--out RUN_DIR] [--resume] [--device ...] [--set k=v ...]``.
+
+A finished run directory is refused at once (before any site is read); ``--resume`` on a finished
+run says so and changes no file (:func:`fedcxr.pipeline.federation.check_run_dir`).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,9 @@ import argparse
 from pathlib import Path
 
 from fedcxr.logs import progress_wanted
-from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.config import config_fingerprint, load_config
+from fedcxr.pipeline.federation import finished_run, run_experiment
+from fedcxr.pipeline.run_log import TRAIN_LOG
 
 
 def default_run_dir(cfg) -> Path:
@@ -18,8 +23,17 @@ def default_run_dir(cfg) -> Path:
 def cli_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides=args.overrides)
     run_dir = Path(args.out) if args.out else default_run_dir(cfg)
+    done = finished_run(run_dir) if args.resume else None
+    if done is not None:
+        print(f"{run_dir}: this run is already finished ({done.get('method')}, {done.get('rounds')} rounds); "
+              "nothing to resume, no file changed")
+        if done.get("fingerprint") and done["fingerprint"] != config_fingerprint(cfg):
+            print(f"  note: {args.config} differs from the config this run was trained with "
+                  f"({run_dir / 'config.yaml'}); to train it, choose a new --out")
+        print(f"  next: fedcxr evaluate {run_dir}")
+        return 0
     payload = run_experiment(cfg, run_dir, resume=args.resume, device=args.device, progress=progress_wanted(args))
-    print(f"{payload['method']}: finished {cfg.rounds} rounds; run directory {run_dir}")
+    print(f"{payload['method']}: finished {cfg.rounds} rounds; run directory {run_dir} (log: {run_dir / TRAIN_LOG})")
     if payload["missed"]:
         print(f"  {len(payload['missed'])} site replies missing or rejected (see run.json 'missed')")
     print(f"  next: fedcxr evaluate {run_dir}")

@@ -1,4 +1,4 @@
-"""ROC curves and reliability diagrams (matplotlib, Agg backend: headless servers and CI).
+"""ROC curves, reliability diagrams and training curves (matplotlib, Agg backend: headless servers and CI).
 
 ROC: one figure per evaluated site, every class with a defined AUROC as one curve (AUROC in the
 legend, sorted best first), the chance diagonal, and the undefined classes named under the
@@ -11,8 +11,13 @@ calibration; bottom panel how many (row, class) entries fall in each bin (pooled
 
 Text is drawn without mathtext (a `$` in a name is a dollar sign: :func:`_plain_text`).
 
+Training curves: the per-round training losses and validation AUROCs of ``metrics.jsonl``
+(:mod:`fedcxr.evaluation.curves`), two panels sharing the round axis.
+
 Figure sizes are fixed (pixels = inches × dpi), so reports lay out the same every time:
-:func:`figure_size` gives them.
+:func:`figure_size` gives them. Margins are fixed too (``subplots_adjust``, the legend's room
+included), not computed by ``tight_layout``: that draws every figure twice, and a report writes
+two figures per evaluated site (measured: 0.84 s instead of 1.55 s for a site's pair).
 """
 
 from __future__ import annotations
@@ -40,9 +45,10 @@ MAX_INSIDE_LEGEND = 8
 
 
 def figure_size(kind: str, n_curves: int) -> tuple[int, int]:
-    """(width, height) in pixels of a ``"roc"`` or ``"reliability"`` figure with ``n_curves`` classes."""
-    inches = {"roc": (7.5, 6.0), "reliability": (7.5, 7.0)}[kind]
-    width = 9.5 if n_curves > MAX_INSIDE_LEGEND else inches[0]
+    """(width, height) in pixels of a ``"roc"``, ``"reliability"`` or ``"curves"`` (training curves, legend
+    outside the axes) figure with ``n_curves`` classes or sites."""
+    inches = {"roc": (7.5, 6.0), "reliability": (7.5, 7.0), "curves": (9.0, 6.0)}[kind]
+    width = 9.5 if n_curves > MAX_INSIDE_LEGEND and kind != "curves" else inches[0]
     return int(round(width * DPI)), int(round(inches[1] * DPI))
 
 
@@ -122,7 +128,7 @@ def plot_roc(
     if undefined:
         fig.text(0.01, 0.01, "AUROC undefined (one label value): " + ", ".join(undefined),
                  fontsize=8, color="0.3", ha="left", va="bottom", wrap=True)
-    fig.tight_layout(rect=(0, 0.04 if undefined else 0, 1, 1))
+    fig.subplots_adjust(left=0.1, right=0.72 if many else 0.97, top=0.93, bottom=0.14 if undefined else 0.1)
     return _save(fig, path)
 
 
@@ -181,5 +187,45 @@ def plot_reliability(
     if undefined:
         fig.text(0.01, 0.01, "no labeled rows: " + ", ".join(undefined),
                  fontsize=8, color="0.3", ha="left", va="bottom", wrap=True)
-    fig.tight_layout(rect=(0, 0.03 if undefined else 0, 1, 1))
+    fig.subplots_adjust(left=0.1, right=0.75 if many else 0.97, top=0.94, bottom=0.12 if undefined else 0.08,
+                        hspace=0.08)
+    return _save(fig, path)
+
+
+def _legend_text(label: str) -> str:
+    """A name as matplotlib shows it literally: ``$`` would start mathtext, a leading ``_`` hides the entry."""
+    text = str(label).replace("$", r"\$")
+    return " " + text if text.startswith("_") else text
+
+
+def plot_training_curves(series, path: Path, *, title: str) -> Path:
+    """Write the training curves of a run (:class:`fedcxr.evaluation.curves.TrainingSeries`) to ``path``.
+
+    Top: each training loss per round (sources, and the target's fine-tuning); bottom: each
+    evaluated site's mean validation AUROC per round (0–1, chance dashed). A panel without data
+    says so instead of staying blank. Fixed size (:func:`figure_size` ``"curves"``) and fixed
+    margins (no tight layout: one draw, not two).
+    """
+    width, height = figure_size("curves", max(len(series.loss), len(series.val_auroc)))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(width / DPI, height / DPI), dpi=DPI, sharex=True)
+    cmap = plt.get_cmap("tab10")
+    for ax, data, ylabel in ((top, series.loss, "training loss"), (bottom, series.val_auroc, "validation mean AUROC")):
+        for i, (label, points) in enumerate(data.items()):
+            rounds, values = zip(*points)
+            ax.plot(rounds, values, marker="o", markersize=3, lw=1.4, color=cmap(i % cmap.N),
+                    linestyle=_STYLES[(i // cmap.N) % len(_STYLES)], label=_legend_text(label))
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if data:
+            ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+        else:
+            ax.text(0.5, 0.5, "not recorded" + (" (no validation round: eval_every 0?)" if ax is bottom else ""),
+                    transform=ax.transAxes, ha="center", va="center", color="0.4")
+    bottom.axhline(0.5, color="0.6", lw=1, linestyle="--")
+    bottom.set_ylim(0, 1.005)
+    bottom.set_xlabel("round")
+    bottom.set_xlim(0.5, max(series.rounds, 1) + 0.5)
+    bottom.xaxis.get_major_locator().set_params(integer=True)
+    top.set_title(title)
+    fig.subplots_adjust(left=0.1, right=0.72, top=0.93, bottom=0.09, hspace=0.08)
     return _save(fig, path)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -346,8 +347,9 @@ def per_class_frame(report: dict) -> pd.DataFrame:
 
 
 def write_report(run_dir: Path | str, report: dict, predictions: pd.DataFrame) -> list[Path]:
-    """Write ``report.json``, ``per_class.csv``, ``report.md``, ``roc_<site>.png`` and
-    ``calibration_<site>.png`` into ``run_dir`` (``<site>``: :func:`figure_names`)."""
+    """Write ``report.json``, ``per_class.csv``, ``report.md``, ``roc_<site>.png``,
+    ``calibration_<site>.png`` (``<site>``: :func:`figure_names`) and, from the run's
+    ``metrics.jsonl``, ``training_curves.png`` into ``run_dir``."""
     from fedcxr.evaluation.plots import plot_reliability, plot_roc  # matplotlib only when writing
 
     run_dir = Path(run_dir)
@@ -368,8 +370,31 @@ def write_report(run_dir: Path | str, report: dict, predictions: pd.DataFrame) -
                                        n_bins=entry["calibration"]["n_bins"])
         figures[site] = {"roc": roc.name, "calibration": reliability.name}
         paths += [roc, reliability]
-    write_text(paths[2], render_markdown(report, figures))
+    curves, note = write_training_curves(run_dir, report["method"])
+    if curves is not None:
+        paths.append(curves)
+    write_text(paths[2], render_markdown(report, figures, curves=(curves.name if curves else None), curves_note=note))
     return paths
+
+
+#: the training-curve figure of a run's report
+CURVES_FIGURE = "training_curves.png"
+
+
+def write_training_curves(run_dir: Path, method: str) -> tuple[Optional[Path], Optional[str]]:
+    """``(training_curves.png, None)`` drawn from ``metrics.jsonl``, or ``(None, why not)``."""
+    from fedcxr.errors import UserError
+    from fedcxr.evaluation.curves import read_metrics, training_series
+    from fedcxr.evaluation.plots import plot_training_curves
+
+    try:
+        series = training_series(read_metrics(run_dir))
+    except UserError as exc:  # a damaged metrics file costs the figure, not the report
+        logging.getLogger(__name__).warning("training curves not drawn: %s", exc)
+        return None, "not drawn: metrics.jsonl is malformed (the warning of `fedcxr evaluate` names the line)"
+    if series.empty():
+        return None, "not drawn: the run directory has no per-round metrics (metrics.jsonl)"
+    return plot_training_curves(series, run_dir / CURVES_FIGURE, title=f"{method}: training, per round"), None
 
 
 # --------------------------------------------------------------------------- markdown
@@ -395,10 +420,12 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
-def render_markdown(report: dict, figures: Optional[dict[str, Any]] = None) -> str:
-    """A report a researcher can paste: run facts, per-site per-class table, calibration,
-    operating points, subgroup tables. ``figures``: site → {"roc": name, "calibration": name}
-    (a plain name means the ROC figure)."""
+def render_markdown(report: dict, figures: Optional[dict[str, Any]] = None, *, curves: Optional[str] = None,
+                    curves_note: Optional[str] = None) -> str:
+    """A report a researcher can paste: run facts, training curves, per-site per-class table,
+    calibration, operating points, subgroup tables. ``figures``: site → {"roc": name, "calibration":
+    name} (a plain name means the ROC figure); ``curves``: the training-curve figure's name, or
+    ``curves_note``: why there is none."""
     ci = report["ci"]
     level = int(round(ci["level"] * 100))
     ci_text = (f"{level}% CI by patient-level bootstrap ({md(ci['n_boot'])} resamples, seed {md(ci['seed'])})"
@@ -412,6 +439,12 @@ def render_markdown(report: dict, figures: Optional[dict[str, Any]] = None) -> s
              "an undefined AUROC (one label value in the test rows) is n/a, never 0.5.", ""]
     for item in report.get("sites_without_predictions", []):
         lines += [f"- Site {md(item['site'])}: not evaluated ({md(item['reason'])})", ""]
+    if curves or curves_note:
+        lines += ["## Training curves", ""]
+        lines += ([f"![Training loss and validation AUROC per round]({curves})", "",
+                   "Per round, from `metrics.jsonl`: each source's mean training loss and the target's "
+                   "fine-tuning loss (top), each evaluated site's mean validation AUROC (bottom; the validation "
+                   "split, never the test split).", ""] if curves else [f"Training curves {curves_note}.", ""])
     for site, entry in report["sites"].items():
         figure = (figures or {}).get(site) or {}
         lines += _site_section(report, site, entry, {"roc": figure} if isinstance(figure, str) else figure)

@@ -220,7 +220,8 @@ def aux_task_sizes(aux_tasks: Mapping[str, int] | Sequence[str] | None) -> dict[
 
 # --------------------------------------------------------------------------- local weights
 
-_DENSE_TV = re.compile(r"^(.*denselayer\d+)\.(norm|relu|conv)\.?([12])\.(weight|bias|running_mean|running_var)$")
+_DENSE_TV = re.compile(
+    r"^(.*denselayer\d+)\.(norm|relu|conv)\.?([12])\.(weight|bias|running_mean|running_var|num_batches_tracked)$")
 _CLASSIFIER_PREFIXES = ("fc.", "classifier.", "class_layers.out.")
 
 
@@ -236,11 +237,19 @@ def load_weights(model: CXRNet, path: str | Path) -> dict[str, Any]:
 
     Also accepts our own state dicts (``backbone.``/``proj.``/``head.`` keys), ``{'state_dict': ...}``
     or ``{'model': ...}`` wrappers, ``module.`` (DataParallel) prefixes, and bare backbone state
-    dicts from MONAI or torchvision (ResNet keys coincide; torchvision DenseNet
-    ``denselayerN.norm1`` keys are renamed to MONAI's ``denselayerN.layers.norm1``). Their
-    classifiers are dropped. A 3-channel first conv loading into a 1-channel model has its
-    RGB kernels summed (a gray image is R = G = B, so the response is unchanged). Entries
-    whose shape differs are skipped and reported. Raises :class:`UserError` when the file is
+    dicts from MONAI, torchvision or TorchXRayVision (ResNet keys coincide; torchvision/TorchXRayVision
+    DenseNet ``denselayerN.norm1`` — or the old ``norm.1`` — keys are renamed to MONAI's
+    ``denselayerN.layers.norm1``). Their classifiers (``fc``, ``classifier``) are dropped and
+    listed under ``dropped``. A 3-channel first conv loading into a 1-channel model has its
+    RGB kernels summed (a gray image is R = G = B, so the response is unchanged). A conv whose
+    weight comes from a file without its bias (torchvision's ResNet shortcut convs have none,
+    MONAI's do) gets a zero bias: exactly the file's layer (``zero_bias``).
+
+    What does not fit is reported, never silent: keys of the file the model lacks
+    (``unexpected``, e.g. TorchXRayVision's ``op_threshs``), model entries the file lacks
+    (``missing``: random init), entries of another shape (``shape_mismatch``: skipped); a
+    backbone entry left randomly initialised is a WARNING naming how many and the first few
+    (the file is probably another architecture). Raises :class:`UserError` when the file is
     missing, unreadable, not plain tensors (the file is loaded with ``weights_only=True``: code
     in a pickle is never run), or matches no backbone entry at all (wrong file).
     """
@@ -262,6 +271,8 @@ def load_weights(model: CXRNet, path: str | Path) -> dict[str, Any]:
     state, file_classes = _unwrap_run_file(raw, path)
     if state is None:
         state = _unwrap(raw, path)
+    ours = any(k.startswith("backbone.") for k in state)  # else a bare backbone: its classifier is dropped
+    dropped = [] if ours else sorted(k for k in state if k.startswith(_CLASSIFIER_PREFIXES))
     state = _to_model_keys(state)
     own = model.state_dict()
     new_classes: list[str] = []
@@ -280,8 +291,11 @@ def load_weights(model: CXRNet, path: str | Path) -> dict[str, Any]:
     if not any(k.startswith("backbone.") for k in usable):
         raise UserError(
             f"model.weights: {path} matches no entry of the {model.backbone_name} backbone "
-            f"(first keys in the file: {list(state)[:3]})"
+            f"(first keys in the file: {[k.removeprefix('backbone.') for k in list(state)[:3]]}); fedcxr loads "
+            "DenseNet-121 and ResNet-18/10 state dicts in torchvision, TorchXRayVision or MONAI layout "
+            "(README: Pretrained weights)"
         )
+    zero_bias = _zero_missing_conv_biases(usable, own)
     result = model.load_state_dict(usable, strict=False)
     report = {
         "file": str(path),
@@ -289,9 +303,12 @@ def load_weights(model: CXRNet, path: str | Path) -> dict[str, Any]:
         "missing": list(result.missing_keys),
         "unexpected": sorted(k for k in state if k not in own),
         "shape_mismatch": mismatched,
+        "dropped": dropped,
+        "zero_bias": zero_bias,
         "file_classes": file_classes,
         "new_head_classes": new_classes,
     }
+    _warn_random_backbone(model, path, own, usable)
     if new_classes:
         log.info("head rows of %s are freshly initialised (not among the file's classes %s)",
                  new_classes, file_classes)
@@ -299,10 +316,36 @@ def load_weights(model: CXRNet, path: str | Path) -> dict[str, Any]:
         "loaded %d entries from %s; %d missing (random init), %d unexpected, %d shape mismatch",
         report["loaded"], path.name, len(report["missing"]), len(report["unexpected"]), len(mismatched),
     )
-    for kind in ("missing", "unexpected", "shape_mismatch"):
+    for kind in ("missing", "unexpected", "shape_mismatch", "dropped", "zero_bias"):
         if report[kind]:
             log.info("  %s: %s%s", kind, report[kind][:8], " ..." if len(report[kind]) > 8 else "")
     return report
+
+
+def _zero_missing_conv_biases(usable: StateDict, own: StateDict) -> list[str]:
+    """Zero biases for conv weights taken from a file that has none for them (torchvision's ResNet
+    shortcut ``downsample.0`` convs are bias-free; MONAI's carry a bias): a zero bias is exactly
+    the file's layer, where a random one would shift what the next BatchNorm sees."""
+    zeroed = []
+    for key in list(usable):
+        if not key.endswith(".weight") or usable[key].dim() != 4:
+            continue
+        bias = key[: -len("weight")] + "bias"
+        if bias in own and bias not in usable:
+            usable[bias] = torch.zeros_like(own[bias])
+            zeroed.append(bias)
+    return zeroed
+
+
+def _warn_random_backbone(model: CXRNet, path: Path, own: StateDict, usable: StateDict) -> None:
+    """A WARNING when backbone entries keep their random init (the file is another architecture?)."""
+    wanted = [k for k in own if k.startswith("backbone.") and not k.endswith("num_batches_tracked")]
+    left = [k for k in wanted if k not in usable]
+    if left:
+        log.warning("model.weights: %d of %d %s backbone entries are not in %s or have another shape, so they "
+                    "stay randomly initialised (is the file a %s?): %s%s", len(left), len(wanted),
+                    model.backbone_name, path.name, model.backbone_name,
+                    ", ".join(k.removeprefix("backbone.") for k in left[:5]), " ..." if len(left) > 5 else "")
 
 
 def _unwrap_run_file(raw: Any, path: Path) -> tuple[Optional[StateDict], Optional[list[str]]]:

@@ -411,7 +411,7 @@ class ExperimentConfig(_Strict):
     class_source: Literal["target", "union", "sources"] = "target"
     image_size: int = Field(224, ge=8, le=MAX_IMAGE_SIZE)
     augment: bool = True
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: str = Field("auto", description="auto (CUDA when present) | cpu | cuda | cuda:N (GPU number N)")
     seed: int = Field(0, ge=0, le=2**63 - 1)
     cache_dir: Optional[Path] = None
     eval_sites: Optional[list[str]] = Field(None, max_length=MAX_SITES,
@@ -446,6 +446,15 @@ class ExperimentConfig(_Strict):
         if value is not None and not all(0.0 <= b < 1.0 for b in value):
             raise ValueError(f"each of β1, β2 must lie in [0, 1), got {list(value)}")
         return value
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        """``cuda:N`` picks a GPU by number; whether it exists is checked when the run starts."""
+        text = str(value).strip().lower()
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
+            raise ValueError(f"{short(value)}: use auto, cpu, cuda or cuda:N (N: the GPU's number, e.g. cuda:1)")
+        return text
 
     @field_validator("aux_tasks")
     @classmethod

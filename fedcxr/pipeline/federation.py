@@ -5,6 +5,7 @@ Run directory::
     RUN_DIR/config.yaml           the resolved config
     RUN_DIR/run.json              method, seed, target, classes, sites, status, missed rounds, refused replies
     RUN_DIR/metrics.jsonl         one line per round: per-site training losses, val AUROC
+    RUN_DIR/train.log             the run's log: header, one line per round, warnings (fedcxr.pipeline.run_log)
     RUN_DIR/tensorboard/          the same numbers as TensorBoard scalars (config `tracking`, fedcxr.tracking)
     RUN_DIR/checkpoints/round_NNNN.pt   atomic, with a .sha256 beside it; the last two are kept
     RUN_DIR/final_model.pt        global model (+ per-site models/state where the method has them) of the
@@ -32,6 +33,7 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
+import fedcxr
 from fedcxr.atomic import atomic_write_bytes, atomic_write_json, json_safe
 from fedcxr.errors import RunFailed, UserError
 from fedcxr.logs import bar_disabled
@@ -43,6 +45,7 @@ from fedcxr.pipeline.inprocess import InProcessTransport, build_runners, run_eng
 from fedcxr.pipeline.local import resolve_device
 from fedcxr.pipeline.messages import StateDict
 from fedcxr.pipeline.protocols import CENTRAL_SITE, Context, RoundProtocol, get_protocol
+from fedcxr.pipeline.run_log import round_line, rounds_log, run_log
 from fedcxr.pipeline.screening import count_problem
 from fedcxr.pipeline.site_runner import PRIVATE_PREFIXES, derive_seed
 from fedcxr.pipeline.transport import Transport
@@ -143,17 +146,61 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | str, *, resume: bool =
     """Run (or resume) one experiment; returns the run.json payload.
 
     ``transport`` defaults to the in-process simulation of every site; the FLARE controller
-    passes its own, so both run exactly this loop.
+    passes its own, so both run exactly this loop. What the run directory holds is checked
+    first, before any site is asked anything (:func:`check_run_dir`): a finished run is refused
+    at once, and ``resume`` on a finished run returns its ``run.json`` without touching a file.
     """
     run_dir = Path(run_dir)
     protocol = get_protocol(cfg.strategy)
     if transport is not None:  # FLARE: the runner that started the job holds the run directory's lock
-        return _run(cfg, run_dir, protocol, transport, resume=resume, progress=progress)
+        return _start(cfg, run_dir, protocol, transport, resume=resume, device=device, progress=progress)
     with run_lock(run_dir, "fedcxr train"):  # one process per run directory (fedcxr.runlock)
+        return _start(cfg, run_dir, protocol, None, resume=resume, device=device, progress=progress)
+
+
+def _start(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transport: Optional[Transport], *,
+           resume: bool, device: Optional[str], progress: bool) -> dict:
+    """Check the run directory, open ``train.log``, and run in-process (no ``transport``) or through it."""
+    finished = check_run_dir(run_dir, resume=resume)
+    if finished is not None:
+        log.info("%s is finished (%s rounds); nothing to resume, no file changed", run_dir, finished.get("rounds"))
+        return finished
+    with run_log(run_dir):
+        rounds_log.info("fedcxr %s: %s, %d rounds; sources %s; target %s; run directory %s", fedcxr.__version__,
+                        protocol.name, cfg.rounds, ", ".join(cfg.site_name(s) for s in cfg.source_sites()) or "none",
+                        cfg.site_name(cfg.target) if cfg.target else "none", run_dir)
+        if transport is not None:
+            return _run(cfg, run_dir, protocol, transport, resume=resume, progress=progress)
         dev = resolve_device(device or cfg.device)
         transport = InProcessTransport(build_runners(cfg, dev, progress))
         with backend_settings(run_engine(cfg, dev)):  # cuDNN autotuning / deterministic kernels, restored after
             return _run(cfg, run_dir, protocol, transport, resume=resume, progress=progress)
+
+
+def finished_run(run_dir: Path | str) -> Optional[dict]:
+    """``run.json`` of a run that ended (status finished, ``final_model.pt`` written), else None."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "final_model.pt").is_file():
+        return None
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) and info.get("status") == "finished" else None
+
+
+def check_run_dir(run_dir: Path, *, resume: bool) -> Optional[dict]:
+    """What ``run_dir`` allows, decided before any setup: a new run needs a directory without a
+    finished run or checkpoints (:class:`UserError` otherwise); ``resume`` on a finished run gets
+    its ``run.json`` back (nothing to do); anything else returns None (train or resume)."""
+    if resume:
+        return finished_run(run_dir)
+    if (run_dir / "final_model.pt").exists():
+        raise UserError(f"{run_dir} already holds a finished run; choose another --out (or evaluate it: "
+                        f"fedcxr evaluate {run_dir})")
+    if latest_checkpoint(run_dir):
+        raise UserError(f"{run_dir} holds checkpoints of an earlier run; pass --resume to continue it")
+    return None
 
 
 def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transport: Transport, *,
@@ -165,14 +212,10 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
     fingerprint = config_fingerprint(cfg)
     hashes = data_hashes(ctx)
     threads = run_threads(cfg)
-    if (run_dir / "final_model.pt").exists() and not resume:
-        raise UserError(f"{run_dir} already holds a finished run; choose another --out or pass --resume")
     if resume:
         state, start, history, best = _resume(run_dir, fingerprint, hashes, transport, ctx, state, threads)
         if ledger is not None:
             ledger.history = _resumed_dp(run_dir, start)
-    elif latest_checkpoint(run_dir):
-        raise UserError(f"{run_dir} holds checkpoints of an earlier run; pass --resume to continue it")
     else:
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     _write_run_files(run_dir, cfg, ctx, protocol, status="running")
@@ -192,6 +235,8 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
         history.append(metrics)
         write_metrics(run_dir, history)
         tracker.log_round(metrics)
+        # the bar on a terminal shows the round; in a log file (nohup, SLURM) this line does
+        rounds_log.info("%s", round_line(metrics, cfg.rounds), extra={"console": bool(bar.disable)})
         save_checkpoint(run_dir, r, {
             "round": r, "fingerprint": fingerprint, "data_hashes": hashes, "threads": threads, "state": state,
             "missed": ctx.missed, "refused": ctx.refused, "local_states": transport.local_states(),
@@ -211,8 +256,11 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
         "eval_local_keys": protocol.eval_local_keys(ctx), "classes": ctx.classes, "aux_tasks": ctx.aux_tasks,
         "model": cfg.model.model_dump(mode="json"), "image_size": cfg.image_size,
     })
-    return _write_run_files(run_dir, cfg, ctx, protocol, status="finished", ledger=ledger,
-                            selected={"round": best["round"], "val_auroc": best["score"]} if best else None)
+    payload = _write_run_files(run_dir, cfg, ctx, protocol, status="finished", ledger=ledger,
+                               selected={"round": best["round"], "val_auroc": best["score"]} if best else None)
+    rounds_log.info("finished: final_model.pt holds round %d of %d", (best["round"] if best else cfg.rounds - 1) + 1,
+                    cfg.rounds, extra={"console": False})
+    return payload
 
 
 def _round_record(ctx: Context, r: int) -> dict:

@@ -153,7 +153,8 @@ class LocalResult:
 
 
 def resolve_device(name: str | torch.device | None) -> torch.device:
-    """``auto``/``None`` → CUDA when available, else CPU; ``cuda`` without a GPU is a user error."""
+    """``auto``/``None`` → CUDA when available, else CPU; ``cuda`` or ``cuda:N`` (GPU number N) when
+    that GPU exists — a missing GPU is a user error naming the GPUs there are."""
     if isinstance(name, torch.device):
         return name
     text = (name or "auto").strip().lower()
@@ -162,11 +163,15 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
     try:
         device = torch.device(text)
     except (RuntimeError, ValueError):
-        raise UserError(f"--device: unknown device {name!r}; use auto, cpu or cuda") from None
+        raise UserError(f"--device: unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device: unsupported device {name!r}; use auto, cpu, cuda or cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {name}: CUDA is not available on this machine (use cpu or auto)")
-    if device.type not in ("cpu", "cuda"):
-        raise UserError(f"--device: unsupported device {name!r}; use auto, cpu or cuda")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise UserError(f"--device {name}: this machine has {count} CUDA device(s): "
+                        f"{', '.join(f'cuda:{i}' for i in range(count))}")
     return device
 
 

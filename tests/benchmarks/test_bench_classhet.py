@@ -20,6 +20,7 @@ def bench():
     return load_bench("bench_classhet")
 
 
+@pytest.mark.slow  # export, ingest and two sweeps of the benchmark (~8 s on 2 cores)
 def test_one_cell_one_seed(bench, tmp_path, one_torch_thread):
     out, work = tmp_path / "results", tmp_path / "work"
     frame = bench.main(["--work", str(work), "--out", str(out), "--images-per-site", "60", "--export-size", "32",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
 import subprocess
@@ -33,10 +34,11 @@ def monai_run(bundle: Path, dataset_dir: Path, output_dir: Path) -> subprocess.C
     )
 
 
+@pytest.mark.slow  # MONAI's bundle runner in a subprocess (~5 s of imports)
 def test_bundle_runs_with_monai_and_matches_predict(evaluated_run, scan_folder, tmp_path):
     bundle = tmp_path / "bundle"
     assert main(["export-bundle", str(evaluated_run), "--out", str(bundle), "-q"]) == 0
-    for part in ("models/model.ts", "configs/metadata.json", "configs/inference.json",
+    for part in ("models/model.ts", "configs/metadata.json", "configs/inference.json", "configs/logging.conf",
                  "scripts/fedcxr_runtime.py", "docs/README.md"):
         assert (bundle / part).is_file(), part
     meta = json.loads((bundle / "configs" / "metadata.json").read_text())
@@ -56,6 +58,8 @@ def test_bundle_runs_with_monai_and_matches_predict(evaluated_run, scan_folder, 
     out = tmp_path / "monai_out"
     result = monai_run(bundle, scan_folder, out)
     assert result.returncode == 0, result.stderr[-3000:]
+    printed = result.stdout + result.stderr  # MONAI's runner applied the bundle's configs/logging.conf
+    assert "logging.conf does not exist" not in printed and " - INFO - " in result.stdout
     monai = pd.read_csv(out / "predictions.csv").set_index("image")
     unread = pd.read_csv(out / "unread.csv").set_index("image")["reason"]
     assert set(unread.index) == hostile and unread["pipe.dcm"] == "not a regular file (a named pipe)"
@@ -84,6 +88,11 @@ def test_torchscript_model_is_the_network(evaluated_run, tmp_path):
         expected = loaded.model(x)["main"]
         got = torch.jit.load(str(bundle / "models" / "model.ts"))(x)
     assert torch.allclose(got, expected, atol=1e-5)
+    conf = configparser.RawConfigParser()  # MONAI bundle convention: configs/logging.conf, stdlib classes only
+    conf.read(bundle / "configs" / "logging.conf")
+    assert conf.get("logger_root", "handlers") == "consoleHandler"
+    assert conf.get("handler_consoleHandler", "class") == "StreamHandler"
+    assert conf.get("handler_consoleHandler", "args") == "(sys.stdout,)"
 
 
 def test_export_refuses_a_used_folder_and_an_unknown_site(evaluated_run, tmp_path, capsys):

@@ -27,3 +27,6 @@ def test_demo_quick_compares_three_ways_side_by_side(quick_demo):
     rows = [json.loads(line) for line in (out_dir / "runs" / "FedAvg_Finetune" / "metrics.jsonl").read_text().splitlines()]
     assert all("midrc_style" in row["train"] for row in rows)
     assert "not aggregated" not in out
+    # the quick numbers come from a tiny test set: the demo says they mean nothing
+    n_test = json.loads((out_dir / "runs" / "Target_Only" / "report.json").read_text())["sites"]["dicom_style"]["n_rows"]
+    assert f"dicom_style's test split holds only {n_test} images, so these AUROCs and p-values mean nothing" in out

@@ -149,3 +149,31 @@ def test_keys_are_stable_under_a_site_key_and_fresh_without(evaluated_run, scan_
         keys.append(list(pd.read_csv(out, dtype={"key": str})["key"]))
     assert keys[0] == keys[1]
     assert not set(keys[0]) & set(keys[2])
+
+
+def test_a_run_without_target_says_why_decisions_are_omitted(evaluated_run, tiny_manifests, tmp_path, capsys):
+    """No `target:` and thresholds of two sites: no single choice, so probabilities only — said, not silent;
+    ``--site`` picks one site's thresholds. A run never evaluated says so too."""
+    run = tmp_path / "run"
+    shutil.copytree(evaluated_run, run)
+    info = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**info, "target": None}))
+    points = json.loads((run / "operating_points.json").read_text())
+    (run / "operating_points.json").write_text(json.dumps({**points, "nih_style": points["dicom_style"]}))
+    site = str(tiny_manifests / "dicom_style")
+
+    assert main(["predict", str(run), "--input", site, "--out", str(tmp_path / "a.csv"), "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert "no decisions, probabilities only" in printed and "has no `target:`" in printed
+    assert "dicom_style, nih_style" in printed and "--site NAME" in printed
+    assert not [c for c in pd.read_csv(tmp_path / "a.csv").columns if c.startswith("youden__")]
+
+    assert main(["predict", str(run), "--input", site, "--out", str(tmp_path / "b.csv"), "--site", "dicom_style",
+                 "--device", "cpu", "-q"]) == 0
+    assert "decisions at the operating points chosen on dicom_style's" in capsys.readouterr().out
+    assert [c for c in pd.read_csv(tmp_path / "b.csv").columns if c.startswith("youden__")]
+
+    (run / "operating_points.json").unlink()
+    assert main(["predict", str(run), "--input", site, "--out", str(tmp_path / "c.csv"), "--device", "cpu",
+                 "-q"]) == 0
+    assert "the run was never evaluated" in capsys.readouterr().out

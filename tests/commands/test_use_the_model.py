@@ -27,6 +27,7 @@ def readme_commands() -> list[str]:
     return [line.split("#", 1)[0].strip() for line in lines if line.split("#", 1)[0].strip()]
 
 
+@pytest.mark.slow  # the quick demo, predict, a bundle run by MONAI's runner (a subprocess), evaluate --cam
 def test_readme_use_the_model_block_runs_as_written(shared_data, quick_demo, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     env: dict[str, str] = {}

@@ -4,6 +4,10 @@ The demo's hospitals and config come from the same steps `fedcxr demo --quick` r
 ingest → demo config; its training is tested in tests/commands/test_demo.py), then every line
 of the block runs: the simulator, POC mode, the comparison table and TensorBoard (``--inspect``:
 the server would not return).
+
+This is the suite's one POC run (a POC system costs ~40 s to provision, start and stop), so it
+also carries POC mode's own checks: the same weights as the in-process run of the same config,
+and nothing left behind (workspace, keys, processes, ``~/.nvflare/config.conf``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ pytest.importorskip("tensorboard")
 
 from fedcxr.cli import main  # noqa: E402
 from fedcxr.commands.demo import DEMO_TARGET, demo_config  # noqa: E402
+from fedcxr.pipeline.config import load_config  # noqa: E402
+from fedcxr.pipeline.federation import run_experiment  # noqa: E402
+
+from .test_controller import _final, _max_diff, _processes_mentioning  # noqa: E402
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -41,10 +49,11 @@ def readme_commands() -> list[str]:
 
 
 def prepare_demo(out: Path) -> None:
-    """What `fedcxr demo --quick` writes before it trains: four hospitals, manifests, demo.yaml."""
+    """What `fedcxr demo --quick` writes before it trains (four hospitals, manifests, demo.yaml), with
+    48 images per hospital instead of 80: the FLARE commands are the same, the runs cheaper."""
     from fedcxr.synth import ingest_synthetic, write_synthetic_export
 
-    write_synthetic_export(out / "export", images_per_site=80, image_size=64, seed=0)
+    write_synthetic_export(out / "export", images_per_site=48, image_size=64, seed=0)
     site_dirs = ingest_synthetic(out / "export", out / "manifests", progress=False)
     sites = sorted(Path(d).name for d in site_dirs.values())
     data = demo_config(out / "manifests", sites, DEMO_TARGET, quick=True)
@@ -58,8 +67,12 @@ def test_the_readme_flare_commands_run_as_written(tmp_path, monkeypatch, capsys)
     assert [c.split()[1] for c in commands] == ["flare", "flare", "report", "--logdir"], commands
     monkeypatch.chdir(tmp_path)
     prepare_demo(Path("fedcxr-demo"))
+    home_conf = Path.home() / ".nvflare" / "config.conf"
+    conf_before = None
     for command in commands:
         argv = shlex.split(command)
+        if argv[1:3] == ["flare", "poc"]:  # `nvflare poc` rewrites it; fedcxr must restore it
+            conf_before = home_conf.read_bytes() if home_conf.is_file() else None
         if argv[0].endswith("/fedcxr"):
             assert main(argv[1:]) == 0, command
         else:  # tensorboard: list what it would serve
@@ -77,3 +90,25 @@ def test_the_readme_flare_commands_run_as_written(tmp_path, monkeypatch, capsys)
         assert Path(run, "per_class.csv").is_file() and Path(run, "tensorboard").is_dir()
     table = json.loads(Path("runs/demo-flare-table/comparison.json").read_text())["table"]
     assert table[0]["cells"][DEMO_TARGET]["seeds"] == [0, 1]
+    check_poc_mode(commands[1], Path("runs/demo-poc"), conf_before)
+
+
+def check_poc_mode(command: str, run: Path, conf_before) -> None:
+    """POC mode (provision with mTLS, start, submit, wait, fetch, stop, clean) ends with the weights of
+    the in-process run of the same config and leaves nothing behind."""
+    argv = shlex.split(command)
+    config = argv[argv.index("poc") + 1]
+    overrides = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "finished" and info["missed"] == []
+    run_experiment(load_config(config, overrides=overrides), Path("in-process"), progress=False)
+    assert _max_diff(_final(run)["global"], _final(Path("in-process"))["global"]) <= 1e-5
+    flare_dir = run / "flare"
+    assert not (flare_dir / "poc").exists(), "the POC workspace is removed"
+    logs = flare_dir / "logs" / "attempt-1"
+    assert "POC system stopped" in (logs / "poc.log").read_text()
+    assert (logs / "fedcxr" / "prod_00" / "server" / "log.txt").is_file()
+    assert not list(logs.rglob("*.key")) and not list(logs.rglob("*.pem")), "no key leaves the POC workspace"
+    home_conf = Path.home() / ".nvflare" / "config.conf"
+    assert (home_conf.read_bytes() if home_conf.is_file() else None) == conf_before
+    assert not _processes_mentioning(str(flare_dir.resolve())), "a FLARE process of this run is still alive"

@@ -52,6 +52,7 @@ def test_same_seed_same_weights_and_different_seed_differs(tiny_manifests, tmp_p
     assert not _same(_weights(tmp_path / "a"), _weights(tmp_path / "c"))
 
 
+@pytest.mark.slow  # a real `fedcxr train` process, killed and resumed (~8 s on 2 cores)
 def test_killed_run_resumes_to_the_same_weights(tiny_manifests, tmp_path):
     """Kill a real `fedcxr train` process after its first checkpoint, resume, compare."""
     data = tiny_config(tiny_manifests, tmp_path / "cache", rounds=4)
