@@ -145,6 +145,7 @@ def test_bad_sites_each_get_a_clear_status_and_the_others_still_count(tiny_manif
 
 def test_without_building_the_cache_the_intensity_section_says_why(tiny_manifests, tmp_path):
     config = write_config(tmp_path, tiny_manifests, sites=["nih_style"], target=None)
+    shutil.rmtree(tmp_path / "cache")  # tiny_config seeds the test's cache from the session's: start without one
     out = tmp_path / "out"
     assert main(["-q", "stats", str(config), "--out", str(out), "--no-cache-build", "--no-headers"]) == 0
     stats = json.loads((out / "stats.json").read_text())
