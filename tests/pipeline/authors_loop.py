@@ -30,6 +30,14 @@ same data, order, initial weights and hyper-parameters. The few places where fed
 purpose are arguments here, so the replay test can show each departure and its size:
 ``alignment`` (the target-update factor), ``estimator_keys`` (BN running statistics in the
 auto-β estimators) and ``zero_dim`` (``num_batches_tracked``).
+
+The algorithm is the authors'; where only the float order is at stake, the loop uses fedcxr's, so
+that equal algorithms give equal bits: Adam with ``foreach=True`` (:func:`adam`) and the sources'
+average summed as ``Σ size_i·θ_i / Σ size`` (:func:`average_weights`). Adam makes this matter:
+its first steps are about ±lr whatever the gradient's size, so a one-rounding difference in a
+weight flips the step of every coordinate whose gradient is within rounding of zero (a conv bias
+before a BatchNorm is one), and those steps perturb the next ones: a replay that rounds otherwise
+drifts round by round (measured: 1.2e-7 after the first FedAvg, 5.6e-4 two rounds later).
 """
 
 from __future__ import annotations
@@ -55,6 +63,15 @@ def param_list(model: torch.nn.Module, keys: Optional[Sequence[str]] = None) -> 
     return torch.cat([state[k].detach().clone().flatten().float() for k in keys])
 
 
+def adam(model: torch.nn.Module, lr: float) -> torch.optim.Adam:
+    """The authors' fresh ``torch.optim.Adam(model.parameters(), lr)``, with fedcxr's ``foreach=True``
+    (:func:`fedcxr.pipeline.local.make_optimizer`): the same update, one kernel over all tensors instead
+    of a loop. On torch 2.13 CPU both give the same bits; pinned so that a torch release that changes
+    one path's rounding does not show up here as a departure (Adam amplifies roundings, see
+    :func:`average_weights`)."""
+    return torch.optim.Adam(model.parameters(), lr=lr, foreach=True)
+
+
 def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict) -> None:
     """One optimiser step on one batch; the loss is the task's (fedcxr's masked BCE on the logits)."""
     optimizer.zero_grad()
@@ -65,7 +82,7 @@ def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict)
 
 def train_source(model: torch.nn.Module, batches: Sequence[dict], lr: float) -> tuple[torch.nn.Module, torch.Tensor]:
     """``train_source``: one epoch, fresh Adam; returns the model and ``Δ / num_batches``."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    optimizer = adam(model, lr)
     model.train()
     start = param_list(model)
     for batch in batches:
@@ -77,7 +94,7 @@ def train_target(model: torch.nn.Module, batches: Sequence[dict], lr: float, fac
                  ) -> tuple[torch.nn.Module, torch.Tensor]:
     """``train_target``: one epoch, fresh Adam; returns the model and every per-batch update × ``factor``
     (the authors' ``grads_all_epochs * args.lr_ratio``)."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    optimizer = adam(model, lr)
     model.train()
     grads = []
     for batch in batches:
@@ -114,14 +131,21 @@ def empirical_metrics(target_grads: torch.Tensor, source_grads: Sequence[torch.T
 # --------------------------------------------------------------------------- server rules
 
 
-def average_weights(states: Sequence[StateDict], alpha: Sequence[float]) -> StateDict:
-    """``average_weights``: Σ alpha_i · state_i for every entry (0-dim ones too, as floats)."""
+def average_weights(states: Sequence[StateDict], sizes: Sequence[float]) -> StateDict:
+    """``average_weights``: Σ frac_i · state_i with ``frac_i = size_i / Σ size`` for every entry (0-dim
+    ones too, as floats).
+
+    Summed in fedcxr's float order, ``(Σ size_i · state_i) / Σ size``, not the authors'
+    ``Σ frac_i · state_i``: the two are the same weighted mean and differ by one float32 rounding
+    (1.2e-7 on a BatchNorm weight near 1), which the next rounds' Adam amplifies (module doc).
+    The weights themselves stay the authors' (``clients_size``, whole batches)."""
+    total = float(sum(sizes))
     out = {}
     for key in states[0]:
-        acc = torch.zeros_like(states[0][key]).float()
-        for state, a in zip(states, alpha):
-            acc += state[key] * float(a)
-        out[key] = acc
+        acc = states[0][key].float() * float(sizes[0])
+        for state, size in zip(states[1:], sizes[1:]):
+            acc.add_(state[key].float(), alpha=float(size))
+        out[key] = acc / total
     return out
 
 
@@ -219,18 +243,25 @@ class RoundRecord:
     estimates: dict = field(default_factory=dict)
     betas: list[float] = field(default_factory=list)
     global_after: Optional[StateDict] = None
+    trained: dict[str, StateDict] = field(default_factory=dict)  # each site's model after its local training
 
 
 def replay(setting: Setting, make_model: Callable[[], torch.nn.Module], theta: StateDict, rounds: int,
            batches: Callable[[str, int], list[dict]], sources: Sequence[str], target: str,
-           n_sources: Sequence[int]) -> list[RoundRecord]:
+           n_sources: Sequence[int], starts: Optional[Callable[[int], StateDict]] = None) -> list[RoundRecord]:
     """Run the authors' loop for ``rounds`` rounds from ``theta``; ``batches(site, round)`` gives the
-    batches that site drew in that round (the same as fedcxr's); ``n_sources`` the sources' rows."""
+    batches that site drew in that round (the same as fedcxr's); ``n_sources`` the sources' rows.
+
+    ``starts(r)``: the global model round ``r`` starts from (a comparison passes fedcxr's, so that
+    each round is checked on its own inputs and one round's float rounding is not amplified by the
+    next rounds' Adam); None: the loop's own previous result (``theta`` for round 0)."""
     fracs_of = lambda sizes: [s / sum(sizes) for s in sizes]  # noqa: E731  (clients_size_frac)
     sizes = [-(-n // setting.bs_source) * setting.bs_source for n in n_sources]  # len(loader) * batch_size
     fracs = fracs_of(sizes)
     records = []
     for r in range(rounds):
+        if starts is not None:
+            theta = {k: v.clone() for k, v in starts(r).items()}
         scale = setting.post_warmup_lr_scale if (setting.auto and r >= setting.warmup) else 1.0
         lr_s, lr_t = setting.lr_source * scale, setting.lr_target * scale
         record = RoundRecord(lr_source=lr_s)
@@ -240,10 +271,11 @@ def replay(setting: Setting, make_model: Callable[[], torch.nn.Module], theta: S
             model.load_state_dict(theta)
             model, grad = train_source(model, batches(site, r), lr_s)
             locals_.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+            record.trained[site] = locals_[-1]
             source_grads.append(grad)
             record.steps_source.append(len(batches(site, r)))
         if r < setting.warmup:  # the sources' average (AuxInfo+GP: the base the target starts from)
-            theta = {k: v.to(theta[k].dtype) for k, v in average_weights(locals_, fracs).items()}
+            theta = {k: v.to(theta[k].dtype) for k, v in average_weights(locals_, sizes).items()}
             if setting.rule != "gp":  # AutoFedGP: plain FedAvg rounds
                 record.global_after = theta
                 records.append(record)
@@ -254,6 +286,7 @@ def replay(setting: Setting, make_model: Callable[[], torch.nn.Module], theta: S
         factor = lr_ratio if setting.alignment == "lr_t_over_lr_s" else 1.0 / lr_ratio
         model, target_grads = train_target(model, batches(target, r), lr_t, factor)
         finetuned = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        record.trained[target] = finetuned
         record.lr_target, record.steps_target = lr_t, len(batches(target, r))
         betas = [setting.beta] * len(sources)
         if setting.auto:
