@@ -20,6 +20,7 @@ site side             ``site_runner`` (one site: its data, model, tasks), ``loca
 rules and helpers     ``aggregate`` (pure aggregation rules, robust ones too), ``screening``
                       (pure checks of a reply's counts and update norm), ``state`` (state-dict plumbing,
                       the one flatten), ``messages`` (the reply type and payload layouts),
+                      ``keys`` (derived seeds, local-state key prefixes: server and sites alike),
                       ``config`` (the experiment YAML), ``engine`` (how training uses the
                       hardware: AMP, channels-last, cuDNN, loader workers, offloading)
 ====================  ========================================================================
