@@ -22,11 +22,8 @@ from fedcxr.errors import UserError
 from fedcxr.escape import md
 from fedcxr.evaluation.operating import operating_point_thresholds
 from fedcxr.evaluation.report import build_report, fmt, fmt_ci, write_report
-from fedcxr.evaluation.runs import check_run_dir, load_predictions, load_run_info, predictions_path
+from fedcxr.evaluation.runs import OPERATING_POINTS, check_run_dir, load_predictions, load_run_info, predictions_path
 from fedcxr.runlock import run_lock
-
-#: thresholds chosen on the validation split, per site and class (read by ``fedcxr predict``)
-OPERATING_POINTS = "operating_points.json"
 
 
 def evaluate_run(run_dir: Path | str, *, split: str = "test", n_boot: int = 1000, seed: int = 0,

@@ -37,8 +37,6 @@ Without ``--site``, thresholds come from the run's target (or its only evaluated
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import os
 import secrets
 import tempfile
@@ -49,12 +47,10 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.atomic import atomic_path
-from fedcxr.commands.evaluate import OPERATING_POINTS
 from fedcxr.errors import UserError
 from fedcxr.escape import csv_frame
+from fedcxr.evaluation.runs import thresholds_for
 from fedcxr.logs import progress_wanted
-
-log = logging.getLogger(__name__)
 
 #: 1 where the image's DICOM tags say it is not a chest radiograph (:mod:`fedcxr.site_adapters.body_part`).
 NOT_CHEST_COLUMN = "not_chest_radiograph"
@@ -71,30 +67,6 @@ def cam_dir(out: Path) -> Path:
     """``FILE.cam/`` beside ``FILE.csv``: Grad-CAM overlays named by key."""
     out = Path(out)
     return out.with_name(out.stem + ".cam")
-
-
-def thresholds_for(run_dir: Path, run: dict, site: Optional[str]) -> tuple[Optional[str], dict]:
-    """``(site whose thresholds apply, {class: {rule: t}})`` from ``operating_points.json``, or ``(None, {})``."""
-    path = Path(run_dir) / OPERATING_POINTS
-    if not path.is_file():
-        log.warning("%s has no %s (run `fedcxr evaluate %s` first): probabilities only, no decisions",
-                    run_dir, OPERATING_POINTS, run_dir)
-        return None, {}
-    try:
-        stored = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: not valid JSON ({exc})") from None
-    if site is None:
-        candidates = [run.get("target")] if run.get("target") in stored else list(stored)
-        if len(candidates) != 1:
-            log.warning("%s holds thresholds of sites %s: pass --site NAME to apply one site's; "
-                        "probabilities only", path.name, sorted(stored))
-            return None, {}
-        site = candidates[0]
-    if site not in stored:
-        log.warning("%s has no thresholds for site %s: probabilities only", path.name, site)
-        return None, {}
-    return site, stored[site]
 
 
 def _input_site(input_dir: Path, tmp: Path, progress: bool,

@@ -6,6 +6,10 @@ Contract (written by the training side)::
     RUN_DIR/predictions/<split>.parquet   one row per image per evaluated site:
         site, row_key, patient_key, label__<c> (1/0/NaN), prob__<c> (sigmoid), aux__<task>
 
+and by ``fedcxr evaluate`` for ``fedcxr predict`` and the bundle export::
+
+    RUN_DIR/operating_points.json         {site: {class: {rule: threshold | null, reason}}}
+
 Prediction tables hold no identifiers (no image path, no patient id). ``row_key`` is a
 pseudonymous per-row key: it must be the same for the same image in every run on the same data,
 because the comparison of two runs pairs their rows by ``(site, row_key)``. ``patient_key`` is a
@@ -19,18 +23,24 @@ names the file and the key or column at fault, so ``fedcxr evaluate``/``report``
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
 
 from fedcxr.errors import UserError
 
+log = logging.getLogger(__name__)
+
 REQUIRED_RUN_KEYS = ("method", "seed", "classes")
 ID_COLUMNS = ("site", "row_key", "patient_key")
 #: Columns of the previous contract; named in the error when a table still has them.
 LEGACY_ID_COLUMNS = ("image_path", "patient_id")
+#: thresholds chosen on the validation split, per site and class (written by ``fedcxr evaluate``,
+#: applied by ``fedcxr predict`` and stored in an exported bundle)
+OPERATING_POINTS = "operating_points.json"
 
 
 def check_run_dir(run_dir: Path | str) -> Path:
@@ -144,3 +154,27 @@ def _numeric(frame: pd.DataFrame, column: str, source) -> np.ndarray:
         return pd.to_numeric(frame[column], errors="raise").to_numpy(dtype=float, na_value=np.nan)
     except (ValueError, TypeError) as exc:
         raise UserError(f"{source}: column {column} is not numeric ({exc})") from None
+
+
+def thresholds_for(run_dir: Path, run: dict, site: Optional[str]) -> tuple[Optional[str], dict]:
+    """``(site whose thresholds apply, {class: {rule: t}})`` from ``operating_points.json``, or ``(None, {})``."""
+    path = Path(run_dir) / OPERATING_POINTS
+    if not path.is_file():
+        log.warning("%s has no %s (run `fedcxr evaluate %s` first): probabilities only, no decisions",
+                    run_dir, OPERATING_POINTS, run_dir)
+        return None, {}
+    try:
+        stored = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not valid JSON ({exc})") from None
+    if site is None:
+        candidates = [run.get("target")] if run.get("target") in stored else list(stored)
+        if len(candidates) != 1:
+            log.warning("%s holds thresholds of sites %s: pass --site NAME to apply one site's; "
+                        "probabilities only", path.name, sorted(stored))
+            return None, {}
+        site = candidates[0]
+    if site not in stored:
+        log.warning("%s has no thresholds for site %s: probabilities only", path.name, site)
+        return None, {}
+    return site, stored[site]

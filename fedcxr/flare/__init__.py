@@ -13,7 +13,6 @@ module              what it holds
 ``persistor``       FLARE's persistor and model locator: the global model where FLARE's tools look
 ``job``             the FLARE job (controller, persistor, tracking receiver, client script per site)
 ``run``             the FLARE simulator and POC mode: processes started, waited for, stopped
-``cli``             ``fedcxr flare export|simulate|poc``
 ``stats``           ``fedcxr stats --flare``, a site: FLARE ``Statistics`` over fedcxr's released counts,
                     and the recorder of what the site sent
 ``stats_job``       the server: FLARE's ``StatsJob`` and ``StatisticsController`` with fedcxr's pieces;
@@ -23,5 +22,6 @@ module              what it holds
 
 A package of its own above :mod:`fedcxr.pipeline` (whose protocols, site runner and
 federation loop it reuses unchanged) so that it may also use :mod:`fedcxr.evaluation` at a site.
+``fedcxr flare export|simulate|poc`` is :mod:`fedcxr.commands.flare`.
 Install with ``pip install 'fedcxr[flare]'`` (never ``nvflare[pt]``: it pulls torchvision).
 """

@@ -1,4 +1,4 @@
-"""``fedcxr shift``: a seeded, documented covariate shift of one site's images (a new site).
+"""A seeded, documented covariate shift of one site's images (a new site): ``fedcxr shift``.
 
 ``fedcxr shift SITE_DIR --out OUT --kind noise|gamma|blur|mix --level 0..4 [--seed N]``
 
@@ -185,16 +185,3 @@ def shift_site(site_dir: Path | str, out: Path | str, *, kind: str, level: int, 
     log.info("site %s: %d images shifted (%s level %d, seed %d) into %s", name, len(frame), kind, level,
              seed, out / name)
     return payload
-
-
-def cli_shift(args) -> int:
-    """``fedcxr shift``: see the module doc."""
-    from fedcxr.logs import progress_wanted
-
-    payload = shift_site(args.site_dir, args.out, kind=args.kind, level=args.level, seed=args.seed,
-                         site_name=args.site_name, progress=progress_wanted(args))
-    p = LEVELS[args.level]
-    print(f"site {payload['site']}: {payload['rows']} images, {args.kind} level {args.level} "
-          f"(noise std {p.noise_std}, gamma {p.gamma}, blur sigma {p.blur_sigma} of the short side), "
-          f"seed {args.seed} → {Path(args.out) / payload['site']}")
-    return 0

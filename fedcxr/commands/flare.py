@@ -1,4 +1,4 @@
-"""``fedcxr flare export|simulate|poc CONFIG.yaml``: the command line of the FLARE transport.
+"""``fedcxr flare export|simulate|poc CONFIG.yaml``: the same run on NVIDIA FLARE (:mod:`fedcxr.flare`).
 
 * ``export`` writes a job folder for a provisioned (production) FLARE system;
 * ``simulate`` runs the job in FLARE's simulator on this machine;
