@@ -32,7 +32,6 @@ Undefined numbers are NaN in the dict and ``null`` in JSON, always next to a ``r
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -42,7 +41,7 @@ import pandas as pd
 
 import fedcxr
 from fedcxr.evaluation import calibration, metrics, operating
-from fedcxr.atomic import atomic_write_bytes
+from fedcxr.atomic import atomic_write_bytes, json_bytes
 from fedcxr.escape import md, to_csv_text
 from fedcxr.vocab import AUX_VOCAB
 
@@ -262,28 +261,9 @@ def _operating_info(split: str, val_split: str, n_boot: int, target_sensitivity:
 # --------------------------------------------------------------------------- write
 
 
-def json_safe(value: Any) -> Any:
-    """NaN/inf → None, numpy scalars → Python; keeps key order."""
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        return float(value) if np.isfinite(value) else None
-    if value is None or value is pd.NA:
-        return None
-    if isinstance(value, (str, Path)):
-        return str(value)
-    raise TypeError(f"cannot write {type(value).__name__} to JSON")
-
-
 def write_json(path: Path, payload: Any) -> None:
-    text = json.dumps(json_safe(payload), indent=2, allow_nan=False)
-    atomic_write_bytes(path, (text + "\n").encode())
+    """``report.json``: :func:`fedcxr.atomic.json_safe` (NaN → null), in the report's own key order."""
+    atomic_write_bytes(path, json_bytes(payload, sort_keys=False))
 
 
 def write_text(path: Path, text: str) -> None:

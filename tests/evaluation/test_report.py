@@ -156,7 +156,7 @@ def test_calibration_in_every_report(report, predictions):
     assert report["calibration"]["n_bins"] == 10 and report["operating_points"] is None
     site = report["sites"]["site-a"]
     rows = predictions[predictions["site"] == "site-a"]
-    from fedcxr.evaluation.report import json_safe  # NaN → None, so empty bins compare equal
+    from fedcxr.atomic import json_safe  # NaN → None, so empty bins compare equal
     assert json_safe(site["calibration"]) == json_safe(calibration.calibration_summary(rows, INFO["classes"]))
     edema = next(r for r in site["calibration"]["per_class"] if r["class"] == "edema")
     assert edema["brier"] == pytest.approx(calibration.brier_score(rows["label__edema"], rows["prob__edema"]))
