@@ -66,6 +66,18 @@ def auroc(y, p) -> float:
     return float(roc_auc_score(y, p))
 
 
+def class_aurocs(labels, mask, probs, classes: Sequence[str]) -> dict[str, float]:
+    """``{class: AUROC}`` of ``(n, C)`` arrays: per column, :func:`auroc` over the rows whose
+    ``mask`` > 0 (labeled); NaN where those rows hold one label value (never 0.5).
+
+    The array form of :func:`per_class_auroc` for training's per-round validation (no CI,
+    no reason): the labels, label mask and probabilities a forward pass returns.
+    """
+    labels, mask, probs = (np.asarray(a, dtype=float) for a in (labels, mask, probs))
+    y = np.where(mask > 0, labels, np.nan)
+    return {cls: auroc(y[:, i], probs[:, i]) for i, cls in enumerate(classes)}
+
+
 def accuracy(y, p, threshold: float = 0.5) -> float:
     """Fraction of labeled rows with ``(p >= threshold) == y``; NaN when nothing is labeled.
 

@@ -46,6 +46,18 @@ def test_auroc_undefined_is_nan_with_reason_never_half(y, reason):
     assert metrics.auroc_reason([0, 1]) is None
 
 
+def test_class_aurocs_use_the_labeled_rows_of_each_column():
+    labels = np.array([[1, 0], [0, 1], [1, 1], [0, 0]], dtype=float)
+    mask = np.array([[1, 1], [1, 1], [1, 0], [0, 1]], dtype=float)
+    probs = np.array([[0.9, 0.2], [0.4, 0.1], [0.3, 0.8], [0.6, 0.7]])
+    got = metrics.class_aurocs(labels, mask, probs, ["a", "b"])
+    # a: rows 0-2 (1: 0.9, 0.3; 0: 0.4) → pairs (0.9 > 0.4), (0.3 < 0.4) → 1/2;
+    # b: rows 0, 1, 3 (1: 0.1; 0: 0.2, 0.7) → 0/2
+    assert got == {"a": 0.5, "b": 0.0}
+    one_valued = metrics.class_aurocs(np.ones((4, 1)), np.ones((4, 1)), np.random.rand(4, 1), ["edema"])
+    assert np.isnan(one_valued["edema"])
+
+
 def test_weighted_auroc_equals_sklearn_on_replicated_rows():
     y, p = _data(150, seed=3)
     weights = np.random.default_rng(1).integers(0, 4, size=(6, y.size))
