@@ -17,6 +17,8 @@ package             what it holds
 ``vocab``, ``atomic``, ``errors``   vocabularies, crash-safe writes, the user-error type
 ``escape``, ``runlock``, ``yamlfile``  hostile text made safe per format, one process per run
                     directory, bounded YAML reading (SECURITY.md)
+``logs``, ``parallel``  the console (one progress-bar policy), chunks of work mapped over worker
+                    processes in order with bounded memory (ingest checks, header reads, caching)
 ==================  ==========================================================================
 """
 

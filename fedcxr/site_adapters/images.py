@@ -56,12 +56,12 @@ import re
 import struct
 import warnings
 import zlib
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from fedcxr.parallel import map_chunks
 from fedcxr.site_adapters.paths import NotRegularFile, open_regular
 
 KIND_DICOM, KIND_PNG, KIND_JPEG = "dicom", "png", "jpeg"
@@ -790,27 +790,11 @@ def read_headers(
 
     ``tags``: DICOM keywords to read besides :data:`DICOM_TAGS` (a label csv's key tag).
     """
-    from tqdm import tqdm
-
     paths = [os.fspath(p) for p in paths]
     chunks = [paths[i:i + chunk] for i in range(0, len(paths), chunk)]
-    bar = tqdm(total=len(paths), desc="reading headers", unit="file", leave=False,
-               disable=not progress or len(paths) < 2000)
-    out: list[tuple[Optional[dict], Optional[str]]] = []
-    try:
-        if workers > 1 and len(chunks) > 1:
-            with ProcessPoolExecutor(max_workers=min(workers, len(chunks))) as pool:
-                for part in pool.map(headers_batch, chunks, [decode] * len(chunks), [max_pixels] * len(chunks),
-                                     [tuple(tags)] * len(chunks)):
-                    out.extend(part)
-                    bar.update(len(part))
-        else:
-            for c in chunks:
-                out.extend(headers_batch(c, decode, max_pixels, tuple(tags)))
-                bar.update(len(c))
-    finally:
-        bar.close()
-    return out
+    parts = map_chunks(headers_batch, chunks, decode, max_pixels, tuple(tags), workers=workers, progress=progress,
+                       desc="reading headers", unit="file", leave=False)
+    return [result for part in parts for result in part]
 
 
 def _short(exc: BaseException) -> str:
