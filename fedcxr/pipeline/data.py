@@ -59,7 +59,8 @@ from fedcxr.atomic import atomic_path
 from fedcxr.errors import UserError
 from fedcxr.parallel import map_chunks
 from fedcxr.pipeline.augment import AugmentConfig, augment_batch, augment_item, make_augmentation
-from fedcxr.site_adapters.images import MAX_PIXELS, read_image_resized
+from fedcxr.site_adapters.image_headers import MAX_PIXELS
+from fedcxr.site_adapters.images import read_image_resized
 from fedcxr.site_adapters.manifest import (
     SPLITS,
     atomic_write_json,

@@ -85,7 +85,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from fedcxr.errors import UserError
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, require_columns
 from fedcxr.site_adapters.body_part import not_chest_reason
-from fedcxr.site_adapters.images import KIND_DICOM, MAX_PIXELS, read_headers
+from fedcxr.site_adapters.image_checks import read_headers
+from fedcxr.site_adapters.image_headers import KIND_DICOM, MAX_PIXELS
 from fedcxr.site_adapters.paths import OUTSIDE, Container, lexical
 from fedcxr.site_adapters.tables import check_csv_header, deeper_hint, failed_note, map_distinct, to_codes
 from fedcxr.vocab import (

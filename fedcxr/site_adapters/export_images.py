@@ -13,7 +13,7 @@ the table (:func:`group_rows`); a set-aside reason names the rows at fault.
 
 Demographics from DICOM tags (:func:`attach_dicom_tags`): ``PatientSex``, ``PatientAge``,
 ``ViewPosition`` through :func:`fedcxr.site_adapters.dicom_folder.demographics`; a file that
-is missing or fails the header check (:func:`fedcxr.site_adapters.images.header_or_reason`)
+is missing or fails the header check (:func:`fedcxr.site_adapters.image_checks.header_or_reason`)
 is set aside with that reason, so the shared image check need not open it again.
 With ``options.plan`` (``fedcxr ingest --plan``, metadata only) no image is opened: tags stay unknown.
 """
@@ -30,7 +30,7 @@ import pandas as pd
 from fedcxr.site_adapters.base import AdapterOptions, SetAside
 from fedcxr.site_adapters.body_part import not_chest_reason
 from fedcxr.site_adapters.dicom_folder import demographics, read_dicom_headers
-from fedcxr.site_adapters.images import KIND_DICOM
+from fedcxr.site_adapters.image_headers import KIND_DICOM
 from fedcxr.site_adapters.paths import is_utf8
 from fedcxr.vocab import aux_column
 

@@ -50,7 +50,7 @@ from fedcxr.atomic import json_bytes
 from fedcxr.escape import to_csv_text
 from fedcxr.parallel import map_chunks
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, ensure_columns
-from fedcxr.site_adapters.images import MAX_PIXELS
+from fedcxr.site_adapters.image_headers import MAX_PIXELS
 from fedcxr.site_adapters.manifest import (
     apply_implied_negatives,
     apply_uncertain_policy,
@@ -150,7 +150,7 @@ def run_ingest(
     ``follow_links``: accept image paths whose symbolic links lead out of the export root
     (:mod:`fedcxr.site_adapters.paths`; by default such rows are set aside).
     ``max_pixels``: an image whose header declares more values is set aside before any decode
-    (:func:`fedcxr.site_adapters.images.check_pixel_count`); training decodes under the same bound.
+    (:func:`fedcxr.site_adapters.image_headers.check_pixel_count`); training decodes under the same bound.
     ``readers``: how several radiologists' reads of one image combine (``any``/``majority``; vindr).
     ``labels_key``: the DICOM keyword a ``dicom``/``images`` label csv is keyed by.
     ``implied_negatives``: CheXpert/MIMIC's No Finding rule (the adapters' docs).
@@ -361,7 +361,7 @@ def _write_plan(report: dict, sites: dict[str, pd.DataFrame], site_classes: dict
 
 def _decode_reason(prefix: str, rel: str, max_pixels: int = MAX_PIXELS) -> Optional[str]:
     """Why ``prefix + rel`` does not decode (full check), or None: picks the copy to keep."""
-    from fedcxr.site_adapters.images import check_image
+    from fedcxr.site_adapters.image_checks import check_image
 
     return check_image(prefix + rel, decode=True, max_pixels=max_pixels)
 
@@ -646,7 +646,7 @@ def check_images(
     max_pixels: int = MAX_PIXELS,
 ) -> tuple[pd.DataFrame, list[SetAside]]:
     """Set aside rows whose image is missing, unreadable or (with ``decode``) undecodable."""
-    from fedcxr.site_adapters.images import check_images_batch
+    from fedcxr.site_adapters.image_checks import check_images_batch
 
     if skip_headers and not decode:
         return frame, []
