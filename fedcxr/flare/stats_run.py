@@ -1,7 +1,7 @@
 """``fedcxr stats --flare simulate|poc``: FLARE's federated statistics job, run and read back.
 
 The job (:mod:`fedcxr.flare.stats_job`) runs in FLARE's simulator or on a POC system on
-loopback (mTLS), with the process control of :mod:`fedcxr.flare.run` (process tree, clean stop
+loopback (mTLS), with the process control of :mod:`fedcxr.flare.processes` and :mod:`fedcxr.flare.poc` (process tree, clean stop
 on Ctrl-C, POC provisioning, log copies, never a key copied). ``OUT/flare/`` keeps the job,
 the sites' configurations, FLARE's result file, the logs of every attempt and ``sent/<site>.jsonl``
 — each site's own record of what it sent (:class:`fedcxr.flare.stats.SentStatisticsRecorder`).
@@ -27,23 +27,25 @@ from typing import Optional
 
 from fedcxr.errors import UserError
 from fedcxr.flare.controller import CLIENT_NAME
-from fedcxr.flare.run import (
+from fedcxr.flare.poc import (
     PROJECT,
-    ProcessTree,
-    _env,
-    _keep_user_nvflare_config,
-    _nvflare,
-    _run_cli,
-    _stop_poc,
-    _submit_and_wait,
-    _terminate_as_interrupt,
     allow_controller,
-    copy_logs,
     free_port,
-    next_log_dir,
+    keep_user_nvflare_config,
+    stop_poc,
+    submit_and_wait,
     write_project,
-    write_site_configs,
 )
+from fedcxr.flare.processes import (
+    ProcessTree,
+    copy_logs,
+    next_log_dir,
+    nvflare_command,
+    nvflare_env,
+    run_nvflare,
+    terminate_as_interrupt,
+)
+from fedcxr.flare.run import write_site_configs
 from fedcxr.flare.stats import SENT_RECORD, FedcxrStatistics
 from fedcxr.flare.stats_job import (
     CONTROLLER_PATH,
@@ -133,9 +135,9 @@ def _simulate(job_dir: Path, flare_dir: Path, sites: list[str], *, timeout: Opti
     workspace = flare_dir / "simulator"
     shutil.rmtree(workspace, ignore_errors=True)
     logs = next_log_dir(flare_dir)
-    cmd = _nvflare("simulator", str(job_dir), "-w", str(workspace), "-c", ",".join(sites), "-t", str(len(sites)))
-    with open(logs / "simulator.log", "w") as out, _terminate_as_interrupt():
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
+    cmd = nvflare_command("simulator", str(job_dir), "-w", str(workspace), "-c", ",".join(sites), "-t", str(len(sites)))
+    with open(logs / "simulator.log", "w") as out, terminate_as_interrupt():
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=nvflare_env(), start_new_session=True)
         tree = ProcessTree(proc.pid)
         try:
             started = time.time()
@@ -159,15 +161,15 @@ def _poc(job_dir: Path, flare_dir: Path, sites: list[str], *, timeout: Optional[
          ) -> Optional[Path]:
     workspace = flare_dir / "poc"
     shutil.rmtree(workspace, ignore_errors=True)
-    env = {**_env(), "NVFLARE_POC_WORKSPACE": str(workspace)}
+    env = {**nvflare_env(), "NVFLARE_POC_WORKSPACE": str(workspace)}
     project = write_project(flare_dir / "project.yml", sites, free_port())
     logs = next_log_dir(flare_dir)
     log_path = logs / "poc.log"
     tree: Optional[ProcessTree] = None
     kept = None
-    with open(log_path, "w") as out, _keep_user_nvflare_config(), _terminate_as_interrupt():
+    with open(log_path, "w") as out, keep_user_nvflare_config(), terminate_as_interrupt():
         try:
-            if _run_cli(["poc", "prepare", "-i", str(project), "--force"], env, out, 120).returncode:
+            if run_nvflare(["poc", "prepare", "-i", str(project), "--force"], env, out, 120).returncode:
                 raise RuntimeError(f"`nvflare poc prepare` failed (see {log_path})")
             kits = workspace / PROJECT / "prod_00"
             allow_controller(kits / "server", paths=(CONTROLLER_PATH,))
@@ -175,18 +177,18 @@ def _poc(job_dir: Path, flare_dir: Path, sites: list[str], *, timeout: Optional[
                 allow_controller(kits / site, paths=(STATISTICS_PATH, RECORDER_PATH))
             out.write("$ nvflare poc start\n")
             out.flush()
-            started = subprocess.Popen(_nvflare("poc", "start", "--timeout", "120"), env=env, stdout=out,
+            started = subprocess.Popen(nvflare_command("poc", "start", "--timeout", "120"), env=env, stdout=out,
                                        stderr=subprocess.STDOUT, start_new_session=True)
             tree = ProcessTree(started.pid)
             if started.wait(timeout=180):
                 raise RuntimeError(f"`nvflare poc start` failed (see {log_path})")
             tree.snapshot()
-            _submit_and_wait(job_dir, workspace, flare_dir, [], progress, timeout, tick=tree.snapshot)
+            submit_and_wait(job_dir, workspace, flare_dir, [], progress, timeout, tick=tree.snapshot)
         finally:
             kept = _keep_outputs(workspace, flare_dir)
             found = _keep_outputs(flare_dir / "result", flare_dir) if (flare_dir / "result").is_dir() else None
             kept = found or kept
-            _stop_poc(env, out, tree, workspace, logs)
+            stop_poc(env, out, tree, workspace, logs)
     return kept
 
 

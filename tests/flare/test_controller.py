@@ -35,7 +35,8 @@ import fedcxr  # noqa: E402
 from fedcxr.cli import main  # noqa: E402
 from fedcxr.pipeline.config import config_fingerprint, load_config  # noqa: E402
 from fedcxr.pipeline.federation import run_experiment  # noqa: E402
-from fedcxr.flare.run import poc_many, simulate_many  # noqa: E402
+from fedcxr.flare.poc import poc_many  # noqa: E402
+from fedcxr.flare.simulator import simulate_many  # noqa: E402
 from fedcxr.flare.wire import REPLY_KEYS, check_summary  # noqa: E402
 from fedcxr.vocab import CLASSES  # noqa: E402
 

@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("nvflare")
 
-from fedcxr.flare.run import simulate_many  # noqa: E402
+from fedcxr.flare.simulator import simulate_many  # noqa: E402
 from fedcxr.pipeline.checkpoints import load_checkpoint, load_tensors  # noqa: E402
 from fedcxr.pipeline.config import config_fingerprint, load_config  # noqa: E402
 from fedcxr.pipeline.federation import run_experiment  # noqa: E402
