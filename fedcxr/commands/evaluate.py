@@ -5,7 +5,7 @@ Writes ``predictions/<split>.parquet`` (and ``predictions/val.parquet``) when mi
 operating points on the validation split (Youden, 90% sensitivity, 90% specificity) and stores
 them in ``operating_points.json`` (``fedcxr predict`` applies them to new images), then writes
 ``report.json``, ``per_class.csv``, ``report.md``, ``roc_<site>.png`` and
-``calibration_<site>.png`` (:mod:`fedcxr.evaluation.report`). A missing or malformed run directory
+``calibration_<site>.png`` (:mod:`fedcxr.evaluation.report`, :mod:`~fedcxr.evaluation.report_files`). A missing or malformed run directory
 raises :class:`~fedcxr.errors.UserError` (exit code 2).
 """
 
@@ -21,7 +21,9 @@ from fedcxr.atomic import atomic_write_bytes, atomic_write_json
 from fedcxr.errors import UserError
 from fedcxr.escape import md
 from fedcxr.evaluation.operating import operating_point_thresholds
-from fedcxr.evaluation.report import build_report, fmt, fmt_ci, write_report
+from fedcxr.evaluation.report import build_report
+from fedcxr.evaluation.report_files import write_report
+from fedcxr.evaluation.report_markdown import fmt, fmt_ci
 from fedcxr.evaluation.runs import OPERATING_POINTS, check_run_dir, load_predictions, load_run_info, predictions_path
 from fedcxr.runlock import run_lock
 
