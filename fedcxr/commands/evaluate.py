@@ -1,7 +1,7 @@
 """``fedcxr evaluate RUN_DIR``: predictions from the training side, the report from evaluation.
 
 Writes ``predictions/<split>.parquet`` (and ``predictions/val.parquet``) when missing
-(:mod:`fedcxr.pipeline.predict`: the model scores every evaluated site's split), chooses the
+(:mod:`fedcxr.pipeline.predictions`: the model scores every evaluated site's split), chooses the
 operating points on the validation split (Youden, 90% sensitivity, 90% specificity) and stores
 them in ``operating_points.json`` (``fedcxr predict`` applies them to new images), then writes
 ``report.json``, ``per_class.csv``, ``report.md``, ``roc_<site>.png`` and
@@ -84,7 +84,7 @@ def _predictions(run_dir: Path, split: str, classes: list[str], device: Optional
     instead of an error.
     """
     if not predictions_path(run_dir, split).is_file():
-        from fedcxr.pipeline.predict import write_predictions  # torch only when a model must run
+        from fedcxr.pipeline.predictions import write_predictions  # torch only when a model must run
 
         try:
             write_predictions(run_dir, split, device=device)
