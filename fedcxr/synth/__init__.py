@@ -7,7 +7,8 @@ can learn in minutes on a CPU and the site differences federated methods are abo
 * :mod:`fedcxr.synth.phantom` draws the images (procedural radiograph-like phantoms);
 * :mod:`fedcxr.synth.cohort` decides who is imaged and what each image shows;
 * :mod:`fedcxr.synth.hospitals` defines the four hospitals (case mix, look, label sets);
-* :mod:`fedcxr.synth.export` / :mod:`fedcxr.synth.dicom_export` write the vendor formats;
+* :mod:`fedcxr.synth.export` / :mod:`fedcxr.synth.dicom_export` / :mod:`fedcxr.synth.midrc_export`
+  write the vendor formats;
 * :mod:`fedcxr.synth.truth` finds an ingested image's true findings for every class again
   (benchmarks score sites on classes they do not label).
 
@@ -19,7 +20,8 @@ Output of :func:`write_synthetic_export` (``OUT``)::
     OUT/midrc_style/        MIDRC DICOM + TSV layout     (fedcxr ingest midrc)
     OUT/dicom_style/        DICOM folder + labels.csv    (fedcxr ingest dicom)
 
-Same seed → byte-identical csv/tsv/json files and identical pixel arrays.
+Same seed → byte-identical csv/tsv/json files and identical pixel arrays. The command line,
+``fedcxr synth``, is :mod:`fedcxr.commands.synth`.
 """
 
 from __future__ import annotations
