@@ -70,8 +70,11 @@ def write_project(path: Path, sites: list[str], port: int) -> Path:
     return path
 
 
-def allow_controller(server_kit: Path, paths: tuple[str, ...] = (CONTROLLER_PATH, PERSISTOR_PATH, LOCATOR_PATH)
-                     ) -> None:
+#: What a training job's server builds: fedcxr's controller, persistor and model locator.
+SERVER_CLASSES = (CONTROLLER_PATH, PERSISTOR_PATH, LOCATOR_PATH)
+
+
+def allow_controller(server_kit: Path, paths: tuple[str, ...] = SERVER_CLASSES) -> None:
     """Let the server build fedcxr's controller, persistor and model locator (or the classes in
     ``paths``, e.g. a statistics job's): add them to ``local/resources.json``'s ``class_allow_list``.
 
@@ -136,25 +139,43 @@ def poc_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device:
     project = write_project(flare_dir / "project.yml", sites, free_port())
     logs = next_log_dir(flare_dir)
     log_path = logs / "poc.log"
-    tree: Optional[ProcessTree] = None
     with open(log_path, "w") as out, keep_user_nvflare_config(), terminate_as_interrupt():
         try:
-            if run_nvflare(["poc", "prepare", "-i", str(project), "--force"], env, out, 120).returncode:
-                raise RuntimeError(f"`nvflare poc prepare` failed (see {log_path})")
-            allow_controller(workspace / PROJECT / "prod_00" / "server")
-            out.write("$ nvflare poc start\n")
-            out.flush()
-            started = subprocess.Popen(nvflare_command("poc", "start", "--timeout", "120"), env=env, stdout=out,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
-            tree = ProcessTree(started.pid)
-            if started.wait(timeout=180):
-                raise RuntimeError(f"`nvflare poc start` failed (see {log_path})")
-            tree.snapshot()
-            submit_and_wait(job_dir, workspace, flare_dir, runs, progress, timeout, tick=tree.snapshot)
+            with poc_system(project, workspace, env, out, log_path, {"server": SERVER_CLASSES}) as tree:
+                submit_and_wait(job_dir, workspace, flare_dir, runs, progress, timeout, tick=tree.snapshot)
         finally:
-            stop_poc(env, out, tree, workspace, logs)
             copy_tensorboard(flare_dir / "result", flare_dir / "tensorboard")
     return finish_runs(runs, "FLARE POC", log_path)
+
+
+@contextmanager
+def poc_system(project: Path, workspace: Path, env: dict, out, log_path: Path,
+               allow: dict[str, tuple[str, ...]]) -> Iterator[ProcessTree]:
+    """A POC system provisioned from ``project`` into ``workspace`` and started; yields its process tree.
+
+    ``allow``: participant (``server`` or a site) → the classes its startup kit may build
+    (:func:`allow_controller`). ``out`` is the log file ``log_path`` of the ``nvflare`` commands.
+    On exit — also on error or Ctrl-C — the system is stopped, every process left in its group
+    ended, the logs kept beside ``log_path`` and the workspace removed (:func:`stop_poc`).
+    """
+    tree: Optional[ProcessTree] = None
+    try:
+        if run_nvflare(["poc", "prepare", "-i", str(project), "--force"], env, out, 120).returncode:
+            raise RuntimeError(f"`nvflare poc prepare` failed (see {log_path})")
+        kits = workspace / PROJECT / "prod_00"
+        for participant, paths in allow.items():
+            allow_controller(kits / participant, paths=paths)
+        out.write("$ nvflare poc start\n")
+        out.flush()
+        started = subprocess.Popen(nvflare_command("poc", "start", "--timeout", "120"), env=env, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        tree = ProcessTree(started.pid)
+        if started.wait(timeout=180):
+            raise RuntimeError(f"`nvflare poc start` failed (see {log_path})")
+        tree.snapshot()
+        yield tree
+    finally:
+        stop_poc(env, out, tree, workspace, log_path.parent)
 
 
 def submit_and_wait(job_dir: Path, workspace: Path, flare_dir: Path, runs: list, progress: bool,
@@ -205,5 +226,5 @@ def stop_poc(env: dict, out, tree: Optional[ProcessTree], workspace: Path, logs:
         shutil.rmtree(workspace, ignore_errors=True)
 
 
-__all__ = ["ADMIN", "PROJECT", "allow_controller", "free_port", "keep_user_nvflare_config", "poc", "poc_many",
-           "stop_poc", "submit_and_wait", "write_project"]
+__all__ = ["ADMIN", "PROJECT", "SERVER_CLASSES", "allow_controller", "free_port", "keep_user_nvflare_config", "poc",
+           "poc_many", "poc_system", "stop_poc", "submit_and_wait", "write_project"]

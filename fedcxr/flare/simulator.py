@@ -13,8 +13,9 @@ import os
 import shutil
 import signal
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from fedcxr.flare.processes import (
     ProcessTree,
@@ -56,21 +57,13 @@ def simulate_many(runs: list, *, resume: bool = False, task_timeout: int = 0, de
     shutil.rmtree(workspace, ignore_errors=True)
     logs = next_log_dir(flare_dir)
     log_path = logs / "simulator.log"
-    cmd = nvflare_command("simulator", str(job_dir), "-w", str(workspace), "-c", ",".join(sites),
-                          "-t", str(len(sites)))
     with open(log_path, "w") as out, terminate_as_interrupt():
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**nvflare_env(), **(env or {})},
-                                start_new_session=True)
-        tree = ProcessTree(proc.pid)
         try:
-            if on_start is not None:
-                on_start(proc)
-            wait_with_progress(proc, runs, progress, timeout=timeout, tick=tree.snapshot)
+            with running_simulator(job_dir, workspace, sites, out, {**nvflare_env(), **(env or {})}) as (proc, tree):
+                if on_start is not None:
+                    on_start(proc)
+                wait_with_progress(proc, runs, progress, timeout=timeout, tick=tree.snapshot)
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGINT)  # the simulator ends its workers on Ctrl-C
-            tree.stop()
-            proc.wait()
             copy_logs(workspace, logs)
             copy_tensorboard(workspace, flare_dir / "tensorboard")
             copy_global_model(workspace, flare_dir)
@@ -78,4 +71,24 @@ def simulate_many(runs: list, *, resume: bool = False, task_timeout: int = 0, de
     return finish_runs(runs, "FLARE simulator", log_path)
 
 
-__all__ = ["simulate", "simulate_many"]
+@contextmanager
+def running_simulator(job_dir: Path, workspace: Path, sites: list[str], out, env: dict
+                      ) -> Iterator[tuple[subprocess.Popen, ProcessTree]]:
+    """``nvflare simulator`` on ``job_dir`` (one client per site, workspace ``workspace``) in its own
+    process group, its output into ``out``; yields ``(process, its tree)``. On exit — also on error
+    or Ctrl-C — a simulator still running is interrupted (it ends its workers on SIGINT) and every
+    process it started is ended."""
+    cmd = nvflare_command("simulator", str(job_dir), "-w", str(workspace), "-c", ",".join(sites),
+                          "-t", str(len(sites)))
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    tree = ProcessTree(proc.pid)
+    try:
+        yield proc, tree
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)  # the simulator ends its workers on Ctrl-C
+        tree.stop()
+        proc.wait()
+
+
+__all__ = ["running_simulator", "simulate", "simulate_many"]
