@@ -181,7 +181,7 @@ def site_truth(export: Path, manifests: Path, sites: Sequence[str]) -> dict[str,
     """Per site: every image's true label of every class (:mod:`fedcxr.synth.truth`), indexed by
     the ``row_key`` its predictions carry (the bench holds the manifests, as a site does)."""
     from fedcxr.pipeline.data import load_site
-    from fedcxr.pipeline.predict import row_keys
+    from fedcxr.pipeline.predictions import row_keys
     from fedcxr.synth import read_synth_json
     from fedcxr.synth.truth import true_labels
 

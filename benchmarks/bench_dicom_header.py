@@ -1,7 +1,7 @@
 """Header-check throughput on DICOM files: 1 worker vs N workers, side by side.
 
 Copies one real DICOM from ``../shared/data/dicom`` N times into a temporary folder and runs
-the ingest's header check (:func:`fedcxr.site_adapters.images.read_headers`: tags up to the
+the ingest's header check (:func:`fedcxr.site_adapters.image_checks.read_headers`: tags up to the
 pixel data, pixel-data length against the file size, decoder availability) over all copies,
 once per worker count. Prints images/s for each and the speed-up over one worker.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from fedcxr.site_adapters.images import read_headers  # noqa: E402
+from fedcxr.site_adapters.image_checks import read_headers  # noqa: E402
 
 DEFAULT_FILE = "rsna_pneumonia_cr_chest_pa_jpegbaseline_mono2.dcm"
 

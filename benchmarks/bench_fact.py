@@ -18,7 +18,7 @@ target = the official *test* images re-split 45/15/40 by patient hash and shifte
 * ``Oracle`` (reference: the target alone with all its labels) trains on the labeled shifted
   target's 260 training rows;
 * every run is then scored the same way: its final model on the **labeled** shifted target's
-  test split (279 images, :func:`fedcxr.pipeline.predict.site_prediction_frame`, AUROC of
+  test split (279 images, :func:`fedcxr.pipeline.predictions.site_prediction_frame`, AUROC of
   :mod:`fedcxr.evaluation.metrics`), written to ``RUN_DIR/target_test.json``;
 * every method uses Adam (lr 1e-3, no weight decay), as ``bench_shift``'s runs; FACT keeps its
   other defaults (random source pair per round, its lr annealing, optimiser state kept across
@@ -153,7 +153,7 @@ def score_run(run_dir: Path, labeled_target: Path, cache: Path, *, params: Optio
     import torch
 
     from fedcxr.evaluation.metrics import auroc
-    from fedcxr.pipeline.predict import load_final, site_params, site_prediction_frame
+    from fedcxr.pipeline.predictions import load_final, site_params, site_prediction_frame
     from fedcxr.pipeline.site_runner import SiteRunner
     from fedcxr.vocab import label_column
 
@@ -189,7 +189,7 @@ def adabn_run(source_run: Path, run_dir: Path, unlabeled_target: Path, labeled_t
     from torch.nn.modules.batchnorm import _BatchNorm
 
     from fedcxr.pipeline.data import make_loader
-    from fedcxr.pipeline.predict import load_final, site_params
+    from fedcxr.pipeline.predictions import load_final, site_params
     from fedcxr.pipeline.site_runner import SiteRunner
 
     _, final = load_final(source_run)

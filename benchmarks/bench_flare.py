@@ -60,7 +60,8 @@ def config(manifests: Path, cache: Path, backbone: str, rounds: int):
 def run(mode: str, cfg, run_dir: Path) -> tuple[float, float]:
     """(seconds per round, start-up seconds) of one mode."""
     from fedcxr.pipeline.federation import run_experiment
-    from fedcxr.flare.run import poc, simulate
+    from fedcxr.flare.poc import poc
+    from fedcxr.flare.simulator import simulate
 
     start = time.perf_counter()
     if mode == "in-process":

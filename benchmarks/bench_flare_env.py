@@ -5,11 +5,11 @@
 The same FedAvg job (two synthetic hospitals, 32 px, resnet_tiny, one step per site per round,
 cross-site evaluation with 50 bootstrap resamples) is run four ways, side by side:
 
-* ``fedcxr sim`` — :func:`fedcxr.flare.run.simulate` (``nvflare simulator`` in its own process
+* ``fedcxr sim`` — :func:`fedcxr.flare.simulator.simulate` (``nvflare simulator`` in its own process
   group, progress from ``metrics.jsonl``, timeout, logs kept, every process ended);
 * ``SimEnv`` — ``nvflare.recipe.SimEnv(clients=...).deploy(job)`` on the very job
   :func:`fedcxr.flare.job.build_job` builds (``FedJob.simulator_run``);
-* ``fedcxr poc`` — :func:`fedcxr.flare.run.poc` (provision with our project file on a free
+* ``fedcxr poc`` — :func:`fedcxr.flare.poc.poc` (provision with our project file on a free
   port, allow-list the controller, start, submit, wait, download, stop, clean);
 * ``PocEnv`` — ``nvflare.recipe.PocEnv(clients=...).deploy(job)``, then ``get_job_status``
   until finished, ``get_job_result``, ``stop(clean_up=True)``.
@@ -58,7 +58,8 @@ def outcome(run_dir: Path) -> dict:
 
 
 def ours(mode: str, cfg, run_dir: Path) -> dict:
-    from fedcxr.flare.run import poc, simulate
+    from fedcxr.flare.poc import poc
+    from fedcxr.flare.simulator import simulate
 
     start = time.perf_counter()
     try:

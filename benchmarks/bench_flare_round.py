@@ -65,7 +65,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per site process")
     args = parser.parse_args()
 
-    from fedcxr.flare.run import simulate_many
+    from fedcxr.flare.simulator import simulate_many
     from fedcxr.synth import ingest_synthetic, write_synthetic_export
 
     with tempfile.TemporaryDirectory(prefix="fedcxr-bench-round-") as tmp:

@@ -76,7 +76,8 @@ def candidates(folders: list[Path]) -> list[Path]:
 
 
 def run(folders: list[Path]) -> dict:
-    from fedcxr.site_adapters.images import check_image, read_image
+    from fedcxr.site_adapters.image_checks import check_image
+    from fedcxr.site_adapters.images import read_image
 
     logging.getLogger("pydicom").setLevel(logging.CRITICAL + 1)
     rows = []

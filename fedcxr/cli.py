@@ -23,16 +23,16 @@ from fedcxr.logs import verbosity
 HANDLERS: dict[str, str] = {
     "init": "fedcxr.commands.init:cli_init",
     "ingest": "fedcxr.commands.ingest:cli_ingest",
-    "synth": "fedcxr.synth:cli_synth",
+    "synth": "fedcxr.commands.synth:cli_synth",
     "train": "fedcxr.commands.train:cli_train",
     "evaluate": "fedcxr.commands.evaluate:cli_evaluate",
     "predict": "fedcxr.commands.predict:cli_predict",
-    "export-bundle": "fedcxr.bundle.export:cli_export_bundle",
+    "export-bundle": "fedcxr.commands.export_bundle:cli_export_bundle",
     "report": "fedcxr.commands.report:cli_report",
     "demo": "fedcxr.commands.demo:cli_demo",
     "sweep": "fedcxr.commands.sweep:cli_sweep",
-    "shift": "fedcxr.site_adapters.shift:cli_shift",
-    "flare": "fedcxr.flare.cli:cli_flare",
+    "shift": "fedcxr.commands.shift:cli_shift",
+    "flare": "fedcxr.commands.flare:cli_flare",
     "stats": "fedcxr.commands.stats:cli_stats",
 }
 

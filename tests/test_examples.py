@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from fedcxr.pipeline.config import load_config
-from fedcxr.site_adapters.csv_mapping import load_mapping
+from fedcxr.site_adapters.csv_mapping_schema import load_mapping
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
 

@@ -1,4 +1,4 @@
-"""``fedcxr export-bundle RUN_DIR --out BUNDLE``: a finished run's model as a MONAI bundle.
+"""A finished run's model as a MONAI bundle (``fedcxr export-bundle RUN_DIR --out BUNDLE``).
 
 Layout (MONAI's bundle specification)::
 
@@ -29,7 +29,6 @@ traced from, are left out of ``model.ts``: :func:`torchscript_bytes`).
 
 from __future__ import annotations
 
-import argparse
 import io
 import shutil
 import zipfile
@@ -202,7 +201,7 @@ key `fedcxr.operating_points` (call a class positive when prob >= threshold).
 
 def export_bundle(run_dir: Path | str, out: Path | str, *, site: Optional[str] = None) -> Path:
     """Write the bundle for ``run_dir``'s global model (or ``site``'s own) into ``out``."""
-    from fedcxr.commands.predict import thresholds_for
+    from fedcxr.evaluation.runs import thresholds_for
     from fedcxr.pipeline.inference import load_run_model
 
     run_dir, out = Path(run_dir), Path(out)
@@ -225,10 +224,3 @@ def export_bundle(run_dir: Path | str, out: Path | str, *, site: Optional[str] =
         size=loaded.image_size))
     write_checksums(out)
     return out
-
-
-def cli_export_bundle(args: argparse.Namespace) -> int:
-    out = export_bundle(args.run_dir, args.out, site=args.site)
-    print(f"MONAI bundle in {out}; run it with:\n  python -m monai.bundle run --bundle_root {out} "
-          f"--config_file {out / 'configs' / 'inference.json'} --dataset_dir DIR --output_dir OUT")
-    return 0

@@ -151,7 +151,7 @@ class LoadFedcxrImaged(MapTransform):
 
 def _reason(exc: BaseException) -> str:
     """A decoder failure as a short reason (fedcxr's own image errors are already worded for users)."""
-    from fedcxr.site_adapters.images import ImageError
+    from fedcxr.site_adapters.image_headers import ImageError
 
     text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
     return text if isinstance(exc, ImageError) and text else f"cannot decode: {type(exc).__name__}: {text}"

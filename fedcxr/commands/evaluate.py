@@ -1,11 +1,11 @@
 """``fedcxr evaluate RUN_DIR``: predictions from the training side, the report from evaluation.
 
 Writes ``predictions/<split>.parquet`` (and ``predictions/val.parquet``) when missing
-(:mod:`fedcxr.pipeline.predict`: the model scores every evaluated site's split), chooses the
+(:mod:`fedcxr.pipeline.predictions`: the model scores every evaluated site's split), chooses the
 operating points on the validation split (Youden, 90% sensitivity, 90% specificity) and stores
 them in ``operating_points.json`` (``fedcxr predict`` applies them to new images), then writes
 ``report.json``, ``per_class.csv``, ``report.md``, ``roc_<site>.png`` and
-``calibration_<site>.png`` (:mod:`fedcxr.evaluation.report`). A missing or malformed run directory
+``calibration_<site>.png`` (:mod:`fedcxr.evaluation.report`, :mod:`~fedcxr.evaluation.report_files`). A missing or malformed run directory
 raises :class:`~fedcxr.errors.UserError` (exit code 2).
 """
 
@@ -21,12 +21,11 @@ from fedcxr.atomic import atomic_write_bytes, atomic_write_json
 from fedcxr.errors import UserError
 from fedcxr.escape import md
 from fedcxr.evaluation.operating import operating_point_thresholds
-from fedcxr.evaluation.report import build_report, fmt, fmt_ci, write_report
-from fedcxr.evaluation.runs import check_run_dir, load_predictions, load_run_info, predictions_path
+from fedcxr.evaluation.report import build_report
+from fedcxr.evaluation.report_files import write_report
+from fedcxr.evaluation.report_markdown import fmt, fmt_ci
+from fedcxr.evaluation.runs import OPERATING_POINTS, check_run_dir, load_predictions, load_run_info, predictions_path
 from fedcxr.runlock import run_lock
-
-#: thresholds chosen on the validation split, per site and class (read by ``fedcxr predict``)
-OPERATING_POINTS = "operating_points.json"
 
 
 def evaluate_run(run_dir: Path | str, *, split: str = "test", n_boot: int = 1000, seed: int = 0,
@@ -85,7 +84,7 @@ def _predictions(run_dir: Path, split: str, classes: list[str], device: Optional
     instead of an error.
     """
     if not predictions_path(run_dir, split).is_file():
-        from fedcxr.pipeline.predict import write_predictions  # torch only when a model must run
+        from fedcxr.pipeline.predictions import write_predictions  # torch only when a model must run
 
         try:
             write_predictions(run_dir, split, device=device)

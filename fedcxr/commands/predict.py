@@ -39,8 +39,6 @@ Without ``--site``, thresholds come from the run's target (or its only evaluated
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import os
 import secrets
 import tempfile
@@ -51,12 +49,10 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.atomic import atomic_path
-from fedcxr.commands.evaluate import OPERATING_POINTS
 from fedcxr.errors import UserError
 from fedcxr.escape import csv_frame
+from fedcxr.evaluation.runs import decision_thresholds
 from fedcxr.logs import progress_wanted
-
-log = logging.getLogger(__name__)
 
 #: 1 where the image's DICOM tags say it is not a chest radiograph (:mod:`fedcxr.site_adapters.body_part`).
 NOT_CHEST_COLUMN = "not_chest_radiograph"
@@ -73,45 +69,6 @@ def cam_dir(out: Path) -> Path:
     """``FILE.cam/`` beside ``FILE.csv``: Grad-CAM overlays named by key."""
     out = Path(out)
     return out.with_name(out.stem + ".cam")
-
-
-def thresholds_for(run_dir: Path, run: dict, site: Optional[str]) -> tuple[Optional[str], dict]:
-    """``(site whose thresholds apply, {class: {rule: t}})`` from ``operating_points.json``, or ``(None, {})``
-    (the reason is logged as a warning; :func:`decision_thresholds` also returns it)."""
-    chosen, thresholds, reason = decision_thresholds(run_dir, run, site)
-    if reason:
-        log.warning("%s: probabilities only, no decisions", reason)
-    return chosen, thresholds
-
-
-def decision_thresholds(run_dir: Path, run: dict, site: Optional[str]) -> tuple[Optional[str], dict, Optional[str]]:
-    """``(site whose thresholds apply, {class: {rule: t}}, None)``, or ``(None, {}, why there are none)``.
-
-    Without ``site`` the thresholds are the run's target's, or those of the only site evaluated;
-    a run without a ``target:`` evaluated at several sites has no single choice, and the reason
-    says to pass ``--site``."""
-    path = Path(run_dir) / OPERATING_POINTS
-    if not path.is_file():
-        return None, {}, (f"{run_dir} has no {OPERATING_POINTS}: the run was never evaluated (run "
-                          f"`fedcxr evaluate {run_dir}` first: it chooses the thresholds on the validation split)")
-    try:
-        stored = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(stored, dict):
-        raise UserError(f"{path}: expected a mapping of site → class → thresholds")
-    if site is None:
-        candidates = [run.get("target")] if run.get("target") in stored else list(stored)
-        if len(candidates) != 1:
-            why = ("the run has no `target:`" if not run.get("target")
-                   else f"its target {run.get('target')!r} has none")
-            return None, {}, (f"{path.name} holds thresholds of sites {', '.join(sorted(stored)) or '(none)'} and "
-                              f"{why}: pass --site NAME to apply one site's thresholds (and model)")
-        site = candidates[0]
-    if site not in stored:
-        return None, {}, (f"{path.name} has no thresholds for site {site!r} "
-                          f"(it has {', '.join(sorted(stored)) or 'none'})")
-    return site, stored[site], None
 
 
 def _input_site(input_dir: Path, tmp: Path, progress: bool,
@@ -175,7 +132,7 @@ def predict_folder(run_dir: Path | str, input_dir: Path | str, out: Path | str, 
     """Score every image of ``input_dir``; writes ``out`` and its private key map. Returns a summary."""
     from fedcxr.pipeline.inference import load_run_model, score_files
     from fedcxr.pipeline.local import resolve_device
-    from fedcxr.pipeline.predict import row_keys
+    from fedcxr.pipeline.predictions import row_keys
 
     run_dir, input_dir, out = Path(run_dir), Path(input_dir), Path(out)
     if out.suffix.lower() != ".csv":

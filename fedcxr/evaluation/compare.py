@@ -40,7 +40,9 @@ from scipy.sparse.csgraph import connected_components
 from fedcxr.errors import UserError
 from fedcxr.escape import md, to_csv_text
 from fedcxr.evaluation import metrics
-from fedcxr.evaluation.report import evaluate_rows, fmt, fmt_ci, is_binary_task, write_json, write_text
+from fedcxr.evaluation.report import evaluate_rows, is_binary_task
+from fedcxr.evaluation.report_files import write_json, write_text
+from fedcxr.evaluation.report_markdown import fmt, fmt_ci
 from fedcxr.evaluation.report_table import load_summary_results
 from fedcxr.evaluation.runs import ID_COLUMNS, load_predictions, load_run_info, predictions_path
 

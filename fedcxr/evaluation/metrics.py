@@ -66,6 +66,18 @@ def auroc(y, p) -> float:
     return float(roc_auc_score(y, p))
 
 
+def class_aurocs(labels, mask, probs, classes: Sequence[str]) -> dict[str, float]:
+    """``{class: AUROC}`` of ``(n, C)`` arrays: per column, :func:`auroc` over the rows whose
+    ``mask`` > 0 (labeled); NaN where those rows hold one label value (never 0.5).
+
+    The array form of :func:`per_class_auroc` for training's per-round validation (no CI,
+    no reason): the labels, label mask and probabilities a forward pass returns.
+    """
+    labels, mask, probs = (np.asarray(a, dtype=float) for a in (labels, mask, probs))
+    y = np.where(mask > 0, labels, np.nan)
+    return {cls: auroc(y[:, i], probs[:, i]) for i, cls in enumerate(classes)}
+
+
 def accuracy(y, p, threshold: float = 0.5) -> float:
     """Fraction of labeled rows with ``(p >= threshold) == y``; NaN when nothing is labeled.
 
@@ -84,7 +96,7 @@ def mean_auroc(aurocs) -> float:
     return float(values.mean()) if values.size else float("nan")
 
 
-# --------------------------------------------------------------------------- weighted AUROC
+# --------------------------------------------------------------------------- AUROC under many weightings
 
 
 class _SortedClass:
@@ -117,21 +129,6 @@ class _SortedClass:
         denom = wp.sum(axis=1) * cum[:, -1]
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(denom > 0, num / np.where(denom > 0, denom, 1.0), np.nan)
-
-
-def weighted_auroc(y, p, weights) -> np.ndarray:
-    """AUROC of ``(y, p)`` under each row of non-negative ``weights`` (B, n) → (B,).
-
-    Integer weights give the AUROC of the rows replicated that many times (a bootstrap
-    resample). NaN where a weight row leaves only one label value. Unlabeled rows are ignored.
-    """
-    y = np.asarray(y, dtype=float)
-    p = np.asarray(p, dtype=float)
-    weights = np.atleast_2d(np.asarray(weights))
-    if not np.issubdtype(weights.dtype, np.integer):
-        weights = weights.astype(float)
-    rows = np.flatnonzero(~np.isnan(y))
-    return _SortedClass(y[rows], p[rows], rows).auc(weights)
 
 
 # --------------------------------------------------------------------------- bootstrap
@@ -216,16 +213,6 @@ def percentile_ci(samples, alpha: float = 0.05) -> BootstrapCI:
         return BootstrapCI(float("nan"), float("nan"), 0, skipped)
     low, high = np.quantile(finite, [alpha / 2, 1 - alpha / 2])
     return BootstrapCI(float(low), float(high), int(finite.size), skipped)
-
-
-def bootstrap_ci(y, p, groups, n_boot: int = 1000, seed: int = 0, alpha: float = 0.05) -> BootstrapCI:
-    """Patient-level bootstrap percentile CI of the AUROC of one class.
-
-    Resamples patients with replacement (all rows of a drawn patient come along, so images of
-    one patient never count as independent evidence); resamples with a single label value are
-    skipped and counted in ``n_skipped``.
-    """
-    return percentile_ci(bootstrap_aurocs(y, p, groups, n_boot, seed)[:, 0], alpha)
 
 
 def bootstrap_mean_ci(boot: np.ndarray, alpha: float = 0.05) -> BootstrapCI:
@@ -407,16 +394,6 @@ def clustered_delong(y, p, clusters) -> tuple[float, float]:
         return float("nan"), float("nan")
     aucs, cov, _ = _clustered_delong_components(y, p[None, :], codes)
     return float(aucs[0]), float(cov[0, 0])
-
-
-def clustered_delong_ci(y, p, clusters, alpha: float = 0.05) -> tuple[float, float]:
-    """Normal-approximation CI θ ± z_{1−α/2} · sqrt(var) with the patient-clustered variance,
-    clipped to [0, 1]; (NaN, NaN) where the variance is undefined."""
-    auc, var = clustered_delong(y, p, clusters)
-    if not (np.isfinite(auc) and np.isfinite(var)):
-        return float("nan"), float("nan")
-    half = stats.norm.ppf(1 - alpha / 2) * np.sqrt(max(var, 0.0))
-    return float(max(0.0, auc - half)), float(min(1.0, auc + half))
 
 
 def clustered_delong_paired_test(y, p1, p2, clusters) -> tuple[float, float, float, float]:

@@ -2,8 +2,9 @@
 calibration and (given validation predictions) operating points.
 
 :func:`build_report` turns a prediction table into a plain dict (the content of
-``report.json``); :func:`write_report` writes it as ``report.json``, ``per_class.csv``,
-``report.md`` and per evaluated site a ROC figure ``roc_<site>.png`` and a reliability diagram
+``report.json``); :func:`fedcxr.evaluation.report_files.write_report` writes it as
+``report.json``, ``per_class.csv``, ``report.md`` (:mod:`fedcxr.evaluation.report_markdown`)
+and per evaluated site a ROC figure ``roc_<site>.png`` and a reliability diagram
 ``calibration_<site>.png``. Layout of the dict (schema version 2)::
 
     schema_version, kind, method, seed, target, split, classes, binary_task, ci{...},
@@ -31,11 +32,6 @@ Undefined numbers are NaN in the dict and ``null`` in JSON, always next to a ``r
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
-import re
-from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -43,8 +39,6 @@ import pandas as pd
 
 import fedcxr
 from fedcxr.evaluation import calibration, metrics, operating
-from fedcxr.atomic import atomic_write_bytes
-from fedcxr.escape import md, to_csv_text
 from fedcxr.vocab import AUX_VOCAB
 
 #: 2: calibration and operating points added (see module doc).
@@ -54,15 +48,11 @@ SUBGROUP_TASKS = ("sex", "age_bin", "race")
 MIN_SUBGROUP_ROWS = 20
 ACCURACY_THRESHOLD = 0.5
 ALPHA = 0.05
-SUBGROUP_TITLES = {"sex": "Sex", "age_bin": "Age bin (years)", "race": "Race/ethnicity"}
 
 
 def is_binary_task(classes: Sequence[str]) -> bool:
     """A run with one output (e.g. the covid19-only task): accuracy is reported beside AUROC."""
     return len(classes) == 1
-
-
-# --------------------------------------------------------------------------- build
 
 
 def evaluate_rows(
@@ -166,7 +156,6 @@ def _decode(task: str, code: int) -> str:
     return vocab[code] if 0 <= code < len(vocab) else f"code {code}"
 
 
-
 def report_header(run_info: Mapping[str, Any], split: str, classes: list[str]) -> dict[str, Any]:
     """The keys every report opens with (``fedcxr evaluate``'s and the cross-site one alike)."""
     return {
@@ -181,6 +170,7 @@ def report_header(run_info: Mapping[str, Any], split: str, classes: list[str]) -
         "binary_task": is_binary_task(classes),
         "train_sites": list(run_info.get("sites") or []),
     }
+
 
 def build_report(
     predictions: pd.DataFrame,
@@ -260,281 +250,5 @@ def _operating_info(split: str, val_split: str, n_boot: int, target_sensitivity:
     }
 
 
-# --------------------------------------------------------------------------- write
-
-
-def json_safe(value: Any) -> Any:
-    """NaN/inf → None, numpy scalars → Python; keeps key order."""
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        return float(value) if np.isfinite(value) else None
-    if value is None or value is pd.NA:
-        return None
-    if isinstance(value, (str, Path)):
-        return str(value)
-    raise TypeError(f"cannot write {type(value).__name__} to JSON")
-
-
-def write_json(path: Path, payload: Any) -> None:
-    text = json.dumps(json_safe(payload), indent=2, allow_nan=False)
-    atomic_write_bytes(path, (text + "\n").encode())
-
-
-def write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
-
-
-def safe_name(name: str) -> str:
-    """A site name as a file-name fragment: letters, digits, ``._-`` only, no ``..``, no leading or
-    trailing separators (so it can never climb out of the run directory nor hide a file)."""
-    name = re.sub(r"[^A-Za-z0-9._-]+", "_", str(name))
-    name = re.sub(r"_+", "_", re.sub(r"\.{2,}", "_", name))
-    return name.strip("._-") or "site"
-
-
-#: Longest file-name fragment used for a site (file systems stop at 255 bytes).
-MAX_NAME = 80
-
-
-def figure_names(sites) -> dict[str, str]:
-    """site → a file-name fragment unique among ``sites``: :func:`safe_name`, and where two sites
-    would share one (``a/b``, ``a b``) or the name is long, a short hash of the site name added."""
-    names: dict[str, str] = {}
-    taken: set[str] = set()
-    for site in sites:
-        if site in names:
-            continue
-        base = safe_name(site)
-        digest = hashlib.sha1(str(site).encode()).hexdigest()
-        width = 8
-        name = base if len(base) <= MAX_NAME else _hashed(base, digest, width)
-        while name in taken and width <= len(digest):
-            name = _hashed(base, digest, width)
-            width += 1
-        names[site] = name
-        taken.add(name)
-    return names
-
-
-def _hashed(base: str, digest: str, width: int) -> str:
-    return f"{base[:MAX_NAME - 1 - width]}_{digest[:width]}"
-
-
-def per_class_frame(report: dict) -> pd.DataFrame:
-    """``per_class.csv``: one row per (site, class). With operating points, per rule ``<rule>_threshold``
-    and ``<rule>_<metric>``, ``<rule>_<metric>_ci_low``, ``<rule>_<metric>_ci_high`` for
-    sensitivity, specificity, ppv, npv follow the AUROC columns."""
-    columns = ["site"] + metrics.PER_CLASS_COLUMNS
-    rows = []
-    for site, entry in report["sites"].items():
-        points: dict[str, dict[str, Any]] = {}
-        for op in entry.get("operating_points") or []:
-            fields = {f"{op['rule']}_threshold": op["threshold"]}
-            for m in operating.METRICS:
-                fields.update({f"{op['rule']}_{m}{suffix}": op[f"{m}{suffix}"] for suffix in ("", "_ci_low", "_ci_high")})
-            points.setdefault(op["class"], {}).update(fields)
-            columns += [c for c in fields if c not in columns]
-        rows += [{"site": site, **{k: r[k] for k in metrics.PER_CLASS_COLUMNS}, **points.get(r["class"], {})}
-                 for r in entry["per_class"]]
-    return pd.DataFrame(rows, columns=columns)
-
-
-def write_report(run_dir: Path | str, report: dict, predictions: pd.DataFrame) -> list[Path]:
-    """Write ``report.json``, ``per_class.csv``, ``report.md``, ``roc_<site>.png``,
-    ``calibration_<site>.png`` (``<site>``: :func:`figure_names`) and, from the run's
-    ``metrics.jsonl``, ``training_curves.png`` into ``run_dir``."""
-    from fedcxr.evaluation.plots import plot_reliability, plot_roc  # matplotlib only when writing
-
-    run_dir = Path(run_dir)
-    paths = [run_dir / "report.json", run_dir / "per_class.csv", run_dir / "report.md"]
-    write_json(paths[0], report)
-    write_text(paths[1], to_csv_text(per_class_frame(report), float_format="%.6g"))
-    figures: dict[str, dict[str, str]] = {}
-    names = figure_names(report["sites"])
-    site_col = predictions["site"].astype(str).to_numpy()
-    for site, entry in report["sites"].items():
-        rows = predictions[site_col == site]
-        where = f"{site} ({report['split']}, {entry['n_rows']} images)"
-        roc = plot_roc(rows, report["classes"], run_dir / f"roc_{names[site]}.png",
-                       title=f"{report['method']}: ROC on {where}",
-                       aurocs={r["class"]: r["auroc"] for r in entry["per_class"]})
-        reliability = plot_reliability(rows, report["classes"], run_dir / f"calibration_{names[site]}.png",
-                                       title=f"{report['method']}: calibration on {where}",
-                                       n_bins=entry["calibration"]["n_bins"])
-        figures[site] = {"roc": roc.name, "calibration": reliability.name}
-        paths += [roc, reliability]
-    curves, note = write_training_curves(run_dir, report["method"])
-    if curves is not None:
-        paths.append(curves)
-    write_text(paths[2], render_markdown(report, figures, curves=(curves.name if curves else None), curves_note=note))
-    return paths
-
-
-#: the training-curve figure of a run's report
-CURVES_FIGURE = "training_curves.png"
-
-
-def write_training_curves(run_dir: Path, method: str) -> tuple[Optional[Path], Optional[str]]:
-    """``(training_curves.png, None)`` drawn from ``metrics.jsonl``, or ``(None, why not)``."""
-    from fedcxr.errors import UserError
-    from fedcxr.evaluation.curves import read_metrics, training_series
-    from fedcxr.evaluation.plots import plot_training_curves
-
-    try:
-        series = training_series(read_metrics(run_dir))
-    except UserError as exc:  # a damaged metrics file costs the figure, not the report
-        logging.getLogger(__name__).warning("training curves not drawn: %s", exc)
-        return None, "not drawn: metrics.jsonl is malformed (the warning of `fedcxr evaluate` names the line)"
-    if series.empty():
-        return None, "not drawn: the run directory has no per-round metrics (metrics.jsonl)"
-    return plot_training_curves(series, run_dir / CURVES_FIGURE, title=f"{method}: training, per round"), None
-
-
-# --------------------------------------------------------------------------- markdown
-
-
-def fmt(value: Optional[float], digits: int = 3) -> str:
-    return "n/a" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
-
-
-def fmt_ci(value, low, high, digits: int = 3) -> str:
-    if value is None or not np.isfinite(value):
-        return "n/a"
-    if low is None or high is None or not (np.isfinite(low) and np.isfinite(high)):
-        return fmt(value, digits)
-    return f"{value:.{digits}f} ({low:.{digits}f}–{high:.{digits}f})"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    """A Markdown table; every cell escaped (:func:`fedcxr.escape.md`: site names, reasons and class
-    names come from run directories and other sites' summaries)."""
-    lines = ["| " + " | ".join(md(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(md(c) for c in r) + " |" for r in rows]
-    return lines
-
-
-def render_markdown(report: dict, figures: Optional[dict[str, Any]] = None, *, curves: Optional[str] = None,
-                    curves_note: Optional[str] = None) -> str:
-    """A report a researcher can paste: run facts, training curves, per-site per-class table,
-    calibration, operating points, subgroup tables. ``figures``: site → {"roc": name, "calibration":
-    name} (a plain name means the ROC figure); ``curves``: the training-curve figure's name, or
-    ``curves_note``: why there is none."""
-    ci = report["ci"]
-    level = int(round(ci["level"] * 100))
-    ci_text = (f"{level}% CI by patient-level bootstrap ({md(ci['n_boot'])} resamples, seed {md(ci['seed'])})"
-               if ci["n_boot"] > 0 else f"{level}% CI by DeLong (normal approximation)")
-    lines = [f"# Evaluation report: {md(report['method'])}", "",
-             f"- Method: **{md(report['method'])}**, seed {md(report['seed'])}, target: {md(report['target'] or 'none')}",
-             f"- Split: {md(report['split'])}; evaluated sites: {md(', '.join(report['sites']) or 'none')}",
-             f"- Training sites: {md(', '.join(map(str, report['train_sites'])) or 'not recorded')}",
-             f"- Classes ({len(report['classes'])}): {md(', '.join(map(str, report['classes'])))}",
-             f"- AUROC with {ci_text}. Mean AUROC is over the classes with a defined AUROC; "
-             "an undefined AUROC (one label value in the test rows) is n/a, never 0.5.", ""]
-    for item in report.get("sites_without_predictions", []):
-        lines += [f"- Site {md(item['site'])}: not evaluated ({md(item['reason'])})", ""]
-    if curves or curves_note:
-        lines += ["## Training curves", ""]
-        lines += ([f"![Training loss and validation AUROC per round]({curves})", "",
-                   "Per round, from `metrics.jsonl`: each source's mean training loss and the target's "
-                   "fine-tuning loss (top), each evaluated site's mean validation AUROC (bottom; the validation "
-                   "split, never the test split).", ""] if curves else [f"Training curves {curves_note}.", ""])
-    for site, entry in report["sites"].items():
-        figure = (figures or {}).get(site) or {}
-        lines += _site_section(report, site, entry, {"roc": figure} if isinstance(figure, str) else figure)
-    return "\n".join(lines).rstrip() + "\n"
-
-
-def _site_section(report, site, entry, figures: dict[str, str]) -> list[str]:
-    lines = [f"## Site {md(site)}", "",
-             f"{md(entry['n_rows'])} images of {md(entry['n_patients'])} patients.", "",
-             f"**Mean AUROC** ({len(entry['mean_auroc_classes'])} of {len(report['classes'])} classes): "
-             f"{fmt_ci(entry['mean_auroc'], entry['mean_auroc_ci_low'], entry['mean_auroc_ci_high'])}"
-             + (f" ({md(entry['mean_auroc_reason'])})" if entry.get("mean_auroc_reason") else ""), ""]
-    if "accuracy" in entry:
-        lines += [f"**Accuracy** (threshold {md(entry['accuracy_threshold'])}): "
-                  f"{fmt_ci(entry['accuracy'], entry['accuracy_ci_low'], entry['accuracy_ci_high'])}", ""]
-    rows = [[r["class"], fmt_ci(r["auroc"], r["ci_low"], r["ci_high"]), str(r["n"]), str(r["n_pos"]),
-             fmt(r["prevalence"]), _note(r, report["ci"]["n_boot"])] for r in entry["per_class"]]
-    lines += _table(["Class", "AUROC (95% CI)", "n", "Positives", "Prevalence", "Note"], rows) + [""]
-    if figures.get("roc"):
-        lines += [f"![ROC curves, site {md(site)}]({figures['roc']})", ""]
-    if "calibration" in entry:
-        lines += _calibration_section(site, entry["calibration"], figures.get("calibration"))
-    if entry.get("operating_points") is not None and report.get("operating_points"):
-        lines += _operating_section(report["operating_points"], entry["operating_points"], report["ci"]["n_boot"])
-    for task, sub in entry["subgroups"].items():
-        lines += _subgroup_section(report, task, sub)
-    return lines
-
-
-def _note(row: dict, n_boot: int) -> str:
-    """The reason a number is missing, or how many bootstrap resamples the CI had to skip."""
-    if row["reason"]:
-        return row["reason"]
-    if row.get("ci_skipped"):
-        return f"CI from {n_boot - row['ci_skipped']} of {n_boot} resamples (rest had one label value)"
-    return ""
-
-
-def _calibration_section(site: str, cal: dict, figure: Optional[str]) -> list[str]:
-    pooled = cal["pooled"]
-    lines = ["### Calibration", "",
-             f"Brier score = mean of (probability − label)²; ECE = Σ over {md(cal['n_bins'])} equal-width bins of "
-             "(share of rows in the bin) × |fraction positive − mean probability|. Lower is better for both.", "",
-             f"**All classes pooled** ({md(pooled['n'])} labeled entries): Brier {fmt(pooled['brier'])}, "
-             f"ECE {fmt(pooled['ece'])}; mean over classes: Brier {fmt(cal['mean_brier'])}, "
-             f"ECE {fmt(cal['mean_ece'])}.", ""]
-    rows = [[r["class"], fmt(r["brier"]), fmt(r["ece"]), str(r["n"]), r["reason"] or ""] for r in cal["per_class"]]
-    lines += _table(["Class", "Brier", "ECE", "n", "Note"], rows) + [""]
-    if figure:
-        lines += [f"![Reliability diagram, site {md(site)}]({figure})", ""]
-    return lines
-
-
-def _operating_section(info: dict, points: list[dict], n_boot: int) -> list[str]:
-    ci = f"95% CI by patient-level bootstrap, {n_boot} resamples" if n_boot > 0 else "no CIs (n_boot = 0)"
-    rules = "; ".join(f"**{md(name)}**: {md(text)}" for name, text in info["rules"].items())
-    lines = ["### Operating points", "",
-             f"Thresholds chosen per class on the {info['selected_on']} split, measured on the "
-             f"{info['evaluated_on']} split ({ci}); predicted positive when probability ≥ threshold. "
-             f"{rules}.", ""]
-    if info.get("same_rows"):
-        lines += [f"Note: thresholds were chosen on these same {info['evaluated_on']} rows, so these numbers "
-                  "are optimistic.", ""]
-    rows = []
-    for op in points:
-        rows.append([op["class"], op["rule"], fmt(op["threshold"])]
-                    + [fmt_ci(op[m], op[f"{m}_ci_low"], op[f"{m}_ci_high"]) for m in operating.METRICS]
-                    + [op["reason"] or ""])
-    lines += _table(["Class", "Rule", "Threshold", "Sensitivity", "Specificity", "PPV", "NPV", "Note"], rows)
-    return lines + [""]
-
-
-def _subgroup_section(report, task, sub) -> list[str]:
-    lines = [f"### {md(SUBGROUP_TITLES.get(task, task))}", ""]
-    groups = sub["groups"]
-    if groups:
-        names = list(groups)
-        rows = [["n images"] + [str(groups[g]["n_rows"]) for g in names],
-                ["**Mean AUROC**"] + [fmt_ci(groups[g]["mean_auroc"], groups[g]["mean_auroc_ci_low"],
-                                             groups[g]["mean_auroc_ci_high"]) for g in names]]
-        if "accuracy" in groups[names[0]]:
-            rows.append(["Accuracy"] + [fmt(groups[g]["accuracy"]) for g in names])
-        for j, cls in enumerate(report["classes"]):
-            rows.append([cls] + [fmt(groups[g]["per_class"][j]["auroc"]) for g in names])
-        lines += _table(["AUROC"] + names, rows) + [""]
-    else:
-        lines += ["No subgroup large enough to report.", ""]
-    for item in sub["skipped"]:
-        value = item["value"] if item["value"] is not None else "all"
-        lines.append(f"- not reported: {md(value)} ({md(item['n_rows'])} images): {md(item['reason'])}")
-    if sub["skipped"]:
-        lines.append("")
-    return lines
+__all__ = ["ACCURACY_THRESHOLD", "ALPHA", "MIN_SUBGROUP_ROWS", "SCHEMA_VERSION", "SUBGROUP_TASKS", "build_report",
+           "evaluate_rows", "is_binary_task", "report_header", "subgroup_analysis"]

@@ -26,15 +26,9 @@ from typing import Any, Mapping, Optional
 from fedcxr.errors import UserError
 from fedcxr.escape import md, to_csv_text
 from fedcxr.evaluation import metrics
-from fedcxr.evaluation.report import (
-    ALPHA,
-    MIN_SUBGROUP_ROWS,
-    per_class_frame,
-    render_markdown,
-    report_header,
-    write_json,
-    write_text,
-)
+from fedcxr.evaluation.report import ALPHA, MIN_SUBGROUP_ROWS, report_header
+from fedcxr.evaluation.report_files import per_class_frame, write_json, write_text
+from fedcxr.evaluation.report_markdown import render_markdown
 from fedcxr.evaluation.summary_check import summary_problem
 
 SOURCE = "site summaries"

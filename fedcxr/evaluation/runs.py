@@ -6,6 +6,10 @@ Contract (written by the training side)::
     RUN_DIR/predictions/<split>.parquet   one row per image per evaluated site:
         site, row_key, patient_key, label__<c> (1/0/NaN), prob__<c> (sigmoid), aux__<task>
 
+and by ``fedcxr evaluate`` for ``fedcxr predict`` and the bundle export::
+
+    RUN_DIR/operating_points.json         {site: {class: {rule: threshold | null, reason}}}
+
 Prediction tables hold no identifiers (no image path, no patient id). ``row_key`` is a
 pseudonymous per-row key: it must be the same for the same image in every run on the same data,
 because the comparison of two runs pairs their rows by ``(site, row_key)``. ``patient_key`` is a
@@ -19,18 +23,24 @@ names the file and the key or column at fault, so ``fedcxr evaluate``/``report``
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
 
 from fedcxr.errors import UserError
 
+log = logging.getLogger(__name__)
+
 REQUIRED_RUN_KEYS = ("method", "seed", "classes")
 ID_COLUMNS = ("site", "row_key", "patient_key")
 #: Columns of the previous contract; named in the error when a table still has them.
 LEGACY_ID_COLUMNS = ("image_path", "patient_id")
+#: thresholds chosen on the validation split, per site and class (written by ``fedcxr evaluate``,
+#: applied by ``fedcxr predict`` and stored in an exported bundle)
+OPERATING_POINTS = "operating_points.json"
 
 
 def check_run_dir(run_dir: Path | str) -> Path:
@@ -144,3 +154,42 @@ def _numeric(frame: pd.DataFrame, column: str, source) -> np.ndarray:
         return pd.to_numeric(frame[column], errors="raise").to_numpy(dtype=float, na_value=np.nan)
     except (ValueError, TypeError) as exc:
         raise UserError(f"{source}: column {column} is not numeric ({exc})") from None
+
+
+def thresholds_for(run_dir: Path, run: dict, site: Optional[str]) -> tuple[Optional[str], dict]:
+    """``(site whose thresholds apply, {class: {rule: t}})`` from ``operating_points.json``, or ``(None, {})``
+    (the reason is logged as a warning; :func:`decision_thresholds` also returns it)."""
+    chosen, thresholds, reason = decision_thresholds(run_dir, run, site)
+    if reason:
+        log.warning("%s: probabilities only, no decisions", reason)
+    return chosen, thresholds
+
+
+def decision_thresholds(run_dir: Path, run: dict, site: Optional[str]) -> tuple[Optional[str], dict, Optional[str]]:
+    """``(site whose thresholds apply, {class: {rule: t}}, None)``, or ``(None, {}, why there are none)``.
+
+    Without ``site`` the thresholds are the run's target's, or those of the only site evaluated;
+    a run without a ``target:`` evaluated at several sites has no single choice, and the reason
+    says to pass ``--site``."""
+    path = Path(run_dir) / OPERATING_POINTS
+    if not path.is_file():
+        return None, {}, (f"{run_dir} has no {OPERATING_POINTS}: the run was never evaluated (run "
+                          f"`fedcxr evaluate {run_dir}` first: it chooses the thresholds on the validation split)")
+    try:
+        stored = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(stored, dict):
+        raise UserError(f"{path}: expected a mapping of site → class → thresholds")
+    if site is None:
+        candidates = [run.get("target")] if run.get("target") in stored else list(stored)
+        if len(candidates) != 1:
+            why = ("the run has no `target:`" if not run.get("target")
+                   else f"its target {run.get('target')!r} has none")
+            return None, {}, (f"{path.name} holds thresholds of sites {', '.join(sorted(stored)) or '(none)'} and "
+                              f"{why}: pass --site NAME to apply one site's thresholds (and model)")
+        site = candidates[0]
+    if site not in stored:
+        return None, {}, (f"{path.name} has no thresholds for site {site!r} "
+                          f"(it has {', '.join(sorted(stored)) or 'none'})")
+    return site, stored[site], None

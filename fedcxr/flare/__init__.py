@@ -12,8 +12,10 @@ module              what it holds
 ``cross_site``      the server's cross-site evaluation after the last round: report from site summaries
 ``persistor``       FLARE's persistor and model locator: the global model where FLARE's tools look
 ``job``             the FLARE job (controller, persistor, tracking receiver, client script per site)
-``run``             the FLARE simulator and POC mode: processes started, waited for, stopped
-``cli``             ``fedcxr flare export|simulate|poc``
+``run``             a fedcxr run on FLARE whatever runs it: config, run directories, job, rounds, results
+``processes``       the ``nvflare`` processes a run starts: process tree, clean stop, logs kept (never keys)
+``simulator``       ``fedcxr flare simulate``: the run in FLARE's simulator on this machine
+``poc``             ``fedcxr flare poc``: a POC system provisioned (mTLS), started, used and stopped here
 ``stats``           ``fedcxr stats --flare``, a site: FLARE ``Statistics`` over fedcxr's released counts,
                     and the recorder of what the site sent
 ``stats_job``       the server: FLARE's ``StatsJob`` and ``StatisticsController`` with fedcxr's pieces;
@@ -23,5 +25,6 @@ module              what it holds
 
 A package of its own above :mod:`fedcxr.pipeline` (whose protocols, site runner and
 federation loop it reuses unchanged) so that it may also use :mod:`fedcxr.evaluation` at a site.
+``fedcxr flare export|simulate|poc`` is :mod:`fedcxr.commands.flare`.
 Install with ``pip install 'fedcxr[flare]'`` (never ``nvflare[pt]``: it pulls torchvision).
 """

@@ -50,7 +50,8 @@ from fedcxr.pipeline.data import default_cache_dir
 from fedcxr.pipeline.engine import apply_backend, resolve_engine
 from fedcxr.pipeline.local import resolve_device
 from fedcxr.pipeline.messages import Reply
-from fedcxr.pipeline.site_runner import PRIVATE_PREFIXES, SiteRunner
+from fedcxr.pipeline.keys import PRIVATE_PREFIXES
+from fedcxr.pipeline.site_runner import SiteRunner
 
 log = logging.getLogger(__name__)
 

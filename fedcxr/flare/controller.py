@@ -21,7 +21,7 @@ last checkpoint in its run directory (``resume=True``, the default); sites resto
 local state (:class:`~fedcxr.flare.client.FlareSite`).
 
 The job that places this controller on the server is built by :mod:`fedcxr.flare.job`;
-``fedcxr flare export|simulate|poc`` is :mod:`fedcxr.flare.cli`.
+``fedcxr flare export|simulate|poc`` is :mod:`fedcxr.commands.flare`.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from fedcxr.evaluation.report_table import build_summary_report, write_summary_r
 from fedcxr.evaluation.runs import load_run_info
 from fedcxr.evaluation.summary_check import summary_problem
 from fedcxr.flare.site_evaluation import VALIDATE_TASK
-from fedcxr.pipeline.predict import load_final, site_params
+from fedcxr.pipeline.predictions import load_final, site_params
 from fedcxr.pipeline.transport import Transport
 
 log = logging.getLogger(__name__)

@@ -204,6 +204,12 @@ def export_job(experiments: list, job_dir: Path, *, task_timeout: int = 0, site_
     """
     job = build_job(experiments, task_timeout=task_timeout, site_configs=site_configs, client_script=client_script,
                     evaluation=evaluation)
+    return write_job_folder(job, job_dir)
+
+
+def write_job_folder(job, job_dir: Path | str) -> Path:
+    """A FLARE ``FedJob`` exported as the folder ``job_dir`` (replaced whole, never merged into an old
+    one). FLARE names the folder after the job, so it is exported beside ``job_dir`` and moved."""
     job_dir = Path(job_dir)
     if job_dir.exists():
         shutil.rmtree(job_dir)

@@ -28,7 +28,7 @@ import pandas as pd
 from fedcxr.evaluation import calibration
 from fedcxr.evaluation.report import evaluate_rows, is_binary_task, subgroup_analysis
 from fedcxr.flare.wire import check_summary
-from fedcxr.pipeline.predict import site_prediction_frame
+from fedcxr.pipeline.predictions import site_prediction_frame
 from fedcxr.pipeline.messages import Reply, StateDict
 from fedcxr.pipeline.site_runner import SiteRunner, register_task
 
@@ -41,7 +41,7 @@ VALIDATE_TASK = "validate"
 def site_predictions(runner: SiteRunner, params: StateDict, classes: list[str], aux_tasks: list[str],
                      split: str) -> pd.DataFrame:
     """The site's prediction table for ``split`` (in memory only: it never leaves the site);
-    the same rows ``fedcxr evaluate`` scores (:func:`fedcxr.pipeline.predict.site_prediction_frame`)."""
+    the same rows ``fedcxr evaluate`` scores (:func:`fedcxr.pipeline.predictions.site_prediction_frame`)."""
     return site_prediction_frame(runner, params, classes, aux_tasks, split)
 
 

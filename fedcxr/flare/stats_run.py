@@ -1,7 +1,7 @@
 """``fedcxr stats --flare simulate|poc``: FLARE's federated statistics job, run and read back.
 
 The job (:mod:`fedcxr.flare.stats_job`) runs in FLARE's simulator or on a POC system on
-loopback (mTLS), with the process control of :mod:`fedcxr.flare.run` (process tree, clean stop
+loopback (mTLS), with the process control of :mod:`fedcxr.flare.processes` and :mod:`fedcxr.flare.poc` (process tree, clean stop
 on Ctrl-C, POC provisioning, log copies, never a key copied). ``OUT/flare/`` keeps the job,
 the sites' configurations, FLARE's result file, the logs of every attempt and ``sent/<site>.jsonl``
 — each site's own record of what it sent (:class:`fedcxr.flare.stats.SentStatisticsRecorder`).
@@ -16,34 +16,19 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
-import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Optional
 
 from fedcxr.errors import UserError
 from fedcxr.flare.controller import CLIENT_NAME
-from fedcxr.flare.run import (
-    PROJECT,
-    ProcessTree,
-    _env,
-    _keep_user_nvflare_config,
-    _nvflare,
-    _run_cli,
-    _stop_poc,
-    _submit_and_wait,
-    _terminate_as_interrupt,
-    allow_controller,
-    copy_logs,
-    free_port,
-    next_log_dir,
-    write_project,
-    write_site_configs,
-)
+from fedcxr.flare.job import write_job_folder
+from fedcxr.flare.poc import free_port, keep_user_nvflare_config, poc_system, submit_and_wait, write_project
+from fedcxr.flare.processes import copy_logs, next_log_dir, nvflare_env, terminate_as_interrupt
+from fedcxr.flare.run import write_site_configs
+from fedcxr.flare.simulator import running_simulator
 from fedcxr.flare.stats import SENT_RECORD, FedcxrStatistics
 from fedcxr.flare.stats_job import (
     CONTROLLER_PATH,
@@ -70,8 +55,6 @@ def flare_site_names(cfg) -> list[str]:
 
 def export_stats_job(cfg, options, job_dir: Path, *, site_configs: Optional[dict] = None) -> Path:
     """Write the statistics job folder (``nvflare job submit -j JOB_DIR``)."""
-    import tempfile
-
     sites = flare_site_names(cfg)
     generator = FedcxrStatistics(image_size=cfg.image_size, min_count=options.min_count, epsilon=options.epsilon,
                                  build_cache=options.build_cache, headers=options.headers)
@@ -81,14 +64,7 @@ def export_stats_job(cfg, options, job_dir: Path, *, site_configs: Optional[dict
     for site in sites:
         if site_configs and site in site_configs:
             job.add_file_to(str(site_configs[site]), site)
-    job_dir = Path(job_dir)
-    if job_dir.exists():
-        shutil.rmtree(job_dir)
-    job_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=job_dir.parent) as tmp:
-        job.export_job(tmp)
-        shutil.move(str(Path(tmp) / name), str(job_dir))
-    return job_dir
+    return write_job_folder(job, job_dir)
 
 
 def run_flare_stats(cfg, flare_dir: Path, options, *, mode: str, timeout: Optional[float] = None
@@ -133,22 +109,16 @@ def _simulate(job_dir: Path, flare_dir: Path, sites: list[str], *, timeout: Opti
     workspace = flare_dir / "simulator"
     shutil.rmtree(workspace, ignore_errors=True)
     logs = next_log_dir(flare_dir)
-    cmd = _nvflare("simulator", str(job_dir), "-w", str(workspace), "-c", ",".join(sites), "-t", str(len(sites)))
-    with open(logs / "simulator.log", "w") as out, _terminate_as_interrupt():
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
-        tree = ProcessTree(proc.pid)
+    with open(logs / "simulator.log", "w") as out, terminate_as_interrupt():
         try:
-            started = time.time()
-            while proc.poll() is None:
-                if timeout and time.time() - started > timeout:
-                    raise TimeoutError(f"the FLARE statistics job did not finish within {timeout:.0f} s")
-                tree.snapshot()
-                time.sleep(0.5)
+            with running_simulator(job_dir, workspace, sites, out, nvflare_env()) as (proc, tree):
+                started = time.time()
+                while proc.poll() is None:
+                    if timeout and time.time() - started > timeout:
+                        raise TimeoutError(f"the FLARE statistics job did not finish within {timeout:.0f} s")
+                    tree.snapshot()
+                    time.sleep(0.5)
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGINT)
-            tree.stop()
-            proc.wait()
             copy_logs(workspace, logs)
             kept = _keep_outputs(workspace, flare_dir)
             shutil.rmtree(workspace, ignore_errors=True)
@@ -159,34 +129,20 @@ def _poc(job_dir: Path, flare_dir: Path, sites: list[str], *, timeout: Optional[
          ) -> Optional[Path]:
     workspace = flare_dir / "poc"
     shutil.rmtree(workspace, ignore_errors=True)
-    env = {**_env(), "NVFLARE_POC_WORKSPACE": str(workspace)}
+    env = {**nvflare_env(), "NVFLARE_POC_WORKSPACE": str(workspace)}
     project = write_project(flare_dir / "project.yml", sites, free_port())
-    logs = next_log_dir(flare_dir)
-    log_path = logs / "poc.log"
-    tree: Optional[ProcessTree] = None
+    log_path = next_log_dir(flare_dir) / "poc.log"
+    # the server builds the statistics controller; the sites build fedcxr's Statistics and recorder
+    allow = {"server": (CONTROLLER_PATH,), **{site: (STATISTICS_PATH, RECORDER_PATH) for site in sites}}
     kept = None
-    with open(log_path, "w") as out, _keep_user_nvflare_config(), _terminate_as_interrupt():
-        try:
-            if _run_cli(["poc", "prepare", "-i", str(project), "--force"], env, out, 120).returncode:
-                raise RuntimeError(f"`nvflare poc prepare` failed (see {log_path})")
-            kits = workspace / PROJECT / "prod_00"
-            allow_controller(kits / "server", paths=(CONTROLLER_PATH,))
-            for site in sites:  # the sites build fedcxr's Statistics and recorder: their operators allow them
-                allow_controller(kits / site, paths=(STATISTICS_PATH, RECORDER_PATH))
-            out.write("$ nvflare poc start\n")
-            out.flush()
-            started = subprocess.Popen(_nvflare("poc", "start", "--timeout", "120"), env=env, stdout=out,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
-            tree = ProcessTree(started.pid)
-            if started.wait(timeout=180):
-                raise RuntimeError(f"`nvflare poc start` failed (see {log_path})")
-            tree.snapshot()
-            _submit_and_wait(job_dir, workspace, flare_dir, [], progress, timeout, tick=tree.snapshot)
-        finally:
-            kept = _keep_outputs(workspace, flare_dir)
-            found = _keep_outputs(flare_dir / "result", flare_dir) if (flare_dir / "result").is_dir() else None
-            kept = found or kept
-            _stop_poc(env, out, tree, workspace, logs)
+    with open(log_path, "w") as out, keep_user_nvflare_config(), terminate_as_interrupt():
+        with poc_system(project, workspace, env, out, log_path, allow) as tree:
+            try:
+                submit_and_wait(job_dir, workspace, flare_dir, [], progress, timeout, tick=tree.snapshot)
+            finally:  # before the system's workspace is removed
+                kept = _keep_outputs(workspace, flare_dir)
+                found = _keep_outputs(flare_dir / "result", flare_dir) if (flare_dir / "result").is_dir() else None
+                kept = found or kept
     return kept
 
 

@@ -31,7 +31,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedcxr.errors import UserError
-from fedcxr.vocab import AUX_VOCAB, CLASS_SET
+from fedcxr.vocab import CLASS_SET
 
 log = logging.getLogger(__name__)
 
@@ -201,20 +201,6 @@ def _check_classes(classes: Sequence[str]) -> list[str]:
         raise UserError(f"model.classes: not canonical class name(s) {unknown} (see fedcxr.vocab.CLASSES)")
     if len(set(out)) != len(out):
         raise UserError(f"model.classes: duplicate class names in {out}")
-    return out
-
-
-def aux_task_sizes(aux_tasks: Mapping[str, int] | Sequence[str] | None) -> dict[str, int]:
-    """Normalise an aux-task spec to ``{task: n_classes}``; names alone take AUX_VOCAB sizes."""
-    if not aux_tasks:
-        return {}
-    if isinstance(aux_tasks, Mapping):
-        return {str(t): int(k) for t, k in aux_tasks.items()}
-    out = {}
-    for task in aux_tasks:
-        if task not in AUX_VOCAB:
-            raise UserError(f"model.aux_tasks: unknown task {task!r}; known: {', '.join(AUX_VOCAB)}")
-        out[str(task)] = len(AUX_VOCAB[task])
     return out
 
 

@@ -46,11 +46,10 @@ import logging
 import os
 import re
 import weakref
-from collections import deque
-from concurrent.futures import Executor, ProcessPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -59,9 +58,10 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler, Subset
 
 from fedcxr.atomic import atomic_path
 from fedcxr.errors import UserError
-from fedcxr.logs import bar_disabled
+from fedcxr.parallel import map_chunks
 from fedcxr.pipeline.augment import AugmentConfig, augment_batch, augment_item, make_augmentation
-from fedcxr.site_adapters.images import MAX_PIXELS, read_image_resized
+from fedcxr.site_adapters.image_headers import MAX_PIXELS
+from fedcxr.site_adapters.images import read_image_resized
 from fedcxr.site_adapters.manifest import (
     SPLITS,
     atomic_write_json,
@@ -197,8 +197,6 @@ def _open_cache(path: Path, n: int, size: int) -> Optional[np.ndarray]:
 
 
 def _decode_into(site: SiteInfo, size: int, tmp: Path, *, progress: bool, workers: int) -> None:
-    from tqdm import tqdm
-
     paths = [str(site.export_root / p) for p in site.manifest["image_path"].astype(str)]
     max_pixels = int((site.meta.get("options") or {}).get("max_pixels") or MAX_PIXELS)  # ingest's bound
     n = len(paths)
@@ -206,46 +204,19 @@ def _decode_into(site: SiteInfo, size: int, tmp: Path, *, progress: bool, worker
         tmp.write_bytes(b"")
         return
     out = np.memmap(tmp, dtype=np.uint8, mode="w+", shape=(n, size, size))
-    bar = tqdm(total=n, desc=f"caching {site.name} at {size}px", unit="img", disable=bar_disabled(progress))
     try:
         parallel = workers > 1 and n > CACHE_CHUNK  # a pool costs more than it saves on a few images
         chunk = max(8, min(CACHE_CHUNK, -(-n // (4 * workers)))) if parallel else CACHE_CHUNK
         starts = range(0, n, chunk)
-        if parallel:
-            with ProcessPoolExecutor(max_workers=min(workers, len(starts))) as pool:
-                jobs = ((start, paths[start:start + chunk]) for start in starts)
-                for start, part in bounded_map(pool, _decode_chunk, jobs, size, max_pixels, limit=2 * workers):
-                    _store(out, start, part, paths, site, size)
-                    bar.update(len(part))
-        else:
-            for start in starts:
-                part = _decode_chunk(paths[start:start + chunk], size, max_pixels)
+        parts = map_chunks(_decode_chunk, [paths[start:start + chunk] for start in starts], size, max_pixels,
+                           workers=workers if parallel else 1, progress=progress,
+                           desc=f"caching {site.name} at {size}px")
+        with closing(parts):  # a bad image (_store raises) stops the pool here, not at garbage collection
+            for start, part in zip(starts, parts):
                 _store(out, start, part, paths, site, size)
-                bar.update(len(part))
         out.flush()
     finally:
-        bar.close()
         del out
-
-
-def bounded_map(pool: Executor, fn, jobs: Iterable[tuple[int, Any]], *args: Any,
-                limit: int) -> Iterator[tuple[int, Any]]:
-    """``(key, fn(job, *args))`` for ``(key, job)`` in ``jobs``, in order, with at most ``limit``
-    jobs submitted and not yet consumed.
-
-    ``Executor.map`` submits every chunk at once and keeps every finished one until the
-    consumer reaches it; here at most ``limit`` decoded chunks exist at a time, so building
-    the cache of a 200,000-image site needs a few chunks of memory, not the site.
-    """
-    pending: deque = deque()
-    for key, job in jobs:
-        if len(pending) >= limit:
-            done_key, future = pending.popleft()
-            yield done_key, future.result()
-        pending.append((key, pool.submit(fn, job, *args)))
-    while pending:
-        done_key, future = pending.popleft()
-        yield done_key, future.result()
 
 
 def _decode_chunk(

@@ -97,7 +97,7 @@ def write_gallery(run_dir: Path | str, *, split: str = "test", top_n: int = 3,
     """Overlays of the ``top_n`` top-scoring ``split`` images per class and evaluated site.
 
     Reads ``RUN_DIR/predictions/<split>.parquet`` (written by ``fedcxr evaluate``), finds each
-    row's image through its site's manifest (:func:`fedcxr.pipeline.predict.row_keys`; only the
+    row's image through its site's manifest (:func:`fedcxr.pipeline.predictions.row_keys`; only the
     site's own manifest can do that), scores it with the model the site was evaluated with, and
     writes ``RUN_DIR/cam/<site>/<class>/<row_key>.png``. Returns ``{site: {class: [paths
     relative to RUN_DIR]}}``.
@@ -107,7 +107,7 @@ def write_gallery(run_dir: Path | str, *, split: str = "test", top_n: int = 3,
     from fedcxr.pipeline.data import load_site
     from fedcxr.pipeline.inference import load_run_model
     from fedcxr.pipeline.local import resolve_device
-    from fedcxr.pipeline.predict import row_keys
+    from fedcxr.pipeline.predictions import row_keys
 
     run_dir = Path(run_dir)
     dev = resolve_device(device)

@@ -42,12 +42,12 @@ from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint, dump_co
 from fedcxr.pipeline.dp_ledger import ledger_for
 from fedcxr.pipeline.engine import backend_settings, resolve_engine
 from fedcxr.pipeline.inprocess import InProcessTransport, build_runners, run_engine
+from fedcxr.pipeline.keys import PRIVATE_PREFIXES, derive_seed
 from fedcxr.pipeline.local import resolve_device
 from fedcxr.pipeline.messages import StateDict
 from fedcxr.pipeline.protocols import CENTRAL_SITE, Context, RoundProtocol, get_protocol
 from fedcxr.pipeline.run_log import round_line, rounds_log, run_log
 from fedcxr.pipeline.screening import count_problem
-from fedcxr.pipeline.site_runner import PRIVATE_PREFIXES, derive_seed
 from fedcxr.pipeline.transport import Transport
 from fedcxr.runlock import run_lock
 from fedcxr.vocab import CLASSES

@@ -82,7 +82,7 @@ def load_run_model(run_dir: Path | str, site: Optional[str] = None, *, warn_glob
 
     ``warn_global``: warn when ``site`` is asked for but the method keeps no per-site model."""
     from fedcxr.models.network import network_from_config
-    from fedcxr.pipeline.predict import load_final, site_params
+    from fedcxr.pipeline.predictions import load_final, site_params
     from fedcxr.vocab import AUX_VOCAB
 
     run, final = load_final(Path(run_dir))

@@ -43,6 +43,7 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from fedcxr.pipeline.engine import Engine, loader_options, offload, resolve_engine
+from fedcxr.pipeline.keys import CONTROL_PREFIX, OPTIMIZER_PREFIX, WARM_PREFIX, derive_seed
 from fedcxr.pipeline.messages import Reply, StateDict
 from fedcxr.pipeline.state import cpu_state
 from fedcxr.site_adapters.manifest import content_hash, patient_bucket
@@ -54,14 +55,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Local-state entries holding optimiser state kept across rounds: ``optimizer.<param>.<field>``.
-OPTIMIZER_PREFIX = "optimizer."
-#: Local-state entries of the head kept by the surgical head warm-up until round 0 uses it.
-WARM_PREFIX = "warm."
-#: Local-state entries of SCAFFOLD's site control variate c_i: ``control.<parameter name>``.
-CONTROL_PREFIX = "control."
-#: Local-state entries that never leave the site and are not model entries (evaluation ignores them).
-PRIVATE_PREFIXES = (OPTIMIZER_PREFIX, CONTROL_PREFIX)
 #: A site-side task: ``handler(runner, params, config) -> Reply``.
 TaskHandler = Callable[["SiteRunner", Optional[StateDict], dict], Reply]
 #: Tasks registered beyond the built-in ``metadata``/``train``/``evaluate`` (name → handler).
@@ -76,12 +69,6 @@ def register_task(name: str) -> Callable[[TaskHandler], TaskHandler]:
         TASKS[name] = handler
         return handler
     return decorate
-
-
-def derive_seed(base: int, *parts: object) -> int:
-    """A stable 31-bit seed from a base seed and labels (round, site, task)."""
-    text = ":".join([str(base), *map(str, parts)])
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
 class SiteRunner:

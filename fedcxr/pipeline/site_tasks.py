@@ -42,7 +42,8 @@ from fedcxr.pipeline.messages import (
     unpack_combine,
     unpack_control,
 )
-from fedcxr.pipeline.site_runner import WARM_PREFIX, SiteRunner, derive_seed, register_task
+from fedcxr.pipeline.keys import WARM_PREFIX, derive_seed
+from fedcxr.pipeline.site_runner import SiteRunner, register_task
 from fedcxr.pipeline.state import cpu_state
 
 

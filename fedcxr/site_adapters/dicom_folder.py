@@ -5,7 +5,7 @@ folders skipped) is a candidate image, with or without a ``.dcm`` extension. Fil
 obviously metadata (``.csv .tsv .txt .json .md .xml .yaml .xlsx .pdf .html .log .zip ...``,
 ``DICOMDIR``) are skipped and counted in the notes; they are not rows. Every other file is
 one row read: its header is read (in ``--workers`` processes) and checked the way the
-shared image check does (:func:`fedcxr.site_adapters.images.header_or_reason`: truncation,
+shared image check does (:func:`fedcxr.site_adapters.image_checks.header_or_reason`: truncation,
 unsupported transfer syntax, not a DICOM...). A failing file, or a PNG/JPEG in a DICOM
 folder, is set aside with the reason. ``source_file`` is the file's relative path and
 ``source_row`` its 1-based position in the sorted list.
@@ -85,7 +85,8 @@ import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable
 from fedcxr.site_adapters.body_part import not_chest_reason
-from fedcxr.site_adapters.images import KIND_DICOM, MAX_PIXELS, read_headers
+from fedcxr.site_adapters.image_checks import read_headers
+from fedcxr.site_adapters.image_headers import KIND_DICOM, MAX_PIXELS
 from fedcxr.site_adapters.paths import Container
 from fedcxr.site_adapters.tables import deeper_hint, failed_note, label_columns, map_distinct, read_table, to_codes
 from fedcxr.vocab import (

@@ -13,7 +13,7 @@ the table (:func:`group_rows`); a set-aside reason names the rows at fault.
 
 Demographics from DICOM tags (:func:`attach_dicom_tags`): ``PatientSex``, ``PatientAge``,
 ``ViewPosition`` through :func:`fedcxr.site_adapters.dicom_folder.demographics`; a file that
-is missing or fails the header check (:func:`fedcxr.site_adapters.images.header_or_reason`)
+is missing or fails the header check (:func:`fedcxr.site_adapters.image_checks.header_or_reason`)
 is set aside with that reason, so the shared image check need not open it again.
 With ``options.plan`` (``fedcxr ingest --plan``, metadata only) no image is opened: tags stay unknown.
 """
@@ -30,7 +30,7 @@ import pandas as pd
 from fedcxr.site_adapters.base import AdapterOptions, SetAside
 from fedcxr.site_adapters.body_part import not_chest_reason
 from fedcxr.site_adapters.dicom_folder import demographics, read_dicom_headers
-from fedcxr.site_adapters.images import KIND_DICOM
+from fedcxr.site_adapters.image_headers import KIND_DICOM
 from fedcxr.site_adapters.paths import is_utf8
 from fedcxr.vocab import aux_column
 
@@ -83,6 +83,24 @@ def locate(keys: Sequence[str], index: dict[str, Optional[str]], default: Sequen
             paths.append(index.get(key) or fallback)
             reasons.append(None)
     return paths, reasons
+
+
+def set_aside_rows(frame: pd.DataFrame, reasons: Sequence[Optional[str]]) -> tuple[pd.DataFrame, list[SetAside]]:
+    """``(the rows without a reason, index reset; one SetAside per row with one)``: each set-aside
+    row keeps its file, 1-based row and image path. ``reasons`` is aligned with ``frame``'s rows."""
+    bad = np.array([r is not None for r in reasons], dtype=bool)
+    aside = [SetAside(f, int(r), reasons[i], p) for i, f, r, p in
+             zip(np.flatnonzero(bad), frame.loc[bad, "source_file"], frame.loc[bad, "source_row"],
+                 frame.loc[bad, "image_path"])]
+    return frame.loc[~bad].reset_index(drop=True), aside
+
+
+def locate_rows(frame: pd.DataFrame, index: dict[str, Optional[str]]) -> tuple[pd.DataFrame, list[SetAside]]:
+    """Each row's ``image_path`` found by its ``patient_id`` key in ``index`` (:func:`locate`, which
+    keeps the documented path where the key is not indexed); a key naming several files sets its
+    row aside (:data:`AMBIGUOUS`). ``frame``'s ``image_path`` is updated in place."""
+    frame["image_path"], ambiguous = locate(frame["patient_id"].tolist(), index, frame["image_path"].tolist())
+    return set_aside_rows(frame, ambiguous)
 
 
 def group_rows(keys: pd.Series) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
@@ -138,12 +156,9 @@ def attach_dicom_tags(
         return frame, [], False
     files = frame["image_path"].astype(str).tolist()
     headers, reasons = read_dicom_headers(root, files, options)
-    bad = np.array([r is not None for r in reasons], dtype=bool)
-    aside = [SetAside(f, int(r), reasons[i], p) for i, f, r, p in
-             zip(np.flatnonzero(bad), frame.loc[bad, "source_file"], frame.loc[bad, "source_row"],
-                 frame.loc[bad, "image_path"])]
-    kept = frame.loc[~bad].reset_index(drop=True)
-    tags = pd.DataFrame([headers[i] for i in np.flatnonzero(~bad)],
+    kept, aside = set_aside_rows(frame, reasons)
+    good = [i for i, reason in enumerate(reasons) if reason is None]
+    tags = pd.DataFrame([headers[i] for i in good],
                         columns=["PatientID", "PatientSex", "PatientAge", "ViewPosition", "SOPInstanceUID"],
                         dtype=object)
     for column, values in demographics(tags, notes).items():
@@ -159,7 +174,7 @@ def attach_dicom_tags(
         kept.loc[missing, aux_column("view")] = view_default
     kept["instance_uid"] = tags["SOPInstanceUID"].to_numpy()
     kept["not_chest"] = pd.Series([not_chest_reason(headers[i]) if headers[i].get("kind") == KIND_DICOM else None
-                                   for i in np.flatnonzero(~bad)], dtype=object)
+                                   for i in good], dtype=object)
     if patient_from_tag:
         pid = tags["PatientID"].map(lambda v: v.strip() if isinstance(v, str) else "")
         has = (pid != "").to_numpy()
@@ -169,4 +184,5 @@ def attach_dicom_tags(
     return kept, aside, True
 
 
-__all__ = ["AMBIGUOUS", "attach_dicom_tags", "group_rows", "index_files", "locate", "metadata_only", "row_list"]
+__all__ = ["AMBIGUOUS", "attach_dicom_tags", "group_rows", "index_files", "locate", "locate_rows", "metadata_only",
+           "row_list", "set_aside_rows"]

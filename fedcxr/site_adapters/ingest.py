@@ -40,18 +40,17 @@ import logging
 import os
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from fedcxr.atomic import json_bytes
 from fedcxr.escape import to_csv_text
+from fedcxr.parallel import map_chunks
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, ensure_columns
-from fedcxr.site_adapters.images import MAX_PIXELS
+from fedcxr.site_adapters.image_headers import MAX_PIXELS
 from fedcxr.site_adapters.manifest import (
     apply_implied_negatives,
     apply_uncertain_policy,
@@ -151,7 +150,7 @@ def run_ingest(
     ``follow_links``: accept image paths whose symbolic links lead out of the export root
     (:mod:`fedcxr.site_adapters.paths`; by default such rows are set aside).
     ``max_pixels``: an image whose header declares more values is set aside before any decode
-    (:func:`fedcxr.site_adapters.images.check_pixel_count`); training decodes under the same bound.
+    (:func:`fedcxr.site_adapters.image_headers.check_pixel_count`); training decodes under the same bound.
     ``readers``: how several radiologists' reads of one image combine (``any``/``majority``; vindr).
     ``labels_key``: the DICOM keyword a ``dicom``/``images`` label csv is keyed by.
     ``implied_negatives``: CheXpert/MIMIC's No Finding rule (the adapters' docs).
@@ -362,7 +361,7 @@ def _write_plan(report: dict, sites: dict[str, pd.DataFrame], site_classes: dict
 
 def _decode_reason(prefix: str, rel: str, max_pixels: int = MAX_PIXELS) -> Optional[str]:
     """Why ``prefix + rel`` does not decode (full check), or None: picks the copy to keep."""
-    from fedcxr.site_adapters.images import check_image
+    from fedcxr.site_adapters.image_checks import check_image
 
     return check_image(prefix + rel, decode=True, max_pixels=max_pixels)
 
@@ -647,15 +646,17 @@ def check_images(
     max_pixels: int = MAX_PIXELS,
 ) -> tuple[pd.DataFrame, list[SetAside]]:
     """Set aside rows whose image is missing, unreadable or (with ``decode``) undecodable."""
-    from fedcxr.site_adapters.images import check_images_batch
+    from fedcxr.site_adapters.image_checks import check_images_batch
 
     if skip_headers and not decode:
         return frame, []
     # Plain string joins: building 10^5 pathlib.Path objects cost ~1 s on NIH's 112,120 rows.
     prefix = os.path.join(str(root), "")
     paths = [prefix + p for p in frame["image_path"].tolist()]
-    check = functools.partial(check_images_batch, max_pixels=int(max_pixels))
-    reasons = _map_chunks(check, paths, decode=decode, workers=workers, progress=progress)
+    chunk = 256 if decode else 4096
+    parts = map_chunks(check_images_batch, [paths[i:i + chunk] for i in range(0, len(paths), chunk)], decode,
+                       int(max_pixels), workers=workers, progress=progress, desc="checking images", leave=False)
+    reasons = [reason for part in parts for reason in part]
     bad = np.array([r is not None for r in reasons], dtype=bool)
     aside = [
         SetAside(f, int(r), reason, p)
@@ -665,29 +666,6 @@ def check_images(
         )
     ]
     return frame.loc[~bad].copy(), aside
-
-
-def _map_chunks(func, items: Sequence[str], *, decode: bool, workers: int, progress: bool) -> list:
-    """Run ``func(chunk, decode)`` over chunks, in a process pool when ``workers > 1``."""
-    if not items:
-        return []
-    chunk = 256 if decode else 4096
-    chunks = [list(items[i:i + chunk]) for i in range(0, len(items), chunk)]
-    bar = tqdm(total=len(items), desc="checking images", unit="img", disable=not progress or len(items) < 2000,
-               leave=False)
-    results: list = []
-    if workers > 1 and len(chunks) > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            for part in pool.map(func, chunks, [decode] * len(chunks)):
-                results.extend(part)
-                bar.update(len(part))
-    else:
-        for c in chunks:
-            part = func(c, decode)
-            results.extend(part)
-            bar.update(len(part))
-    bar.close()
-    return results
 
 
 __all__ = ["ADAPTERS", "PLAN_CANNOT_KNOW", "run_ingest", "get_adapter", "help_for", "check_images", "contain_paths",

@@ -70,7 +70,8 @@ import pandas as pd
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable
 from fedcxr.site_adapters.body_part import not_chest_reason
 from fedcxr.site_adapters.dicom_folder import list_candidates, pseudonym, skipped_note
-from fedcxr.site_adapters.images import KIND_DICOM, MAX_PIXELS, read_headers
+from fedcxr.site_adapters.image_checks import read_headers
+from fedcxr.site_adapters.image_headers import KIND_DICOM, MAX_PIXELS
 from fedcxr.site_adapters.paths import Container
 from fedcxr.site_adapters.tables import check_csv_header, failed_note, map_distinct, relative_name
 from fedcxr.site_adapters.zip3 import zip3_state

@@ -319,7 +319,7 @@ def _dicom_ages(frame: pd.DataFrame, root: Path, notes: list[str]) -> pd.DataFra
     """Age from each DICOM's birth and study dates where both are set (else the age already known)."""
     import pydicom
 
-    from fedcxr.site_adapters.images import quiet_pydicom
+    from fedcxr.site_adapters.image_headers import quiet_pydicom
 
     ages = frame["age"].to_numpy(dtype=float).copy()
     from_dicom = 0

@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, require_columns
-from fedcxr.site_adapters.export_images import attach_dicom_tags, group_rows, index_files, locate, row_list
+from fedcxr.site_adapters.export_images import attach_dicom_tags, group_rows, index_files, locate_rows, row_list
 from fedcxr.site_adapters.tables import find_file, read_table, relative_name
 from fedcxr.vocab import raw_column
 
@@ -72,12 +72,8 @@ def read_rsna(input_dir: Path, options: AdapterOptions) -> SourceTable:
     input_dir = Path(input_dir)
     frame, set_aside, notes, rows_read, classes = read_rsna_labels(input_dir)
     index = index_files(input_dir, (".dcm",))
-    frame["image_path"], ambiguous = locate(frame["patient_id"].tolist(), index, frame["image_path"].tolist())
-    amb = np.array([r is not None for r in ambiguous], dtype=bool)
-    set_aside += [SetAside(f, int(r), ambiguous[i], p) for i, f, r, p in
-                  zip(np.flatnonzero(amb), frame.loc[amb, "source_file"], frame.loc[amb, "source_row"],
-                      frame.loc[amb, "image_path"])]
-    frame = frame.loc[~amb].reset_index(drop=True)
+    frame, ambiguous = locate_rows(frame, index)
+    set_aside += ambiguous
     frame, aside, checked = attach_dicom_tags(frame, input_dir, options, notes)
     return SourceTable(
         source="rsna", adapter_version=ADAPTER_VERSION, root=input_dir, frame=frame, classes=classes,

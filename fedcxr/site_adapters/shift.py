@@ -1,4 +1,4 @@
-"""``fedcxr shift``: a seeded, documented covariate shift of one site's images (a new site).
+"""A seeded, documented covariate shift of one site's images (a new site): ``fedcxr shift``.
 
 ``fedcxr shift SITE_DIR --out OUT --kind noise|gamma|blur|mix --level 0..4 [--seed N]``
 ``fedcxr shift SITE_DIR --out OUT --kind shortcut --marker-rates P N [--marker-class C] [--seed N]``
@@ -286,41 +286,3 @@ def _check_kind(kind: str, level: Optional[int], shortcut: Optional[Shortcut]) -
     if level is None:
         raise UserError(f"--kind {kind} needs --level 0..4")
     return asdict(check_shift(kind, level))
-
-
-def cli_shift(args) -> int:
-    """``fedcxr shift``: see the module doc."""
-    from fedcxr.logs import progress_wanted
-
-    shortcut = None
-    if args.kind == SHORTCUT or args.marker_rates is not None:
-        if args.marker_rates is None:
-            raise UserError("--kind shortcut needs --marker-rates P N (e.g. 0.95 0.05 at the sources, 0.05 0.95 at "
-                            "the target)")
-        shortcut = Shortcut(args.marker_class or _only_class(args.site_dir), *args.marker_rates)
-    payload = shift_site(args.site_dir, args.out, kind=args.kind, level=args.level, seed=args.seed,
-                         site_name=args.site_name, progress=progress_wanted(args), shortcut=shortcut)
-    where = Path(args.out) / payload["site"]
-    if shortcut is not None:
-        print(f"site {payload['site']}: {payload['rows']} images, corner marker on {shortcut.positive_rate:.0%} of "
-              f"{shortcut.class_name}-positive and {shortcut.negative_rate:.0%} of negative rows, seed {args.seed} "
-              f"→ {where}")
-        return 0
-    p = LEVELS[args.level]
-    print(f"site {payload['site']}: {payload['rows']} images, {args.kind} level {args.level} "
-          f"(noise std {p.noise_std}, gamma {p.gamma}, blur sigma {p.blur_sigma} of the short side), "
-          f"seed {args.seed} → {where}")
-    return 0
-
-
-def _only_class(site_dir: Path) -> str:
-    """The site's class when it labels exactly one (the marker's default class)."""
-    from fedcxr.site_adapters.manifest import read_site_json
-
-    try:
-        classes = list(read_site_json(Path(site_dir)).get("class_set") or [])
-    except FileNotFoundError as exc:
-        raise UserError(str(exc)) from None
-    if len(classes) != 1:
-        raise UserError(f"{site_dir}: the site labels {classes}; name the marker's class with --marker-class")
-    return classes[0]

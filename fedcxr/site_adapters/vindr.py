@@ -60,7 +60,7 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, require_columns
-from fedcxr.site_adapters.export_images import attach_dicom_tags, group_rows, index_files, locate, row_list
+from fedcxr.site_adapters.export_images import attach_dicom_tags, group_rows, index_files, locate_rows, row_list
 from fedcxr.site_adapters.tables import find_file, read_table, relative_name
 from fedcxr.vocab import CLASSES, raw_column
 
@@ -119,12 +119,8 @@ def read_vindr(input_dir: Path, options: AdapterOptions) -> SourceTable:
     rule = str(options.extra.get("readers") or "any")
     frame, set_aside, notes, rows_read, classes = read_vindr_labels(input_dir, rule)
     index = index_files(input_dir, (".dicom", ".dcm"))
-    frame["image_path"], ambiguous = locate(frame["patient_id"].tolist(), index, frame["image_path"].tolist())
-    amb = np.array([r is not None for r in ambiguous], dtype=bool)
-    set_aside += [SetAside(f, int(r), ambiguous[i], p) for i, f, r, p in
-                  zip(np.flatnonzero(amb), frame.loc[amb, "source_file"], frame.loc[amb, "source_row"],
-                      frame.loc[amb, "image_path"])]
-    frame = frame.loc[~amb].reset_index(drop=True)
+    frame, ambiguous = locate_rows(frame, index)
+    set_aside += ambiguous
     frame, aside, checked = attach_dicom_tags(frame, input_dir, options, notes, view_default=0)
     return SourceTable(
         source="vindr", adapter_version=ADAPTER_VERSION, root=input_dir, frame=frame, classes=classes,

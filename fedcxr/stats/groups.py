@@ -184,7 +184,7 @@ def manufacturer_category(kind: str, value: Optional[str]) -> str:
 
 
 def header_categories(header: Optional[dict]) -> dict[str, str]:
-    """One image's acquisition categories from :func:`fedcxr.site_adapters.images.read_header`'s
+    """One image's acquisition categories from :func:`fedcxr.site_adapters.image_headers.read_header`'s
     dict (``None``: the header could not be read)."""
     if header is None:
         return {"file_format": "unreadable", **{name: UNKNOWN for name in ACQUISITION[1:]}}

@@ -2,7 +2,7 @@
 
 :func:`site_counts` reads the site's ``manifest.parquet`` for the row groups (splits, labels,
 demographics), each image file's header for acquisition and stored size (DICOM tags through
-:func:`fedcxr.site_adapters.images.read_headers`, never a pixel decode), and the decode-once
+:func:`fedcxr.site_adapters.image_checks.read_headers`, never a pixel decode), and the decode-once
 cache (:func:`fedcxr.pipeline.data.cache_images`, built now when missing — training would build
 the same file first) for the pixel-intensity histogram.
 
@@ -160,7 +160,8 @@ def _category_counts(values: pd.Series, cats: list[str]) -> np.ndarray:
 
 def acquisition_groups(site, *, workers: int = 1, progress: bool = False) -> dict[str, np.ndarray]:
     """Format, modality, manufacturer, photometric interpretation and stored size from each file's header."""
-    from fedcxr.site_adapters.images import MAX_PIXELS, read_headers
+    from fedcxr.site_adapters.image_checks import read_headers
+    from fedcxr.site_adapters.image_headers import MAX_PIXELS
 
     root = Path(site.export_root)
     if not root.is_dir():

@@ -1,4 +1,4 @@
-"""``fedcxr synth``: a synthetic multi-hospital chest X-ray export in the sources' native formats.
+"""A synthetic multi-hospital chest X-ray export in the sources' native formats.
 
 Why: the demo (``fedcxr demo``), the tests and anyone trying fedcxr without credentialed
 data need hospitals whose exports go through the *real* adapters, with findings a small CNN
@@ -7,7 +7,8 @@ can learn in minutes on a CPU and the site differences federated methods are abo
 * :mod:`fedcxr.synth.phantom` draws the images (procedural radiograph-like phantoms);
 * :mod:`fedcxr.synth.cohort` decides who is imaged and what each image shows;
 * :mod:`fedcxr.synth.hospitals` defines the four hospitals (case mix, look, label sets);
-* :mod:`fedcxr.synth.export` / :mod:`fedcxr.synth.dicom_export` write the vendor formats;
+* :mod:`fedcxr.synth.export` / :mod:`fedcxr.synth.dicom_export` / :mod:`fedcxr.synth.midrc_export`
+  write the vendor formats;
 * :mod:`fedcxr.synth.truth` finds an ingested image's true findings for every class again
   (benchmarks score sites on classes they do not label).
 
@@ -19,12 +20,12 @@ Output of :func:`write_synthetic_export` (``OUT``)::
     OUT/midrc_style/        MIDRC DICOM + TSV layout     (fedcxr ingest midrc)
     OUT/dicom_style/        DICOM folder + labels.csv    (fedcxr ingest dicom)
 
-Same seed → byte-identical csv/tsv/json files and identical pixel arrays.
+Same seed → byte-identical csv/tsv/json files and identical pixel arrays. The command line,
+``fedcxr synth``, is :mod:`fedcxr.commands.synth`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 from pathlib import Path
@@ -148,19 +149,4 @@ def synthetic_site_key(seed: int):
     return SiteKey(hashlib.sha256(f"fedcxr-synthetic-export:{seed}".encode()).digest(), "synthetic")
 
 
-def cli_synth(args: argparse.Namespace) -> int:
-    """``fedcxr synth --out DIR [--sites ...] [--images-per-site N] [--image-size PX] [--seed S]``."""
-    payload = write_synthetic_export(
-        args.out, sites=args.sites, images_per_site=args.images_per_site,
-        image_size=args.image_size, seed=args.seed,
-    )
-    for name, info in payload["hospitals"].items():
-        positives = ", ".join(f"{c} {n}" for c, n in info["positives"].items())
-        print(f"{name}: {info['images']} images, {info['patients']} patients ({info['source']} format); "
-              f"positives: {positives}")
-        print(f"  ingest: {info['command'].replace('<OUT>', str(args.out))}")
-    print(f"wrote {Path(args.out) / SYNTH_JSON}")
-    return 0
-
-
-__all__ = ["write_synthetic_export", "ingest_synthetic", "read_synth_json", "cli_synth", "SYNTH_JSON"]
+__all__ = ["write_synthetic_export", "ingest_synthetic", "read_synth_json", "SYNTH_JSON"]

@@ -32,7 +32,7 @@ Output of :func:`render`: ``float32`` array ``(H, W)`` in ``[0, 1]``; ~1 ms at 6
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
 import numpy as np
@@ -599,8 +599,3 @@ def _acquire(img: np.ndarray, style: SiteStyle, rng, short_side: int) -> np.ndar
     if style.noise > 0:
         img = img + rng.normal(0.0, style.noise, size=img.shape)
     return np.clip(img, 0.0, 1.0).astype(np.float32)
-
-
-def with_findings(subject: Subject, findings: Iterable[str]) -> Subject:
-    """A copy of ``subject`` showing ``findings`` instead (for tests and figures)."""
-    return replace(subject, findings=frozenset(findings))

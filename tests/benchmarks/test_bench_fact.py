@@ -65,7 +65,7 @@ def test_adabn_changes_only_batchnorm_statistics(bench, small_npz, tmp_path, one
     """The diagnostic re-estimates BatchNorm running statistics on target images; nothing else moves."""
     import torch
 
-    from fedcxr.pipeline.predict import load_final
+    from fedcxr.pipeline.predictions import load_final
 
     work = tmp_path / "work"
     bench.main(["--npz", str(small_npz), "--work", str(work), "--out", str(tmp_path / "results"), "--levels", "3",

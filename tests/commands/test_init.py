@@ -13,7 +13,7 @@ import yaml
 from fedcxr.cli import main
 from fedcxr.commands.init import init_study
 from fedcxr.pipeline.config import load_config
-from fedcxr.site_adapters.csv_mapping import load_mapping
+from fedcxr.site_adapters.csv_mapping_schema import load_mapping
 
 from .test_bundle import REPO
 

@@ -38,9 +38,9 @@ def test_evaluate_asks_training_for_missing_predictions(tmp_path, make_predictio
         make_predictions(sites=("site-a",)).to_parquet(path)
         return path
 
-    fake = types.ModuleType("fedcxr.pipeline.predict")
+    fake = types.ModuleType("fedcxr.pipeline.predictions")
     fake.write_predictions = write_predictions
-    monkeypatch.setitem(sys.modules, "fedcxr.pipeline.predict", fake)
+    monkeypatch.setitem(sys.modules, "fedcxr.pipeline.predictions", fake)
     assert main(["evaluate", str(run), "--split", "val", "--bootstrap", "0", "--device", "cpu"]) == 0
     assert calls == [(run, "val", "cpu")]
     assert json.loads((run / "report.json").read_text())["split"] == "val"

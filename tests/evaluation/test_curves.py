@@ -11,7 +11,9 @@ from PIL import Image
 from fedcxr.errors import UserError
 from fedcxr.evaluation import plots
 from fedcxr.evaluation.curves import TARGET_LABEL, read_metrics, training_series
-from fedcxr.evaluation.report import CURVES_FIGURE, build_report, render_markdown, write_report, write_training_curves
+from fedcxr.evaluation.report import build_report
+from fedcxr.evaluation.report_files import CURVES_FIGURE, write_report, write_training_curves
+from fedcxr.evaluation.report_markdown import render_markdown
 
 ROWS = [  # what federation.py appends: three rounds, validation in rounds 0 and 2 only
     {"round": 0, "train": {"a": {"loss": 0.70, "main_loss": 0.70}, "b": {"loss": 0.68}}, "target": {"loss": 0.66},

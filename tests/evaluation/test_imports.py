@@ -44,7 +44,7 @@ def test_no_evaluation_module_imports_the_pipeline():
 def test_the_import_probe_finds_imports(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("import fedcxr.pipeline\nfrom fedcxr import pipeline\nimport fedcxr.pipelines_other\n"
-                     "def f():\n    from fedcxr.pipeline.predict import write_predictions\n")
+                     "def f():\n    from fedcxr.pipeline.predictions import write_predictions\n")
     assert _pipeline_imports(probe) == [(None, 1), (None, 2), ("f", 5)]
 
 

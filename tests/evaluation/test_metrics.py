@@ -46,12 +46,27 @@ def test_auroc_undefined_is_nan_with_reason_never_half(y, reason):
     assert metrics.auroc_reason([0, 1]) is None
 
 
-def test_weighted_auroc_equals_sklearn_on_replicated_rows():
+def test_class_aurocs_use_the_labeled_rows_of_each_column():
+    labels = np.array([[1, 0], [0, 1], [1, 1], [0, 0]], dtype=float)
+    mask = np.array([[1, 1], [1, 1], [1, 0], [0, 1]], dtype=float)
+    probs = np.array([[0.9, 0.2], [0.4, 0.1], [0.3, 0.8], [0.6, 0.7]])
+    got = metrics.class_aurocs(labels, mask, probs, ["a", "b"])
+    # a: rows 0-2 (1: 0.9, 0.3; 0: 0.4) → pairs (0.9 > 0.4), (0.3 < 0.4) → 1/2;
+    # b: rows 0, 1, 3 (1: 0.1; 0: 0.2, 0.7) → 0/2
+    assert got == {"a": 0.5, "b": 0.0}
+    one_valued = metrics.class_aurocs(np.ones((4, 1)), np.ones((4, 1)), np.random.rand(4, 1), ["edema"])
+    assert np.isnan(one_valued["edema"])
+
+
+def test_bootstrap_aurocs_equal_sklearn_on_each_resample_replicated():
+    """A resample's AUROC (integer row weights: how often each row's patient was drawn) is
+    scikit-learn's on the rows replicated that often; ``resample_weights`` gives the same draws."""
     y, p = _data(150, seed=3)
-    weights = np.random.default_rng(1).integers(0, 4, size=(6, y.size))
-    got = metrics.weighted_auroc(y, p, weights)
+    groups = np.arange(150) // 2
+    boot = metrics.bootstrap_aurocs(y, p, groups, n_boot=6, seed=1)
+    weights = np.concatenate(list(metrics.resample_weights(groups, 6, seed=1)))
     want = [roc_auc_score(np.repeat(y, w), np.repeat(p, w)) for w in weights]
-    np.testing.assert_allclose(got, want, atol=1e-12)
+    np.testing.assert_allclose(boot[:, 0], want, atol=1e-12)
 
 
 def test_delong_auc_equals_sklearn_and_variance_matches_slow_reference():
@@ -82,17 +97,22 @@ def test_delong_paired_test_detects_better_model_and_not_identical_ones():
     assert metrics.delong_paired_test(y, good, other)[3] > 0.05
 
 
+def _bootstrap_ci(y, p, groups, n_boot, seed):
+    """The per-class CI of :func:`metrics.per_class_auroc`: percentiles of the class's resampled AUROCs."""
+    return metrics.percentile_ci(metrics.bootstrap_aurocs(y, p, groups, n_boot, seed)[:, 0])
+
+
 def test_bootstrap_ci_contains_estimate_narrows_with_n_and_is_reproducible():
     widths = []
     for n_patients in (60, 1000):
         y, p = _data(2 * n_patients, seed=2)
         groups = np.repeat(np.arange(n_patients), 2)
-        ci = metrics.bootstrap_ci(y, p, groups, n_boot=400, seed=7)
+        ci = _bootstrap_ci(y, p, groups, n_boot=400, seed=7)
         assert ci.low <= metrics.auroc(y, p) <= ci.high
         assert ci.n_used + ci.n_skipped == 400
         widths.append(ci.high - ci.low)
-        assert metrics.bootstrap_ci(y, p, groups, n_boot=400, seed=7) == ci
-        assert metrics.bootstrap_ci(y, p, groups, n_boot=400, seed=8) != ci
+        assert _bootstrap_ci(y, p, groups, n_boot=400, seed=7) == ci
+        assert _bootstrap_ci(y, p, groups, n_boot=400, seed=8) != ci
     assert widths[1] < widths[0] / 2
 
 
@@ -110,7 +130,7 @@ def test_bootstrap_skips_and_counts_single_class_resamples():
     # one positive patient among few: some resamples lose it
     y = np.array([1, 0, 0, 0, 0, 0], dtype=float)
     p = np.array([0.9, 0.1, 0.2, 0.3, 0.4, 0.5])
-    ci = metrics.bootstrap_ci(y, p, np.arange(6), n_boot=300, seed=0)
+    ci = _bootstrap_ci(y, p, np.arange(6), n_boot=300, seed=0)
     assert ci.n_skipped > 0 and ci.n_used + ci.n_skipped == 300
     assert ci.low <= 1.0 <= ci.high
 
@@ -210,7 +230,6 @@ def test_clustered_delong_equals_classic_delong_with_one_row_per_cluster():
         clusters = np.random.default_rng(2).permutation([f"K{i}" for i in range(y.size)])
         auc, var = metrics.clustered_delong(y, p, clusters)
         assert (auc, var) == pytest.approx(metrics.delong(y, p), rel=1e-12)
-        assert metrics.clustered_delong_ci(y, p, clusters) == pytest.approx(metrics.delong_ci(y, p), rel=1e-12)
         assert metrics.clustered_delong_paired_test(y, p, q, clusters) == pytest.approx(
             metrics.delong_paired_test(y, p, q), rel=1e-10)
         # no cluster labels at all means one cluster per row
@@ -237,8 +256,6 @@ def test_clustered_delong_hand_checked_example():
     assert auc == pytest.approx(8 / 9, abs=1e-15)
     assert var == pytest.approx(94 / 2187, rel=1e-12)
     assert metrics.delong(y, p)[1] == pytest.approx(54 / 2187, rel=1e-12)
-    half = 1.959963984540054 * np.sqrt(94 / 2187)
-    assert metrics.clustered_delong_ci(y, p, clusters) == pytest.approx((8 / 9 - half, 1.0), abs=1e-12)
 
 
 def test_clustered_delong_matches_slow_reference_for_single_and_paired():
@@ -283,7 +300,6 @@ def test_clustered_delong_undefined_and_identical_cases():
     one_positive_patient = ["A", "A", "B", "C", "D", "A"]
     auc, var = metrics.clustered_delong(y, p, one_positive_patient)
     assert auc == pytest.approx(metrics.auroc(y, p)) and np.isnan(var)
-    assert all(np.isnan(metrics.clustered_delong_ci(y, p, one_positive_patient)))
     res = metrics.clustered_delong_paired_test(y, p, p[::-1], one_positive_patient)
     assert np.isnan(res[2]) and np.isnan(res[3])
     assert all(np.isnan(metrics.clustered_delong([0, 0, np.nan], [0.1, 0.2, 0.3], ["a", "b", "c"])))

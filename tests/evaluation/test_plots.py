@@ -7,7 +7,8 @@ import pytest
 from PIL import Image
 
 from fedcxr.evaluation import plots
-from fedcxr.evaluation.report import build_report, figure_names, safe_name, write_report
+from fedcxr.evaluation.report import build_report
+from fedcxr.evaluation.report_files import figure_names, safe_name, write_report
 
 
 def _open_png(path):

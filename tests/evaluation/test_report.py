@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 from fedcxr.evaluation import metrics
-from fedcxr.evaluation.report import build_report, write_report
+from fedcxr.evaluation.report import build_report
+from fedcxr.evaluation.report_files import write_report
 
 INFO = {"method": "FedAvg", "seed": 3, "target": None, "classes": ["atelectasis", "cardiomegaly", "edema",
                                                                       "pleural_effusion", "hernia"],
@@ -156,7 +157,7 @@ def test_calibration_in_every_report(report, predictions):
     assert report["calibration"]["n_bins"] == 10 and report["operating_points"] is None
     site = report["sites"]["site-a"]
     rows = predictions[predictions["site"] == "site-a"]
-    from fedcxr.evaluation.report import json_safe  # NaN → None, so empty bins compare equal
+    from fedcxr.atomic import json_safe  # NaN → None, so empty bins compare equal
     assert json_safe(site["calibration"]) == json_safe(calibration.calibration_summary(rows, INFO["classes"]))
     edema = next(r for r in site["calibration"]["per_class"] if r["class"] == "edema")
     assert edema["brier"] == pytest.approx(calibration.brier_score(rows["label__edema"], rows["prob__edema"]))
@@ -235,6 +236,6 @@ def test_operating_points_edge_cases(predictions, val_predictions):
     assert report["operating_points"]["ci"].startswith("none")
     same = build_report(val_predictions, INFO, split="val", n_boot=0, seed=0, val_predictions=val_predictions)
     assert same["operating_points"]["same_rows"] is True
-    from fedcxr.evaluation.report import render_markdown
+    from fedcxr.evaluation.report_markdown import render_markdown
     assert "so these numbers are optimistic" in render_markdown(same)
     assert "measured on the test split (no CIs (n_boot = 0))" in render_markdown(report)

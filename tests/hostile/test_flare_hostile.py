@@ -17,7 +17,7 @@ import torch
 
 pytest.importorskip("nvflare")
 
-from fedcxr.flare.run import simulate_many  # noqa: E402
+from fedcxr.flare.simulator import simulate_many  # noqa: E402
 from fedcxr.pipeline.config import load_config  # noqa: E402
 
 from ..benchmarks.conftest import REPO, load_bench  # noqa: E402

@@ -106,7 +106,7 @@ def honest_summary() -> dict:
     entry = evaluate_rows(frame, CLASSES, n_boot=20, seed=0, split="test", binary=False)
     entry["subgroups"] = subgroup_analysis(frame, CLASSES, n_boot=20, seed=0, split="test", binary=False)
     entry["calibration"] = calibration.calibration_summary(frame, CLASSES, split="test")
-    from fedcxr.evaluation.report import json_safe
+    from fedcxr.atomic import json_safe
 
     return json.loads(json.dumps(json_safe(entry)))
 

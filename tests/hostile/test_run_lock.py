@@ -79,7 +79,7 @@ def test_evaluate_refuses_a_run_directory_being_written(tmp_path, hold, capsys):
 
 
 def test_the_flare_runner_refuses_a_run_directory_in_use(tiny_manifests, tmp_path, hold):
-    from fedcxr.flare.run import simulate
+    from fedcxr.flare.simulator import simulate
     from fedcxr.pipeline.config import load_config
 
     run = tmp_path / "run"

@@ -312,25 +312,6 @@ def test_undecodable_image_names_the_file_in_parallel_too(tmp_path):
     assert not list((tmp_path / "cache").glob("*"))
 
 
-def test_bounded_map_keeps_order_and_at_most_limit_chunks_in_flight():
-    from concurrent.futures import ThreadPoolExecutor
-
-    submitted, consumed, peak = [], [], []
-
-    def jobs():
-        for k in range(20):
-            submitted.append(k)
-            peak.append(len(submitted) - len(consumed))
-            yield k, k
-
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        for key, value in data.bounded_map(pool, lambda job, scale: job * scale, jobs(), 10, limit=4):
-            consumed.append(key)
-            assert value == key * 10
-    assert consumed == list(range(20))
-    assert max(peak) <= 4 + 1  # the job being submitted plus at most `limit` waiting
-
-
 @pytest.mark.parametrize("options", [
     {"num_workers": 2},
     {"num_workers": 2, "persistent_workers": True, "prefetch_factor": 3},

@@ -9,7 +9,8 @@ from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.local import resolve_device
 from fedcxr.pipeline.messages import Reply
-from fedcxr.pipeline.site_runner import TASKS, SiteRunner, derive_seed, register_task
+from fedcxr.pipeline.keys import derive_seed
+from fedcxr.pipeline.site_runner import TASKS, SiteRunner, register_task
 from fedcxr.pipeline.state import check_update
 
 from ..conftest import tiny_config

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError
-from fedcxr.site_adapters.csv_mapping import load_mapping, read_csv_mapping
+from fedcxr.site_adapters.csv_mapping import read_csv_mapping
+from fedcxr.site_adapters.csv_mapping_schema import load_mapping
 from fedcxr.site_adapters.ingest import run_ingest
 from fedcxr.site_adapters.manifest import read_manifest, read_site_json
 from fedcxr.vocab import AUX_VOCAB

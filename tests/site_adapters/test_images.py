@@ -21,16 +21,9 @@ from pydicom.uid import (
     generate_uid,
 )
 
-from fedcxr.site_adapters.images import (
-    ImageError,
-    check_image,
-    check_images_batch,
-    read_header,
-    read_headers,
-    read_image,
-    read_image_resized,
-    scale_unit,
-)
+from fedcxr.site_adapters.image_checks import check_image, check_images_batch, read_headers
+from fedcxr.site_adapters.image_headers import ImageError, read_header
+from fedcxr.site_adapters.images import read_image, read_image_resized, scale_unit
 
 RSNA_MONO2 = "rsna_pneumonia_cr_chest_pa_jpegbaseline_mono2.dcm"
 RSNA_FAKE_MONO1 = "rsna_pneumonia_cr_chest_pa_jpegbaseline_FAKE_mono1_tag.dcm"
@@ -593,7 +586,7 @@ def test_subsampled_ybr_422_is_complete_at_two_bytes_a_pixel(tmp_path):
 @pytest.mark.parametrize("photometric, factor", [("YBR_FULL_422", 2), ("YBR_PARTIAL_422", 2),
                                                   ("YBR_PARTIAL_420", 1.5), ("RGB", 3), ("YBR_FULL", 3)])
 def test_expected_native_bytes_know_chroma_subsampling(photometric, factor):
-    from fedcxr.site_adapters.images import expected_native_bytes
+    from fedcxr.site_adapters.image_headers import expected_native_bytes
 
     header = {"rows": 10, "cols": 8, "frames": 2, "samples_per_pixel": 3, "bits_allocated": 8,
               "PhotometricInterpretation": photometric}

@@ -24,7 +24,7 @@ from fedcxr.errors import UserError
 from fedcxr.pipeline import aggregate as agg
 from fedcxr.pipeline.messages import FACT_HEAD_A, FACT_HEAD_B, StateDict
 from fedcxr.pipeline.protocols.base import Context, RoundProtocol, ask, ask_one, task_config, valid_replies
-from fedcxr.pipeline.site_runner import derive_seed
+from fedcxr.pipeline.keys import derive_seed
 
 
 def lr_schedule(lr0: float, r: int, rounds: int) -> float:

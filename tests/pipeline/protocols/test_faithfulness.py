@@ -281,7 +281,7 @@ def test_kept_optimiser_state_is_checkpointed_and_a_killed_run_resumes_bit_ident
 
 
 def test_head_warmup_keeps_the_best_validation_head_and_round_zero_starts_from_it(tiny_manifests, tmp_path):
-    from fedcxr.pipeline.site_runner import WARM_PREFIX
+    from fedcxr.pipeline.keys import WARM_PREFIX
 
     calls = []
     cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", strategy="FL_Surgical", target=None,
@@ -321,7 +321,7 @@ def test_head_warmup_keeps_the_best_validation_head_and_round_zero_starts_from_i
 def test_warmed_head_is_the_best_epochs_head(tiny_manifests, tmp_path):
     """The site keeps the head of the epoch with the lowest validation loss, not the last one."""
 
-    from fedcxr.pipeline.site_runner import WARM_PREFIX
+    from fedcxr.pipeline.keys import WARM_PREFIX
     from fedcxr.pipeline.site_tasks import _val_loss
 
     cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", strategy="FL_Surgical", target=None,

@@ -15,7 +15,7 @@ from fedcxr.pipeline.checkpoints import load_checkpoint, save_checkpoint
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.federation import run_experiment
 from fedcxr.pipeline.messages import unpack_control_delta
-from fedcxr.pipeline.site_runner import CONTROL_PREFIX
+from fedcxr.pipeline.keys import CONTROL_PREFIX
 
 from ...conftest import tiny_config
 

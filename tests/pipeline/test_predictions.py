@@ -1,4 +1,4 @@
-"""Predictions of a finished run (fedcxr.pipeline.predict): keys instead of ids, the model each site deploys."""
+"""Predictions of a finished run (fedcxr.pipeline.predictions): keys instead of ids, the model each site deploys."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from fedcxr.errors import UserError
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.federation import run_experiment
-from fedcxr.pipeline.predict import load_final, patient_keys, row_keys, site_params, write_predictions
+from fedcxr.pipeline.predictions import load_final, patient_keys, row_keys, site_params, write_predictions
 
 from ..conftest import tiny_config
 

@@ -1,4 +1,4 @@
-"""``fedcxr flare export|simulate|poc CONFIG.yaml``: the command line of the FLARE transport.
+"""``fedcxr flare export|simulate|poc CONFIG.yaml``: the same run on NVIDIA FLARE (:mod:`fedcxr.flare`).
 
 * ``export`` writes a job folder for a provisioned (production) FLARE system;
 * ``simulate`` runs the job in FLARE's simulator on this machine;
@@ -17,7 +17,9 @@ from fedcxr.errors import UserError
 from fedcxr.logs import progress_wanted
 from fedcxr.flare.controller import require_nvflare
 from fedcxr.flare.job import check_flare_sites, export_job
-from fedcxr.flare.run import default_run_dir, load_flare_config, poc, simulate
+from fedcxr.flare.poc import poc
+from fedcxr.flare.run import default_run_dir, load_flare_config
+from fedcxr.flare.simulator import simulate
 
 
 def cli_flare(args) -> int:

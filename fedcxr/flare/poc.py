@@ -1,0 +1,230 @@
+"""A fedcxr run on a POC FLARE system on this machine (``fedcxr flare poc``): provisioned, started, stopped here.
+
+``nvflare poc prepare`` provisions a server, an admin and one client per site with mTLS startup
+kits (:func:`write_project`: the server on a free loopback port); the server is allowed to build
+fedcxr's controller, persistor and model locator (:func:`allow_controller`, as a production
+operator must); ``nvflare poc start`` starts them; the job is submitted through the FLARE API
+and waited for (:func:`submit_and_wait`); then the system is always stopped, every process left
+in its group ended, the logs kept and the workspace removed (:func:`stop_poc`) — also on error or
+Ctrl-C. The user's ``~/.nvflare/config.conf``, which ``poc prepare`` rewrites, is put back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import socket
+import subprocess
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional
+
+import yaml
+
+from fedcxr.flare.job import CONTROLLER_PATH
+from fedcxr.flare.persistor import LOCATOR_PATH, PERSISTOR_PATH
+from fedcxr.flare.processes import (
+    ProcessTree,
+    copy_global_model,
+    copy_logs,
+    copy_tensorboard,
+    next_log_dir,
+    nvflare_command,
+    nvflare_env,
+    run_nvflare,
+    terminate_as_interrupt,
+)
+from fedcxr.flare.run import finish_runs, holding_run_dirs, prepare_runs, wait_with_progress
+
+log = logging.getLogger(__name__)
+
+ADMIN = "admin@fedcxr.local"
+PROJECT = "fedcxr"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def write_project(path: Path, sites: list[str], port: int) -> Path:
+    """A POC project: one server on ``port``, one admin, one client per site (FLARE provisions mTLS)."""
+    project = {
+        "api_version": 3, "name": PROJECT, "description": "fedcxr POC run",
+        "participants": [
+            {"name": "server", "type": "server", "org": "fedcxr", "fed_learn_port": port},
+            {"name": ADMIN, "type": "admin", "org": "fedcxr", "role": "project_admin"},
+            *({"name": s, "type": "client", "org": "fedcxr"} for s in sites),
+        ],
+        "builders": [
+            {"path": "nvflare.lighter.impl.workspace.WorkspaceBuilder", "args": {"template_file": ["master_template.yml"]}},
+            {"path": "nvflare.lighter.impl.static_file.StaticFileBuilder", "args": {"config_folder": "config"}},
+            {"path": "nvflare.lighter.impl.cert.CertBuilder"},
+            {"path": "nvflare.lighter.impl.signature.SignatureBuilder"},
+        ],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(project, sort_keys=False))
+    return path
+
+
+#: What a training job's server builds: fedcxr's controller, persistor and model locator.
+SERVER_CLASSES = (CONTROLLER_PATH, PERSISTOR_PATH, LOCATOR_PATH)
+
+
+def allow_controller(server_kit: Path, paths: tuple[str, ...] = SERVER_CLASSES) -> None:
+    """Let the server build fedcxr's controller, persistor and model locator (or the classes in
+    ``paths``, e.g. a statistics job's): add them to ``local/resources.json``'s ``class_allow_list``.
+
+    A provisioned FLARE server only builds components its operator allowed (jobs without
+    custom code are checked against this list); production servers need the same line.
+    """
+    path = server_kit / "local" / "resources.json"
+    if not path.is_file():
+        path = server_kit / "local" / "resources.json.default"
+    resources = json.loads(path.read_text())
+    if "class_allow_list" not in resources:  # an explicit list replaces FLARE's default one: start from it
+        from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
+
+        resources["class_allow_list"] = list(DEFAULT_CLASS_ALLOW_LIST)
+    allowed = resources["class_allow_list"]
+    for name in paths:
+        if name not in allowed and "*" not in allowed:
+            allowed.append(name)
+    (server_kit / "local" / "resources.json").write_text(json.dumps(resources, indent=2))
+
+
+@contextmanager
+def keep_user_nvflare_config() -> Iterator[None]:
+    """``nvflare poc prepare`` records the POC in ``~/.nvflare/config.conf``; put it back afterwards."""
+    conf = Path.home() / ".nvflare" / "config.conf"
+    existed_dir = conf.parent.exists()
+    before = conf.read_bytes() if conf.is_file() else None
+    try:
+        yield
+    finally:
+        if before is not None:
+            conf.write_bytes(before)
+        else:
+            conf.unlink(missing_ok=True)
+            if not existed_dir and conf.parent.is_dir() and not any(conf.parent.iterdir()):
+                conf.parent.rmdir()
+
+
+def poc(cfg, run_dir: Path, **kwargs) -> dict:
+    """Run one experiment on a POC FLARE system; returns its run.json payload (see :func:`poc_many`)."""
+    return poc_many([(cfg, run_dir)], **kwargs)[0]
+
+
+@holding_run_dirs("fedcxr flare poc")
+def poc_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device: Optional[str] = None,
+             client_script: Optional[Path] = None, progress: bool = True, timeout: Optional[float] = None,
+             flare_dir: Optional[Path] = None, env: Optional[dict] = None,
+             evaluation: Optional[dict] = None) -> list[dict]:
+    """Run ``[(ExperimentConfig, run_dir)]`` as one job on a POC system on this machine.
+
+    Provisions the server, an admin and one client per site (mTLS startup kits), starts them,
+    submits through the FLARE API, waits, downloads the server's result, and always stops the
+    system, ends any process left in its group and removes the POC workspace (logs are kept
+    in ``flare/logs``). ``evaluation``: as in :func:`simulate_many`.
+    """
+    runs, flare_dir, job_dir, sites = prepare_runs(runs, resume=resume, task_timeout=task_timeout, device=device,
+                                                   client_script=client_script, flare_dir=flare_dir,
+                                                   evaluation=evaluation)
+    workspace = flare_dir / "poc"
+    shutil.rmtree(workspace, ignore_errors=True)
+    env = {**nvflare_env(), **(env or {}), "NVFLARE_POC_WORKSPACE": str(workspace)}
+    project = write_project(flare_dir / "project.yml", sites, free_port())
+    logs = next_log_dir(flare_dir)
+    log_path = logs / "poc.log"
+    with open(log_path, "w") as out, keep_user_nvflare_config(), terminate_as_interrupt():
+        try:
+            with poc_system(project, workspace, env, out, log_path, {"server": SERVER_CLASSES}) as tree:
+                submit_and_wait(job_dir, workspace, flare_dir, runs, progress, timeout, tick=tree.snapshot)
+        finally:
+            copy_tensorboard(flare_dir / "result", flare_dir / "tensorboard")
+    return finish_runs(runs, "FLARE POC", log_path)
+
+
+@contextmanager
+def poc_system(project: Path, workspace: Path, env: dict, out, log_path: Path,
+               allow: dict[str, tuple[str, ...]]) -> Iterator[ProcessTree]:
+    """A POC system provisioned from ``project`` into ``workspace`` and started; yields its process tree.
+
+    ``allow``: participant (``server`` or a site) → the classes its startup kit may build
+    (:func:`allow_controller`). ``out`` is the log file ``log_path`` of the ``nvflare`` commands.
+    On exit — also on error or Ctrl-C — the system is stopped, every process left in its group
+    ended, the logs kept beside ``log_path`` and the workspace removed (:func:`stop_poc`).
+    """
+    tree: Optional[ProcessTree] = None
+    try:
+        if run_nvflare(["poc", "prepare", "-i", str(project), "--force"], env, out, 120).returncode:
+            raise RuntimeError(f"`nvflare poc prepare` failed (see {log_path})")
+        kits = workspace / PROJECT / "prod_00"
+        for participant, paths in allow.items():
+            allow_controller(kits / participant, paths=paths)
+        out.write("$ nvflare poc start\n")
+        out.flush()
+        started = subprocess.Popen(nvflare_command("poc", "start", "--timeout", "120"), env=env, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        tree = ProcessTree(started.pid)
+        if started.wait(timeout=180):
+            raise RuntimeError(f"`nvflare poc start` failed (see {log_path})")
+        tree.snapshot()
+        yield tree
+    finally:
+        stop_poc(env, out, tree, workspace, log_path.parent)
+
+
+def submit_and_wait(job_dir: Path, workspace: Path, flare_dir: Path, runs: list, progress: bool,
+                    timeout: Optional[float], tick=lambda: None) -> None:
+    """Submit ``job_dir`` through the FLARE API as the POC admin, wait for it (showing the runs'
+    rounds; aborted on any error or Ctrl-C) and download the server's result into ``flare/result``."""
+    from nvflare.fuel.flare_api.flare_api import new_secure_session
+
+    kit = workspace / PROJECT / "prod_00" / ADMIN
+    session = new_secure_session(ADMIN, str(kit), timeout=60)
+    try:
+        job_id = session.submit_job(str(job_dir.resolve()))
+        log.info("submitted FLARE job %s", job_id)
+        state = {}
+
+        def finished() -> bool:
+            state["status"] = str(session.get_job_meta(job_id).get("status", ""))
+            return state["status"].startswith("FINISHED")
+
+        try:
+            wait_with_progress(None, runs, progress, done=finished, timeout=timeout, tick=tick)
+        except BaseException:
+            session.abort_job(job_id)
+            raise
+        log.info("FLARE job %s: %s", job_id, state.get("status"))
+        session.download_job_result(job_id, str(flare_dir / "result"))
+    finally:
+        session.close()
+
+
+def stop_poc(env: dict, out, tree: Optional[ProcessTree], workspace: Path, logs: Path) -> None:
+    """Stop the POC system, end any process it left, keep the logs, remove the workspace."""
+    try:
+        if tree is not None:
+            try:
+                run_nvflare(["poc", "stop"], env, out, 120)
+            except Exception as exc:  # keep cleaning up
+                out.write(f"poc stop failed: {exc}\n")
+            tree.stop(grace=30)
+    finally:
+        copy_logs(workspace, logs)
+        copy_tensorboard(workspace, logs.parent.parent / "tensorboard")
+        copy_global_model(workspace, logs.parent.parent)
+        try:
+            run_nvflare(["poc", "clean"], env, out, 120)
+        except Exception as exc:
+            out.write(f"poc clean failed: {exc}\n")
+        shutil.rmtree(workspace, ignore_errors=True)
+
+
+__all__ = ["ADMIN", "PROJECT", "SERVER_CLASSES", "allow_controller", "free_port", "keep_user_nvflare_config", "poc",
+           "poc_many", "poc_system", "stop_poc", "submit_and_wait", "write_project"]

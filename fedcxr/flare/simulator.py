@@ -1,0 +1,94 @@
+"""A fedcxr run in FLARE's simulator on this machine (``fedcxr flare simulate``).
+
+One client process per site (named as the config's sites), the server in the simulator
+process, all in their own process group: ended on error, Ctrl-C or SIGTERM
+(:mod:`fedcxr.flare.processes`), the logs, the sites' scalars and the global model kept in
+``RUN_DIR/flare/`` and the simulator's workspace removed. The run directory is ``fedcxr
+train``'s (:mod:`fedcxr.flare.run`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+from fedcxr.flare.processes import (
+    ProcessTree,
+    copy_global_model,
+    copy_logs,
+    copy_tensorboard,
+    next_log_dir,
+    nvflare_command,
+    nvflare_env,
+    terminate_as_interrupt,
+)
+from fedcxr.flare.run import finish_runs, holding_run_dirs, prepare_runs, wait_with_progress
+
+
+def simulate(cfg, run_dir: Path, **kwargs) -> dict:
+    """Run one experiment in FLARE's simulator; returns its run.json payload (see :func:`simulate_many`)."""
+    return simulate_many([(cfg, run_dir)], **kwargs)[0]
+
+
+@holding_run_dirs("fedcxr flare simulate")
+def simulate_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device: Optional[str] = None,
+                  client_script: Optional[Path] = None, progress: bool = True, timeout: Optional[float] = None,
+                  flare_dir: Optional[Path] = None, env: Optional[dict] = None,
+                  on_start: Optional[Callable[[subprocess.Popen], None]] = None,
+                  evaluation: Optional[dict] = None) -> list[dict]:
+    """Run ``[(ExperimentConfig, run_dir)]`` one after the other in one FLARE simulator job.
+
+    One client process per site (named as the configs' sites), the server in the simulator
+    process. ``flare_dir`` (default ``<first run dir>/flare``) receives the job, the site
+    configs, the sites' resume state and the logs (the simulator's workspace is removed after
+    the run). ``env`` adds environment variables; ``on_start`` is called with the simulator
+    process (its own process group) once it runs. ``evaluation``: the cross-site evaluation after
+    the last round (``{"enabled", "n_boot", "split", "seed"}``, :mod:`fedcxr.flare.cross_site`).
+    """
+    runs, flare_dir, job_dir, sites = prepare_runs(runs, resume=resume, task_timeout=task_timeout, device=device,
+                                                   client_script=client_script, flare_dir=flare_dir,
+                                                   evaluation=evaluation)
+    workspace = flare_dir / "simulator"
+    shutil.rmtree(workspace, ignore_errors=True)
+    logs = next_log_dir(flare_dir)
+    log_path = logs / "simulator.log"
+    with open(log_path, "w") as out, terminate_as_interrupt():
+        try:
+            with running_simulator(job_dir, workspace, sites, out, {**nvflare_env(), **(env or {})}) as (proc, tree):
+                if on_start is not None:
+                    on_start(proc)
+                wait_with_progress(proc, runs, progress, timeout=timeout, tick=tree.snapshot)
+        finally:
+            copy_logs(workspace, logs)
+            copy_tensorboard(workspace, flare_dir / "tensorboard")
+            copy_global_model(workspace, flare_dir)
+            shutil.rmtree(workspace, ignore_errors=True)
+    return finish_runs(runs, "FLARE simulator", log_path)
+
+
+@contextmanager
+def running_simulator(job_dir: Path, workspace: Path, sites: list[str], out, env: dict
+                      ) -> Iterator[tuple[subprocess.Popen, ProcessTree]]:
+    """``nvflare simulator`` on ``job_dir`` (one client per site, workspace ``workspace``) in its own
+    process group, its output into ``out``; yields ``(process, its tree)``. On exit — also on error
+    or Ctrl-C — a simulator still running is interrupted (it ends its workers on SIGINT) and every
+    process it started is ended."""
+    cmd = nvflare_command("simulator", str(job_dir), "-w", str(workspace), "-c", ",".join(sites),
+                          "-t", str(len(sites)))
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    tree = ProcessTree(proc.pid)
+    try:
+        yield proc, tree
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)  # the simulator ends its workers on Ctrl-C
+        tree.stop()
+        proc.wait()
+
+
+__all__ = ["running_simulator", "simulate", "simulate_many"]
