@@ -44,7 +44,7 @@ from fedcxr.pipeline.engine import backend_settings, resolve_engine
 from fedcxr.pipeline.inprocess import InProcessTransport, build_runners, run_engine
 from fedcxr.pipeline.local import resolve_device
 from fedcxr.pipeline.messages import StateDict
-from fedcxr.pipeline.protocols import CENTRAL_SITE, Context, RoundProtocol, get_protocol
+from fedcxr.pipeline.protocols import Context, RoundProtocol, get_protocol
 from fedcxr.pipeline.run_log import round_line, rounds_log, run_log
 from fedcxr.pipeline.screening import count_problem
 from fedcxr.pipeline.site_runner import PRIVATE_PREFIXES, derive_seed
@@ -101,8 +101,9 @@ def build_context(cfg: ExperimentConfig, protocol: RoundProtocol, transport: Tra
     classes = head_classes(cfg, meta)
     protocol.validate(cfg, meta, classes)
     aux_on = protocol.aux_info if cfg.aux_info is None else cfg.aux_info
-    if protocol.name == "Central":
-        meta[CENTRAL_SITE] = transport.run("metadata", [CENTRAL_SITE], None, {})[CENTRAL_SITE]
+    if protocol.pooled_site:  # Central: the site holding every site's rows answers for itself
+        pooled = protocol.pooled_site
+        meta[pooled] = transport.run("metadata", [pooled], None, {})[pooled]
     return Context(
         cfg=cfg, transport=transport, meta=meta, classes=classes,
         aux_tasks=list(cfg.aux_tasks) if aux_on else [],

@@ -18,7 +18,7 @@ import fedcxr.pipeline.site_tasks  # noqa: F401  (registers train_combine and fa
 from fedcxr.pipeline.config import ExperimentConfig
 from fedcxr.pipeline.data import default_cache_dir
 from fedcxr.pipeline.engine import Engine, resolve_engine
-from fedcxr.pipeline.protocols import CENTRAL_SITE
+from fedcxr.pipeline.protocols import get_protocol
 from fedcxr.pipeline.site_runner import SiteRunner
 from fedcxr.pipeline.transport import Transport
 
@@ -49,7 +49,8 @@ class InProcessTransport(Transport):
 
 
 def build_runners(cfg: ExperimentConfig, device: torch.device, progress: bool) -> dict[str, SiteRunner]:
-    """One SiteRunner per site of the config (plus the pooled one for the Central baseline).
+    """One SiteRunner per site of the config, plus the pooled site when the method has one
+    (:attr:`~fedcxr.pipeline.protocols.RoundProtocol.pooled_site`: Central's every site's rows).
 
     They share one :class:`~fedcxr.pipeline.engine.Engine`; on CUDA each runner's model leaves
     the GPU after its turn (``engine.offload_idle``), so N simulated sites need one model's
@@ -64,8 +65,9 @@ def build_runners(cfg: ExperimentConfig, device: torch.device, progress: bool) -
                   device=device, augment=cfg.augment, progress=progress, engine=engine,
                   task=cfg.task.model_dump(mode="json") if cfg.task else None)
     runners = {cfg.site_name(s): SiteRunner(cfg.site_name(s), cfg.site_dir(s), **common) for s in cfg.all_sites()}
-    if cfg.strategy == "Central":
-        runners[CENTRAL_SITE] = SiteRunner(CENTRAL_SITE, [cfg.site_dir(s) for s in cfg.all_sites()], **common)
+    pooled = get_protocol(cfg.strategy).pooled_site
+    if pooled:
+        runners[pooled] = SiteRunner(pooled, [cfg.site_dir(s) for s in cfg.all_sites()], **common)
     return runners
 
 

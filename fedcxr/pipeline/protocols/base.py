@@ -326,6 +326,16 @@ class RoundProtocol:
     default_backbone_weighting = "samples"
     #: whether the server averages site models (where ``aggregation.rule`` applies); False: why not
     averages_sites: bool | str = True
+    #: What other modules need to know about a method, declared here so that no module outside
+    #: ``protocols/`` tests a method's name (DESIGN §1): ``pooled_site`` names a site that holds
+    #: every site's training rows in one place (``Central``): the run driver asks it for its
+    #: metadata, the in-process transport builds it, and FLARE refuses the method (no hospital
+    #: may hold the others' images). ``None`` for every federated method.
+    pooled_site: Optional[str] = None
+    #: Sites train heads of their own (``FL_Surgical``: the rows of their own classes; ``PFL``: a head
+    #: kept at the site), so a reply's head is not an update of the head the server sent: FLARE's
+    #: ``percentile_privacy`` filter, which ranks every entry of an update, is refused for them.
+    per_site_heads = False
 
     def __init__(self, name: str):
         self.name = name

@@ -42,6 +42,7 @@ class CentralProtocol(RoundProtocol):
     """Central: every site's training rows pooled in one place (the ``__central__`` site)."""
 
     averages_sites = "trains one pooled model (no server-side average of site models)"
+    pooled_site = CENTRAL_SITE
 
     def __init__(self, name: str):
         super().__init__(name)

@@ -43,6 +43,7 @@ class SurgicalFamilyProtocol(RoundProtocol):
     def __init__(self, name: str, *, mode: str):
         super().__init__(name)
         self.mode = mode
+        self.per_site_heads = mode in ("surgical", "pfl")  # own classes' rows / a head kept at the site
 
     def _local_keys(self, ctx: Context) -> list[str]:
         keys = list(ctx.bn_keys) if ctx.cfg.backbone_aggregation != "fedavg" else []
