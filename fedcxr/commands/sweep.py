@@ -34,7 +34,7 @@ def run_sweep(config: Path, methods: Sequence[str], *, seeds: int, out: Path, ba
     run_dirs = []
     for method in methods:
         for seed in range(seeds):
-            cfg = load_config(config, overrides=[*overrides, f"strategy={method}", f"seed={seed}"])
+            cfg = load_config(config, overrides=[*overrides, f"method={method}", f"seed={seed}"])
             run_dir = Path(out) / "runs" / f"{method}-seed{seed}"
             if not (run_dir / "final_model.pt").exists():
                 resume = latest_checkpoint(run_dir) is not None

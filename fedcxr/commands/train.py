@@ -16,8 +16,8 @@ from fedcxr.pipeline.run_log import TRAIN_LOG
 
 
 def default_run_dir(cfg) -> Path:
-    """``runs/<name>-<strategy>-seed<seed>`` when ``--out`` is not given."""
-    return Path("runs") / f"{cfg.name}-{cfg.strategy}-seed{cfg.seed}"
+    """``runs/<name>-<method>-seed<seed>`` when ``--out`` is not given."""
+    return Path("runs") / f"{cfg.name}-{cfg.method}-seed{cfg.seed}"
 
 
 def cli_train(args: argparse.Namespace) -> int:

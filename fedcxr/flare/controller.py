@@ -176,20 +176,20 @@ class FedcxrController(_ControllerBase):
                                    diff=bool(cfg.privacy.filters))
         if resume:  # replies refused before a server restart stay on record
             transport.rejected = list(read_status(run_dir).get("rejected", []))
-        self.info(f"fedcxr {cfg.strategy}: {cfg.rounds} rounds over {sites}; run directory {run_dir}")
+        self.info(f"fedcxr {cfg.method}: {cfg.rounds} rounds over {sites}; run directory {run_dir}")
         _write_status(run_dir, "running", started=time.time(), rejected=transport.rejected)
         try:
             payload = run_experiment(cfg, run_dir, resume=resume, device="cpu", progress=False, transport=transport)
             self._collect_local_states(run_dir, transport, sites)
             self._persist(run_dir, cfg)
         except Exception as exc:
-            self.exception(f"fedcxr {cfg.strategy} failed: {type(exc).__name__}: {exc}")
+            self.exception(f"fedcxr {cfg.method} failed: {type(exc).__name__}: {exc}")
             _write_status(run_dir, "failed", error=f"{type(exc).__name__}: {exc}", rejected=transport.rejected)
             return False
         evaluated = self._cross_site(run_dir, transport, evaluation)
         _write_status(run_dir, "finished", missed=payload.get("missed", []), rejected=transport.rejected,
                       cross_site=evaluated)
-        self.info(f"fedcxr {cfg.strategy}: finished; {len(payload.get('missed', []))} replies missed or rejected")
+        self.info(f"fedcxr {cfg.method}: finished; {len(payload.get('missed', []))} replies missed or rejected")
         return True
 
     def _collect_local_states(self, run_dir: Path, transport: FlareTransport, sites: list[str]) -> None:
@@ -210,7 +210,7 @@ class FedcxrController(_ControllerBase):
         from fedcxr.flare.persistor import to_numpy
 
         final = load_final_model(run_dir)
-        self.save_model(FLModel(params=to_numpy(final["global"]), meta={"method": cfg.strategy}))
+        self.save_model(FLModel(params=to_numpy(final["global"]), meta={"method": cfg.method}))
 
     def _cross_site(self, run_dir: Path, transport: FlareTransport, evaluation: Optional[dict]) -> str:
         """Cross-site evaluation (:mod:`fedcxr.flare.cross_site`); its failure does not undo the training."""

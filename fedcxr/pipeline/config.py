@@ -6,7 +6,7 @@ Example::
     manifests: manifests          # folder holding one sub-folder per site (relative to the YAML)
     sites: [nih_style, chexpert_style, midrc_style]   # source sites
     target: dicom_style           # optional target site (fine-tuning / evaluation)
-    strategy: FedAvg_Finetune
+    method: FedAvg_Finetune       # the papers' method names (fedcxr.pipeline.protocols); `strategy:` works too
     rounds: 5
     source: {lr: 1.0e-3, batch_size: 32, epochs: 1}
     target_train: {lr: 2.0e-4, batch_size: 32, epochs: 1, labeled: 0.25}
@@ -14,8 +14,14 @@ Example::
     image_size: 224
     seed: 0
 
-Every key is checked: an unknown key, a missing site folder, an unknown class or strategy
-stops with exit code 2 and a message naming the key.
+Every key is checked: an unknown key, a missing site folder, an unknown class or method
+stops with exit code 2 and a message naming the key. ``method`` was called ``strategy`` before;
+both names are accepted (in the YAML and in ``--set``), and a config's fingerprint is the same
+under either, so runs started with ``strategy:`` resume.
+
+Per-method defaults (optimiser, target batch size, warm-up rounds, ...) are the method's, set
+and documented in its protocol (:mod:`fedcxr.pipeline.protocols`: ``task_defaults`` and the class
+attributes beside it); a field left unset here takes them, a field set here overrides them.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedcxr.errors import UserError
 from fedcxr.escape import short
@@ -344,7 +350,10 @@ class ExperimentConfig(_Strict):
     manifests: Optional[Path] = Field(None, description="base folder of the site folders")
     sites: list[str] = Field(..., min_length=1, max_length=MAX_SITES, description="source site folders (or all sites)")
     target: Optional[str] = None
-    strategy: str = Field("FedAvg", max_length=MAX_NAME)
+    method: str = Field(
+        None, max_length=MAX_NAME, validation_alias=AliasChoices("method", "strategy"), validate_default=True,
+        description="the method, by its paper's name (README 'Methods'; unset: FedAvg); `strategy` is its former "
+        "name, still accepted")
     rounds: int = Field(5, ge=0, le=MAX_ROUNDS)
     warmup_rounds: Optional[int] = Field(
         None, ge=0, le=MAX_ROUNDS, description="GP/FedDA/FedGP: the first rounds (counted in `rounds`) are warm-up rounds. "
@@ -372,7 +381,7 @@ class ExperimentConfig(_Strict):
     alpha: float = Field(1.0, ge=0, description="weight of auxiliary losses (AuxInfo)")
     beta: float = Field(0.5, ge=0, le=1, description="GP: weight of the source projection")
     aux_tasks: list[str] = Field(default_factory=lambda: list(AUX_TASKS))
-    aux_info: Optional[bool] = Field(None, description="force AuxInfo on/off; default from the strategy name")
+    aux_info: Optional[bool] = Field(None, description="force AuxInfo on/off; default: the method's (the _AuxInfo methods)")
     backbone_aggregation: Literal["fedavg", "fedbn", "fedbn_plus"] = "fedavg"
     backbone_weighting: Optional[Literal["uniform", "samples"]] = Field(
         None, description="how the server weights sites when it averages the shared entries: `uniform` "
@@ -438,7 +447,28 @@ class ExperimentConfig(_Strict):
             for old, new in RENAMED_KEYS.items():
                 if old in data:
                     raise ValueError(f"`{old}` was replaced: {new}")
+            if "method" in data and "strategy" in data:
+                raise ValueError("both `method` and `strategy` are given: they are one key (`strategy` is the former "
+                                 "name of `method`); keep `method`")
         return data
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _known_method(cls, value: Any) -> str:
+        """A method of the protocols' table (checked at load, naming the known ones); unset: the default."""
+        # imported here: the protocols import this module (the table itself imports nothing)
+        from fedcxr.pipeline.protocols.methods import DEFAULT_METHOD, METHODS, unknown_method
+
+        if value is None:
+            return DEFAULT_METHOD
+        if not isinstance(value, str) or value not in METHODS:
+            raise ValueError(unknown_method(value))
+        return value
+
+    @property
+    def strategy(self) -> str:
+        """The former name of :attr:`method`."""
+        return self.method
 
     @field_validator("server_betas")
     @classmethod
@@ -467,7 +497,7 @@ class ExperimentConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _run_name(cls, value: str) -> str:
-        """The name becomes a folder name (``runs/<name>-<strategy>-seed<seed>``): it must stay one folder."""
+        """The name becomes a folder name (``runs/<name>-<method>-seed<seed>``): it must stay one folder."""
         if not 0 < len(value) <= MAX_NAME or re.search(r"[/\\\x00-\x1f\x7f]", value) or not value.strip("."):
             _refuse(f"{short(value)} cannot name a run folder: 1 to {MAX_NAME} characters, no '/', '\\' or "
                     "control character, not only dots")
@@ -570,8 +600,15 @@ def _set_dotted(data: dict, key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+#: ``--set`` keys that are another name of a top-level key (``strategy`` is the former name of ``method``)
+KEY_ALIASES = {"strategy": "method"}
+
+
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Apply ``--set key=value`` (YAML-parsed values, dotted keys) to a raw config mapping."""
+    """Apply ``--set key=value`` (YAML-parsed values, dotted keys) to a raw config mapping.
+
+    ``--set strategy=X`` and ``--set method=X`` both replace the method, whichever name the
+    YAML used (:data:`KEY_ALIASES`)."""
     out = copy.deepcopy(data)
     for item in overrides or []:
         if "=" not in item:
@@ -589,6 +626,10 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
                             "write lists as [a, b]") from None
         except RecursionError:
             raise UserError(f"--set {key[:80]}: the value is nested too deeply") from None
+        key = KEY_ALIASES.get(key, key)
+        for alias, name in KEY_ALIASES.items():
+            if key == name:
+                out.pop(alias, None)
         _set_dotted(out, key, value)
     return out
 
@@ -654,8 +695,10 @@ def dump_config(cfg: ExperimentConfig) -> str:
 def config_fingerprint(cfg: ExperimentConfig) -> str:
     """Hash of everything that changes a run's result (device, workers, the engine block, cache and
     where the manifests folder lies do not: the sites' content is checked separately, by manifest
-    hash, on resume)."""
+    hash, on resume). ``method`` is hashed under its former name ``strategy``: configs keep the
+    fingerprint of earlier versions, so their runs resume."""
     data = cfg.model_dump(mode="json")
+    data["strategy"] = data.pop("method")
     for key in ("device", "num_workers", "cache_dir", "manifests", "engine", "tracking"):
         data.pop(key, None)
     for key, default in (("norm", "batch"), ("stem", "imagenet")):  # defaults: the fingerprint of earlier versions

@@ -152,7 +152,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | str, *, resume: bool =
     at once, and ``resume`` on a finished run returns its ``run.json`` without touching a file.
     """
     run_dir = Path(run_dir)
-    protocol = get_protocol(cfg.strategy)
+    protocol = get_protocol(cfg.method)
     if transport is not None:  # FLARE: the runner that started the job holds the run directory's lock
         return _start(cfg, run_dir, protocol, transport, resume=resume, device=device, progress=progress)
     with run_lock(run_dir, "fedcxr train"):  # one process per run directory (fedcxr.runlock)
@@ -220,7 +220,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
     else:
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     _write_run_files(run_dir, cfg, ctx, protocol, status="running")
-    tracker = make_tracker(cfg.tracking, run_dir, name=f"{cfg.name}-{cfg.strategy}-seed{cfg.seed}")
+    tracker = make_tracker(cfg.tracking, run_dir, name=f"{cfg.name}-{cfg.method}-seed{cfg.seed}")
     bar = tqdm(range(start, cfg.rounds), desc=f"{protocol.name} rounds", unit="round",
                disable=bar_disabled(progress), initial=start, total=cfg.rounds)
     for r in bar:

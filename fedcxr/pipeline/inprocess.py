@@ -65,7 +65,7 @@ def build_runners(cfg: ExperimentConfig, device: torch.device, progress: bool) -
                   device=device, augment=cfg.augment, progress=progress, engine=engine,
                   task=cfg.task.model_dump(mode="json") if cfg.task else None)
     runners = {cfg.site_name(s): SiteRunner(cfg.site_name(s), cfg.site_dir(s), **common) for s in cfg.all_sites()}
-    pooled = get_protocol(cfg.strategy).pooled_site
+    pooled = get_protocol(cfg.method).pooled_site
     if pooled:
         runners[pooled] = SiteRunner(pooled, [cfg.site_dir(s) for s in cfg.all_sites()], **common)
     return runners

@@ -389,7 +389,7 @@ def test_export_writes_a_portable_job(tiny_manifests, tmp_path):
     controller = server["workflows"][0]
     assert controller["path"] == "fedcxr.flare.controller.FedcxrController"
     spec = controller["args"]["experiments"][0]
-    assert spec["run_dir"] == "fedcxr-runs/tiny" and spec["config"]["strategy"] == "FedAvg_Finetune"
+    assert spec["run_dir"] == "fedcxr-runs/tiny" and spec["config"]["method"] == "FedAvg_Finetune"
     assert spec["config"]["manifests"] is None and spec["config"]["cache_dir"] is None
     assert controller["args"]["task_timeout"] == 600
     assert controller["args"]["fedcxr_version"] == fedcxr.__version__

@@ -343,17 +343,17 @@ class RoundProtocol:
     def validate(self, cfg: ExperimentConfig, meta: dict[str, Reply], classes: list[str]) -> None:
         """Refuse option combinations the method cannot use (exit 2, saying why)."""
         if self.needs_target and not cfg.target:
-            raise UserError(f"strategy {self.name} needs a `target:` site")
+            raise UserError(f"method {self.name} needs a `target:` site")
         if self.needs_target_labels and cfg.target:
             per_class = meta[cfg.site_name(cfg.target)].metrics.get("labeled_per_class", {})
             if sum(per_class.get(c, 0) for c in classes) == 0:
                 raise UserError(
-                    f"strategy {self.name} fine-tunes on target labels, but target {cfg.target!r} has no "
+                    f"method {self.name} fine-tunes on target labels, but target {cfg.target!r} has no "
                     f"labeled training rows for the model's classes {classes}; use FACT/FACT_NF or "
                     "Source_Only for an unlabeled target"
                 )
         if self.needs_sources and not cfg.source_sites():
-            raise UserError(f"strategy {self.name} needs at least one source site in `sites:`")
+            raise UserError(f"method {self.name} needs at least one source site in `sites:`")
         self.validate_aggregation(cfg)
 
     def validate_aggregation(self, cfg: ExperimentConfig) -> None:
@@ -363,7 +363,7 @@ class RoundProtocol:
         if rule.rule == "mean":
             return
         if self.averages_sites is not True:
-            raise UserError(f"aggregation.rule {rule.rule}: strategy {self.name} {self.averages_sites}; "
+            raise UserError(f"aggregation.rule {rule.rule}: method {self.name} {self.averages_sites}; "
                             "use aggregation.rule: mean (the reply checks of `defences:` still apply)")
         n = len(cfg.source_sites())
         if n < 3:

@@ -25,7 +25,7 @@ class TargetOnlyProtocol(RoundProtocol):
 
     def validate(self, cfg, meta, classes):
         if not cfg.target:
-            raise UserError(f"strategy {self.name} needs a `target:` site")
+            raise UserError(f"method {self.name} needs a `target:` site")
         super().validate(cfg, meta, classes)
 
     def task_defaults(self) -> dict:

@@ -52,7 +52,7 @@ class FACTProtocol(RoundProtocol):
     def validate(self, cfg, meta, classes):
         super().validate(cfg, meta, classes)
         if len(cfg.source_sites()) < 2:
-            raise UserError(f"strategy {self.name} needs at least two source sites (it trains them in pairs)")
+            raise UserError(f"method {self.name} needs at least two source sites (it trains them in pairs)")
 
     def init_state(self, ctx, theta):
         return {"global": theta, "best": theta, "best_idd": float("inf"), "best_round": -1}

@@ -82,7 +82,7 @@ class TargetCombineProtocol(FedAvgProtocol):
         super().validate_aggregation(cfg)
         warmup = self.default_warmup_rounds if cfg.warmup_rounds is None else cfg.warmup_rounds
         if cfg.aggregation.rule != "mean" and min(warmup, cfg.rounds) == 0:
-            raise UserError(f"aggregation.rule {cfg.aggregation.rule}: strategy {self.name} averages the sources "
+            raise UserError(f"aggregation.rule {cfg.aggregation.rule}: method {self.name} averages the sources "
                             "only in its FedAvg warm-up rounds, and warmup_rounds is 0; its source combination is "
                             "the paper's rule (screened by `defences:`); use aggregation.rule: mean")
 
@@ -272,7 +272,7 @@ def check_auto_batches(cfg, target_meta: Reply, default_batch_size: int) -> None
     """At run start: an error below 2 target batch updates per round, a warning below :data:`AUTO_MIN_BATCHES`."""
     rows, bs, batches = auto_batches(cfg, target_meta, default_batch_size)
     budget = f"steps {cfg.target_train.steps}" if cfg.target_train.steps else f"{cfg.target_train.epochs} epoch(s)"
-    what = (f"{cfg.strategy}: the target gives B = {batches} batch update(s) per round ({rows} labeled rows, batch "
+    what = (f"{cfg.method}: the target gives B = {batches} batch update(s) per round ({rows} labeled rows, batch "
             f"size {bs}, {budget})")
     if batches < 2:
         raise UserError(f"{what}; the auto-β estimators need at least 2 (a variance): lower target_train.batch_size "
