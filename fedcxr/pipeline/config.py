@@ -71,6 +71,13 @@ MAX_FILTERS = 16
 MAX_ERROR_LINES = 20
 
 
+#: The description of a field whose default is the method's: the value is set, with the code it follows,
+#: in the method's protocol (never repeated here, so the two cannot drift apart).
+METHOD_DEFAULT = ("null: the method's default, set with its source in the method's protocol "
+                  "(fedcxr.pipeline.protocols: RoundProtocol.task_defaults and the attributes beside it; "
+                  "the README's table of defaults)")
+
+
 def _refuse(message: str):
     """Raise the ValueError pydantic reports under the key being validated."""
     raise ValueError(message)
@@ -91,16 +98,11 @@ class LocalTrainingConfig(_Strict):
     epochs: int = Field(1, ge=0, le=MAX_EPOCHS, description="local passes per round: 1 in both papers' code "
                         "(--num_source_epochs/--num_target_epochs 1; 'local update epoch 1')")
     steps: Optional[int] = Field(None, ge=1, le=MAX_STEPS, description="optimizer steps per round; overrides epochs")
-    weight_decay: Optional[float] = Field(
-        None, ge=0, description="default per method: 5e-4 for FACT (its code's SGD), 0 otherwise")
-    optimizer: Optional[Literal["adam", "adamw", "sgd"]] = Field(
-        None, description="default per method: sgd (momentum 0.9) for FACT/FACT_NF (FACT client.py), adam "
-        "otherwise (AuxInfo+GP, AutoFedGP and surgical aggregation code)")
+    weight_decay: Optional[float] = Field(None, ge=0, description=METHOD_DEFAULT)
+    optimizer: Optional[Literal["adam", "adamw", "sgd"]] = Field(None, description=METHOD_DEFAULT)
     max_rows: Optional[int] = Field(None, ge=1, le=MAX_ROWS, description="use at most this many training rows (speed)")
     momentum: Optional[float] = Field(
-        None, ge=0, lt=1, description="SGD momentum. Default per method: 0 (plain SGD) for SCAFFOLD's sources "
-        "(Karimireddy et al. 2020, Algorithm 1: its option-II control variate assumes plain SGD steps), 0.9 "
-        "otherwise (FACT client.py)")
+        None, ge=0, lt=1, description="SGD momentum; " + METHOD_DEFAULT)
 
 
 class TargetTrainingConfig(LocalTrainingConfig):
@@ -109,12 +111,7 @@ class TargetTrainingConfig(LocalTrainingConfig):
     lr: float = Field(2e-4, gt=0, description="1/5 of the sources' 1e-3, as the papers: AuxInfo+GP App. A.3 "
                       "(target 2e-4, sources 1e-3) and AutoFedGP `--lr_ratio 0.2`")
     batch_size: Optional[int] = Field(
-        None, ge=1, le=MAX_BATCH, description="default per method, as the authors' code: 4 for FedDA_Auto and FedGP_Auto "
-        "(AutoFedGP paper App. C.4 'target domain batch size 2, 4, 8' and scripts/noniid_exp "
-        "run_fedgp_auto_beta.sh --target_batch_size 4: the auto-β estimators need many batch updates per round); "
-        "16 for FedDA, FedGP, Target_Only, Finetune_Offline (AutoFedGP main_domain_bed*.py "
-        "DataLoader(batch_size=16)); 32 otherwise (AuxInfo+GP federated_chexpert/mimic_multi.py "
-        "--target_batch_size 32)")
+        None, ge=1, le=MAX_BATCH, description=METHOD_DEFAULT)
     labeled: Optional[Union[int, float]] = Field(
         None, description="labeled target rows used: a count (int ≥ 1) or a fraction of train rows (float in (0, 1])"
     )
@@ -356,16 +353,11 @@ class ExperimentConfig(_Strict):
         "name, still accepted")
     rounds: int = Field(5, ge=0, le=MAX_ROUNDS)
     warmup_rounds: Optional[int] = Field(
-        None, ge=0, le=MAX_ROUNDS, description="GP/FedDA/FedGP: the first rounds (counted in `rounds`) are warm-up rounds. "
-        "Default per method as the authors' code: 2 plain FedAvg rounds for FedDA, FedGP, FedDA_Auto, "
-        "FedGP_Auto (AutoFedGP main_domain_bed*.py: 'do fedavg for 2 epochs'); 5 rounds for "
-        "FedAvg_Finetune_GP and FedAvg_Finetune_AuxInfo_GP, in which θ0 of the projection is the FedAvg of "
-        "the sources (AuxInfo+GP federated_*_multi.py: `if i < 5: average_weights`)")
+        None, ge=0, le=MAX_ROUNDS, description="GP/FedDA/FedGP: the first rounds (counted in `rounds`) are warm-up "
+        "rounds (plain FedAvg; GP: FedAvg, then the projection starts from it); " + METHOD_DEFAULT)
     post_warmup_lr_scale: Optional[float] = Field(
-        None, gt=0, description="multiplies source and target learning rates after the warm-up rounds. "
-        "Default per method: 0.1 for FedDA_Auto and FedGP_Auto (AutoFedGP main_domain_bed_auto_beta.py: "
-        "hparams['lr'] *= 0.1 after warm-up, for its 50 rounds; the paper's App. C.4 names 0.25 for ColoredMNIST "
-        "-90%, VLCS and TerraIncognita, which runs much shorter than 50 rounds need: BENCHMARKS.md), 1 otherwise")
+        None, gt=0, description="multiplies source and target learning rates after the warm-up rounds; "
+        + METHOD_DEFAULT)
     auto_alignment: Literal["lr_s_over_lr_t", "lr_t_over_lr_s"] = Field(
         "lr_s_over_lr_t", description="FedDA_Auto/FedGP_Auto: the factor the target's per-batch updates are "
         "multiplied by before the β estimators compare them with the sources' mean step. lr_s_over_lr_t "
@@ -381,40 +373,30 @@ class ExperimentConfig(_Strict):
     alpha: float = Field(1.0, ge=0, description="weight of auxiliary losses (AuxInfo)")
     beta: float = Field(0.5, ge=0, le=1, description="GP: weight of the source projection")
     aux_tasks: list[str] = Field(default_factory=lambda: list(AUX_TASKS))
-    aux_info: Optional[bool] = Field(None, description="force AuxInfo on/off; default: the method's (the _AuxInfo methods)")
+    aux_info: Optional[bool] = Field(None, description="force AuxInfo (the auxiliary heads' losses) on/off; "
+                                     + METHOD_DEFAULT)
     backbone_aggregation: Literal["fedavg", "fedbn", "fedbn_plus"] = "fedavg"
     backbone_weighting: Optional[Literal["uniform", "samples"]] = Field(
         None, description="how the server weights sites when it averages the shared entries: `uniform` "
-        "(1/K) or `samples` (n_i/Σn). Default per method: uniform for FL, FL_PartialLoss, FL_Surgical, PFL "
-        "(surgical aggregation paper Eq. 1 and its code's np.mean over clients); samples for FedAvg and the "
-        "GP/FedDA/FedGP family (AuxInfo+GP and AutoFedGP code: clients_size_frac)")
+        "(1/K) or `samples` (n_i/Σn); " + METHOD_DEFAULT)
     aggregation: AggregationConfig = Field(AggregationConfig(), description=AggregationConfig.__doc__)
     defences: DefencesConfig = Field(DefencesConfig(), description=DefencesConfig.__doc__)
     head_warmup: HeadWarmupConfig = Field(HeadWarmupConfig(), description=HeadWarmupConfig.__doc__)
     optimizer_state: Optional[Literal["fresh", "kept"]] = Field(
         None, description="`kept`: each site's optimiser state carries over from round to round (saved in "
-        "checkpoints); `fresh`: a new optimiser every round. Default per method as the authors' code: kept "
-        "for FL, FL_PartialLoss, FL_Surgical, PFL (surgical aggregation: one compiled Keras Adam per client) "
-        "and FACT/FACT_NF (one SGD per client); fresh for the rest (AuxInfo+GP and AutoFedGP build a new "
-        "Adam in every train() call)")
+        "checkpoints); `fresh`: a new optimiser every round; " + METHOD_DEFAULT)
     min_sites: int = Field(1, ge=1, le=MAX_SITES, description="a round needs at least this many source replies "
                            "(at most the number of `sites`)")
     fedprox_mu: Optional[float] = Field(
         None, ge=0, description="FedProx(_Finetune): μ of the proximal term μ/2·‖w − w^t‖² in every source's loss "
-        "(Li et al. 2020, Eq. 2; μ = 0 is FedAvg). Default 0.01: NVFLARE's PTFedProxLoss default, inside the "
-        "paper's grid {0.001, 0.01, 0.1, 1}")
+        "(Li et al. 2020, Eq. 2; μ = 0 is FedAvg); " + METHOD_DEFAULT)
     server_lr: Optional[float] = Field(
-        None, gt=0, description="server learning rate. FedAdam/FedYogi/FedAdagrad(_Finetune): η of the server "
-        "optimiser, default 0.01 for FedAdam and FedYogi, 0.1 for FedAdagrad (Reddi et al. 2021's CIFAR-10 "
-        "values, as Flower's baseline reproducing the paper: adaptive_federated_optimization/conf/cifar10). "
-        "SCAFFOLD(_Finetune): the global step size η_g, default 1 (Karimireddy et al. 2020's experiments)")
+        None, gt=0, description="server learning rate: η of FedAdam/FedYogi/FedAdagrad(_Finetune)'s server "
+        "optimiser, SCAFFOLD(_Finetune)'s global step size η_g; " + METHOD_DEFAULT)
     server_betas: Optional[tuple[float, float]] = Field(
-        None, description="FedOpt's decay rates (β1, β2), each in [0, 1). Default (0.9, 0.99) for FedAdam and "
-        "FedYogi (Reddi et al. 2021 §5; Flower's FedAdam/FedYogi); β1 = 0 for FedAdagrad (Flower's FedAdagrad; "
-        "its v uses no β2)")
+        None, description="FedOpt's decay rates (β1, β2), each in [0, 1); " + METHOD_DEFAULT)
     server_tau: Optional[float] = Field(
-        None, gt=0, description="FedOpt's adaptivity τ (√v_t + τ in the step; v starts at τ²). Default 1e-3 for "
-        "FedAdam and FedYogi, 1e-2 for FedAdagrad (Reddi et al. 2021's CIFAR-10 values, as Flower's baseline)")
+        None, gt=0, description="FedOpt's adaptivity τ (√v_t + τ in the step; v starts at τ²); " + METHOD_DEFAULT)
     model: ModelConfig = ModelConfig()
     task: Optional[SharedTaskConfig] = Field(None, description=SharedTaskConfig.__doc__)
     class_source: Literal["target", "union", "sources"] = "target"

@@ -78,10 +78,27 @@ class Context:
 # --------------------------------------------------------------------------- task configs
 
 
+#: The values a method uses for the local-training settings a config leaves unset, unless its
+#: protocol's :meth:`RoundProtocol.task_defaults` says otherwise (each with the code it follows):
+#:
+#: * ``optimizer`` (``source.optimizer``, ``target_train.optimizer``): Adam, as the AuxInfo+GP,
+#:   AutoFedGP and surgical aggregation code (FACT: SGD);
+#: * ``weight_decay``: 0 (FACT: 5e-4);
+#: * ``momentum`` (SGD only): 0.9, as FACT's ``client.py`` (SCAFFOLD's sources: 0, plain SGD);
+#: * ``optimizer_state``: ``fresh``, a new optimiser every round, as AuxInfo+GP and AutoFedGP build
+#:   a new Adam in every ``train()`` call (the surgical family and FACT: ``kept``);
+#: * ``target_batch_size`` (``target_train.batch_size``): 32, AuxInfo+GP
+#:   ``federated_chexpert/mimic_multi.py --target_batch_size 32`` (AutoFedGP's methods: 16, or 4
+#:   for the auto-weighted ones).
+BASE_TASK_DEFAULTS = {"optimizer": "adam", "weight_decay": 0.0, "momentum": 0.9, "optimizer_state": "fresh",
+                      "target_batch_size": 32}
+
+
 def task_config(ctx: Context, r: int, role: str, **overrides) -> dict:
     """The JSON-able config of a ``train`` task for a source or the target."""
     cfg = ctx.cfg
     local = cfg.target_train if role == "target" else cfg.source
+    defaults = {**BASE_TASK_DEFAULTS, **ctx.task_defaults}
     out = {
         "round": r, "seed": cfg.seed, "role": role,
         "param_classes": list(ctx.classes), "head_classes": list(ctx.classes),
@@ -89,11 +106,10 @@ def task_config(ctx: Context, r: int, role: str, **overrides) -> dict:
         "use_aux": bool(ctx.aux_tasks) and role == "source",
         "lr": local.lr, "batch_size": target_batch_size(ctx) if role == "target" else local.batch_size,
         "epochs": local.epochs, "steps": local.steps,
-        "weight_decay": local.weight_decay if local.weight_decay is not None else
-        ctx.task_defaults.get("weight_decay", 0.0),
-        "optimizer": local.optimizer or ctx.task_defaults.get("optimizer", "adam"),
-        "momentum": local.momentum,  # SGD; None: the site's default 0.9
-        "keep_optimizer": (cfg.optimizer_state or ctx.task_defaults.get("optimizer_state", "fresh")) == "kept",
+        "weight_decay": local.weight_decay if local.weight_decay is not None else defaults["weight_decay"],
+        "optimizer": local.optimizer or defaults["optimizer"],
+        "momentum": local.momentum if local.momentum is not None else defaults["momentum"],  # SGD only
+        "keep_optimizer": (cfg.optimizer_state or defaults["optimizer_state"]) == "kept",
         "max_rows": local.max_rows,
         "trainable": "all", "local_keys": [], "record_batch_updates": False,
         "missing_as_negative": False,
@@ -106,14 +122,11 @@ def task_config(ctx: Context, r: int, role: str, **overrides) -> dict:
     return out
 
 
-#: The target's batch size when neither the config nor the method says (AuxInfo+GP code: 32).
-TARGET_BATCH_SIZE = 32
-
-
 def target_batch_size(ctx: Context) -> int:
     """``target_train.batch_size``, else the method's default (:meth:`RoundProtocol.task_defaults`)."""
     value = ctx.cfg.target_train.batch_size
-    return int(value) if value is not None else int(ctx.task_defaults.get("target_batch_size", TARGET_BATCH_SIZE))
+    default = ctx.task_defaults.get("target_batch_size", BASE_TASK_DEFAULTS["target_batch_size"])
+    return int(value) if value is not None else int(default)
 
 
 def ask(ctx: Context, task: str, sites: list[str], params: Optional[StateDict], config: dict, *,
@@ -321,8 +334,10 @@ class RoundProtocol:
     needs_target = False
     needs_target_labels = False
     needs_sources = True
+    #: AuxInfo (the auxiliary heads' losses) unless ``aux_info`` says: on for the ``_AuxInfo`` methods
     aux_info = False
-    #: how the backbone average weights sites unless ``backbone_weighting`` says otherwise
+    #: how the backbone average weights sites unless ``backbone_weighting`` says otherwise: by sample
+    #: counts, as the AuxInfo+GP and AutoFedGP code (``clients_size_frac``); the surgical family 1/K
     default_backbone_weighting = "samples"
     #: whether the server averages site models (where ``aggregation.rule`` applies); False: why not
     averages_sites: bool | str = True
@@ -382,9 +397,16 @@ class RoundProtocol:
                             "aggregation.rule: median")
 
     def task_defaults(self) -> dict:
-        """The method's defaults for ``optimizer``, ``weight_decay``, ``optimizer_state`` and
-        ``target_batch_size`` (as its authors' code)."""
-        return {}
+        """The method's values of the local-training settings a config leaves unset: ``optimizer``,
+        ``weight_decay``, ``momentum``, ``optimizer_state``, ``target_batch_size``
+        (:data:`BASE_TASK_DEFAULTS`, which names the code each follows, overridden per method).
+
+        This and the class attributes beside it (:attr:`aux_info`, :attr:`default_backbone_weighting`;
+        GP/FedDA/FedGP's ``default_warmup_rounds`` and ``lr_scale``; FedProx/SCAFFOLD/FedOpt's server
+        constants in :mod:`~fedcxr.pipeline.protocols.fedopt`) are the one place a method's defaults are
+        set and their sources named; the config's fields point here.
+        """
+        return dict(BASE_TASK_DEFAULTS)
 
     def init_state(self, ctx: Context, theta: StateDict) -> dict:
         return {"global": theta, "initial_bn": {k: theta[k].clone() for k in ctx.bn_keys}}

@@ -30,7 +30,7 @@ class TargetOnlyProtocol(RoundProtocol):
 
     def task_defaults(self) -> dict:
         """Target_Only: batches of 16 (AutoFedGP main_domain_bed.py with --proj_w 0); Oracle: the default."""
-        return {} if self.oracle else {"target_batch_size": 16}
+        return {**super().task_defaults(), **({} if self.oracle else {"target_batch_size": 16})}
 
     def run_round(self, ctx, r, state):
         cfg = task_config(ctx, r, "target", labeled=None if self.oracle else ctx.cfg.target_train.labeled)

@@ -59,7 +59,7 @@ class FACTProtocol(RoundProtocol):
 
     def task_defaults(self) -> dict:
         # FACT client.py: one SGD(momentum 0.9, weight_decay 5e-4) per client, kept for the whole run
-        return {"optimizer": "sgd", "weight_decay": 5e-4, "optimizer_state": "kept"}
+        return {**super().task_defaults(), "optimizer": "sgd", "weight_decay": 5e-4, "optimizer_state": "kept"}
 
     def pair(self, ctx: Context, r: int) -> list[str]:
         """Two sources drawn at random (the FACT server's ``random.sample``), seeded by the run and round."""

@@ -81,7 +81,7 @@ class FinetuneOfflineProtocol(FedAvgProtocol):
 
     def task_defaults(self) -> dict:
         """Target batches of 16 (AutoFedGP main_domain_bed_offline.py DataLoader(batch_size=16))."""
-        return {"target_batch_size": 16}
+        return {**super().task_defaults(), "target_batch_size": 16}
 
     def run_round(self, ctx, r, state):
         theta, metrics = self.fedavg_round(ctx, r, state["global"])

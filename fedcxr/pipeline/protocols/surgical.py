@@ -38,7 +38,7 @@ class SurgicalFamilyProtocol(RoundProtocol):
 
     def task_defaults(self) -> dict:
         # one compiled Keras model (and Adam) per client for the whole run in the authors' code
-        return {"optimizer_state": "kept"}
+        return {**super().task_defaults(), "optimizer_state": "kept"}
 
     def __init__(self, name: str, *, mode: str):
         super().__init__(name)

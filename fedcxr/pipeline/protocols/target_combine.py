@@ -65,7 +65,8 @@ class TargetCombineProtocol(FedAvgProtocol):
 
     rule = "gp"
     auto = False
-    #: warm-up rounds unless the config says (see ``ExperimentConfig.warmup_rounds`` for the sources)
+    #: warm-up rounds unless ``warmup_rounds`` says: 2 plain FedAvg rounds, as AutoFedGP
+    #: ``main_domain_bed*.py`` ('do fedavg for 2 epochs'); GP: 5 (:class:`GPProtocol`)
     default_warmup_rounds = 2
     #: warm-up style: ``fedavg`` (plain FedAvg rounds, AutoFedGP) or ``fedavg_base`` (FedAvg, then the
     #: projection with θ0 = that average, AuxInfo+GP code)
@@ -91,7 +92,10 @@ class TargetCombineProtocol(FedAvgProtocol):
         return self.default_warmup_rounds if value is None else value
 
     def lr_scale(self, ctx: Context, r: int) -> float:
-        """1 during warm-up; then ``post_warmup_lr_scale`` (default 0.1 for the auto versions, else 1)."""
+        """1 during warm-up; then ``post_warmup_lr_scale``, by default 0.1 for the auto versions
+        (AutoFedGP ``main_domain_bed_auto_beta.py``: ``hparams['lr'] *= 0.1`` after the warm-up, for its
+        50 rounds; the paper's App. C.4 names 0.25 for ColoredMNIST-90%, VLCS and TerraIncognita, which
+        runs much shorter than 50 rounds need: BENCHMARKS.md) and 1 otherwise."""
         if r < self.warmup_rounds(ctx):
             return 1.0
         value = ctx.cfg.post_warmup_lr_scale
@@ -219,6 +223,8 @@ class GPProtocol(TargetCombineProtocol):
     """FedAvg_Finetune(_AuxInfo)_GP: the target projects the source updates (Eq. 7, β on sources)."""
 
     rule = "gp"
+    #: 5 rounds whose projection starts from the FedAvg of the sources (AuxInfo+GP ``federated_*_multi.py``:
+    #: ``if i < 5: average_weights``)
     default_warmup_rounds = 5
     warmup_style = "fedavg_base"
 
@@ -233,7 +239,7 @@ class FedDAGPProtocol(TargetCombineProtocol):
     def task_defaults(self) -> dict:
         """Target batches as AutoFedGP: 4 for the auto versions (paper App. C.4: 2, 4, 8; noniid scripts
         --target_batch_size 4), 16 for fixed β (main_domain_bed.py DataLoader(batch_size=16))."""
-        return {"target_batch_size": 4 if self.auto else 16}
+        return {**super().task_defaults(), "target_batch_size": 4 if self.auto else 16}
 
     def validate(self, cfg, meta, classes):
         super().validate(cfg, meta, classes)
