@@ -38,7 +38,7 @@ from fedcxr.pipeline.checkpoints import load_final_model, save_final
 from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint
 from fedcxr.pipeline.federation import run_experiment
 from fedcxr.flare.wire import WireError, decode_reply, encode_task
-from fedcxr.pipeline.messages import Reply
+from fedcxr.pipeline.messages import DELTAS, WEIGHTS, NoConfig, Reply
 from fedcxr.pipeline.transport import Transport
 
 try:  # the server class needs FLARE; the rest of fedcxr does not
@@ -69,12 +69,12 @@ class FlareTransport(Transport):
     """:class:`Transport` over a running FLARE job (built by :class:`FedcxrController`)."""
 
     def __init__(self, controller: "FedcxrController", site_names: list[str], *, runner: dict, run: str,
-                 diff: bool = False):
+                 reply_weight_type: str = WEIGHTS):
         self.controller = controller
         self.site_names = list(site_names)
         self.runner = dict(runner)
         self.run_key = run
-        self.diff = diff  # privacy.filters: sites reply with differences (fedcxr.flare.wire)
+        self.reply_weight_type = reply_weight_type  # privacy.filters: DELTAS, differences (fedcxr.flare.wire)
         self.rejected: list[dict] = []  # {"round", "task", "site", "reason"} of refused replies (status file)
 
     def run(self, task, targets, params, config, *, per_site=None):
@@ -86,17 +86,18 @@ class FlareTransport(Transport):
         groups, sent = [], {}
         if shared:
             groups.append((shared, encode_task(task, params, config, runner=self.runner, run=self.run_key,
-                                               diff=self.diff)))
+                                               reply_weight_type=self.reply_weight_type)))
             sent.update({s: params for s in shared})
         for site in targets:
             if site in per_site:
                 site_params, site_config = per_site[site]
                 groups.append(([site], encode_task(task, site_params, site_config, runner=self.runner,
-                                                   run=self.run_key, diff=self.diff)))
+                                                   run=self.run_key,
+                                                   reply_weight_type=self.reply_weight_type)))
                 sent[site] = site_params
-        round_ = config.get("round") if config else None
+        round_ = getattr(config, "round", None)
         if round_ is None and per_site:
-            round_ = next(iter(per_site.values()))[1].get("round")
+            round_ = getattr(next(iter(per_site.values()))[1], "round", None)
         raw = self.controller.dispatch(task, groups, round_=round_)
         return self._decode(task, targets, raw, round_, sent)
 
@@ -173,7 +174,7 @@ class FedcxrController(_ControllerBase):
         cfg = ExperimentConfig.model_validate(config)
         sites = [cfg.site_name(s) for s in cfg.all_sites()]
         transport = FlareTransport(self, sites, runner=runner_settings(cfg), run=config_fingerprint(cfg),
-                                   diff=bool(cfg.privacy.filters))
+                                   reply_weight_type=DELTAS if cfg.privacy.filters else WEIGHTS)
         if resume:  # replies refused before a server restart stay on record
             transport.rejected = list(read_status(run_dir).get("rejected", []))
         self.info(f"fedcxr {cfg.method}: {cfg.rounds} rounds over {sites}; run directory {run_dir}")
@@ -197,7 +198,7 @@ class FedcxrController(_ControllerBase):
         final = load_final_model(run_dir)
         if not final.get("eval_local_keys"):
             return
-        replies = transport.run("local_state", sites, None, {})
+        replies = transport.run("local_state", sites, None, NoConfig())
         final["local_states"] = {s: rep.params or {} for s, rep in replies.items()}
         save_final(run_dir, final)
 

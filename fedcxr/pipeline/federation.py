@@ -43,7 +43,7 @@ from fedcxr.pipeline.dp_ledger import ledger_for
 from fedcxr.pipeline.engine import backend_settings, resolve_engine
 from fedcxr.pipeline.inprocess import InProcessTransport, build_runners, run_engine
 from fedcxr.pipeline.local import resolve_device
-from fedcxr.pipeline.messages import StateDict
+from fedcxr.pipeline.messages import EvaluateTask, NoConfig, StateDict
 from fedcxr.pipeline.protocols import Context, RoundProtocol, get_protocol
 from fedcxr.pipeline.run_log import round_line, rounds_log, run_log
 from fedcxr.pipeline.screening import count_problem
@@ -92,7 +92,7 @@ def refuse_unlabeled_sources(cfg: ExperimentConfig, meta: dict) -> None:
 
 def build_context(cfg: ExperimentConfig, protocol: RoundProtocol, transport: Transport) -> Context:
     sites = [cfg.site_name(s) for s in cfg.all_sites()]
-    meta = transport.run("metadata", sites, None, {})
+    meta = transport.run("metadata", sites, None, NoConfig())
     missing = [s for s in sites if s not in meta]
     if missing:
         raise UserError(f"sites did not answer the metadata query: {missing}")
@@ -103,7 +103,7 @@ def build_context(cfg: ExperimentConfig, protocol: RoundProtocol, transport: Tra
     aux_on = protocol.aux_info if cfg.aux_info is None else cfg.aux_info
     if protocol.pooled_site:  # Central: the site holding every site's rows answers for itself
         pooled = protocol.pooled_site
-        meta[pooled] = transport.run("metadata", [pooled], None, {})[pooled]
+        meta[pooled] = transport.run("metadata", [pooled], None, NoConfig())[pooled]
     return Context(
         cfg=cfg, transport=transport, meta=meta, classes=classes,
         aux_tasks=list(cfg.aux_tasks) if aux_on else [],
@@ -368,8 +368,8 @@ def _validate(ctx: Context, protocol: RoundProtocol, state: dict, r: int) -> dic
         return {}
     models = protocol.final_models(ctx, state)
     sites = eval_sites(ctx, protocol)
-    config = {"head_classes": ctx.classes, "param_classes": ctx.classes, "aux_tasks": ctx.aux_tasks,
-              "split": "val", "local_keys": protocol.eval_local_keys(ctx)}
+    config = EvaluateTask.build(head_classes=ctx.classes, param_classes=ctx.classes, aux_tasks=ctx.aux_tasks,
+                                split="val", local_keys=protocol.eval_local_keys(ctx))
     # one request to all evaluated sites (FLARE runs them at once), each with the model it keeps
     per_site = {s: (models["per_site"][s], config) for s in sites if s in models["per_site"]}
     replies = ctx.transport.run("evaluate", sites, models["global"], config, per_site=per_site or None)

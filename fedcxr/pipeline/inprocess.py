@@ -36,7 +36,7 @@ class InProcessTransport(Transport):
         replies = {}
         for site in targets:
             site_params, site_config = (per_site or {}).get(site, (params, config))
-            replies[site] = self.runners[site].handle(task, site_params, dict(site_config))
+            replies[site] = self.runners[site].handle(task, site_params, site_config)
         return replies
 
     def local_states(self) -> dict[str, dict]:

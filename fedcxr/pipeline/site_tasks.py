@@ -38,6 +38,7 @@ from fedcxr.pipeline.messages import (
     FACT_HEAD_B,
     Reply,
     StateDict,
+    TrainTask,
     pack_control_delta,
     unpack_combine,
     unpack_control,
@@ -47,13 +48,15 @@ from fedcxr.pipeline.state import cpu_state
 
 
 @register_task("train_combine")
-def train_combine(runner: SiteRunner, params: StateDict, config: dict) -> Reply:
+def train_combine(runner: SiteRunner, params: StateDict, config: TrainTask) -> Reply:
     """Fine-tune from θ0 on the target's labeled rows, then combine with the source deltas."""
-    spec = config["combine"]
-    theta0, deltas = unpack_combine(params, len(spec["n_sources"]))
-    reply = _held(runner, theta0, config.get("round"))
+    spec = config.combine
+    if spec is None:
+        raise ValueError(f"site {runner.name}: a train_combine task without its combine spec")
+    theta0, deltas = unpack_combine(params, len(spec.n_sources))
+    reply = _held(runner, theta0, config.round)
     if reply is None:  # not fine-tuned beside the sources (or the site restarted since): do it now
-        reply = runner.handle("train", theta0, {**config, "record_batch_updates": bool(spec.get("auto"))})
+        reply = runner.handle("train", theta0, config.replace(record_batch_updates=spec.auto))
     theta, betas, estimates = combine_with_estimates(theta0, reply.params, deltas, spec, n_target=reply.n_samples,
                                                      batch_updates=reply.extra.get("batch_updates"),
                                                      target_steps=reply.n_batches)
@@ -62,7 +65,7 @@ def train_combine(runner: SiteRunner, params: StateDict, config: dict) -> Reply:
 
 
 @register_task("warmup_head")
-def warmup_head(runner: SiteRunner, params: StateDict, config: dict) -> Reply:
+def warmup_head(runner: SiteRunner, params: StateDict, config: TrainTask) -> Reply:
     """Surgical head warm-up: the head alone learns for ``epochs`` epochs on the frozen backbone
     (one Adam), the head with the lowest validation loss is kept on this site for round 0.
 
@@ -72,17 +75,17 @@ def warmup_head(runner: SiteRunner, params: StateDict, config: dict) -> Reply:
     """
     model, head_classes, aux_tasks, _ = runner.prepared_model(params, config)
     data = runner.training_data(config, head_classes, aux_tasks)
-    negatives = bool(config.get("missing_as_negative"))
+    negatives = config.missing_as_negative
     val = runner.dataset("val", head_classes, aux_tasks, augment=False, missing_as_negative=negatives,
                          loss_classes=head_classes if negatives else [c for c in head_classes if c in runner.class_set])
-    cfg = runner.local_config(lr=float(config["lr"]), batch_size=int(config["batch_size"]), epochs=1,
-                              optimizer=str(config.get("optimizer") or "adam"), use_aux=False)
+    cfg = runner.local_config(lr=config.lr, batch_size=config.batch_size, epochs=1, optimizer=config.optimizer,
+                              use_aux=False)
     losses, best, state = [], None, {}
-    for epoch in range(int(config["epochs"]) if len(data) else 0):
-        seed = derive_seed(int(config.get("seed", 0)), "warmup_head", runner.name, epoch)
+    for epoch in range(config.epochs if len(data) else 0):
+        seed = derive_seed(config.seed, "warmup_head", runner.name, epoch)
         loader = runner.train_loader(data, batch_size=cfg.batch_size, seed=seed)
         state = train_local(model, loader, cfg, device=runner.device, seed=seed, trainable="head",
-                            optimizer_state=state, freeze_bn=bool(config.get("freeze_bn"))).optimizer_state
+                            optimizer_state=state, freeze_bn=config.freeze_bn).optimizer_state
         losses.append(_val_loss(model, val, runner) if len(val) else float("nan"))
         if best is None or not len(val) or losses[-1] < losses[best[0]]:
             best = (epoch, {k: v.detach().to("cpu", copy=True) for k, v in model.head.state_dict().items()})
@@ -114,31 +117,29 @@ def _held(runner: SiteRunner, theta0: StateDict, r) -> Optional[Reply]:
 
 
 @register_task("fact_target")
-def fact_target(runner: SiteRunner, params: Optional[StateDict], config: dict) -> Reply:
+def fact_target(runner: SiteRunner, params: Optional[StateDict], config: TrainTask) -> Reply:
     """Update the feature extractor to minimise the IDD of two heads on unlabeled images."""
-    classes = list(config["head_classes"])
+    classes = list(config.head_classes)
     model = runner.model(classes, [])
     body = {k: v for k, v in params.items() if not k.startswith(("fact_head_", "head."))}
     model.load_state_dict(body, strict=False)  # the head stays as it is: only G' is trained here
     head_a, head_b = _head(params, FACT_HEAD_A, model), _head(params, FACT_HEAD_B, model)
     data = runner.dataset("train", classes, [], augment=runner.augment)
-    if config.get("max_rows"):
-        data = Subset(data, list(range(min(len(data), int(config["max_rows"])))))
-    seed = derive_seed(int(config.get("seed", 0)), "fact_target", runner.name, config.get("round", 0))
-    loader = make_loader(data, batch_size=int(config["batch_size"]), shuffle=True, seed=seed,
+    if config.max_rows:
+        data = Subset(data, list(range(min(len(data), int(config.max_rows)))))
+    seed = derive_seed(config.seed, "fact_target", runner.name, config.round)
+    loader = make_loader(data, batch_size=config.batch_size, shuffle=True, seed=seed,
                          augment=runner.augment, **runner.loader_options())
-    cfg = runner.local_config(lr=float(config["lr"]), batch_size=int(config["batch_size"]),
-                              epochs=int(config.get("epochs") or 1), steps=config.get("steps"),
-                              weight_decay=float(config.get("weight_decay") or 0.0),
-                              optimizer=str(config.get("optimizer") or "adam"),
-                              momentum=0.9 if config.get("momentum") is None else float(config["momentum"]))
+    cfg = runner.local_config(lr=config.lr, batch_size=config.batch_size, epochs=config.epochs or 1,
+                              steps=config.steps, weight_decay=config.weight_decay, optimizer=config.optimizer,
+                              momentum=config.momentum)
     device = runner.device
     model.to(device).train()
     for p in model.head.parameters():
         p.requires_grad_(False)
     named = [(n, p) for n, p in model.named_parameters() if not n.startswith("head.")]
     optimizer = make_optimizer([p for _, p in named], cfg)
-    if config.get("keep_optimizer"):  # FACT: the target keeps its SGD on G across rounds
+    if config.keep_optimizer:  # FACT: the target keeps its SGD on G across rounds
         load_optimizer_state(optimizer, named, runner.optimizer_state())
     torch.manual_seed(seed)
     losses = []
@@ -150,7 +151,7 @@ def fact_target(runner: SiteRunner, params: Optional[StateDict], config: dict) -
         optimizer.step()
         losses.append(float(loss.detach()))
     steps = len(losses)
-    if config.get("keep_optimizer"):
+    if config.keep_optimizer:
         runner.keep_optimizer_state(optimizer_state_dict(optimizer, named))
     for p in model.head.parameters():
         p.requires_grad_(True)
@@ -188,7 +189,7 @@ def _measure_idd(model, head_a, head_b, data, device, options: dict) -> float:
 
 
 @register_task("train_scaffold")
-def train_scaffold(runner: SiteRunner, params: StateDict, config: dict) -> Reply:
+def train_scaffold(runner: SiteRunner, params: StateDict, config: TrainTask) -> Reply:
     """SCAFFOLD's client round (Karimireddy et al. 2020, Algorithm 1, lines 7-13).
 
     ``params`` = the model x plus the server's control variate c (:func:`~fedcxr.pipeline.messages.pack_control`).
@@ -208,7 +209,7 @@ def train_scaffold(runner: SiteRunner, params: StateDict, config: dict) -> Reply
         return reply
     new_local, delta = agg.scaffold_client_control(local, control, theta, reply.params,
                                                    steps=int(reply.metrics.get("scaffold_steps", 0)),
-                                                   lr=float(config["lr"]))
+                                                   lr=config.lr)
     runner.keep_control_variate(new_local)
     reply.extra = {**reply.extra, **pack_control_delta(delta)}
     return reply

@@ -2,7 +2,7 @@
 
 * :class:`Context` — the federation as a protocol sees it (config, transport, metadata,
   classes, sources, target); never any patient data.
-* :func:`task_config` — the JSON-able config of a ``train`` task.
+* :func:`task_config` — the typed config (:class:`~fedcxr.pipeline.messages.TrainTask`) of a ``train`` task.
 * :func:`ask`, :func:`ask_one`, :func:`valid_replies` — run a task through the transport,
   record absent sites, screen every reply (:func:`screen`: counts against the site's
   metadata, shapes, NaN/Inf, update norms — ``defences:``), record refusals with their
@@ -23,7 +23,7 @@ from fedcxr.errors import RunFailed, UserError
 from fedcxr.pipeline import aggregate as agg
 from fedcxr.pipeline import screening
 from fedcxr.pipeline.config import ExperimentConfig
-from fedcxr.pipeline.messages import Reply, StateDict
+from fedcxr.pipeline.messages import Reply, StateDict, TaskConfig, TrainTask
 from fedcxr.pipeline.state import _structure_problem, nonfinite_problem
 from fedcxr.pipeline.transport import Transport
 
@@ -94,12 +94,13 @@ BASE_TASK_DEFAULTS = {"optimizer": "adam", "weight_decay": 0.0, "momentum": 0.9,
                       "target_batch_size": 32}
 
 
-def task_config(ctx: Context, r: int, role: str, **overrides) -> dict:
-    """The JSON-able config of a ``train`` task for a source or the target."""
+def task_config(ctx: Context, r: int, role: str, **overrides) -> TrainTask:
+    """The :class:`~fedcxr.pipeline.messages.TrainTask` of a source or the target in round ``r``;
+    ``overrides`` replace fields (a misspelt one is an error, never a key the site ignores)."""
     cfg = ctx.cfg
     local = cfg.target_train if role == "target" else cfg.source
     defaults = {**BASE_TASK_DEFAULTS, **ctx.task_defaults}
-    out = {
+    values = {
         "round": r, "seed": cfg.seed, "role": role,
         "param_classes": list(ctx.classes), "head_classes": list(ctx.classes),
         "aux_tasks": list(ctx.aux_tasks), "alpha": cfg.alpha,
@@ -111,15 +112,12 @@ def task_config(ctx: Context, r: int, role: str, **overrides) -> dict:
         "momentum": local.momentum if local.momentum is not None else defaults["momentum"],  # SGD only
         "keep_optimizer": (cfg.optimizer_state or defaults["optimizer_state"]) == "kept",
         "max_rows": local.max_rows,
-        "trainable": "all", "local_keys": [], "record_batch_updates": False,
-        "missing_as_negative": False,
         # FedBN+ (surgical aggregation paper): BN frozen in eval mode during local training
         "freeze_bn": cfg.backbone_aggregation == "fedbn_plus",
         "labeled": cfg.target_train.labeled if role == "target" else None,
         "dp": cfg.privacy.dp.model_dump() if cfg.privacy.dp is not None else None,
     }
-    out.update(overrides)
-    return out
+    return TrainTask.build(**{**values, **overrides})
 
 
 def target_batch_size(ctx: Context) -> int:
@@ -129,9 +127,11 @@ def target_batch_size(ctx: Context) -> int:
     return int(value) if value is not None else int(default)
 
 
-def ask(ctx: Context, task: str, sites: list[str], params: Optional[StateDict], config: dict, *,
+def ask(ctx: Context, task: str, sites: list[str], params: Optional[StateDict], config: Optional[TaskConfig], *,
         r: int, per_site=None, minimum: Optional[int] = None) -> dict[str, Reply]:
-    """Run a task; record absent sites; fail the round when fewer than ``minimum`` answered."""
+    """Run a task; record absent sites; fail the round when fewer than ``minimum`` answered.
+
+    ``config`` is the task's typed config (``None`` when ``per_site`` gives every site its own)."""
     replies = ctx.transport.run(task, sites, params, config, per_site=per_site)
     for site in sites:
         ctx.sent[site] = (per_site or {}).get(site, (params, config))[1]
@@ -144,7 +144,7 @@ def ask(ctx: Context, task: str, sites: list[str], params: Optional[StateDict], 
     return replies
 
 
-def ask_one(ctx: Context, task: str, site: str, params: Optional[StateDict], config: dict, *, r: int,
+def ask_one(ctx: Context, task: str, site: str, params: Optional[StateDict], config: TaskConfig, *, r: int,
             reference: Optional[StateDict] = None) -> Reply:
     """Ask one site the round cannot do without (target, pooled site); its reply is screened.
 

@@ -73,7 +73,7 @@ class IndividualProtocol(RoundProtocol):
 
     def run_round(self, ctx, r, state):
         per_site = {s: (state["per_site"][s], task_config(ctx, r, "source")) for s in ctx.sources}
-        replies = ask(ctx, "train", ctx.sources, None, {}, r=r, per_site=per_site, minimum=1)
+        replies = ask(ctx, "train", ctx.sources, None, None, r=r, per_site=per_site, minimum=1)
         new = dict(state["per_site"])
         for s, rep in replies.items():
             new[s] = rep.params

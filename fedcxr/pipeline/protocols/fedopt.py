@@ -106,7 +106,7 @@ class FedProxProtocol(FedAvgProtocol):
                             "per-sample term), so the sites would train plain FedAvg; use FedAvg with privacy.dp")
 
     def source_config(self, ctx, r):
-        return {**super().source_config(ctx, r), "prox_mu": self.mu(ctx)}
+        return super().source_config(ctx, r).replace(prox_mu=self.mu(ctx))
 
 
 class SCAFFOLDProtocol(FedAvgProtocol):
@@ -144,7 +144,7 @@ class SCAFFOLDProtocol(FedAvgProtocol):
         return state
 
     def source_config(self, ctx, r):
-        return {**super().source_config(ctx, r), "optimizer": "sgd", "momentum": 0.0}
+        return super().source_config(ctx, r).replace(optimizer="sgd", momentum=0.0)
 
     def run_round(self, ctx, r, state):
         theta0, control = state["global"], state["control"]

@@ -36,8 +36,7 @@ from typing import Optional
 
 from fedcxr.errors import UserError
 from fedcxr.pipeline.combine import combine_with_estimates
-from fedcxr.pipeline.messages import Reply, pack_combine
-from fedcxr.errors import UserError
+from fedcxr.pipeline.messages import CombineSpec, Reply, TrainTask, pack_combine
 from fedcxr.pipeline.protocols.base import (
     Context,
     RoundFailed,
@@ -135,7 +134,7 @@ class TargetCombineProtocol(FedAvgProtocol):
         privacy = ctx.cfg.privacy
         return privacy.auto_weights_at if self.auto else privacy.combine_at
 
-    def target_config(self, ctx: Context, r: int, scale: float, **extra) -> dict:
+    def target_config(self, ctx: Context, r: int, scale: float, **extra) -> TrainTask:
         """The target's fine-tuning task (its lr scaled after the warm-up; auto: record batch updates)."""
         return task_config(ctx, r, "target", lr=ctx.cfg.target_train.lr * scale,
                            record_batch_updates=self.auto, **extra)
@@ -175,7 +174,7 @@ class TargetCombineProtocol(FedAvgProtocol):
         scfg = task_config(ctx, r, "source", lr=ctx.cfg.source.lr * scale)
         return valid_replies(ctx, ask(ctx, "train", ctx.sources, theta0, scfg, r=r), theta0, r)
 
-    def train_together(self, ctx: Context, r: int, theta0, target_config: dict, scale: float = 1.0
+    def train_together(self, ctx: Context, r: int, theta0, target_config: TrainTask, scale: float = 1.0
                        ) -> tuple[dict[str, Reply], Optional[Reply]]:
         """One ``train`` request to the sources and the target at once (FLARE runs them in parallel).
 
@@ -193,18 +192,18 @@ class TargetCombineProtocol(FedAvgProtocol):
                               f"(need {need})")
         return valid_replies(ctx, answered, theta0, r), target
 
-    def combine_spec(self, ctx: Context, replies: dict[str, Reply], lr_scale: float = 1.0) -> dict:
+    def combine_spec(self, ctx: Context, replies: dict[str, Reply], lr_scale: float = 1.0) -> CombineSpec:
         """What the target needs to know about the sources: counts only, never data."""
         cfg = ctx.cfg
-        return {
-            "rule": self.rule, "auto": self.auto, "beta": cfg.beta,
-            "n_sources": [int(rep.n_samples) for rep in replies.values()],
-            "n_batches": [int(rep.n_batches) for rep in replies.values()],
-            "bs_source": cfg.source.batch_size, "bs_target": target_batch_size(ctx),
-            "lr_source": cfg.source.lr * lr_scale, "lr_target": cfg.target_train.lr * lr_scale,
-            "epochs_source": cfg.source.epochs or 1, "epochs_target": cfg.target_train.epochs or 1,
-            "alignment": cfg.auto_alignment,
-        }
+        return CombineSpec.build(
+            rule=self.rule, auto=self.auto, beta=cfg.beta,
+            n_sources=[int(rep.n_samples) for rep in replies.values()],
+            n_batches=[int(rep.n_batches) for rep in replies.values()],
+            bs_source=cfg.source.batch_size, bs_target=target_batch_size(ctx),
+            lr_source=cfg.source.lr * lr_scale, lr_target=cfg.target_train.lr * lr_scale,
+            epochs_source=cfg.source.epochs or 1, epochs_target=cfg.target_train.epochs or 1,
+            alignment=cfg.auto_alignment,
+        )
 
 
 def by_site(estimates: dict, sites: list[str]) -> dict:

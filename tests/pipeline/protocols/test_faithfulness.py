@@ -9,6 +9,7 @@ import torch
 
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.messages import TrainTask
 
 from ...conftest import tiny_config
 
@@ -330,8 +331,8 @@ def test_warmed_head_is_the_best_epochs_head(tiny_manifests, tmp_path):
     classes = runner.class_set
     model = runner.model(classes, [])
     theta0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    config = {"round": 0, "seed": 0, "role": "source", "head_classes": classes, "param_classes": classes,
-              "aux_tasks": [], "lr": 0.3, "batch_size": 16, "epochs": 5, "trainable": "head"}
+    config = TrainTask.build(round=0, seed=0, role="source", head_classes=classes, param_classes=classes, lr=0.3,
+                             batch_size=16, epochs=5, trainable="head")
     reply = runner.handle("warmup_head", theta0, config)
     losses, best = reply.metrics["val_loss"], reply.metrics["best_epoch"]
     assert best == min(range(5), key=losses.__getitem__)
