@@ -42,28 +42,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import fedcxr.flare.site_evaluation  # noqa: F401  (registers validate: cross-site evaluation)
-import fedcxr.pipeline.site_tasks  # noqa: F401  (registers train_combine and fact_target)
 from fedcxr.atomic import atomic_torch_save
+from fedcxr.flare.site_evaluation import SITE_TASKS as EVALUATION_TASKS
 from fedcxr.pipeline.checkpoints import load_tensors
 from fedcxr.pipeline.data import default_cache_dir
 from fedcxr.pipeline.engine import apply_backend, resolve_engine
 from fedcxr.pipeline.local import resolve_device
 from fedcxr.pipeline.messages import DELTAS, Reply, TaskConfig, parse_task_config
-from fedcxr.pipeline.site_runner import PRIVATE_PREFIXES, SiteRunner
+from fedcxr.pipeline.site_runner import PRIVATE_PREFIXES, TASKS, SiteRunner
 
 log = logging.getLogger(__name__)
 
 SITE_CONFIG_ENV = "FEDCXR_SITE_CONFIG"
 SITE_CONFIG_NAME = "fedcxr_site.json"
 LOCAL_SITE_CONFIG = Path("local") / SITE_CONFIG_NAME
+#: the tasks a FLARE client answers beyond the runner's own (:data:`~fedcxr.pipeline.site_runner.TASKS`):
+#: cross-site evaluation (``local_state`` is answered by :class:`FlareSite` itself)
+CLIENT_TASKS = dict(EVALUATION_TASKS)
 #: tasks after which the site's local state (FedBN statistics, PFL heads, warmed-up model,
-#: optimiser state kept across rounds) may have changed, so it is saved for a resume; every
-#: task registered with :func:`~fedcxr.pipeline.site_runner.register_task` must be here or in
-#: :data:`READ_ONLY_TASKS` (tests/flare/test_client.py checks it)
-STATE_CHANGING_TASKS = frozenset({"train", "train_combine", "fact_target", "warmup_head", "train_scaffold"})
+#: optimiser state kept across rounds, SCAFFOLD's c_i) may have changed, so it is saved for a
+#: resume: as the task registry declares them (``SiteTask.changes_state``)
+STATE_CHANGING_TASKS = frozenset(n for n, t in {**TASKS, **CLIENT_TASKS}.items() if t.changes_state)
 #: tasks that only read the site's state
-READ_ONLY_TASKS = frozenset({"metadata", "evaluate", "local_state", "validate"})
+READ_ONLY_TASKS = frozenset({n for n, t in {**TASKS, **CLIENT_TASKS}.items() if not t.changes_state}
+                            | {"local_state"})
 KEEP_STATES = 3
 
 
@@ -158,7 +160,7 @@ class FlareSite:
                 self.name, cfg.manifest_dir, model_cfg=model_cfg, image_size=int(settings["image_size"]),
                 cache_dir=cfg.cache_dir or default_cache_dir(), device=device,
                 augment=bool(settings.get("augment", True)), progress=False, engine=engine,
-                task=settings.get("task"),
+                task=settings.get("task"), tasks=CLIENT_TASKS,
             )
         return self.runners[key]
 

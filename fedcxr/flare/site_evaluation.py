@@ -31,7 +31,7 @@ from fedcxr.evaluation.report import evaluate_rows, is_binary_task, subgroup_ana
 from fedcxr.flare.wire import check_summary
 from fedcxr.pipeline.predict import site_prediction_frame
 from fedcxr.pipeline.messages import Reply, StateDict, ValidateTask
-from fedcxr.pipeline.site_runner import SiteRunner, register_task
+from fedcxr.pipeline.site_runner import SiteRunner, SiteTask
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,6 @@ def summarize(frame: pd.DataFrame, classes: list[str], *, split: str, n_boot: in
     return entry
 
 
-@register_task(VALIDATE_TASK)
 def validate(runner: SiteRunner, params: Optional[StateDict], task: ValidateTask) -> Reply:
     """Evaluate the received model on this site's split; reply with the summary in ``metrics``."""
     if params is None:
@@ -68,3 +67,7 @@ def validate(runner: SiteRunner, params: Optional[StateDict], task: ValidateTask
     check_summary(metrics)  # a summary that could leak is never sent (the server checks again)
     log.info("site %s: evaluated %s's model on %d %s images", runner.name, owner or "the", len(frame), split)
     return Reply(site=runner.name, n_samples=len(frame), class_set=classes, metrics=metrics)
+
+
+#: The task this module adds to a FLARE client's runners (``SiteRunner(tasks=...)``): it only reads.
+SITE_TASKS = {VALIDATE_TASK: SiteTask(validate, changes_state=False)}

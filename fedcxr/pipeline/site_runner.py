@@ -20,24 +20,39 @@ A ``train`` task with ``hold_for_combine`` keeps the trained model on the site (
 and answers with counts and metrics only: the target's fine-tuning of a GP-family round runs
 beside the sources, and the round's ``train_combine`` uses it.
 
-Tasks beyond these three (``train_combine`` of GP/FedDA/FedGP, ``fact_target`` of FACT) are
-registered with :func:`register_task` by :mod:`fedcxr.pipeline.site_tasks`; the runner never
-imports the protocols that need them.
+Every task a site answers is in :data:`TASKS`, the explicit registry at the end of this module:
+the three above and the tasks of :mod:`fedcxr.pipeline.site_tasks` (``warmup_head``,
+``train_combine``, ``fact_target``, ``train_scaffold``), each with whether it may change the
+site's local state (a FLARE client saves that state after it). A transport that adds a task of
+its own passes it when it builds the runner (``SiteRunner(..., tasks=...)``: FLARE's cross-site
+``validate``); nothing registers a task by being imported. The runner never imports the
+protocols that send the tasks.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset
 
+from fedcxr.pipeline import site_tasks
 from fedcxr.pipeline.engine import Engine, loader_options, offload, resolve_engine
-from fedcxr.pipeline.messages import EvaluateTask, NoConfig, Reply, StateDict, TaskConfig, TrainTask, parse_task_config
+from fedcxr.pipeline.messages import (
+    TASK_CONFIGS,
+    EvaluateTask,
+    NoConfig,
+    Reply,
+    StateDict,
+    TaskConfig,
+    TrainTask,
+    parse_task_config,
+)
 from fedcxr.pipeline.state import cpu_state
 from fedcxr.site_adapters.manifest import content_hash, patient_bucket
 from fedcxr.vocab import AUX_VOCAB, CLASSES, label_column
@@ -58,18 +73,15 @@ CONTROL_PREFIX = "control."
 PRIVATE_PREFIXES = (OPTIMIZER_PREFIX, CONTROL_PREFIX)
 #: A site-side task: ``handler(runner, params, config) -> Reply`` (config: the task's typed config).
 TaskHandler = Callable[["SiteRunner", Optional[StateDict], TaskConfig], Reply]
-#: Tasks registered beyond the built-in ``metadata``/``train``/``evaluate`` (name → handler).
-TASKS: dict[str, TaskHandler] = {}
 
 
-def register_task(name: str) -> Callable[[TaskHandler], TaskHandler]:
-    """Decorator: make ``name`` a task every :class:`SiteRunner` answers with the decorated function."""
-    def decorate(handler: TaskHandler) -> TaskHandler:
-        if name in ("metadata", "train", "evaluate"):
-            raise ValueError(f"task {name!r} is built into SiteRunner")
-        TASKS[name] = handler
-        return handler
-    return decorate
+@dataclass(frozen=True)
+class SiteTask:
+    """One entry of the task registry: the handler, and whether the task may change the site's local
+    state (BN statistics, heads, optimiser state, c_i): a FLARE client saves that state after it."""
+
+    handler: TaskHandler
+    changes_state: bool
 
 
 def derive_seed(base: int, *parts: object) -> int:
@@ -95,11 +107,17 @@ class SiteRunner:
         progress: bool = False,
         task: Optional[dict] = None,
         engine: Optional[Engine] = None,
+        tasks: Optional[Mapping[str, SiteTask]] = None,
     ):
         from fedcxr.pipeline.data import load_site
         from fedcxr.pipeline.shared_task import apply_shared_task, site_task
 
         self.name = name
+        unknown = sorted(set(tasks or {}) - set(TASK_CONFIGS))
+        if unknown:  # every task's config is typed (fedcxr.pipeline.messages)
+            raise ValueError(f"tasks {unknown} have no typed config in fedcxr.pipeline.messages.TASK_CONFIGS")
+        #: the tasks this site answers: :data:`TASKS` plus those its transport adds (``tasks``)
+        self.tasks: dict[str, SiteTask] = {**TASKS, **(tasks or {})}
         dirs = [site_dirs] if isinstance(site_dirs, (str, Path)) else list(site_dirs)
         # several dirs = pooled (Central baseline); ``task``: the shared-task spec (each site maps its own label)
         self.sites = [load_site(d) for d in dirs]
@@ -159,6 +177,15 @@ class SiteRunner:
         for key, value in state.items():
             self.local_state[OPTIMIZER_PREFIX + key] = value
 
+    def task_seed(self, config: TrainTask, task: str, *parts: object) -> int:
+        """The seed of one random stream of a task at this site: the run's seed, the task, this site's
+        name and ``parts`` (round, role, epoch, ...), so every draw repeats on resume and differs between sites."""
+        return derive_seed(config.seed, task, self.name, *parts)
+
+    def keep_warm_head(self, head: StateDict) -> None:
+        """Keep the head ``warmup_head`` chose (``weight``, ``bias``) until round 0 starts from it (:meth:`load_warm_head`)."""
+        self.local_state.update({WARM_PREFIX + "head." + k: v for k, v in head.items()})
+
     def control_variate(self, reference: StateDict) -> StateDict:
         """SCAFFOLD's c_i for the entries of ``reference`` (c's keys): kept from earlier rounds, zeros at first."""
         return {k: self.local_state.get(CONTROL_PREFIX + k, torch.zeros_like(v)).clone() for k, v in reference.items()}
@@ -170,13 +197,13 @@ class SiteRunner:
 
     # ------------------------------------------------------------------ tasks
     def handle(self, task: str, params: Optional[StateDict], config: TaskConfig | dict | None) -> Reply:
-        """Answer one task; ``config`` is parsed here, once, into the task's typed config."""
-        built_in = {"metadata": self._metadata, "train": self._train, "evaluate": self._evaluate}
-        if task not in built_in and task not in TASKS:
-            raise ValueError(f"site {self.name}: unknown task {task!r} (registered: {sorted(TASKS)})")
+        """Answer one task of :attr:`tasks`; ``config`` is parsed here, once, into the task's typed config."""
+        entry = self.tasks.get(task)
+        if entry is None:
+            raise ValueError(f"site {self.name}: unknown task {str(task)[:60]!r} (it answers: {sorted(self.tasks)})")
         config = parse_task_config(task, config)
         try:
-            return built_in[task](params, config) if task in built_in else TASKS[task](self, params, config)
+            return entry.handler(self, params, config)
         finally:
             if self.engine.offload_idle:
                 offload(self._models, "cpu")  # this site now waits: its model holds no GPU memory
@@ -355,8 +382,7 @@ class SiteRunner:
         if config.from_warm:
             self.load_warm_head(model)
         data = self.training_data(config, head_classes, aux_tasks)
-        seed = derive_seed(config.seed, "train", self.name, config.round, config.role,
-                           *([config.repeat] if config.repeat else []))
+        seed = self.task_seed(config, "train", config.round, config.role, *([config.repeat] if config.repeat else []))
         cfg = self.local_config(
             lr=config.lr, batch_size=config.batch_size, epochs=config.epochs, steps=config.steps, alpha=config.alpha,
             use_aux=config.use_aux and bool(aux_tasks), weight_decay=config.weight_decay, optimizer=config.optimizer,
@@ -424,3 +450,13 @@ class SiteRunner:
         )
 
 
+#: Every task a :class:`SiteRunner` answers, by name (a transport may add its own: ``SiteRunner(tasks=...)``).
+TASKS: dict[str, SiteTask] = {
+    "metadata": SiteTask(SiteRunner._metadata, changes_state=False),
+    "train": SiteTask(SiteRunner._train, changes_state=True),
+    "evaluate": SiteTask(SiteRunner._evaluate, changes_state=False),
+    "warmup_head": SiteTask(site_tasks.warmup_head, changes_state=True),
+    "train_combine": SiteTask(site_tasks.train_combine, changes_state=True),
+    "fact_target": SiteTask(site_tasks.fact_target, changes_state=True),
+    "train_scaffold": SiteTask(site_tasks.train_scaffold, changes_state=True),
+}

@@ -1,4 +1,4 @@
-"""Site-side tasks beyond training and evaluation, registered with :class:`SiteRunner`.
+"""Site-side tasks beyond training and evaluation, listed in the site runner's task registry.
 
 * ``train_combine`` (GP / FedDA / FedGP, DESIGN §8): fine-tune from θ0 on the target's labels
   (or take the fine-tuning held from this round's ``train`` with ``hold_for_combine``),
@@ -11,13 +11,15 @@
 * ``train_scaffold`` (SCAFFOLD): local training corrected by the control variates, then the
   site's own c_i updated (option II) and kept here; only the model and Δc_i leave the site.
 
-Importing this module registers the tasks; the transports that build site runners
-(:mod:`fedcxr.pipeline.inprocess`, the FLARE client) import it.
+Each is a function of the site's runner (:class:`~fedcxr.pipeline.site_runner.SiteRunner`), the
+received params and the task's typed config; the runner's module lists them in its task registry
+(:data:`fedcxr.pipeline.site_runner.TASKS`), so this module never imports the runner: a task's
+seeds come from :meth:`SiteRunner.task_seed`, its kept state from the runner's methods.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch.utils.data import Subset
@@ -43,12 +45,13 @@ from fedcxr.pipeline.messages import (
     unpack_combine,
     unpack_control,
 )
-from fedcxr.pipeline.site_runner import WARM_PREFIX, SiteRunner, derive_seed, register_task
 from fedcxr.pipeline.state import cpu_state
 
+#: The :class:`~fedcxr.pipeline.site_runner.SiteRunner` answering the task (that module imports this one).
+Runner = Any
 
-@register_task("train_combine")
-def train_combine(runner: SiteRunner, params: StateDict, config: TrainTask) -> Reply:
+
+def train_combine(runner: Runner, params: StateDict, config: TrainTask) -> Reply:
     """Fine-tune from θ0 on the target's labeled rows, then combine with the source deltas."""
     spec = config.combine
     if spec is None:
@@ -64,8 +67,7 @@ def train_combine(runner: SiteRunner, params: StateDict, config: TrainTask) -> R
                  class_set=reply.class_set, metrics={**reply.metrics, "betas": betas, "combine": estimates})
 
 
-@register_task("warmup_head")
-def warmup_head(runner: SiteRunner, params: StateDict, config: TrainTask) -> Reply:
+def warmup_head(runner: Runner, params: StateDict, config: TrainTask) -> Reply:
     """Surgical head warm-up: the head alone learns for ``epochs`` epochs on the frozen backbone
     (one Adam), the head with the lowest validation loss is kept on this site for round 0.
 
@@ -82,7 +84,7 @@ def warmup_head(runner: SiteRunner, params: StateDict, config: TrainTask) -> Rep
                               use_aux=False)
     losses, best, state = [], None, {}
     for epoch in range(config.epochs if len(data) else 0):
-        seed = derive_seed(config.seed, "warmup_head", runner.name, epoch)
+        seed = runner.task_seed(config, "warmup_head", epoch)
         loader = runner.train_loader(data, batch_size=cfg.batch_size, seed=seed)
         state = train_local(model, loader, cfg, device=runner.device, seed=seed, trainable="head",
                             optimizer_state=state, freeze_bn=config.freeze_bn).optimizer_state
@@ -90,7 +92,7 @@ def warmup_head(runner: SiteRunner, params: StateDict, config: TrainTask) -> Rep
         if best is None or not len(val) or losses[-1] < losses[best[0]]:
             best = (epoch, {k: v.detach().to("cpu", copy=True) for k, v in model.head.state_dict().items()})
     if best is not None:
-        runner.local_state.update({WARM_PREFIX + "head." + k: v for k, v in best[1].items()})
+        runner.keep_warm_head(best[1])
     return Reply(site=runner.name, n_samples=len(data), class_set=head_classes,
                  metrics={"val_loss": losses, "best_epoch": best[0] if best else None})
 
@@ -106,7 +108,7 @@ def _val_loss(model, data, runner) -> float:
     return float(bce[mask].mean()) if bool(mask.any()) else float("nan")
 
 
-def _held(runner: SiteRunner, theta0: StateDict, r) -> Optional[Reply]:
+def _held(runner: Runner, theta0: StateDict, r) -> Optional[Reply]:
     """The fine-tuning this site did from ``theta0`` in round ``r`` (``hold_for_combine``), used once."""
     held, runner.held = runner.held, None
     if held is None or held[0] != r or held[1].keys() != theta0.keys():
@@ -116,8 +118,7 @@ def _held(runner: SiteRunner, theta0: StateDict, r) -> Optional[Reply]:
     return held[2]
 
 
-@register_task("fact_target")
-def fact_target(runner: SiteRunner, params: Optional[StateDict], config: TrainTask) -> Reply:
+def fact_target(runner: Runner, params: Optional[StateDict], config: TrainTask) -> Reply:
     """Update the feature extractor to minimise the IDD of two heads on unlabeled images."""
     classes = list(config.head_classes)
     model = runner.model(classes, [])
@@ -127,7 +128,7 @@ def fact_target(runner: SiteRunner, params: Optional[StateDict], config: TrainTa
     data = runner.dataset("train", classes, [], augment=runner.augment)
     if config.max_rows:
         data = Subset(data, list(range(min(len(data), int(config.max_rows)))))
-    seed = derive_seed(config.seed, "fact_target", runner.name, config.round)
+    seed = runner.task_seed(config, "fact_target", config.round)
     loader = make_loader(data, batch_size=config.batch_size, shuffle=True, seed=seed,
                          augment=runner.augment, **runner.loader_options())
     cfg = runner.local_config(lr=config.lr, batch_size=config.batch_size, epochs=config.epochs or 1,
@@ -188,8 +189,7 @@ def _measure_idd(model, head_a, head_b, data, device, options: dict) -> float:
     return total / max(count, 1)
 
 
-@register_task("train_scaffold")
-def train_scaffold(runner: SiteRunner, params: StateDict, config: TrainTask) -> Reply:
+def train_scaffold(runner: Runner, params: StateDict, config: TrainTask) -> Reply:
     """SCAFFOLD's client round (Karimireddy et al. 2020, Algorithm 1, lines 7-13).
 
     ``params`` = the model x plus the server's control variate c (:func:`~fedcxr.pipeline.messages.pack_control`).

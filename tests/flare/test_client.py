@@ -119,11 +119,11 @@ def test_restarted_site_restores_local_state_of_the_right_round(tiny_manifests, 
 
 
 def test_every_task_that_trains_saves_the_site_state():
-    """train_combine (GP/FedDA/FedGP) and fact_target (FACT) train too: their state must survive a restart."""
-    from fedcxr.flare.client import READ_ONLY_TASKS, STATE_CHANGING_TASKS
+    """train_combine (GP/FedDA/FedGP), fact_target (FACT), warmup_head and train_scaffold train too: their
+    state must survive a restart. The registry declares it per task; the client saves after those."""
+    from fedcxr.flare.client import CLIENT_TASKS, READ_ONLY_TASKS, STATE_CHANGING_TASKS
     from fedcxr.pipeline.site_runner import TASKS
 
-    assert {"train", "train_combine", "fact_target"} <= STATE_CHANGING_TASKS
-    unclassified = sorted(set(TASKS) - STATE_CHANGING_TASKS - READ_ONLY_TASKS)
-    assert not unclassified, f"registered tasks neither state-changing nor read-only: {unclassified}"
-    assert not STATE_CHANGING_TASKS & READ_ONLY_TASKS
+    assert STATE_CHANGING_TASKS == {"train", "train_combine", "fact_target", "warmup_head", "train_scaffold"}
+    assert READ_ONLY_TASKS == {"metadata", "evaluate", "validate", "local_state"}
+    assert set(TASKS) | set(CLIENT_TASKS) | {"local_state"} == STATE_CHANGING_TASKS | READ_ONLY_TASKS

@@ -8,8 +8,8 @@ import torch
 from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.local import resolve_device
-from fedcxr.pipeline.messages import TASK_CONFIGS, EvaluateTask, NoConfig, Reply, TrainTask
-from fedcxr.pipeline.site_runner import TASKS, SiteRunner, derive_seed, register_task
+from fedcxr.pipeline.messages import EvaluateTask, Reply, TrainTask, ValidateTask
+from fedcxr.pipeline.site_runner import TASKS, SiteRunner, SiteTask, derive_seed
 from fedcxr.pipeline.state import check_update
 
 from ..conftest import tiny_config
@@ -98,23 +98,24 @@ def test_evaluate_returns_per_class_auroc_of_the_split(runners):
     assert set(reply.metrics["auroc"]) == set(runner.class_set)
 
 
-def test_unknown_tasks_are_refused_and_registered_tasks_answered(runners):
-    _, sites = runners
+def test_unknown_tasks_are_refused_and_the_registry_is_explicit(runners):
+    """Every task a runner answers is in its module's registry (no import registers one); a transport
+    adds its own when it builds the runner, and only tasks whose config is typed."""
+    cfg, sites = runners
     with pytest.raises(ValueError, match="unknown task 'steal'"):
         sites["nih_style"].handle("steal", None, {})
-    with pytest.raises(ValueError, match="built into SiteRunner"):
-        register_task("train")(lambda runner, params, config: Reply(site=runner.name))
+    assert {"metadata", "train", "evaluate", "warmup_head", "train_combine", "fact_target",
+            "train_scaffold"} == set(TASKS) == set(sites["nih_style"].tasks)
 
-    @register_task("echo_for_test")
     def echo(runner, params, config):
-        return Reply(site=runner.name, metrics={"echo": type(config).__name__})
+        return Reply(site=runner.name, metrics={"owner": config.model_owner})
 
-    TASK_CONFIGS["echo_for_test"] = NoConfig
-    try:
-        assert sites["nih_style"].handle("echo_for_test", None, {}).metrics == {"echo": "NoConfig"}
-    finally:
-        TASKS.pop("echo_for_test")
-        TASK_CONFIGS.pop("echo_for_test")
+    added = build_runners(cfg, resolve_device("cpu"), False, tasks={"validate": SiteTask(echo, changes_state=False)})
+    reply = added["nih_style"].handle("validate", None, {**ValidateTask.build(classes=["edema"]).to_dict(),
+                                                          "model_owner": "SRV_server"})
+    assert reply.metrics == {"owner": "SRV_server"}
+    with pytest.raises(ValueError, match="no typed config"):
+        build_runners(cfg, resolve_device("cpu"), False, tasks={"steal": SiteTask(echo, changes_state=False)})
 
 
 def test_a_task_config_is_parsed_once_and_refused_naming_the_key(runners):
