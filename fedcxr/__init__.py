@@ -17,6 +17,9 @@ package             what it holds
 ``vocab``, ``atomic``, ``errors``   vocabularies, crash-safe writes, the user-error type
 ``escape``, ``runlock``, ``yamlfile``  hostile text made safe per format, one process per run
                     directory, bounded YAML reading (SECURITY.md)
+``rundir``          the run directory: every file's name, and the readers and writers of its
+                    plain files (run.json, metrics.jsonl, config.yaml); training, evaluation,
+                    FLARE and the commands all take the layout from it
 ==================  ==========================================================================
 """
 

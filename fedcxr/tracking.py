@@ -43,12 +43,13 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
+from fedcxr import rundir
 from fedcxr.errors import UserError
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("none", "tensorboard", "mlflow")
-TENSORBOARD_DIR = "tensorboard"
+TENSORBOARD_DIR = rundir.TENSORBOARD
 MLFLOW_DIR = "mlruns"
 #: a tag: words, site and class names joined by "/" (no dots, no path-like parts, no long hex ids)
 _TAG = re.compile(r"^[A-Za-z0-9_ ()+.-]+(/[A-Za-z0-9_ ()+.-]+)*$")

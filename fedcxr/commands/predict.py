@@ -51,10 +51,10 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.atomic import atomic_path
-from fedcxr.commands.evaluate import OPERATING_POINTS
 from fedcxr.errors import UserError
 from fedcxr.escape import csv_frame
 from fedcxr.logs import progress_wanted
+from fedcxr.rundir import OPERATING_POINTS, RunDir
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def decision_thresholds(run_dir: Path, run: dict, site: Optional[str]) -> tuple[
     Without ``site`` the thresholds are the run's target's, or those of the only site evaluated;
     a run without a ``target:`` evaluated at several sites has no single choice, and the reason
     says to pass ``--site``."""
-    path = Path(run_dir) / OPERATING_POINTS
+    path = RunDir(run_dir).operating_points
     if not path.is_file():
         return None, {}, (f"{run_dir} has no {OPERATING_POINTS}: the run was never evaluated (run "
                           f"`fedcxr evaluate {run_dir}` first: it chooses the thresholds on the validation split)")

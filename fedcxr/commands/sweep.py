@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from fedcxr.errors import UserError
+from fedcxr.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +37,11 @@ def run_sweep(config: Path, methods: Sequence[str], *, seeds: int, out: Path, ba
         for seed in range(seeds):
             cfg = load_config(config, overrides=[*overrides, f"method={method}", f"seed={seed}"])
             run_dir = Path(out) / "runs" / f"{method}-seed{seed}"
-            if not (run_dir / "final_model.pt").exists():
+            if not RunDir(run_dir).final_model.exists():
                 resume = latest_checkpoint(run_dir) is not None
                 print(f"{method} seed {seed}: training{' (resuming)' if resume else ''}")
                 run_experiment(cfg, run_dir, resume=resume, device=device, progress=progress)
-            if not (run_dir / "report.json").exists():
+            if not RunDir(run_dir).report_json.exists():
                 evaluate_run(run_dir, split="test", n_boot=200, device=device)
             run_dirs.append(run_dir)
     result = compare_runs(run_dirs, baseline=baseline)

@@ -18,7 +18,6 @@ names the file and the key or column at fault, so ``fedcxr evaluate``/``report``
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.errors import UserError
+from fedcxr.rundir import RunDir, read_run_info
 
 REQUIRED_RUN_KEYS = ("method", "seed", "classes")
 ID_COLUMNS = ("site", "row_key", "patient_key")
@@ -46,16 +46,8 @@ def check_run_dir(run_dir: Path | str) -> Path:
 def load_run_info(run_dir: Path | str) -> dict[str, Any]:
     """Read and check ``RUN_DIR/run.json``; fills ``target`` (None), ``sites``/``eval_sites`` ([])."""
     run_dir = check_run_dir(run_dir)
-    path = run_dir / "run.json"
-    if not path.is_file():
-        raise UserError(f"{run_dir}: no run.json, so this is not a fedcxr run directory "
-                        "(`fedcxr train` writes one)")
-    try:
-        info = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(info, dict):
-        raise UserError(f"{path}: expected a JSON object, got {type(info).__name__}")
+    path = RunDir(run_dir).run_info
+    info = read_run_info(run_dir)
     for key in REQUIRED_RUN_KEYS:
         if key not in info:
             raise UserError(f"{path}: missing key {key!r}")
@@ -79,7 +71,8 @@ def load_run_info(run_dir: Path | str) -> dict[str, Any]:
 
 
 def predictions_path(run_dir: Path | str, split: str) -> Path:
-    return Path(run_dir) / "predictions" / f"{split}.parquet"
+    """``RUN_DIR/predictions/<split>.parquet`` (:class:`fedcxr.rundir.RunDir`)."""
+    return RunDir(run_dir).predictions(split)
 
 
 def load_predictions(

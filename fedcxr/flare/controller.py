@@ -40,6 +40,7 @@ from fedcxr.pipeline.federation import run_experiment
 from fedcxr.flare.wire import WireError, decode_reply, encode_task
 from fedcxr.pipeline.messages import DELTAS, WEIGHTS, NoConfig, Reply
 from fedcxr.pipeline.transport import Transport
+from fedcxr.rundir import FLARE_STATUS
 
 try:  # the server class needs FLARE; the rest of fedcxr does not
     from nvflare.app_common.workflows.model_controller import ModelController as _ControllerBase
@@ -52,7 +53,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "NVIDIA FLARE is not installed: pip install 'fedcxr[flare]' (or: pip install nvflare)"
-STATUS_FILE = "flare_status.json"
+STATUS_FILE = FLARE_STATUS  # fedcxr.rundir
 CLIENT_NAME = r"^[A-Za-z0-9_-]+$"  # FLARE's rule for client names
 TASK_REQUEST_INTERVAL = 0.05  # seconds
 

@@ -38,12 +38,13 @@ from fedcxr.flare.site_evaluation import VALIDATE_TASK
 from fedcxr.pipeline.messages import ValidateTask
 from fedcxr.pipeline.predict import load_final, site_params
 from fedcxr.pipeline.transport import Transport
+from fedcxr.rundir import CROSS_SITE_DIR
 
 log = logging.getLogger(__name__)
 
 #: FLARE's name of the server's (global) model in cross-site evaluation
 SERVER_MODEL = "SRV_server"
-CROSS_VAL_DIR = "cross_site_val"
+CROSS_VAL_DIR = CROSS_SITE_DIR  # fedcxr.rundir
 CROSS_VAL_FILE = "cross_val_results.json"
 DEFAULTS = {"enabled": True, "n_boot": 1000, "split": "test", "seed": 0}
 

@@ -23,7 +23,6 @@ the weights of an uninterrupted run.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -34,7 +33,6 @@ import torch
 from tqdm import tqdm
 
 import fedcxr
-from fedcxr.atomic import atomic_write_bytes, atomic_write_json, json_safe
 from fedcxr.errors import RunFailed, UserError
 from fedcxr.logs import bar_disabled
 from fedcxr.pipeline.checkpoints import latest_checkpoint, load_latest_intact, save_checkpoint, save_final
@@ -49,6 +47,7 @@ from fedcxr.pipeline.run_log import round_line, rounds_log, run_log
 from fedcxr.pipeline.screening import count_problem
 from fedcxr.pipeline.site_runner import PRIVATE_PREFIXES, derive_seed
 from fedcxr.pipeline.transport import Transport
+from fedcxr.rundir import RunDir, finished_run, read_metrics, write_config, write_metrics, write_run_info
 from fedcxr.runlock import run_lock
 from fedcxr.vocab import CLASSES
 from fedcxr.tracking import make_tracker
@@ -178,25 +177,13 @@ def _start(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transp
             return _run(cfg, run_dir, protocol, transport, resume=resume, progress=progress)
 
 
-def finished_run(run_dir: Path | str) -> Optional[dict]:
-    """``run.json`` of a run that ended (status finished, ``final_model.pt`` written), else None."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "final_model.pt").is_file():
-        return None
-    try:
-        info = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) and info.get("status") == "finished" else None
-
-
 def check_run_dir(run_dir: Path, *, resume: bool) -> Optional[dict]:
     """What ``run_dir`` allows, decided before any setup: a new run needs a directory without a
     finished run or checkpoints (:class:`UserError` otherwise); ``resume`` on a finished run gets
     its ``run.json`` back (nothing to do); anything else returns None (train or resume)."""
     if resume:
         return finished_run(run_dir)
-    if (run_dir / "final_model.pt").exists():
+    if RunDir(run_dir).final_model.exists():
         raise UserError(f"{run_dir} already holds a finished run; choose another --out (or evaluate it: "
                         f"fedcxr evaluate {run_dir})")
     if latest_checkpoint(run_dir):
@@ -218,7 +205,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
         if ledger is not None:
             ledger.history = _resumed_dp(run_dir, start)
     else:
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        RunDir(run_dir).metrics.unlink(missing_ok=True)
     _write_run_files(run_dir, cfg, ctx, protocol, status="running")
     tracker = make_tracker(cfg.tracking, run_dir, name=f"{cfg.name}-{cfg.method}-seed{cfg.seed}")
     bar = tqdm(range(start, cfg.rounds), desc=f"{protocol.name} rounds", unit="round",
@@ -391,54 +378,19 @@ def _postfix(metrics: dict) -> dict:
     return {"val_auroc": f"{val[0]:.3f}"} if val else {}
 
 
-def metrics_line(metrics: dict) -> str:
-    """One round as strict JSON (NaN/Inf → null, tensors → lists): any JSON reader parses it."""
-    return json.dumps(json_safe(_plain(metrics)), allow_nan=False, default=str)
-
-
-def write_metrics(run_dir: Path, history: list[dict]) -> None:
-    """``metrics.jsonl`` rewritten whole, atomically, every round: a kill or a full disk mid-write leaves
-    the previous complete file, never a torn line (a few KB per round: cheap)."""
-    text = "".join(metrics_line(row) + "\n" for row in history)
-    atomic_write_bytes(run_dir / "metrics.jsonl", text.encode("utf-8"))
-
-
 def _read_metrics(run_dir: Path, upto: int) -> list[dict]:
     """Metrics of rounds ≤ ``upto`` (a line written after the last checkpoint, or one that does not
     parse, is dropped); the file is rewritten atomically with what is kept."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            log.warning("%s line %d is not JSON (a write cut short?): dropped", path, number)
-            continue
-        if isinstance(row, dict) and isinstance(row.get("round"), int) and row["round"] <= upto:
-            rows.append(row)
+    rows = [row for row in read_metrics(run_dir, skip_bad=True)
+            if isinstance(row.get("round"), int) and row["round"] <= upto]
     write_metrics(run_dir, rows)
     return rows
-
-
-def _plain(value):
-    """Tensors as lists, containers walked (the rest is :func:`fedcxr.atomic.json_safe`'s)."""
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 def _write_run_files(run_dir: Path, cfg: ExperimentConfig, ctx: Context, protocol: RoundProtocol, *,
                      status: str, ledger=None, selected: Optional[dict] = None) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(run_dir / "config.yaml", dump_config(cfg).encode("utf-8"))
+    write_config(run_dir, dump_config(cfg))
     payload = {
         "method": protocol.name, "seed": cfg.seed, "target": ctx.target, "classes": ctx.classes,
         "aux_tasks": ctx.aux_tasks, "sites": [cfg.site_name(s) for s in cfg.all_sites()],
@@ -453,5 +405,5 @@ def _write_run_files(run_dir: Path, cfg: ExperimentConfig, ctx: Context, protoco
         payload["dp"] = ledger.report()
     if selected is not None:  # select_round: best_val — the round final_model.pt holds
         payload["selected_round"] = selected
-    atomic_write_json(run_dir / "run.json", payload)
+    write_run_info(run_dir, payload)
     return payload
