@@ -15,7 +15,6 @@ salted with the manifest hash (so keys of two runs on different data cannot be l
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -28,7 +27,8 @@ from fedcxr.rundir import FINAL_MODEL, RUN_INFO, RunDir, read_run_info
 from fedcxr.pipeline.checkpoints import load_final_model
 from fedcxr.pipeline.data import default_cache_dir, make_loader
 from fedcxr.pipeline.engine import backend_settings, resolve_engine
-from fedcxr.pipeline.local import predict, resolve_device
+from fedcxr.pipeline.devices import resolve_device
+from fedcxr.pipeline.forward import predict
 from fedcxr.pipeline.site_runner import SiteRunner
 from fedcxr.site_adapters.manifest import content_hash, label_values
 from fedcxr.vocab import AUX_TASKS, aux_column, label_column
