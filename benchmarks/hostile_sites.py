@@ -123,7 +123,7 @@ def hostile_run(cfg, run_dir, faults: Mapping[str, Mapping], *, device: str = "c
     from fedcxr.pipeline.engine import backend_settings
     from fedcxr.pipeline.federation import run_experiment
     from fedcxr.pipeline.inprocess import InProcessTransport, build_runners, run_engine
-    from fedcxr.pipeline.local import resolve_device
+    from fedcxr.pipeline.devices import resolve_device
 
     dev = resolve_device(device)
     transport = HostileTransport(InProcessTransport(build_runners(cfg, dev, progress)), faults)

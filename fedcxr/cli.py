@@ -62,7 +62,7 @@ DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 def device_name(text: str) -> str:
     """``--device`` checked at parse time (a GPU number that does not exist is refused when the
-    run starts, :func:`fedcxr.pipeline.local.resolve_device`: parsing never imports torch)."""
+    run starts, :func:`fedcxr.pipeline.devices.resolve_device`: parsing never imports torch)."""
     value = text.strip().lower()
     if not DEVICE_PATTERN.match(value):
         raise argparse.ArgumentTypeError(f"{text!r}: use auto, cpu, cuda or cuda:N (N: the GPU's number, "

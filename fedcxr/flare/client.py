@@ -47,7 +47,7 @@ from fedcxr.flare.site_evaluation import SITE_TASKS as EVALUATION_TASKS
 from fedcxr.pipeline.checkpoints import load_tensors
 from fedcxr.pipeline.data import default_cache_dir
 from fedcxr.pipeline.engine import apply_backend, resolve_engine
-from fedcxr.pipeline.local import resolve_device
+from fedcxr.pipeline.devices import resolve_device
 from fedcxr.pipeline.messages import DELTAS, Reply, TaskConfig, parse_task_config
 from fedcxr.pipeline.site_runner import PRIVATE_PREFIXES, TASKS, SiteRunner
 

@@ -107,7 +107,7 @@ def write_gallery(run_dir: Path | str, *, split: str = "test", top_n: int = 3,
 
     from fedcxr.pipeline.data import load_site
     from fedcxr.pipeline.inference import load_run_model
-    from fedcxr.pipeline.local import resolve_device
+    from fedcxr.pipeline.devices import resolve_device
     from fedcxr.pipeline.predict import row_keys
 
     run = RunDir(run_dir)

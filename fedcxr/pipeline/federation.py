@@ -40,7 +40,7 @@ from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint, dump_co
 from fedcxr.pipeline.dp_ledger import ledger_for
 from fedcxr.pipeline.engine import backend_settings, resolve_engine
 from fedcxr.pipeline.inprocess import InProcessTransport, build_runners, run_engine
-from fedcxr.pipeline.local import resolve_device
+from fedcxr.pipeline.devices import resolve_device
 from fedcxr.pipeline.messages import EvaluateTask, NoConfig, StateDict
 from fedcxr.pipeline.protocols import Context, RoundProtocol, get_protocol
 from fedcxr.pipeline.run_log import round_line, rounds_log, run_log

@@ -431,7 +431,7 @@ class SiteRunner:
     # ------------------------------------------------------------------ evaluate
     def _evaluate(self, params: Optional[StateDict], config: EvaluateTask) -> Reply:
         from fedcxr.pipeline.data import make_loader
-        from fedcxr.pipeline.local import predict, quick_auroc
+        from fedcxr.pipeline.forward import predict, quick_auroc
 
         model, head_classes, aux_tasks, _ = self.prepared_model(params, config)
         split = config.split

@@ -27,14 +27,9 @@ from torch.utils.data import Subset
 from fedcxr.pipeline import aggregate as agg
 from fedcxr.pipeline.combine import combine_with_estimates
 from fedcxr.pipeline.data import make_loader
-from fedcxr.pipeline.local import (
-    batches,
-    load_optimizer_state,
-    make_optimizer,
-    optimizer_state_dict,
-    predict,
-    train_local,
-)
+from fedcxr.pipeline.forward import predict
+from fedcxr.pipeline.local import batches, train_local
+from fedcxr.pipeline.optimizers import load_optimizer_state, make_optimizer, optimizer_state_dict
 from fedcxr.pipeline.messages import (
     FACT_HEAD_A,
     FACT_HEAD_B,
@@ -139,7 +134,8 @@ def fact_target(runner: Runner, params: Optional[StateDict], config: TrainTask) 
     for p in model.head.parameters():
         p.requires_grad_(False)
     named = [(n, p) for n, p in model.named_parameters() if not n.startswith("head.")]
-    optimizer = make_optimizer([p for _, p in named], cfg)
+    optimizer = make_optimizer([p for _, p in named], optimizer=cfg.optimizer, lr=cfg.lr,
+                               weight_decay=cfg.weight_decay, momentum=cfg.momentum)
     if config.keep_optimizer:  # FACT: the target keeps its SGD on G across rounds
         load_optimizer_state(optimizer, named, runner.optimizer_state())
     torch.manual_seed(seed)

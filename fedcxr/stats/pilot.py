@@ -65,7 +65,7 @@ def _run(cfg: ExperimentConfig, *, device: Optional[str], progress: bool) -> dic
     from fedcxr.pipeline.engine import backend_settings
     from fedcxr.pipeline.federation import build_context, initial_model
     from fedcxr.pipeline.inprocess import InProcessTransport, build_runners, run_engine
-    from fedcxr.pipeline.local import resolve_device
+    from fedcxr.pipeline.devices import resolve_device
     from fedcxr.pipeline.protocols import get_protocol
     from fedcxr.pipeline.state import delta
 

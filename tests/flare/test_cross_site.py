@@ -21,7 +21,7 @@ from fedcxr.flare.site_evaluation import SITE_TASKS, VALIDATE_TASK
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.federation import run_experiment
 from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
-from fedcxr.pipeline.local import resolve_device
+from fedcxr.pipeline.devices import resolve_device
 
 from ..conftest import tiny_config
 

@@ -7,7 +7,7 @@ import torch
 
 from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.local import resolve_device
+from fedcxr.pipeline.devices import resolve_device
 from fedcxr.pipeline.messages import EvaluateTask, Reply, TrainTask, ValidateTask
 from fedcxr.pipeline.site_runner import TASKS, SiteRunner, SiteTask, derive_seed
 from fedcxr.pipeline.state import check_update

@@ -135,7 +135,7 @@ class _Recorder:
 
 def _recorded_run(tiny_manifests, tmp_path, **overrides):
     from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
-    from fedcxr.pipeline.local import resolve_device
+    from fedcxr.pipeline.devices import resolve_device
 
     cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", eval_every=0, **overrides))
     recorder = _Recorder(InProcessTransport(build_runners(cfg, resolve_device("cpu"), progress=False)))
@@ -207,7 +207,7 @@ def test_fact_fine_tunes_heads_with_g_in_train_mode_and_keeps_sgd_state(tiny_man
     calls = []
 
     from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
-    from fedcxr.pipeline.local import resolve_device
+    from fedcxr.pipeline.devices import resolve_device
 
     cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", strategy="FACT", target="midrc_style",
                                        rounds=2, eval_every=0,
@@ -250,7 +250,7 @@ class _Crash(_Recorder):
 
 def _transport(cfg):
     from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
-    from fedcxr.pipeline.local import resolve_device
+    from fedcxr.pipeline.devices import resolve_device
 
     return InProcessTransport(build_runners(cfg, resolve_device("cpu"), progress=False))
 

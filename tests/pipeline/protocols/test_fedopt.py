@@ -44,7 +44,7 @@ def _same(a: dict, b: dict) -> bool:
 
 def _transport(cfg):
     from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
-    from fedcxr.pipeline.local import resolve_device
+    from fedcxr.pipeline.devices import resolve_device
 
     return InProcessTransport(build_runners(cfg, resolve_device("cpu"), progress=False))
 

@@ -113,7 +113,7 @@ class _PoisonTransport:
 
 def _poisoned_run(tiny_manifests, tmp_path, poisoned, **overrides):
     from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
-    from fedcxr.pipeline.local import resolve_device
+    from fedcxr.pipeline.devices import resolve_device
 
     cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", rounds=1, **overrides))
     runners = build_runners(cfg, resolve_device("cpu"), progress=False)
