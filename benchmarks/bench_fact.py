@@ -231,7 +231,7 @@ def run_level(job: tuple) -> float:
 
     from fedcxr.pipeline.checkpoints import latest_checkpoint
     from fedcxr.pipeline.config import load_config
-    from fedcxr.pipeline.federation import run_experiment
+    from fedcxr.pipeline.run_driver import run_experiment
 
     configs, methods, seeds, out, overrides, (labeled_target, unlabeled_target), sgd_lr = job
     torch.set_num_threads(1)

@@ -1,6 +1,6 @@
 """Experiment tracking: the per-round numbers of a run as TensorBoard (or MLflow) scalars.
 
-Every round of :func:`fedcxr.pipeline.federation.run_experiment` (in-process, and on the FLARE
+Every round of :func:`fedcxr.pipeline.run_driver.run_experiment` (in-process, and on the FLARE
 server, which runs the same loop) hands its ``metrics.jsonl`` row to a :class:`Tracker`:
 
 ==============================  =====================================================

@@ -60,7 +60,7 @@ def run_demo(out: Path, *, device: str = "auto", quick: bool = False, progress: 
     from fedcxr.commands.evaluate import evaluate_run
     from fedcxr.evaluation.compare import compare_runs, write_comparison
     from fedcxr.pipeline.config import load_config
-    from fedcxr.pipeline.federation import run_experiment
+    from fedcxr.pipeline.run_driver import run_experiment
     from fedcxr.synth import ingest_synthetic, write_synthetic_export
 
     started = time.perf_counter()

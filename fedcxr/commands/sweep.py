@@ -25,7 +25,7 @@ def run_sweep(config: Path, methods: Sequence[str], *, seeds: int, out: Path, ba
     from fedcxr.evaluation.compare import compare_runs, write_comparison
     from fedcxr.pipeline.checkpoints import latest_checkpoint
     from fedcxr.pipeline.config import load_config
-    from fedcxr.pipeline.federation import run_experiment
+    from fedcxr.pipeline.run_driver import run_experiment
     from fedcxr.pipeline.protocols import get_protocol
 
     for method in methods:

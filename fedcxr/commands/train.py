@@ -1,7 +1,7 @@
 """``fedcxr train CONFIG.yaml [--out RUN_DIR] [--resume] [--device ...] [--set k=v ...]``.
 
 A finished run directory is refused at once (before any site is read); ``--resume`` on a finished
-run says so and changes no file (:func:`fedcxr.pipeline.federation.check_run_dir`).
+run says so and changes no file (:func:`fedcxr.pipeline.run_driver.check_run_dir`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fedcxr.logs import progress_wanted
 from fedcxr.pipeline.config import config_fingerprint, load_config
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 from fedcxr.rundir import RunDir, finished_run
 
 

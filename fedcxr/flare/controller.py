@@ -1,7 +1,7 @@
 """The same round protocols on NVIDIA FLARE: the server's controller and transport (DESIGN §8).
 
 On the FLARE server, :class:`FedcxrController` (a ``ModelController``) runs
-:func:`fedcxr.pipeline.federation.run_experiment` — the very function ``fedcxr train`` runs —
+:func:`fedcxr.pipeline.run_driver.run_experiment` — the very function ``fedcxr train`` runs —
 with a :class:`FlareTransport` instead of the in-process one. Every protocol in
 :mod:`fedcxr.pipeline.protocols` therefore runs unchanged: "send this model to these sites
 for this task" becomes ``send_model_and_wait(task_name=..., targets=[...], data=FLModel(...))``
@@ -36,7 +36,7 @@ from fedcxr.atomic import atomic_write_json
 from fedcxr.errors import UserError
 from fedcxr.pipeline.checkpoints import load_final_model, save_final
 from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 from fedcxr.flare.wire import WireError, decode_reply, encode_task
 from fedcxr.pipeline.messages import DELTAS, WEIGHTS, NoConfig, Reply
 from fedcxr.pipeline.transport import Transport

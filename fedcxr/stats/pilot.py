@@ -63,7 +63,7 @@ def pilot_estimates(cfg: ExperimentConfig, *, device: Optional[str] = None, prog
 def _run(cfg: ExperimentConfig, *, device: Optional[str], progress: bool) -> dict[str, Any]:
     from fedcxr.pipeline.combine import auto_estimates
     from fedcxr.pipeline.engine import backend_settings
-    from fedcxr.pipeline.federation import build_context, initial_model
+    from fedcxr.pipeline.run_driver import build_context, initial_model
     from fedcxr.pipeline.inprocess import InProcessTransport, build_runners, run_engine
     from fedcxr.pipeline.devices import resolve_device
     from fedcxr.pipeline.protocols import get_protocol

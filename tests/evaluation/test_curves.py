@@ -13,7 +13,7 @@ from fedcxr.evaluation import plots
 from fedcxr.evaluation.curves import TARGET_LABEL, read_metrics, training_series
 from fedcxr.evaluation.report import CURVES_FIGURE, build_report, render_markdown, write_report, write_training_curves
 
-ROWS = [  # what federation.py appends: three rounds, validation in rounds 0 and 2 only
+ROWS = [  # what the run driver writes: three rounds, validation in rounds 0 and 2 only
     {"round": 0, "train": {"a": {"loss": 0.70, "main_loss": 0.70}, "b": {"loss": 0.68}}, "target": {"loss": 0.66},
      "val": {"c": {"mean_auroc": 0.61, "auroc": {"edema": 0.61}, "n": 20}}, "seconds": 1.0},
     {"round": 1, "train": {"a": {"loss": 0.60}, "b": {"loss": float("nan")}}, "target": {"loss": 0.58},

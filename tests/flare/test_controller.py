@@ -35,7 +35,7 @@ pytest.importorskip("nvflare")
 import fedcxr  # noqa: E402
 from fedcxr.cli import main  # noqa: E402
 from fedcxr.pipeline.config import config_fingerprint, load_config  # noqa: E402
-from fedcxr.pipeline.federation import run_experiment  # noqa: E402
+from fedcxr.pipeline.run_driver import run_experiment  # noqa: E402
 from fedcxr.flare.run import simulate_many  # noqa: E402
 from fedcxr.flare.wire import REPLY_KEYS, check_summary  # noqa: E402
 from fedcxr.vocab import CLASSES  # noqa: E402

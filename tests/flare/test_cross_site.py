@@ -19,7 +19,7 @@ from fedcxr.evaluation.compare import compare_runs
 from fedcxr.flare.cross_site import SERVER_MODEL, cross_site_evaluate, evaluation_settings
 from fedcxr.flare.site_evaluation import SITE_TASKS, VALIDATE_TASK
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
 from fedcxr.pipeline.devices import resolve_device
 

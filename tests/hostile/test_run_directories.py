@@ -22,7 +22,7 @@ import yaml
 from fedcxr.cli import main
 from fedcxr.pipeline.checkpoints import checkpoint_paths, load_tensors, UnsafeFile
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 
 from ..conftest import tiny_config
 

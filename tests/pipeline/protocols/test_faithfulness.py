@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 from fedcxr.pipeline.messages import TrainTask
 
 from ...conftest import tiny_config

@@ -13,7 +13,7 @@ from fedcxr.errors import UserError
 from fedcxr.pipeline import aggregate as A
 from fedcxr.pipeline.checkpoints import load_checkpoint, save_checkpoint
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 from fedcxr.pipeline.messages import unpack_control_delta
 from fedcxr.pipeline.site_runner import CONTROL_PREFIX
 

@@ -11,7 +11,7 @@ import torch
 
 from fedcxr.commands.evaluate import evaluate_run
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 from fedcxr.pipeline.protocols import CENTRAL_SITE, REGISTRY, get_protocol
 
 from ...conftest import tiny_config
