@@ -33,7 +33,8 @@ def cli_train(args: argparse.Namespace) -> int:
         print(f"  next: fedcxr evaluate {run_dir}")
         return 0
     payload = run_experiment(cfg, run_dir, resume=args.resume, device=args.device, progress=progress_wanted(args))
-    print(f"{payload['method']}: finished {cfg.rounds} rounds; run directory {run_dir} (log: {RunDir(run_dir).train_log})")
+    print(f"{payload['method']}: finished {cfg.rounds} rounds; run directory {run_dir} "
+          f"(log: {RunDir(run_dir).train_log})")
     if payload["missed"]:
         print(f"  {len(payload['missed'])} site replies missing or rejected (see run.json 'missed')")
     print(f"  next: fedcxr evaluate {run_dir}")

@@ -181,7 +181,8 @@ def train_local(
     * ``frozen_bn_trains``: BatchNorm layers whose parameters are frozen still run in train
       mode (batch statistics; FACT fine-tunes its heads with G in train mode).
     * ``optimizer_state``: per-parameter optimizer state of an earlier call
-      (:func:`~fedcxr.pipeline.optimizers.optimizer_state_dict`, keyed ``<parameter name>.<field>``; ``{}`` for none yet):
+      (:func:`~fedcxr.pipeline.optimizers.optimizer_state_dict`, keyed ``<parameter name>.<field>``;
+      ``{}`` for none yet):
       loaded into the fresh optimizer for the parameters that train, and the state after this
       call is returned in ``LocalResult.optimizer_state``. Keyed by name, so a call that trains
       only the head continues the head's moments of a call that trained everything.

@@ -183,7 +183,8 @@ class SiteRunner:
         return derive_seed(config.seed, task, self.name, *parts)
 
     def keep_warm_head(self, head: StateDict) -> None:
-        """Keep the head ``warmup_head`` chose (``weight``, ``bias``) until round 0 starts from it (:meth:`load_warm_head`)."""
+        """Keep the head ``warmup_head`` chose (``weight``, ``bias``) until round 0 starts from it
+        (:meth:`load_warm_head`)."""
         self.local_state.update({WARM_PREFIX + "head." + k: v for k, v in head.items()})
 
     def control_variate(self, reference: StateDict) -> StateDict:
