@@ -38,6 +38,7 @@ from fedcxr.pipeline.config import config_fingerprint, load_config  # noqa: E402
 from fedcxr.pipeline.run_driver import run_experiment  # noqa: E402
 from fedcxr.flare.run import simulate_many  # noqa: E402
 from fedcxr.flare.wire import REPLY_KEYS, check_summary  # noqa: E402
+from fedcxr.pipeline.messages import WEIGHT_TYPES  # noqa: E402
 from fedcxr.vocab import CLASSES  # noqa: E402
 
 from ..conftest import tiny_config  # noqa: E402
@@ -320,7 +321,7 @@ def test_only_parameters_counts_class_names_and_metrics_leave_a_site(flare_runs)
                                               "mean_auroc", "idd_train", "idd_train_sum", "idd_after", "fedcxr", "error", "betas",
                                                   "manifest_hash", "model_owner", "SRV_server", "test",
                                               "RuntimeError", "best_epoch", "val_loss",
-                                              "summary", *ALL}
+                                              "summary", *WEIGHT_TYPES, *ALL}
     summaries = 0
     for entry in entries:
         metrics = entry["meta"]["fedcxr"].get("metrics") or {}
