@@ -77,7 +77,7 @@ def train_and_evaluate(config: dict, run_dir: Path, n_boot: int) -> dict:
     """Train (unless finished) and evaluate on the official test split; returns the result row."""
     from fedcxr.commands.evaluate import evaluate_run
     from fedcxr.pipeline.config import load_config
-    from fedcxr.pipeline.federation import run_experiment
+    from fedcxr.pipeline.run_driver import run_experiment
 
     t0 = time.time()
     if not (run_dir / "final_model.pt").is_file():

@@ -138,7 +138,7 @@ def class_sharing(manifests: Path, sites: Sequence[str]) -> dict[str, dict[str, 
 def pretrain(npz: Path, work: Path, rows: Optional[int] = None) -> Path:
     """``final_model.pt`` of a Central run on PneumoniaMNIST's official train rows (once per --work)."""
     from fedcxr.pipeline.config import load_config
-    from fedcxr.pipeline.federation import run_experiment
+    from fedcxr.pipeline.run_driver import run_experiment
     from fedcxr.site_adapters.ingest import run_ingest
     from fedcxr.site_adapters.manifest import read_manifest, read_site_json, write_site
 

@@ -167,7 +167,7 @@ def score_run(run_dir: Path, labeled_target: Path, cache: Path, *, params: Optio
     values = [v for v in per_class.values() if np.isfinite(v)]
     result = {"mean_auroc": float(np.mean(values)) if values else float("nan"), "auroc": per_class,
               "n": int(len(frame)), "positives": {c: int((frame[label_column(c)] == 1).sum()) for c in classes},
-              "strategy": run["config"]["strategy"], "target_unlabeled": not run["class_sets"].get("target"),
+              "strategy": run["method"], "target_unlabeled": not run["class_sets"].get("target"),
               "selected_round": _selected_round(run_dir)}
     if params is not None:
         result.update(derived_from=run_dir.name, selected_round=None)
@@ -231,7 +231,7 @@ def run_level(job: tuple) -> float:
 
     from fedcxr.pipeline.checkpoints import latest_checkpoint
     from fedcxr.pipeline.config import load_config
-    from fedcxr.pipeline.federation import run_experiment
+    from fedcxr.pipeline.run_driver import run_experiment
 
     configs, methods, seeds, out, overrides, (labeled_target, unlabeled_target), sgd_lr = job
     torch.set_num_threads(1)

@@ -59,7 +59,7 @@ def config(manifests: Path, cache: Path, backbone: str, rounds: int):
 
 def run(mode: str, cfg, run_dir: Path) -> tuple[float, float]:
     """(seconds per round, start-up seconds) of one mode."""
-    from fedcxr.pipeline.federation import run_experiment
+    from fedcxr.pipeline.run_driver import run_experiment
     from fedcxr.flare.poc import poc
     from fedcxr.flare.simulator import simulate
 

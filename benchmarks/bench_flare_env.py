@@ -125,7 +125,7 @@ def main() -> int:
                                image_size=32, seed=1)
         ingest_synthetic(root / "export", root / "manifests", progress=False)
         cfg = config(root / "manifests", root / "cache", args.rounds)
-        from fedcxr.pipeline.federation import run_experiment
+        from fedcxr.pipeline.run_driver import run_experiment
 
         run_experiment(cfg.model_copy(update={"rounds": 1}), root / "warm", progress=False)  # fill the image cache
         results = {}

@@ -42,7 +42,7 @@ import torch
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.data import cache_images, load_site, make_dataset, make_loader
 from fedcxr.pipeline.engine import loader_options, resolve_engine, usable_cores
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 from fedcxr.site_adapters.ingest import run_ingest
 from fedcxr.synth import ingest_synthetic, write_synthetic_export
 

@@ -164,7 +164,7 @@ def run_one(job: tuple) -> float:
     from fedcxr.commands.evaluate import evaluate_run
     from fedcxr.pipeline.checkpoints import latest_checkpoint
     from fedcxr.pipeline.config import load_config
-    from fedcxr.pipeline.federation import run_experiment
+    from fedcxr.pipeline.run_driver import run_experiment
 
     config, method, seed, run_dir = job
     torch.set_num_threads(1)

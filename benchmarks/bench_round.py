@@ -6,7 +6,7 @@ same training rows of each site, ``--steps`` Adam steps of ``--batch-size`` per 
 (fresh Adam each round, as fedcxr's FedAvg), sample-weighted FedAvg, one torch thread per
 process (fedcxr's thread policy), no augmentation, no validation.
 
-* ``fedcxr``: :func:`fedcxr.pipeline.federation.run_experiment` (strategy FedAvg, in-process
+* ``fedcxr``: :func:`fedcxr.pipeline.run_driver.run_experiment` (strategy FedAvg, in-process
   transport, checkpoints and metrics written every round) — seconds per round from
   ``metrics.jsonl``;
 * ``floor``: a hand-written loop over the same images already normalised as float tensors in
@@ -88,7 +88,7 @@ def experiment(root: Path, fed: dict, args) -> dict:
 
 def run_fedcxr(root: Path, fed: dict, args, repeat: int) -> list[float]:
     from fedcxr.pipeline.config import load_config
-    from fedcxr.pipeline.federation import run_experiment
+    from fedcxr.pipeline.run_driver import run_experiment
 
     run_dir = root / f"fedcxr-{repeat}"
     run_experiment(load_config(data=experiment(root, fed, args)), run_dir, progress=False)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 from fedcxr.synth import ingest_synthetic, write_synthetic_export
 
 

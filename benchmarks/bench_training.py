@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedcxr.models.network import CXRNet  # noqa: E402
 from fedcxr.pipeline.data import NORM_MEAN, NORM_STD, SiteDataset, cache_images, load_site, make_loader  # noqa: E402
-from fedcxr.pipeline.local import LocalConfig, resolve_device, train_local  # noqa: E402
+from fedcxr.pipeline.devices import resolve_device
+from fedcxr.pipeline.local import LocalConfig, train_local
 from fedcxr.site_adapters.images import read_image_resized  # noqa: E402
 from fedcxr.site_adapters.manifest import write_site  # noqa: E402
 from fedcxr.vocab import AUX_TASKS, CLASSES, aux_column, label_column  # noqa: E402

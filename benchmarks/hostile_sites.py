@@ -121,9 +121,9 @@ class HostileTransport(Transport):
 def hostile_run(cfg, run_dir, faults: Mapping[str, Mapping], *, device: str = "cpu", progress: bool = False) -> dict:
     """``run_experiment`` with the in-process sites behind a :class:`HostileTransport` (returns run.json)."""
     from fedcxr.pipeline.engine import backend_settings
-    from fedcxr.pipeline.federation import run_experiment
+    from fedcxr.pipeline.run_driver import run_experiment
     from fedcxr.pipeline.inprocess import InProcessTransport, build_runners, run_engine
-    from fedcxr.pipeline.local import resolve_device
+    from fedcxr.pipeline.devices import resolve_device
 
     dev = resolve_device(device)
     transport = HostileTransport(InProcessTransport(build_runners(cfg, dev, progress)), faults)

@@ -23,6 +23,9 @@ package             what it holds
                     directory, bounded YAML reading (SECURITY.md)
 ``logs``, ``parallel``  the console (one progress-bar policy), chunks of work mapped over worker
                     processes in order with bounded memory (ingest checks, header reads, caching)
+``rundir``          the run directory: every file's name, and the readers and writers of its
+                    plain files (run.json, metrics.jsonl, config.yaml); training, evaluation,
+                    FLARE and the commands all take the layout from it
 ==================  ==========================================================================
 """
 

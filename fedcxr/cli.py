@@ -62,7 +62,7 @@ DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 def device_name(text: str) -> str:
     """``--device`` checked at parse time (a GPU number that does not exist is refused when the
-    run starts, :func:`fedcxr.pipeline.local.resolve_device`: parsing never imports torch)."""
+    run starts, :func:`fedcxr.pipeline.devices.resolve_device`: parsing never imports torch)."""
     value = text.strip().lower()
     if not DEVICE_PATTERN.match(value):
         raise argparse.ArgumentTypeError(f"{text!r}: use auto, cpu, cuda or cuda:N (N: the GPU's number, "
@@ -202,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "starter: `fedcxr init DIR`)")
     p.add_argument("--out", type=Path, default=None, metavar="RUN_DIR",
                    help="run directory (a finished one is refused: choose a new one); "
-                        "unset: runs/<name>-<strategy>-seed<seed>")
+                        "unset: runs/<name>-<method>-seed<seed>")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run from its last complete round (a finished run is left as it is)")
     _device(p)
@@ -289,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="export: write a job folder; simulate: FLARE simulator here; poc: POC system on loopback")
     p.add_argument("config", type=Path, help="experiment YAML")
     p.add_argument("--out", type=Path, default=None,
-                   help="run directory (simulate, poc; unset: runs/<name>-<strategy>-seed<seed>-flare) "
+                   help="run directory (simulate, poc; unset: runs/<name>-<method>-seed<seed>-flare) "
                         "or job folder (export, required)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key; repeatable")

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from fedcxr.errors import UserError
+from fedcxr.rundir import LOCK, RunDir
 
 try:  # POSIX
     import fcntl
@@ -41,13 +42,13 @@ except ImportError:  # pragma: no cover - Windows
 
 log = logging.getLogger(__name__)
 
-LOCK_NAME = ".fedcxr.lock"
+LOCK_NAME = LOCK  # fedcxr.rundir
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # a link planted at the lock's name is not followed
 _held: dict[str, list] = {}  # real path of a lock file → [fd, depth] (this process)
 
 
 def lock_path(run_dir: Path | str) -> Path:
-    return Path(run_dir) / LOCK_NAME
+    return RunDir(run_dir).lock
 
 
 @contextmanager

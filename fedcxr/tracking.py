@@ -1,6 +1,6 @@
 """Experiment tracking: the per-round numbers of a run as TensorBoard (or MLflow) scalars.
 
-Every round of :func:`fedcxr.pipeline.federation.run_experiment` (in-process, and on the FLARE
+Every round of :func:`fedcxr.pipeline.run_driver.run_experiment` (in-process, and on the FLARE
 server, which runs the same loop) hands its ``metrics.jsonl`` row to a :class:`Tracker`:
 
 ==============================  =====================================================
@@ -43,12 +43,13 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
+from fedcxr import rundir
 from fedcxr.errors import UserError
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("none", "tensorboard", "mlflow")
-TENSORBOARD_DIR = "tensorboard"
+TENSORBOARD_DIR = rundir.TENSORBOARD
 MLFLOW_DIR = "mlruns"
 #: a tag: words, site and class names joined by "/" (no dots, no path-like parts, no long hex ids)
 _TAG = re.compile(r"^[A-Za-z0-9_ ()+.-]+(/[A-Za-z0-9_ ()+.-]+)*$")

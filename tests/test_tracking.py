@@ -9,7 +9,7 @@ import pytest
 from fedcxr.cli import main
 from fedcxr.errors import UserError
 from fedcxr.pipeline.config import config_fingerprint, load_config
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 from fedcxr.tracking import check_tag, default_backend, make_tracker, round_scalars
 
 from .conftest import tiny_config

@@ -7,7 +7,7 @@ module         command
 =============  ===============================================================================
 ``init``       ``fedcxr init`` — a commented starter config, csv mapping and example export
 ``ingest``     ``fedcxr ingest`` — an export → per-site manifests (:mod:`fedcxr.site_adapters`)
-``train``      ``fedcxr train`` — one experiment in-process (:mod:`fedcxr.pipeline.federation`)
+``train``      ``fedcxr train`` — one experiment in-process (:mod:`fedcxr.pipeline.run_driver`)
 ``evaluate``   ``fedcxr evaluate`` — predictions (pipeline) → per-class AUROC report (evaluation)
 ``predict``    ``fedcxr predict`` — a trained model on new images (keys, probabilities, decisions)
 ``report``     ``fedcxr report`` — method-comparison table across runs (evaluation only)
@@ -21,7 +21,7 @@ module             command
 =================  ===========================================================================
 ``init``           ``fedcxr init`` — a commented starter config, csv mapping and example export
 ``ingest``         ``fedcxr ingest`` — an export → per-site manifests (:mod:`fedcxr.site_adapters`)
-``train``          ``fedcxr train`` — one experiment in-process (:mod:`fedcxr.pipeline.federation`)
+``train``          ``fedcxr train`` — one experiment in-process (:mod:`fedcxr.pipeline.run_driver`)
 ``evaluate``       ``fedcxr evaluate`` — predictions (pipeline) → per-class AUROC report (evaluation)
 ``predict``        ``fedcxr predict`` — a trained model on new images (keys, probabilities, decisions)
 ``report``         ``fedcxr report`` — method-comparison table across runs (evaluation only)

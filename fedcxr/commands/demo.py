@@ -42,7 +42,7 @@ def demo_config(manifests: Path, sites: list[str], target: str, *, quick: bool) 
         "manifests": str(manifests.resolve()),
         "sites": sources,
         "target": target,
-        "strategy": "FedAvg_Finetune",
+        "method": "FedAvg_Finetune",
         "rounds": 2 if quick else 10,
         "source": {"lr": 2e-3, "batch_size": 32, "epochs": 1},
         "target_train": {"lr": 1e-3, "batch_size": 32, "epochs": 1 if quick else 2, "labeled": 0.5},
@@ -60,7 +60,7 @@ def run_demo(out: Path, *, device: str = "auto", quick: bool = False, progress: 
     from fedcxr.commands.evaluate import evaluate_run
     from fedcxr.evaluation.compare import compare_runs, write_comparison
     from fedcxr.pipeline.config import load_config
-    from fedcxr.pipeline.federation import run_experiment
+    from fedcxr.pipeline.run_driver import run_experiment
     from fedcxr.synth import ingest_synthetic, write_synthetic_export
 
     started = time.perf_counter()
@@ -80,7 +80,7 @@ def run_demo(out: Path, *, device: str = "auto", quick: bool = False, progress: 
           f"{', '.join(s for s in sites if s != target)}:")
     run_dirs = []
     for method, meaning in METHODS:
-        cfg = load_config(data={**data, "strategy": method})
+        cfg = load_config(data={**data, "method": method})
         run_dir = runs / method
         if run_dir.exists():
             shutil.rmtree(run_dir)  # the demo always starts afresh

@@ -24,7 +24,8 @@ from fedcxr.evaluation.operating import operating_point_thresholds
 from fedcxr.evaluation.report import build_report
 from fedcxr.evaluation.report_files import write_report
 from fedcxr.evaluation.report_markdown import fmt, fmt_ci
-from fedcxr.evaluation.runs import OPERATING_POINTS, check_run_dir, load_predictions, load_run_info, predictions_path
+from fedcxr.evaluation.runs import check_run_dir, load_predictions, load_run_info, predictions_path
+from fedcxr.rundir import OPERATING_POINTS, RunDir
 from fedcxr.runlock import run_lock
 
 
@@ -49,14 +50,14 @@ def _evaluate_locked(run_dir: Path, *, split: str, n_boot: int, seed: int, devic
     val = _predictions(run_dir, "val", info["classes"], device, optional=True)
     if val is not None:
         thresholds = operating_point_thresholds(val, info["classes"])
-        atomic_write_json(run_dir / OPERATING_POINTS, thresholds)
+        atomic_write_json(RunDir(run_dir).operating_points, thresholds)
     report = build_report(predictions, info, split=split, n_boot=n_boot, seed=seed, val_predictions=val)
     write_report(run_dir, report, predictions)
     if cam:
         from fedcxr.pipeline.explain import write_gallery  # torch only when asked for
 
-        _append_gallery(run_dir / "report.md", write_gallery(run_dir, split=split, top_n=int(cam), device=device),
-                        split)
+        _append_gallery(RunDir(run_dir).report_md, write_gallery(run_dir, split=split, top_n=int(cam),
+                                                                  device=device), split)
     return report
 
 
@@ -100,7 +101,7 @@ def cli_evaluate(args: argparse.Namespace) -> int:
     report = evaluate_run(args.run_dir, split=getattr(args, "split", "test") or "test",
                           n_boot=int(getattr(args, "bootstrap", 1000)), seed=int(getattr(args, "seed", 0) or 0),
                           device=getattr(args, "device", None), cam=int(getattr(args, "cam", 0) or 0))
-    print(f"report: {Path(args.run_dir) / 'report.md'}")
+    print(f"report: {RunDir(args.run_dir).report_md}")
     for site, entry in report["sites"].items():
         line = (f"  {site}: mean AUROC {fmt_ci(entry['mean_auroc'], entry['mean_auroc_ci_low'], entry['mean_auroc_ci_high'])}"
                 f" over {len(entry['mean_auroc_classes'])}/{len(report['classes'])} classes, {entry['n_rows']} images")

@@ -131,7 +131,7 @@ def predict_folder(run_dir: Path | str, input_dir: Path | str, out: Path | str, 
                    progress: bool = True, site_key: Optional[Path | str] = None) -> dict:
     """Score every image of ``input_dir``; writes ``out`` and its private key map. Returns a summary."""
     from fedcxr.pipeline.inference import load_run_model, score_files
-    from fedcxr.pipeline.local import resolve_device
+    from fedcxr.pipeline.devices import resolve_device
     from fedcxr.pipeline.predictions import row_keys
 
     run_dir, input_dir, out = Path(run_dir), Path(input_dir), Path(out)

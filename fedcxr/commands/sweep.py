@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from fedcxr.errors import UserError
+from fedcxr.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ def run_sweep(config: Path, methods: Sequence[str], *, seeds: int, out: Path, ba
     from fedcxr.evaluation.compare import compare_runs, write_comparison
     from fedcxr.pipeline.checkpoints import latest_checkpoint
     from fedcxr.pipeline.config import load_config
-    from fedcxr.pipeline.federation import run_experiment
+    from fedcxr.pipeline.run_driver import run_experiment
     from fedcxr.pipeline.protocols import get_protocol
 
     for method in methods:
@@ -34,13 +35,13 @@ def run_sweep(config: Path, methods: Sequence[str], *, seeds: int, out: Path, ba
     run_dirs = []
     for method in methods:
         for seed in range(seeds):
-            cfg = load_config(config, overrides=[*overrides, f"strategy={method}", f"seed={seed}"])
+            cfg = load_config(config, overrides=[*overrides, f"method={method}", f"seed={seed}"])
             run_dir = Path(out) / "runs" / f"{method}-seed{seed}"
-            if not (run_dir / "final_model.pt").exists():
+            if not RunDir(run_dir).final_model.exists():
                 resume = latest_checkpoint(run_dir) is not None
                 print(f"{method} seed {seed}: training{' (resuming)' if resume else ''}")
                 run_experiment(cfg, run_dir, resume=resume, device=device, progress=progress)
-            if not (run_dir / "report.json").exists():
+            if not RunDir(run_dir).report_json.exists():
                 evaluate_run(run_dir, split="test", n_boot=200, device=device)
             run_dirs.append(run_dir)
     result = compare_runs(run_dirs, baseline=baseline)

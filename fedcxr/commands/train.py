@@ -1,7 +1,7 @@
 """``fedcxr train CONFIG.yaml [--out RUN_DIR] [--resume] [--device ...] [--set k=v ...]``.
 
 A finished run directory is refused at once (before any site is read); ``--resume`` on a finished
-run says so and changes no file (:func:`fedcxr.pipeline.federation.check_run_dir`).
+run says so and changes no file (:func:`fedcxr.pipeline.run_driver.check_run_dir`).
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from pathlib import Path
 
 from fedcxr.logs import progress_wanted
 from fedcxr.pipeline.config import config_fingerprint, load_config
-from fedcxr.pipeline.federation import finished_run, run_experiment
-from fedcxr.pipeline.run_log import TRAIN_LOG
+from fedcxr.pipeline.run_driver import run_experiment
+from fedcxr.rundir import RunDir, finished_run
 
 
 def default_run_dir(cfg) -> Path:
-    """``runs/<name>-<strategy>-seed<seed>`` when ``--out`` is not given."""
-    return Path("runs") / f"{cfg.name}-{cfg.strategy}-seed{cfg.seed}"
+    """``runs/<name>-<method>-seed<seed>`` when ``--out`` is not given."""
+    return Path("runs") / f"{cfg.name}-{cfg.method}-seed{cfg.seed}"
 
 
 def cli_train(args: argparse.Namespace) -> int:
@@ -29,11 +29,12 @@ def cli_train(args: argparse.Namespace) -> int:
               "nothing to resume, no file changed")
         if done.get("fingerprint") and done["fingerprint"] != config_fingerprint(cfg):
             print(f"  note: {args.config} differs from the config this run was trained with "
-                  f"({run_dir / 'config.yaml'}); to train it, choose a new --out")
+                  f"({RunDir(run_dir).config}); to train it, choose a new --out")
         print(f"  next: fedcxr evaluate {run_dir}")
         return 0
     payload = run_experiment(cfg, run_dir, resume=args.resume, device=args.device, progress=progress_wanted(args))
-    print(f"{payload['method']}: finished {cfg.rounds} rounds; run directory {run_dir} (log: {run_dir / TRAIN_LOG})")
+    print(f"{payload['method']}: finished {cfg.rounds} rounds; run directory {run_dir} "
+          f"(log: {RunDir(run_dir).train_log})")
     if payload["missed"]:
         print(f"  {len(payload['missed'])} site replies missing or rejected (see run.json 'missed')")
     print(f"  next: fedcxr evaluate {run_dir}")

@@ -1,7 +1,8 @@
 """Training curves of a run: per-round training loss and validation AUROC, from ``metrics.jsonl``.
 
-The training side appends one JSON object per round to ``RUN_DIR/metrics.jsonl``; the keys
-read here are (:mod:`fedcxr.pipeline.federation` writes them)::
+The training side writes one JSON object per round to ``RUN_DIR/metrics.jsonl``
+(:func:`fedcxr.rundir.write_metrics`, read back by :func:`fedcxr.rundir.read_metrics`); the keys
+read here are (the run driver writes them)::
 
     round                      0-based round number
     train: {site: {loss}}      each source's mean training loss of the round
@@ -15,15 +16,12 @@ non-finite number leaves a gap rather than a made-up point.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from fedcxr.errors import UserError
+from fedcxr.rundir import read_metrics  # noqa: F401  (the curves' reader: a line that is not JSON names it)
 
-METRICS_FILE = "metrics.jsonl"
 #: the label of the target's fine-tuning loss in the curves
 TARGET_LABEL = "target (fine-tuning)"
 
@@ -40,26 +38,6 @@ class TrainingSeries:
 
     def empty(self) -> bool:
         return not (self.loss or self.val_auroc)
-
-
-def read_metrics(run_dir: Path | str) -> list[dict[str, Any]]:
-    """The rows of ``RUN_DIR/metrics.jsonl`` ([] when absent); a line that is not a JSON object is a
-    :class:`UserError` naming the file and line."""
-    path = Path(run_dir) / METRICS_FILE
-    if not path.is_file():
-        return []
-    rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as exc:
-            raise UserError(f"{path}: line {number} is not valid JSON ({exc.__class__.__name__})") from None
-        if not isinstance(row, dict):
-            raise UserError(f"{path}: line {number} is not a JSON object")
-        rows.append(row)
-    return rows
 
 
 def _finite(value: Any) -> float | None:

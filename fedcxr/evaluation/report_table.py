@@ -30,6 +30,7 @@ from fedcxr.evaluation.report import ALPHA, MIN_SUBGROUP_ROWS, report_header
 from fedcxr.evaluation.report_files import per_class_frame, write_json, write_text
 from fedcxr.evaluation.report_markdown import render_markdown
 from fedcxr.evaluation.summary_check import summary_problem
+from fedcxr.rundir import RunDir
 
 SOURCE = "site summaries"
 #: what a site's summary must hold to be reported (the rest is optional)
@@ -99,7 +100,8 @@ def build_summary_report(summaries: Mapping[str, Mapping], run_info: Mapping, *,
 def write_summary_report(run_dir: Path | str, report: dict) -> list[Path]:
     """Write ``report.json``, ``per_class.csv`` and ``report.md`` (no figures: no predictions here)."""
     run_dir = Path(run_dir)
-    paths = [run_dir / "report.json", run_dir / "per_class.csv", run_dir / "report.md"]
+    files = RunDir(run_dir)
+    paths = [files.report_json, files.per_class_csv, files.report_md]
     write_json(paths[0], report)
     write_text(paths[1], to_csv_text(per_class_frame(report), float_format="%.6g"))
     text = render_markdown(report)
@@ -131,7 +133,7 @@ def load_summary_results(run_dir: Path | str, split: str) -> Optional[dict[str, 
 
     ``fedcxr report`` uses it for runs whose predictions never left the sites (FLARE).
     """
-    path = Path(run_dir) / "report.json"
+    path = RunDir(run_dir).report_json
     if not path.is_file():
         return None
     try:

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.errors import UserError
+from fedcxr.rundir import OPERATING_POINTS, RunDir, read_run_info
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +39,6 @@ REQUIRED_RUN_KEYS = ("method", "seed", "classes")
 ID_COLUMNS = ("site", "row_key", "patient_key")
 #: Columns of the previous contract; named in the error when a table still has them.
 LEGACY_ID_COLUMNS = ("image_path", "patient_id")
-#: thresholds chosen on the validation split, per site and class (written by ``fedcxr evaluate``,
-#: applied by ``fedcxr predict`` and stored in an exported bundle)
-OPERATING_POINTS = "operating_points.json"
 
 
 def check_run_dir(run_dir: Path | str) -> Path:
@@ -56,16 +54,8 @@ def check_run_dir(run_dir: Path | str) -> Path:
 def load_run_info(run_dir: Path | str) -> dict[str, Any]:
     """Read and check ``RUN_DIR/run.json``; fills ``target`` (None), ``sites``/``eval_sites`` ([])."""
     run_dir = check_run_dir(run_dir)
-    path = run_dir / "run.json"
-    if not path.is_file():
-        raise UserError(f"{run_dir}: no run.json, so this is not a fedcxr run directory "
-                        "(`fedcxr train` writes one)")
-    try:
-        info = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(info, dict):
-        raise UserError(f"{path}: expected a JSON object, got {type(info).__name__}")
+    path = RunDir(run_dir).run_info
+    info = read_run_info(run_dir)
     for key in REQUIRED_RUN_KEYS:
         if key not in info:
             raise UserError(f"{path}: missing key {key!r}")
@@ -89,7 +79,8 @@ def load_run_info(run_dir: Path | str) -> dict[str, Any]:
 
 
 def predictions_path(run_dir: Path | str, split: str) -> Path:
-    return Path(run_dir) / "predictions" / f"{split}.parquet"
+    """``RUN_DIR/predictions/<split>.parquet`` (:class:`fedcxr.rundir.RunDir`)."""
+    return RunDir(run_dir).predictions(split)
 
 
 def load_predictions(
@@ -171,7 +162,7 @@ def decision_thresholds(run_dir: Path, run: dict, site: Optional[str]) -> tuple[
     Without ``site`` the thresholds are the run's target's, or those of the only site evaluated;
     a run without a ``target:`` evaluated at several sites has no single choice, and the reason
     says to pass ``--site``."""
-    path = Path(run_dir) / OPERATING_POINTS
+    path = RunDir(run_dir).operating_points
     if not path.is_file():
         return None, {}, (f"{run_dir} has no {OPERATING_POINTS}: the run was never evaluated (run "
                           f"`fedcxr evaluate {run_dir}` first: it chooses the thresholds on the validation split)")

@@ -5,7 +5,7 @@ module              what it holds
 ==================  ==========================================================================
 ``wire``            the FLModel payload format of tasks and replies, and what a reply may hold
 ``controller``      the server: :class:`FedcxrController` (a ModelController running
-                    :func:`fedcxr.pipeline.federation.run_experiment`) and its transport
+                    :func:`fedcxr.pipeline.run_driver.run_experiment`) and its transport
 ``client``          the hospital: :class:`FlareSite` around a :class:`SiteRunner`, the Client API loop
 ``fedcxr_client``   the two-line client script FLARE copies into each site's app
 ``site_evaluation`` the ``validate`` task: a site scores a model on its own split, replies with summaries
@@ -24,7 +24,7 @@ module              what it holds
 ==================  ==========================================================================
 
 A package of its own above :mod:`fedcxr.pipeline` (whose protocols, site runner and
-federation loop it reuses unchanged) so that it may also use :mod:`fedcxr.evaluation` at a site.
+run driver it reuses unchanged) so that it may also use :mod:`fedcxr.evaluation` at a site.
 ``fedcxr flare export|simulate|poc`` is :mod:`fedcxr.commands.flare`.
 Install with ``pip install 'fedcxr[flare]'`` (never ``nvflare[pt]``: it pulls torchvision).
 """

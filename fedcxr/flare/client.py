@@ -42,29 +42,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import fedcxr.flare.site_evaluation  # noqa: F401  (registers validate: cross-site evaluation)
-import fedcxr.pipeline.site_tasks  # noqa: F401  (registers train_combine and fact_target)
 from fedcxr.atomic import atomic_torch_save
+from fedcxr.flare.site_evaluation import SITE_TASKS as EVALUATION_TASKS
 from fedcxr.pipeline.checkpoints import load_tensors
 from fedcxr.pipeline.data import default_cache_dir
 from fedcxr.pipeline.engine import apply_backend, resolve_engine
-from fedcxr.pipeline.local import resolve_device
-from fedcxr.pipeline.messages import Reply
+from fedcxr.pipeline.devices import resolve_device
+from fedcxr.pipeline.messages import DELTAS, Reply, TaskConfig, parse_task_config
 from fedcxr.pipeline.keys import PRIVATE_PREFIXES
-from fedcxr.pipeline.site_runner import SiteRunner
+from fedcxr.pipeline.site_runner import TASKS, SiteRunner
 
 log = logging.getLogger(__name__)
 
 SITE_CONFIG_ENV = "FEDCXR_SITE_CONFIG"
 SITE_CONFIG_NAME = "fedcxr_site.json"
 LOCAL_SITE_CONFIG = Path("local") / SITE_CONFIG_NAME
+#: the tasks a FLARE client answers beyond the runner's own (:data:`~fedcxr.pipeline.site_runner.TASKS`):
+#: cross-site evaluation (``local_state`` is answered by :class:`FlareSite` itself)
+CLIENT_TASKS = dict(EVALUATION_TASKS)
 #: tasks after which the site's local state (FedBN statistics, PFL heads, warmed-up model,
-#: optimiser state kept across rounds) may have changed, so it is saved for a resume; every
-#: task registered with :func:`~fedcxr.pipeline.site_runner.register_task` must be here or in
-#: :data:`READ_ONLY_TASKS` (tests/flare/test_client.py checks it)
-STATE_CHANGING_TASKS = frozenset({"train", "train_combine", "fact_target", "warmup_head", "train_scaffold"})
+#: optimiser state kept across rounds, SCAFFOLD's c_i) may have changed, so it is saved for a
+#: resume: as the task registry declares them (``SiteTask.changes_state``)
+STATE_CHANGING_TASKS = frozenset(n for n, t in {**TASKS, **CLIENT_TASKS}.items() if t.changes_state)
 #: tasks that only read the site's state
-READ_ONLY_TASKS = frozenset({"metadata", "evaluate", "local_state", "validate"})
+READ_ONLY_TASKS = frozenset({n for n, t in {**TASKS, **CLIENT_TASKS}.items() if not t.changes_state}
+                            | {"local_state"})
 KEEP_STATES = 3
 
 
@@ -159,7 +161,7 @@ class FlareSite:
                 self.name, cfg.manifest_dir, model_cfg=model_cfg, image_size=int(settings["image_size"]),
                 cache_dir=cfg.cache_dir or default_cache_dir(), device=device,
                 augment=bool(settings.get("augment", True)), progress=False, engine=engine,
-                task=settings.get("task"),
+                task=settings.get("task"), tasks=CLIENT_TASKS,
             )
         return self.runners[key]
 
@@ -177,11 +179,11 @@ class FlareSite:
                 continue
         return sorted(found)
 
-    def _restore(self, runner, task: str, config: dict, run: str) -> None:
+    def _restore(self, runner, task: str, config: TaskConfig, run: str) -> None:
         """After a (re)start: load the local state as it was at the end of the right round, once."""
         if run in self._restored:
             return
-        r = config.get("round")
+        r = getattr(config, "round", None)
         if isinstance(r, int):  # training round r starts from round r-1's state; evaluation after r sees r's
             upto = r - 1 if task in STATE_CHANGING_TASKS else r
         elif task == "local_state":  # the final collection: the newest state
@@ -195,9 +197,9 @@ class FlareSite:
             runner.set_local_state(load_tensors(path, "site state file"))
             log.info("site %s: restored local state saved after round %d", self.name, k)
 
-    def _save(self, runner, config: dict, run: str) -> None:
+    def _save(self, runner, config: TaskConfig, run: str) -> None:
         state = runner.get_local_state()
-        r = config.get("round")
+        r = getattr(config, "round", None)
         if not state or not isinstance(r, int):
             return
         atomic_torch_save(state, self._state_dir(run) / f"round_{r:04d}.pt")
@@ -205,8 +207,12 @@ class FlareSite:
             old.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ one task
-    def handle(self, task: str, params, config: dict, runner_settings: dict, run: str):
-        """Run one task; returns the :class:`Reply` (``local_state`` is answered here, not by SiteRunner)."""
+    def handle(self, task: str, params, config: TaskConfig | dict | None, runner_settings: dict, run: str):
+        """Run one task; returns the :class:`Reply` (``local_state`` is answered here, not by SiteRunner).
+
+        ``config``: the task's typed config (:func:`fedcxr.flare.wire.decode_task` parsed it), or a
+        dict of its keys (parsed here)."""
+        config = parse_task_config(task, config)
         runner = self.runner_for(runner_settings, run)
         self._restore(runner, task, config, run)
         if task == "local_state":
@@ -236,7 +242,7 @@ def serve(flare_api: Any, site: FlareSite) -> int:
         try:
             task = decode_task(incoming.params, incoming.meta)
             reply = site.handle(task["task"] or task_name, task["params"], task["config"], task["runner"], task["run"])
-            diff = task["diff"] and task["params"] is not None and reply.params is not None
+            diff = task["reply_weight_type"] == DELTAS and task["params"] is not None and reply.params is not None
             params, meta = encode_reply(reply, reference=task["params"] if diff else None)
             _stream(writer, task["task"] or task_name, task["config"], reply.metrics)
         except Exception as exc:  # answer, and keep serving the next rounds
@@ -269,11 +275,11 @@ def _site_writer():
         return None
 
 
-def _stream(writer, task: str, config: dict, metrics: dict) -> None:
+def _stream(writer, task: str, config: TaskConfig, metrics: dict) -> None:
     """This round's scalars of the site (:func:`fedcxr.tracking.site_scalars`: no ids, no paths)."""
     from fedcxr.tracking import site_scalars
 
-    step = config.get("round")
+    step = getattr(config, "round", None)
     if writer is None or not isinstance(step, int):
         return
     try:

@@ -1,7 +1,7 @@
 """The same round protocols on NVIDIA FLARE: the server's controller and transport (DESIGN §8).
 
 On the FLARE server, :class:`FedcxrController` (a ``ModelController``) runs
-:func:`fedcxr.pipeline.federation.run_experiment` — the very function ``fedcxr train`` runs —
+:func:`fedcxr.pipeline.run_driver.run_experiment` — the very function ``fedcxr train`` runs —
 with a :class:`FlareTransport` instead of the in-process one. Every protocol in
 :mod:`fedcxr.pipeline.protocols` therefore runs unchanged: "send this model to these sites
 for this task" becomes ``send_model_and_wait(task_name=..., targets=[...], data=FLModel(...))``
@@ -36,10 +36,11 @@ from fedcxr.atomic import atomic_write_json
 from fedcxr.errors import UserError
 from fedcxr.pipeline.checkpoints import load_final_model, save_final
 from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 from fedcxr.flare.wire import WireError, decode_reply, encode_task
-from fedcxr.pipeline.messages import Reply
+from fedcxr.pipeline.messages import DELTAS, WEIGHTS, NoConfig, Reply
 from fedcxr.pipeline.transport import Transport
+from fedcxr.rundir import FLARE_STATUS
 
 try:  # the server class needs FLARE; the rest of fedcxr does not
     from nvflare.app_common.workflows.model_controller import ModelController as _ControllerBase
@@ -52,7 +53,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "NVIDIA FLARE is not installed: pip install 'fedcxr[flare]' (or: pip install nvflare)"
-STATUS_FILE = "flare_status.json"
+STATUS_FILE = FLARE_STATUS  # fedcxr.rundir
 CLIENT_NAME = r"^[A-Za-z0-9_-]+$"  # FLARE's rule for client names
 TASK_REQUEST_INTERVAL = 0.05  # seconds
 
@@ -69,12 +70,12 @@ class FlareTransport(Transport):
     """:class:`Transport` over a running FLARE job (built by :class:`FedcxrController`)."""
 
     def __init__(self, controller: "FedcxrController", site_names: list[str], *, runner: dict, run: str,
-                 diff: bool = False):
+                 reply_weight_type: str = WEIGHTS):
         self.controller = controller
         self.site_names = list(site_names)
         self.runner = dict(runner)
         self.run_key = run
-        self.diff = diff  # privacy.filters: sites reply with differences (fedcxr.flare.wire)
+        self.reply_weight_type = reply_weight_type  # privacy.filters: DELTAS, differences (fedcxr.flare.wire)
         self.rejected: list[dict] = []  # {"round", "task", "site", "reason"} of refused replies (status file)
 
     def run(self, task, targets, params, config, *, per_site=None):
@@ -86,17 +87,18 @@ class FlareTransport(Transport):
         groups, sent = [], {}
         if shared:
             groups.append((shared, encode_task(task, params, config, runner=self.runner, run=self.run_key,
-                                               diff=self.diff)))
+                                               reply_weight_type=self.reply_weight_type)))
             sent.update({s: params for s in shared})
         for site in targets:
             if site in per_site:
                 site_params, site_config = per_site[site]
                 groups.append(([site], encode_task(task, site_params, site_config, runner=self.runner,
-                                                   run=self.run_key, diff=self.diff)))
+                                                   run=self.run_key,
+                                                   reply_weight_type=self.reply_weight_type)))
                 sent[site] = site_params
-        round_ = config.get("round") if config else None
+        round_ = getattr(config, "round", None)
         if round_ is None and per_site:
-            round_ = next(iter(per_site.values()))[1].get("round")
+            round_ = getattr(next(iter(per_site.values()))[1], "round", None)
         raw = self.controller.dispatch(task, groups, round_=round_)
         return self._decode(task, targets, raw, round_, sent)
 
@@ -173,23 +175,23 @@ class FedcxrController(_ControllerBase):
         cfg = ExperimentConfig.model_validate(config)
         sites = [cfg.site_name(s) for s in cfg.all_sites()]
         transport = FlareTransport(self, sites, runner=runner_settings(cfg), run=config_fingerprint(cfg),
-                                   diff=bool(cfg.privacy.filters))
+                                   reply_weight_type=DELTAS if cfg.privacy.filters else WEIGHTS)
         if resume:  # replies refused before a server restart stay on record
             transport.rejected = list(read_status(run_dir).get("rejected", []))
-        self.info(f"fedcxr {cfg.strategy}: {cfg.rounds} rounds over {sites}; run directory {run_dir}")
+        self.info(f"fedcxr {cfg.method}: {cfg.rounds} rounds over {sites}; run directory {run_dir}")
         _write_status(run_dir, "running", started=time.time(), rejected=transport.rejected)
         try:
             payload = run_experiment(cfg, run_dir, resume=resume, device="cpu", progress=False, transport=transport)
             self._collect_local_states(run_dir, transport, sites)
             self._persist(run_dir, cfg)
         except Exception as exc:
-            self.exception(f"fedcxr {cfg.strategy} failed: {type(exc).__name__}: {exc}")
+            self.exception(f"fedcxr {cfg.method} failed: {type(exc).__name__}: {exc}")
             _write_status(run_dir, "failed", error=f"{type(exc).__name__}: {exc}", rejected=transport.rejected)
             return False
         evaluated = self._cross_site(run_dir, transport, evaluation)
         _write_status(run_dir, "finished", missed=payload.get("missed", []), rejected=transport.rejected,
                       cross_site=evaluated)
-        self.info(f"fedcxr {cfg.strategy}: finished; {len(payload.get('missed', []))} replies missed or rejected")
+        self.info(f"fedcxr {cfg.method}: finished; {len(payload.get('missed', []))} replies missed or rejected")
         return True
 
     def _collect_local_states(self, run_dir: Path, transport: FlareTransport, sites: list[str]) -> None:
@@ -197,7 +199,7 @@ class FedcxrController(_ControllerBase):
         final = load_final_model(run_dir)
         if not final.get("eval_local_keys"):
             return
-        replies = transport.run("local_state", sites, None, {})
+        replies = transport.run("local_state", sites, None, NoConfig())
         final["local_states"] = {s: rep.params or {} for s, rep in replies.items()}
         save_final(run_dir, final)
 
@@ -210,7 +212,7 @@ class FedcxrController(_ControllerBase):
         from fedcxr.flare.persistor import to_numpy
 
         final = load_final_model(run_dir)
-        self.save_model(FLModel(params=to_numpy(final["global"]), meta={"method": cfg.strategy}))
+        self.save_model(FLModel(params=to_numpy(final["global"]), meta={"method": cfg.method}))
 
     def _cross_site(self, run_dir: Path, transport: FlareTransport, evaluation: Optional[dict]) -> str:
         """Cross-site evaluation (:mod:`fedcxr.flare.cross_site`); its failure does not undo the training."""

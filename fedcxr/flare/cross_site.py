@@ -35,14 +35,16 @@ from fedcxr.evaluation.report_table import build_summary_report, write_summary_r
 from fedcxr.evaluation.runs import load_run_info
 from fedcxr.evaluation.summary_check import summary_problem
 from fedcxr.flare.site_evaluation import VALIDATE_TASK
+from fedcxr.pipeline.messages import ValidateTask
 from fedcxr.pipeline.predictions import load_final, site_params
 from fedcxr.pipeline.transport import Transport
+from fedcxr.rundir import CROSS_SITE_DIR
 
 log = logging.getLogger(__name__)
 
 #: FLARE's name of the server's (global) model in cross-site evaluation
 SERVER_MODEL = "SRV_server"
-CROSS_VAL_DIR = "cross_site_val"
+CROSS_VAL_DIR = CROSS_SITE_DIR  # fedcxr.rundir
 CROSS_VAL_FILE = "cross_val_results.json"
 DEFAULTS = {"enabled": True, "n_boot": 1000, "split": "test", "seed": 0}
 
@@ -69,18 +71,18 @@ def cross_site_evaluate(transport: Transport, run_dir: Path, settings: dict) -> 
     clients = set(getattr(transport, "site_names", []) or [])
     sites = [s for s in run["eval_sites"] if not clients or s in clients]
     failed = {s: "not a client of this FLARE job" for s in run["eval_sites"] if s not in sites}
-    base = {"classes": list(final["classes"]), "aux_tasks": list(final.get("aux_tasks") or []), "split": split,
-            "n_boot": n_boot, "seed": seed}
+    base = ValidateTask.build(classes=list(final["classes"]), aux_tasks=list(final.get("aux_tasks") or []),
+                              split=split, n_boot=n_boot, seed=seed)
     own = own_model_sites(final, sites)
-    per_site = {s: (site_params(final, s), {**base, "model_owner": s}) for s in own}
-    deployed = _ask(transport, sites, final["global"], {**base, "model_owner": SERVER_MODEL}, per_site)
+    per_site = {s: (site_params(final, s), base.replace(model_owner=s)) for s in own}
+    deployed = _ask(transport, sites, final["global"], base.replace(model_owner=SERVER_MODEL), per_site)
     matrix: dict[str, dict[str, Any]] = {}
     summaries: dict[str, dict] = {}
     for site in sites:
         metrics, reason = deployed.get(site, (None, None))
         owner = site if site in own else SERVER_MODEL
         problem = None if reason or metrics.get("summary") is None else summary_problem(metrics["summary"],
-                                                                                        base["classes"])
+                                                                                        list(base.classes))
         if reason:
             failed[site] = reason
         elif metrics.get("summary") is None:
@@ -91,10 +93,10 @@ def cross_site_evaluate(transport: Transport, run_dir: Path, settings: dict) -> 
             summaries[site] = metrics["summary"]
             matrix.setdefault(owner, {})[site] = _cell(metrics)
     if own:  # per-site methods: the global model on those sites too
-        extra = _ask(transport, own, final["global"], {**base, "model_owner": SERVER_MODEL}, {})
+        extra = _ask(transport, own, final["global"], base.replace(model_owner=SERVER_MODEL), {})
         for site, (metrics, reason) in extra.items():
             if not reason and metrics.get("summary") is not None:
-                problem = summary_problem(metrics["summary"], base["classes"])
+                problem = summary_problem(metrics["summary"], list(base.classes))
                 if problem:
                     log.warning("cross-site evaluation: site %s's summary of the global model refused: %s", site,
                                 problem)
@@ -111,7 +113,7 @@ def cross_site_evaluate(transport: Transport, run_dir: Path, settings: dict) -> 
     return report
 
 
-def _ask(transport: Transport, sites: list[str], params, config: dict,
+def _ask(transport: Transport, sites: list[str], params, config: ValidateTask,
          per_site: dict) -> dict[str, tuple[Optional[dict], Optional[str]]]:
     """``{site: (metrics, None) | (None, reason)}`` of one ``validate`` task."""
     if not sites:

@@ -30,7 +30,7 @@ from fedcxr.flare.controller import (
 )
 from fedcxr.flare.cross_site import evaluation_settings
 from fedcxr.flare.persistor import LOCATOR_ID, PERSISTOR_ID, FedcxrModelLocator, FedcxrModelPersistor
-from fedcxr.pipeline.protocols import CENTRAL_SITE
+from fedcxr.pipeline.protocols import CENTRAL_SITE, get_protocol
 
 #: The dotted path FLARE's server configuration names (see ``allow_controller`` in POC mode).
 CONTROLLER_PATH = "fedcxr.flare.controller.FedcxrController"
@@ -38,16 +38,14 @@ CONTROLLER_PATH = "fedcxr.flare.controller.FedcxrController"
 CLIENT_SCRIPT = "fedcxr_client.py"
 #: The tasks whose replies carry model updates: the ones ``privacy.filters`` act on.
 FILTERED_TASKS = ["train", "train_combine", "fact_target"]
-#: Methods whose sites send back a head of another shape than they received (their own classes).
-PER_SITE_HEADS = ("FL_Surgical", "PFL")
 #: Where FLARE's TensorBoard receiver writes the sites' streamed scalars (inside the server's job folder).
 TB_FOLDER = "tb_events"
 
 
 def check_flare_sites(cfg) -> list[str]:
     """The config's site names as FLARE client names (refused when FLARE cannot use them)."""
-    if cfg.strategy == "Central":
-        raise UserError("strategy Central pools every site's images in one place; it cannot run federated "
+    if get_protocol(cfg.method).pooled_site:
+        raise UserError(f"method {cfg.method} pools every site's images in one place; it cannot run federated "
                         "on FLARE (run it with `fedcxr train`)")
     sites = [cfg.site_name(s) for s in cfg.all_sites()]
     bad = [s for s in sites if not re.match(CLIENT_NAME, s) or s == CENTRAL_SITE]
@@ -131,10 +129,10 @@ def job_filters(experiments: list) -> list[dict]:
                         "every site's app: export experiments with different filters as separate jobs")
     filters = next(iter(found.values()))
     for cfg, _, _ in experiments:
-        if cfg.strategy in PER_SITE_HEADS and any("percentile_privacy" in f for f in filters):
+        if get_protocol(cfg.method).per_site_heads and any("percentile_privacy" in f for f in filters):
             raise UserError(f"privacy.filters: percentile_privacy needs updates of the shape the server sent, but "
-                            f"{cfg.strategy}'s sites send back heads of their own classes; use exclude_vars "
-                            "or another strategy")
+                            f"{cfg.method}'s sites send back heads of their own classes; use exclude_vars "
+                            "or another method")
     return filters
 
 
@@ -193,7 +191,7 @@ def site_tracking_wanted(cfgs) -> bool:
 
 
 def job_name(cfg) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", f"fedcxr-{cfg.name}-{cfg.strategy}".lower()).strip("-")[:60]
+    return re.sub(r"[^a-z0-9-]+", "-", f"fedcxr-{cfg.name}-{cfg.method}".lower()).strip("-")[:60]
 
 
 def export_job(experiments: list, job_dir: Path, *, task_timeout: int = 0, site_configs=None,

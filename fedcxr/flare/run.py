@@ -36,6 +36,7 @@ from fedcxr.logs import bar_disabled
 from fedcxr.pipeline.checkpoints import latest_checkpoint
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.data import default_cache_dir
+from fedcxr.rundir import FINAL_MODEL, FLARE_WORKSPACE, METRICS, RUN_INFO
 from fedcxr.runlock import run_lock
 from fedcxr.flare.controller import mark_submitted, read_status
 from fedcxr.flare.job import check_flare_sites, export_job
@@ -54,7 +55,7 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
     """The refusals of ``fedcxr train``: never overwrite a finished or interrupted run by accident."""
     if resume:
         return
-    if (run_dir / "final_model.pt").exists():
+    if (run_dir / FINAL_MODEL).exists():
         raise UserError(f"{run_dir} already holds a finished run; choose another --out or pass --resume")
     if latest_checkpoint(run_dir):
         raise UserError(f"{run_dir} holds checkpoints of an earlier run; pass --resume to continue it")
@@ -104,7 +105,7 @@ def prepare_runs(runs: list, *, resume: bool, task_timeout: int, device: Optiona
         check_run_dir(run_dir, resume)
     for _, run_dir in runs:
         mark_submitted(run_dir, keep=resume)
-    flare_dir = Path(flare_dir).resolve() if flare_dir else runs[0][1] / "flare"
+    flare_dir = Path(flare_dir).resolve() if flare_dir else runs[0][1] / FLARE_WORKSPACE
     site_configs = write_site_configs([cfg for cfg, _ in runs], flare_dir, device=device)
     job_dir = export_job([(cfg, str(run_dir), resume) for cfg, run_dir in runs], flare_dir / "job",
                          task_timeout=task_timeout, site_configs=site_configs, client_script=client_script,
@@ -116,7 +117,7 @@ def rounds_done(runs: list) -> int:
     """Rounds finished so far over ``runs``: the lines of their ``metrics.jsonl``."""
     done = 0
     for _, run_dir in runs:
-        metrics = run_dir / "metrics.jsonl"
+        metrics = run_dir / METRICS
         done += len(metrics.read_text().splitlines()) if metrics.is_file() else 0
     return done
 
@@ -153,7 +154,7 @@ def finish_runs(runs: list, what: str, log_hint: Path) -> list[dict]:
             problems.append(f"{run_dir}: {error}")
     if problems:
         raise RuntimeError(f"the {what} run failed (FLARE log: {log_hint}):\n  " + "\n  ".join(problems))
-    return [json.loads((run_dir / "run.json").read_text()) for _, run_dir in runs]
+    return [json.loads((run_dir / RUN_INFO).read_text()) for _, run_dir in runs]
 
 
 __all__ = ["check_run_dir", "default_run_dir", "finish_runs", "holding_run_dirs", "load_flare_config",

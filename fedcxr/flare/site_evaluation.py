@@ -13,9 +13,10 @@ memory here, and the reply passes :func:`fedcxr.flare.wire.check_summary` before
 (the server checks it again). The patient bootstrap resamples the site's own pseudonymous
 patient ids, which never leave it.
 
-Task config (from :mod:`fedcxr.flare.cross_site`): ``classes``, ``aux_tasks``, ``split``,
-``n_boot``, ``seed`` and ``model_owner`` (FLARE's name of whose model this is: ``SRV_server``
-for the global model, the site's name for its own). The params are the full state dict.
+Task config (:class:`~fedcxr.pipeline.messages.ValidateTask`, built by :mod:`fedcxr.flare.cross_site`):
+``classes``, ``aux_tasks``, ``split``, ``n_boot``, ``seed`` and ``model_owner`` (FLARE's name of whose
+model this is: ``SRV_server`` for the global model, the site's name for its own). The params are
+the full state dict.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from fedcxr.evaluation import calibration
 from fedcxr.evaluation.report import evaluate_rows, is_binary_task, subgroup_analysis
 from fedcxr.flare.wire import check_summary
 from fedcxr.pipeline.predictions import site_prediction_frame
-from fedcxr.pipeline.messages import Reply, StateDict
-from fedcxr.pipeline.site_runner import SiteRunner, register_task
+from fedcxr.pipeline.messages import Reply, StateDict, ValidateTask
+from fedcxr.pipeline.site_runner import SiteRunner, SiteTask
 
 log = logging.getLogger(__name__)
 
@@ -54,18 +55,19 @@ def summarize(frame: pd.DataFrame, classes: list[str], *, split: str, n_boot: in
     return entry
 
 
-@register_task(VALIDATE_TASK)
-def validate(runner: SiteRunner, params: Optional[StateDict], config: dict) -> Reply:
+def validate(runner: SiteRunner, params: Optional[StateDict], task: ValidateTask) -> Reply:
     """Evaluate the received model on this site's split; reply with the summary in ``metrics``."""
     if params is None:
         raise ValueError("validate needs the model to evaluate")
-    classes, aux_tasks = list(config["classes"]), list(config.get("aux_tasks") or [])
-    split, owner = str(config.get("split", "test")), str(config.get("model_owner", ""))
+    classes, aux_tasks, split, owner = list(task.classes), list(task.aux_tasks), task.split, task.model_owner
     frame = site_predictions(runner, params, classes, aux_tasks, split)
     metrics: dict = {"split": split, "model_owner": owner, "n": int(len(frame))}
     if len(frame):
-        metrics["summary"] = summarize(frame, classes, split=split, n_boot=int(config.get("n_boot", 1000)),
-                                       seed=int(config.get("seed", 0)))
+        metrics["summary"] = summarize(frame, classes, split=split, n_boot=task.n_boot, seed=task.seed)
     check_summary(metrics)  # a summary that could leak is never sent (the server checks again)
     log.info("site %s: evaluated %s's model on %d %s images", runner.name, owner or "the", len(frame), split)
     return Reply(site=runner.name, n_samples=len(frame), class_set=classes, metrics=metrics)
+
+
+#: The task this module adds to a FLARE client's runners (``SiteRunner(tasks=...)``): it only reads.
+SITE_TASKS = {VALIDATE_TASK: SiteTask(validate, changes_state=False)}

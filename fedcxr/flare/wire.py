@@ -6,19 +6,30 @@ and back, so the server (:mod:`fedcxr.flare.controller`) and the client script
 (:mod:`fedcxr.flare.client`) agree on one format, and it refuses anything a site
 should never send.
 
-Layout (``meta["fedcxr"]`` holds our part; FLARE may add its own keys beside it)::
+Layout (``meta["fedcxr"]`` holds our part; FLARE may add its own keys beside it; ``version``
+:data:`WIRE_VERSION` in every block)::
 
-    task  params: {"p/<state key>": array}     meta: {"kind": "task", "task", "config", "runner", "run", "diff"}
+    task  params: {"p/<state key>": array}
+          meta:   {"kind": "task", "task", "config", "runner", "run", "reply_weight_type"}
     reply params: {"p/<state key>": array, "d/<state key>": array, "x/<extra key>": array}
-          meta:   {"kind": "reply", "has_params", "n_samples", "n_batches", "class_set", "metrics", "keys"}
+          meta:   {"kind": "reply", "has_params", "weight_type", "n_samples", "n_batches", "class_set",
+                   "metrics", "keys"}
     error meta:   {"kind": "error", "error": "<exception type name>"}   (no message: it could quote a path)
 
-A task with ``diff`` set (the experiment has ``privacy.filters``) is answered with differences:
-``d/<key>`` = the site's value − the value it received, for every floating entry of the same
-shape (others stay ``p/``), and ``keys`` lists every entry the site produced. FLARE's result
-filters (:mod:`fedcxr.flare.job`) then act on updates, as NVFLARE's ``PercentilePrivacy``
-expects; an entry a filter removed (``ExcludeVars``) comes back as the received value — a zero
-update — and is named in the reply's ``metrics["excluded"]``.
+A task's ``config`` is its typed config's wire form (:mod:`fedcxr.pipeline.messages`); the site
+reads it back with :func:`~fedcxr.pipeline.messages.parse_task_config`, so a task with an unknown
+or a missing key, or a value of the wrong type, is refused (:func:`decode_task`) before any
+training. Version 2: typed configs and explicit weight types (version 1 sent untyped configs
+and a ``diff`` flag).
+
+A task whose ``reply_weight_type`` is ``deltas`` (the experiment has ``privacy.filters``) is
+answered with a reply of ``weight_type`` ``deltas``: ``d/<key>`` = the site's value − the value it
+received, for every floating entry of the same shape (others stay ``p/``), and ``keys`` lists
+every entry the site produced. FLARE's result filters (:mod:`fedcxr.flare.job`) then act on
+updates, as NVFLARE's ``PercentilePrivacy`` expects; an entry a filter removed (``ExcludeVars``)
+comes back as the received value — a zero update — and is named in the reply's
+``metrics["excluded"]``. :func:`decode_reply` turns it back into weights: the protocols always
+see ``weight_type`` ``weights``.
 
 Tensors go as numpy arrays (FLARE's serializer carries them natively, large ones streamed);
 no pickled objects, no strings in ``params``. A reply is accepted only if its counts are
@@ -36,18 +47,27 @@ from typing import Any, Mapping, Optional
 import numpy as np
 import torch
 
-from fedcxr.pipeline.messages import Reply, StateDict
+from fedcxr.pipeline.messages import (
+    DELTAS,
+    WEIGHT_TYPES,
+    WEIGHTS,
+    Reply,
+    StateDict,
+    TaskConfig,
+    TaskConfigError,
+    parse_task_config,
+)
 from fedcxr.pipeline.screening import describe_number
 from fedcxr.pipeline.state import check_update
 
 META_KEY = "fedcxr"
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 PARAM_PREFIX = "p/"
 DIFF_PREFIX = "d/"
 EXTRA_PREFIX = "x/"
 #: keys a reply's meta may hold (anything else is refused: nothing leaves a site unchecked)
-REPLY_KEYS = frozenset({"version", "kind", "has_params", "n_samples", "n_batches", "class_set", "metrics", "error",
-                        "keys"})
+REPLY_KEYS = frozenset({"version", "kind", "has_params", "weight_type", "n_samples", "n_batches", "class_set",
+                        "metrics", "error", "keys"})
 
 
 class WireError(ValueError):
@@ -90,30 +110,49 @@ def _finite_problem(state: StateDict, what: str) -> Optional[str]:
 # --------------------------------------------------------------------------- server → site
 
 
-def encode_task(task: str, params: Optional[StateDict], config: dict, *, runner: dict,
-                run: str, diff: bool = False) -> tuple[dict, dict]:
+def encode_task(task: str, params: Optional[StateDict], config: Optional[TaskConfig], *, runner: dict,
+                run: str, reply_weight_type: str = WEIGHTS) -> tuple[dict, dict]:
     """(params, meta) of one task; ``runner`` = site settings from the experiment, ``run`` = its fingerprint.
 
-    ``diff``: ask for the reply as differences from ``params`` (see the module docstring).
+    ``config``: the task's typed config (``None``: a task without one), checked against the task
+    before it leaves; ``reply_weight_type`` ``deltas``: ask for the reply as differences from
+    ``params`` (see the module docstring).
     """
+    if reply_weight_type not in WEIGHT_TYPES:
+        raise ValueError(f"reply_weight_type must be one of {WEIGHT_TYPES}, got {reply_weight_type!r}")
+    try:
+        typed = parse_task_config(task, config)
+    except TaskConfigError as exc:  # the server's own bug: never sent
+        raise ValueError(str(exc)) from None
     arrays = to_numpy(params, PARAM_PREFIX) if params is not None else {}
     meta = {META_KEY: {"version": WIRE_VERSION, "kind": "task", "task": task, "has_params": params is not None,
-                       "config": dict(config), "runner": dict(runner), "run": run, "diff": bool(diff)}}
+                       "config": typed.to_dict(), "runner": dict(runner), "run": run,
+                       "reply_weight_type": reply_weight_type}}
     return arrays, meta
 
 
 def decode_task(params: Optional[Mapping[str, Any]], meta: Optional[Mapping[str, Any]]) -> dict:
-    """``{"task", "params", "config", "runner", "run"}`` from a received task."""
+    """``{"task", "params", "config", "runner", "run", "reply_weight_type"}`` from a received task;
+    ``config`` is the task's typed config, parsed here (:class:`WireError` naming the key at fault)."""
     body = (meta or {}).get(META_KEY)
     if not isinstance(body, dict) or body.get("kind") != "task":
         raise WireError("not a fedcxr task (no 'fedcxr' task block in the meta)")
     if body.get("version") != WIRE_VERSION:
         raise WireError(f"task format version {body.get('version')} (this site speaks {WIRE_VERSION}); "
                         "install the same fedcxr version on the server and the sites")
+    task = body.get("task")
+    if not isinstance(task, str):
+        raise WireError("the task has no name")
+    try:
+        config = parse_task_config(task, body.get("config"))
+    except TaskConfigError as exc:
+        raise WireError(str(exc)) from None
+    weight_type = body.get("reply_weight_type", WEIGHTS)
+    if weight_type not in WEIGHT_TYPES:
+        raise WireError(f"reply_weight_type {str(weight_type)[:40]!r} is not one of {list(WEIGHT_TYPES)}")
     state = to_torch(params or {}, PARAM_PREFIX) if body.get("has_params") else None
-    return {"task": body.get("task"), "params": state, "config": dict(body.get("config") or {}),
-            "runner": dict(body.get("runner") or {}), "run": str(body.get("run") or ""),
-            "diff": bool(body.get("diff", False))}
+    return {"task": task, "params": state, "config": config, "runner": dict(body.get("runner") or {}),
+            "run": str(body.get("run") or ""), "reply_weight_type": weight_type}
 
 
 # --------------------------------------------------------------------------- site → server
@@ -122,8 +161,9 @@ def decode_task(params: Optional[Mapping[str, Any]], meta: Optional[Mapping[str,
 def encode_reply(reply: Reply, reference: Optional[StateDict] = None) -> tuple[dict, dict]:
     """(params, meta) of a reply: parameters, extra tensors, counts, class names and metrics only.
 
-    ``reference`` (the params the task carried, when it asked for ``diff``): floating entries of
-    the same shape go as ``d/`` differences from it, and ``keys`` names every entry.
+    ``reference`` (the params the task carried, when it asked for ``deltas``): the reply goes with
+    ``weight_type`` ``deltas``: floating entries of the same shape as ``d/`` differences from it, and
+    ``keys`` names every entry.
     """
     arrays = {}
     if reply.params is not None:
@@ -134,12 +174,14 @@ def encode_reply(reply: Reply, reference: Optional[StateDict] = None) -> tuple[d
             arrays = to_numpy(diffs, DIFF_PREFIX)
             arrays.update(to_numpy({k: v for k, v in reply.params.items() if k not in diffs}, PARAM_PREFIX))
     arrays.update(to_numpy(reply.extra or {}, EXTRA_PREFIX))
+    deltas = reference is not None and reply.params is not None
     body = {
         "version": WIRE_VERSION, "kind": "reply", "has_params": reply.params is not None,
+        "weight_type": DELTAS if deltas else WEIGHTS,
         "n_samples": int(reply.n_samples), "n_batches": int(reply.n_batches),
         "class_set": [str(c) for c in reply.class_set], "metrics": plain(reply.metrics),
     }
-    if reference is not None and reply.params is not None:
+    if deltas:
         body["keys"] = list(reply.params)
     return arrays, {META_KEY: body}
 
@@ -158,7 +200,8 @@ def decode_reply(site: str, params: Optional[Mapping[str, Any]], meta: Optional[
                  reference: Optional[StateDict] = None, task: Optional[str] = None) -> Reply:
     """The :class:`Reply` of ``site``; :class:`WireError` (the reason) when it must not be used.
 
-    ``reference``: the params the task sent, needed for a reply of differences (``d/``).
+    ``reference``: the params the task sent, needed for a reply of ``weight_type`` ``deltas``, which
+    comes back as the weights it describes (``weight_type`` ``weights``).
     ``task`` ``validate`` (cross-site evaluation): the reply must be a summary — no tensors,
     metrics passing :func:`check_summary`.
     """
@@ -187,8 +230,15 @@ def decode_reply(site: str, params: Optional[Mapping[str, Any]], meta: Optional[
         if arrays or body.get("has_params"):
             raise WireError(f"a {task} reply carries tensors; it may hold summaries only")
         check_summary(metrics)
+    weight_type = body.get("weight_type", WEIGHTS)
+    if weight_type not in WEIGHT_TYPES:
+        raise WireError(f"weight_type {str(weight_type)[:40]!r} is not one of {list(WEIGHT_TYPES)}")
+    if weight_type == WEIGHTS and (any(k.startswith(DIFF_PREFIX) for k in arrays) or "keys" in body):
+        raise WireError("a reply of weight_type weights carries difference entries or a key list")
     state = to_torch(arrays, PARAM_PREFIX) if body.get("has_params") else None
-    if state is not None and ("keys" in body or any(k.startswith(DIFF_PREFIX) for k in arrays)):
+    if state is None and any(k.startswith(DIFF_PREFIX) for k in arrays):
+        raise WireError("difference entries in a reply without parameters")
+    if state is not None and weight_type == DELTAS:
         state, excluded = _undiff(state, to_torch(arrays, DIFF_PREFIX), body.get("keys"), reference)
         if excluded:
             metrics = {**metrics, "excluded": excluded}

@@ -356,12 +356,12 @@ def _unwrap_run_file(raw: Any, path: Path) -> tuple[Optional[StateDict], Optiona
 
 def _run_json_classes(checkpoint: Path) -> Optional[list[str]]:
     """Head classes from ``RUN_DIR/run.json`` for ``RUN_DIR/checkpoints/round_NNNN.pt``."""
-    import json
+    from fedcxr.errors import UserError
+    from fedcxr.rundir import read_run_info
 
-    run_json = checkpoint.resolve().parent.parent / "run.json"
     try:
-        classes = json.loads(run_json.read_text()).get("classes")
-    except (OSError, ValueError, AttributeError):
+        classes = read_run_info(checkpoint.resolve().parent.parent).get("classes")
+    except (OSError, UserError):
         return None
     return [str(c) for c in classes] if isinstance(classes, list) else None
 

@@ -1,33 +1,44 @@
-"""Training: data, local training, aggregation rules, round protocols and their transports.
+"""Training: data, local training, aggregation rules, round protocols, their transports and the run driver.
 
 Imports flow one way, from the bottom of this table to the top (no module imports one above it):
 
 ====================  ========================================================================
 layer / module        what it holds
 ====================  ========================================================================
-commands              ``federation`` (run / resume one experiment, checkpoints, run.json),
+run                   ``run_driver`` (the transport-agnostic run driver: rounds, validation,
+                      checkpoints, resume, the run directory's files — ``fedcxr train`` and a
+                      FLARE server run this same loop; ``federation`` is its former name),
                       ``predictions`` (a finished run's ``predictions/<split>.parquet``),
                       ``inference`` (a finished run's model on image files), ``checkpoints``,
                       ``dp_ledger`` (each site's DP spending over a run → ε in run.json)
 transports            ``inprocess`` (every site in this process, the default); NVIDIA FLARE
                       lives one level up in :mod:`fedcxr.flare` (it imports this package)
-protocols             ``protocols/`` (one module per family of methods, by the papers' names)
-protocol framework    ``protocols/base`` (context, asking sites, reply checks), ``transport``
-                      (the interface), ``site_tasks`` (site-side tasks registered with the
-                      runner), ``combine`` (GP/FedDA/FedGP applied from a round's spec)
-site side             ``site_runner`` (one site: its data, model, tasks), ``local`` (local
-                      training + prediction), ``dp`` (DP-SGD with Opacus, ε accounting),
-                      ``data`` (decode-once cache, datasets, loaders)
+protocols             ``protocols/`` (one module per family of methods, by the papers' names;
+                      ``protocols/methods`` the one table of method names; what other modules
+                      need to know about a method is a property of its protocol)
+protocol framework    ``protocols/base`` (context, task configs, asking sites, reply checks,
+                      per-method defaults), ``transport`` (the interface), ``combine``
+                      (GP/FedDA/FedGP applied from a round's spec)
+site side             ``site_runner`` (one site: its data, model, local state, and the explicit
+                      registry of the tasks it answers), ``site_tasks`` (the tasks beyond
+                      metadata/train/evaluate), ``shared_task`` (one output every site maps its
+                      condition onto), ``local`` (the local training loop), ``losses`` (masked
+                      BCE, aux CE, FedProx's term), ``optimizers`` (the local optimiser and its
+                      kept state), ``forward`` (probabilities over a loader, the quick AUROC),
+                      ``devices`` (``--device``), ``dp`` (DP-SGD with Opacus, ε accounting),
+                      ``data`` (decode-once cache, datasets, loaders), ``augment``
 rules and helpers     ``aggregate`` (pure aggregation rules, robust ones too), ``screening``
-                      (pure checks of a reply's counts and update norm), ``state`` (state-dict plumbing,
-                      the one flatten), ``messages`` (the reply type and payload layouts),
-                      ``keys`` (derived seeds, local-state key prefixes: server and sites alike),
-                      ``config`` (the experiment YAML), ``engine`` (how training uses the
-                      hardware: AMP, channels-last, cuDNN, loader workers, offloading)
+                      (pure checks of a reply's counts and update norm), ``state`` (state-dict
+                      plumbing, the one flatten), ``messages`` (a leaf: the typed task configs,
+                      the reply with its weight type, the payload layouts), ``config`` (the
+                      experiment YAML), ``engine`` (how training uses the hardware: AMP,
+                      channels-last, cuDNN, loader workers, offloading), ``keys`` (derived seeds,
+                      local-state key prefixes: server and sites alike), ``run_log``
 ====================  ========================================================================
 
 ``evaluation`` never imports this package and this package never imports ``evaluation``:
-:mod:`fedcxr.commands` (and, at a FLARE site, :mod:`fedcxr.flare`) join the two.
+:mod:`fedcxr.commands` (and, at a FLARE site, :mod:`fedcxr.flare`) join the two. Both read a run
+directory through :mod:`fedcxr.rundir`.
 
 "Predict" means four things in fedcxr; each has its own name:
 
@@ -38,6 +49,6 @@ rules and helpers     ``aggregate`` (pure aggregation rules, robust ones too), `
   MONAI bundle, Grad-CAM);
 * :mod:`~fedcxr.pipeline.predictions` (``write_predictions``): a finished run's scores of every
   evaluated site's split, ``RUN_DIR/predictions/<split>.parquet``, the input of ``fedcxr evaluate``;
-* ``local.predict``: one forward pass of a model over a loader (probabilities, labels, mask) —
+* ``forward.predict``: one forward pass of a model over a loader (probabilities, labels, mask) —
   what ``predictions`` and a site's per-round validation call.
 """

@@ -35,7 +35,7 @@ like the rest: BN running statistics are per-coordinate values like weights; an 
 The reviewers' baselines
 (not in ``../shared/papers``): SCAFFOLD = Karimireddy et al. 2020 (ICML), Algorithm 1; FedOpt
 (FedAdagrad, FedAdam, FedYogi) = Reddi et al. 2021 (ICLR), Algorithm 2. FedProx (Li et al. 2020,
-MLSys) changes only the local loss (:func:`fedcxr.pipeline.local.proximal_term`); its server is
+MLSys) changes only the local loss (:func:`fedcxr.pipeline.losses.proximal_term`); its server is
 :func:`fedavg`.
 """
 

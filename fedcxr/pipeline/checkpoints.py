@@ -26,6 +26,7 @@ import torch
 
 from fedcxr.atomic import atomic_torch_save, atomic_write_bytes
 from fedcxr.errors import UserError
+from fedcxr.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def verify(path: Path) -> Optional[str]:
 
 def checkpoint_paths(run_dir: Path) -> list[Path]:
     """The run's round checkpoints, oldest first."""
-    return sorted((Path(run_dir) / "checkpoints").glob("round_*.pt"))
+    return RunDir(run_dir).checkpoint_files()
 
 
 def latest_checkpoint(run_dir: Path) -> Optional[Path]:
@@ -96,7 +97,7 @@ def latest_checkpoint(run_dir: Path) -> Optional[Path]:
 
 def save_checkpoint(run_dir: Path, r: int, payload: dict) -> None:
     """``checkpoints/round_NNNN.pt`` (+ checksum); only the newest :data:`KEEP_CHECKPOINTS` stay."""
-    save_verified(payload, Path(run_dir) / "checkpoints" / f"round_{r:04d}.pt")
+    save_verified(payload, RunDir(run_dir).checkpoint(r))
     for old in checkpoint_paths(run_dir)[:-KEEP_CHECKPOINTS]:
         old.unlink(missing_ok=True)
         Path(str(old) + CHECKSUM_SUFFIX).unlink(missing_ok=True)
@@ -138,14 +139,14 @@ def load_latest_intact(run_dir: Path) -> Optional[tuple[Path, dict]]:
 
 def save_final(run_dir: Path, payload: dict) -> Path:
     """``final_model.pt`` (+ checksum): the global model and whatever evaluation needs."""
-    path = Path(run_dir) / "final_model.pt"
+    path = RunDir(run_dir).final_model
     save_verified(payload, path)
     return path
 
 
 def load_final_model(run_dir: Path) -> dict:
     """``final_model.pt``, verified and loaded safely (evaluation, prediction, FLARE's collector)."""
-    path = Path(run_dir) / "final_model.pt"
+    path = RunDir(run_dir).final_model
     problem = verify(path) if path.is_file() else None
     if problem:
         raise UnsafeFile(f"{path}: {problem}")

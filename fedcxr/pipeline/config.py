@@ -6,7 +6,7 @@ Example::
     manifests: manifests          # folder holding one sub-folder per site (relative to the YAML)
     sites: [nih_style, chexpert_style, midrc_style]   # source sites
     target: dicom_style           # optional target site (fine-tuning / evaluation)
-    strategy: FedAvg_Finetune
+    method: FedAvg_Finetune       # the papers' method names (fedcxr.pipeline.protocols); `strategy:` works too
     rounds: 5
     source: {lr: 1.0e-3, batch_size: 32, epochs: 1}
     target_train: {lr: 2.0e-4, batch_size: 32, epochs: 1, labeled: 0.25}
@@ -14,8 +14,14 @@ Example::
     image_size: 224
     seed: 0
 
-Every key is checked: an unknown key, a missing site folder, an unknown class or strategy
-stops with exit code 2 and a message naming the key.
+Every key is checked: an unknown key, a missing site folder, an unknown class or method
+stops with exit code 2 and a message naming the key. ``method`` was called ``strategy`` before;
+both names are accepted (in the YAML and in ``--set``), and a config's fingerprint is the same
+under either, so runs started with ``strategy:`` resume.
+
+Per-method defaults (optimiser, target batch size, warm-up rounds, ...) are the method's, set
+and documented in its protocol (:mod:`fedcxr.pipeline.protocols`: ``task_defaults`` and the class
+attributes beside it); a field left unset here takes them, a field set here overrides them.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedcxr.errors import UserError
 from fedcxr.escape import short
@@ -65,6 +71,13 @@ MAX_FILTERS = 16
 MAX_ERROR_LINES = 20
 
 
+#: The description of a field whose default is the method's: the value is set, with the code it follows,
+#: in the method's protocol (never repeated here, so the two cannot drift apart).
+METHOD_DEFAULT = ("null: the method's default, set with its source in the method's protocol "
+                  "(fedcxr.pipeline.protocols: RoundProtocol.task_defaults and the attributes beside it; "
+                  "the README's table of defaults)")
+
+
 def _refuse(message: str):
     """Raise the ValueError pydantic reports under the key being validated."""
     raise ValueError(message)
@@ -85,16 +98,11 @@ class LocalTrainingConfig(_Strict):
     epochs: int = Field(1, ge=0, le=MAX_EPOCHS, description="local passes per round: 1 in both papers' code "
                         "(--num_source_epochs/--num_target_epochs 1; 'local update epoch 1')")
     steps: Optional[int] = Field(None, ge=1, le=MAX_STEPS, description="optimizer steps per round; overrides epochs")
-    weight_decay: Optional[float] = Field(
-        None, ge=0, description="default per method: 5e-4 for FACT (its code's SGD), 0 otherwise")
-    optimizer: Optional[Literal["adam", "adamw", "sgd"]] = Field(
-        None, description="default per method: sgd (momentum 0.9) for FACT/FACT_NF (FACT client.py), adam "
-        "otherwise (AuxInfo+GP, AutoFedGP and surgical aggregation code)")
+    weight_decay: Optional[float] = Field(None, ge=0, description=METHOD_DEFAULT)
+    optimizer: Optional[Literal["adam", "adamw", "sgd"]] = Field(None, description=METHOD_DEFAULT)
     max_rows: Optional[int] = Field(None, ge=1, le=MAX_ROWS, description="use at most this many training rows (speed)")
     momentum: Optional[float] = Field(
-        None, ge=0, lt=1, description="SGD momentum. Default per method: 0 (plain SGD) for SCAFFOLD's sources "
-        "(Karimireddy et al. 2020, Algorithm 1: its option-II control variate assumes plain SGD steps), 0.9 "
-        "otherwise (FACT client.py)")
+        None, ge=0, lt=1, description="SGD momentum; " + METHOD_DEFAULT)
 
 
 class TargetTrainingConfig(LocalTrainingConfig):
@@ -103,12 +111,7 @@ class TargetTrainingConfig(LocalTrainingConfig):
     lr: float = Field(2e-4, gt=0, description="1/5 of the sources' 1e-3, as the papers: AuxInfo+GP App. A.3 "
                       "(target 2e-4, sources 1e-3) and AutoFedGP `--lr_ratio 0.2`")
     batch_size: Optional[int] = Field(
-        None, ge=1, le=MAX_BATCH, description="default per method, as the authors' code: 4 for FedDA_Auto and FedGP_Auto "
-        "(AutoFedGP paper App. C.4 'target domain batch size 2, 4, 8' and scripts/noniid_exp "
-        "run_fedgp_auto_beta.sh --target_batch_size 4: the auto-β estimators need many batch updates per round); "
-        "16 for FedDA, FedGP, Target_Only, Finetune_Offline (AutoFedGP main_domain_bed*.py "
-        "DataLoader(batch_size=16)); 32 otherwise (AuxInfo+GP federated_chexpert/mimic_multi.py "
-        "--target_batch_size 32)")
+        None, ge=1, le=MAX_BATCH, description=METHOD_DEFAULT)
     labeled: Optional[Union[int, float]] = Field(
         None, description="labeled target rows used: a count (int ≥ 1) or a fraction of train rows (float in (0, 1])"
     )
@@ -344,19 +347,17 @@ class ExperimentConfig(_Strict):
     manifests: Optional[Path] = Field(None, description="base folder of the site folders")
     sites: list[str] = Field(..., min_length=1, max_length=MAX_SITES, description="source site folders (or all sites)")
     target: Optional[str] = None
-    strategy: str = Field("FedAvg", max_length=MAX_NAME)
+    method: str = Field(
+        None, max_length=MAX_NAME, validation_alias=AliasChoices("method", "strategy"), validate_default=True,
+        description="the method, by its paper's name (README 'Methods'; unset: FedAvg); `strategy` is its former "
+        "name, still accepted")
     rounds: int = Field(5, ge=0, le=MAX_ROUNDS)
     warmup_rounds: Optional[int] = Field(
-        None, ge=0, le=MAX_ROUNDS, description="GP/FedDA/FedGP: the first rounds (counted in `rounds`) are warm-up rounds. "
-        "Default per method as the authors' code: 2 plain FedAvg rounds for FedDA, FedGP, FedDA_Auto, "
-        "FedGP_Auto (AutoFedGP main_domain_bed*.py: 'do fedavg for 2 epochs'); 5 rounds for "
-        "FedAvg_Finetune_GP and FedAvg_Finetune_AuxInfo_GP, in which θ0 of the projection is the FedAvg of "
-        "the sources (AuxInfo+GP federated_*_multi.py: `if i < 5: average_weights`)")
+        None, ge=0, le=MAX_ROUNDS, description="GP/FedDA/FedGP: the first rounds (counted in `rounds`) are warm-up "
+        "rounds (plain FedAvg; GP: FedAvg, then the projection starts from it); " + METHOD_DEFAULT)
     post_warmup_lr_scale: Optional[float] = Field(
-        None, gt=0, description="multiplies source and target learning rates after the warm-up rounds. "
-        "Default per method: 0.1 for FedDA_Auto and FedGP_Auto (AutoFedGP main_domain_bed_auto_beta.py: "
-        "hparams['lr'] *= 0.1 after warm-up, for its 50 rounds; the paper's App. C.4 names 0.25 for ColoredMNIST "
-        "-90%, VLCS and TerraIncognita, which runs much shorter than 50 rounds need: BENCHMARKS.md), 1 otherwise")
+        None, gt=0, description="multiplies source and target learning rates after the warm-up rounds; "
+        + METHOD_DEFAULT)
     auto_alignment: Literal["lr_s_over_lr_t", "lr_t_over_lr_s"] = Field(
         "lr_s_over_lr_t", description="FedDA_Auto/FedGP_Auto: the factor the target's per-batch updates are "
         "multiplied by before the β estimators compare them with the sources' mean step. lr_s_over_lr_t "
@@ -372,40 +373,30 @@ class ExperimentConfig(_Strict):
     alpha: float = Field(1.0, ge=0, description="weight of auxiliary losses (AuxInfo)")
     beta: float = Field(0.5, ge=0, le=1, description="GP: weight of the source projection")
     aux_tasks: list[str] = Field(default_factory=lambda: list(AUX_TASKS))
-    aux_info: Optional[bool] = Field(None, description="force AuxInfo on/off; default from the strategy name")
+    aux_info: Optional[bool] = Field(None, description="force AuxInfo (the auxiliary heads' losses) on/off; "
+                                     + METHOD_DEFAULT)
     backbone_aggregation: Literal["fedavg", "fedbn", "fedbn_plus"] = "fedavg"
     backbone_weighting: Optional[Literal["uniform", "samples"]] = Field(
         None, description="how the server weights sites when it averages the shared entries: `uniform` "
-        "(1/K) or `samples` (n_i/Σn). Default per method: uniform for FL, FL_PartialLoss, FL_Surgical, PFL "
-        "(surgical aggregation paper Eq. 1 and its code's np.mean over clients); samples for FedAvg and the "
-        "GP/FedDA/FedGP family (AuxInfo+GP and AutoFedGP code: clients_size_frac)")
+        "(1/K) or `samples` (n_i/Σn); " + METHOD_DEFAULT)
     aggregation: AggregationConfig = Field(AggregationConfig(), description=AggregationConfig.__doc__)
     defences: DefencesConfig = Field(DefencesConfig(), description=DefencesConfig.__doc__)
     head_warmup: HeadWarmupConfig = Field(HeadWarmupConfig(), description=HeadWarmupConfig.__doc__)
     optimizer_state: Optional[Literal["fresh", "kept"]] = Field(
         None, description="`kept`: each site's optimiser state carries over from round to round (saved in "
-        "checkpoints); `fresh`: a new optimiser every round. Default per method as the authors' code: kept "
-        "for FL, FL_PartialLoss, FL_Surgical, PFL (surgical aggregation: one compiled Keras Adam per client) "
-        "and FACT/FACT_NF (one SGD per client); fresh for the rest (AuxInfo+GP and AutoFedGP build a new "
-        "Adam in every train() call)")
+        "checkpoints); `fresh`: a new optimiser every round; " + METHOD_DEFAULT)
     min_sites: int = Field(1, ge=1, le=MAX_SITES, description="a round needs at least this many source replies "
                            "(at most the number of `sites`)")
     fedprox_mu: Optional[float] = Field(
         None, ge=0, description="FedProx(_Finetune): μ of the proximal term μ/2·‖w − w^t‖² in every source's loss "
-        "(Li et al. 2020, Eq. 2; μ = 0 is FedAvg). Default 0.01: NVFLARE's PTFedProxLoss default, inside the "
-        "paper's grid {0.001, 0.01, 0.1, 1}")
+        "(Li et al. 2020, Eq. 2; μ = 0 is FedAvg); " + METHOD_DEFAULT)
     server_lr: Optional[float] = Field(
-        None, gt=0, description="server learning rate. FedAdam/FedYogi/FedAdagrad(_Finetune): η of the server "
-        "optimiser, default 0.01 for FedAdam and FedYogi, 0.1 for FedAdagrad (Reddi et al. 2021's CIFAR-10 "
-        "values, as Flower's baseline reproducing the paper: adaptive_federated_optimization/conf/cifar10). "
-        "SCAFFOLD(_Finetune): the global step size η_g, default 1 (Karimireddy et al. 2020's experiments)")
+        None, gt=0, description="server learning rate: η of FedAdam/FedYogi/FedAdagrad(_Finetune)'s server "
+        "optimiser, SCAFFOLD(_Finetune)'s global step size η_g; " + METHOD_DEFAULT)
     server_betas: Optional[tuple[float, float]] = Field(
-        None, description="FedOpt's decay rates (β1, β2), each in [0, 1). Default (0.9, 0.99) for FedAdam and "
-        "FedYogi (Reddi et al. 2021 §5; Flower's FedAdam/FedYogi); β1 = 0 for FedAdagrad (Flower's FedAdagrad; "
-        "its v uses no β2)")
+        None, description="FedOpt's decay rates (β1, β2), each in [0, 1); " + METHOD_DEFAULT)
     server_tau: Optional[float] = Field(
-        None, gt=0, description="FedOpt's adaptivity τ (√v_t + τ in the step; v starts at τ²). Default 1e-3 for "
-        "FedAdam and FedYogi, 1e-2 for FedAdagrad (Reddi et al. 2021's CIFAR-10 values, as Flower's baseline)")
+        None, gt=0, description="FedOpt's adaptivity τ (√v_t + τ in the step; v starts at τ²); " + METHOD_DEFAULT)
     model: ModelConfig = ModelConfig()
     task: Optional[SharedTaskConfig] = Field(None, description=SharedTaskConfig.__doc__)
     class_source: Literal["target", "union", "sources"] = "target"
@@ -438,7 +429,28 @@ class ExperimentConfig(_Strict):
             for old, new in RENAMED_KEYS.items():
                 if old in data:
                     raise ValueError(f"`{old}` was replaced: {new}")
+            if "method" in data and "strategy" in data:
+                raise ValueError("both `method` and `strategy` are given: they are one key (`strategy` is the former "
+                                 "name of `method`); keep `method`")
         return data
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _known_method(cls, value: Any) -> str:
+        """A method of the protocols' table (checked at load, naming the known ones); unset: the default."""
+        # imported here: the protocols import this module (the table itself imports nothing)
+        from fedcxr.pipeline.protocols.methods import DEFAULT_METHOD, METHODS, unknown_method
+
+        if value is None:
+            return DEFAULT_METHOD
+        if not isinstance(value, str) or value not in METHODS:
+            raise ValueError(unknown_method(value))
+        return value
+
+    @property
+    def strategy(self) -> str:
+        """The former name of :attr:`method`."""
+        return self.method
 
     @field_validator("server_betas")
     @classmethod
@@ -467,7 +479,7 @@ class ExperimentConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _run_name(cls, value: str) -> str:
-        """The name becomes a folder name (``runs/<name>-<strategy>-seed<seed>``): it must stay one folder."""
+        """The name becomes a folder name (``runs/<name>-<method>-seed<seed>``): it must stay one folder."""
         if not 0 < len(value) <= MAX_NAME or re.search(r"[/\\\x00-\x1f\x7f]", value) or not value.strip("."):
             _refuse(f"{short(value)} cannot name a run folder: 1 to {MAX_NAME} characters, no '/', '\\' or "
                     "control character, not only dots")
@@ -570,8 +582,15 @@ def _set_dotted(data: dict, key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+#: ``--set`` keys that are another name of a top-level key (``strategy`` is the former name of ``method``)
+KEY_ALIASES = {"strategy": "method"}
+
+
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Apply ``--set key=value`` (YAML-parsed values, dotted keys) to a raw config mapping."""
+    """Apply ``--set key=value`` (YAML-parsed values, dotted keys) to a raw config mapping.
+
+    ``--set strategy=X`` and ``--set method=X`` both replace the method, whichever name the
+    YAML used (:data:`KEY_ALIASES`)."""
     out = copy.deepcopy(data)
     for item in overrides or []:
         if "=" not in item:
@@ -589,6 +608,10 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
                             "write lists as [a, b]") from None
         except RecursionError:
             raise UserError(f"--set {key[:80]}: the value is nested too deeply") from None
+        key = KEY_ALIASES.get(key, key)
+        for alias, name in KEY_ALIASES.items():
+            if key == name:
+                out.pop(alias, None)
         _set_dotted(out, key, value)
     return out
 
@@ -654,8 +677,10 @@ def dump_config(cfg: ExperimentConfig) -> str:
 def config_fingerprint(cfg: ExperimentConfig) -> str:
     """Hash of everything that changes a run's result (device, workers, the engine block, cache and
     where the manifests folder lies do not: the sites' content is checked separately, by manifest
-    hash, on resume)."""
+    hash, on resume). ``method`` is hashed under its former name ``strategy``: configs keep the
+    fingerprint of earlier versions, so their runs resume."""
     data = cfg.model_dump(mode="json")
+    data["strategy"] = data.pop("method")
     for key in ("device", "num_workers", "cache_dir", "manifests", "engine", "tracking"):
         data.pop(key, None)
     for key, default in (("norm", "batch"), ("stem", "imagenet")):  # defaults: the fingerprint of earlier versions

@@ -3,7 +3,7 @@
 :class:`PrivacyLedger` wraps the run's transport: every reply that reports DP-SGD spending
 (``metrics["dp"]``: noise multiplier, sampling rate, steps — :func:`fedcxr.pipeline.dp.spent`)
 is added to that site's history, a list of plain ``[σ, q, steps]`` lists that
-:mod:`fedcxr.pipeline.federation` stores in every checkpoint and restores on resume;
+:mod:`fedcxr.pipeline.run_driver` stores in every checkpoint and restores on resume;
 :meth:`PrivacyLedger.report` gives each site's ε for ``run.json["dp"]``.
 """
 

@@ -22,6 +22,7 @@ import torch
 
 from fedcxr.pipeline.data import NORM_MEAN, NORM_STD
 from fedcxr.pipeline.inference import MainLogits, preprocess
+from fedcxr.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +107,13 @@ def write_gallery(run_dir: Path | str, *, split: str = "test", top_n: int = 3,
 
     from fedcxr.pipeline.data import load_site
     from fedcxr.pipeline.inference import load_run_model
-    from fedcxr.pipeline.local import resolve_device
+    from fedcxr.pipeline.devices import resolve_device
     from fedcxr.pipeline.predictions import row_keys
 
-    run_dir = Path(run_dir)
+    run = RunDir(run_dir)
     dev = resolve_device(device)
-    shutil.rmtree(run_dir / "cam", ignore_errors=True)  # no stale overlays of an earlier gallery
-    predictions = pd.read_parquet(run_dir / "predictions" / f"{split}.parquet")
+    shutil.rmtree(run.cam, ignore_errors=True)  # no stale overlays of an earlier gallery
+    predictions = pd.read_parquet(run.predictions(split))
     gallery: dict[str, dict[str, list[str]]] = {}
     for site in dict.fromkeys(predictions["site"].astype(str)):
         loaded = load_run_model(run_dir, site, warn_global=False)
@@ -130,10 +131,10 @@ def write_gallery(run_dir: Path | str, *, split: str = "test", top_n: int = 3,
         probs = rows[[f"prob__{c}" for c in loaded.classes]].to_numpy(dtype=np.float32)
         paths = [info.export_root / where[k] for k in rows["row_key"]]
         files = write_overlays(loaded.model, paths, list(rows["row_key"]), probs, loaded.classes,
-                               run_dir / "cam" / site, size=loaded.image_size, top_n=top_n, device=dev)
+                               run.cam / site, size=loaded.image_size, top_n=top_n, device=dev)
         per_class: dict[str, list[str]] = {}
         for path in files:
-            per_class.setdefault(path.parent.name, []).append(path.relative_to(run_dir).as_posix())
+            per_class.setdefault(path.parent.name, []).append(path.relative_to(run.root).as_posix())
         gallery[site] = per_class
     return gallery
 

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Optional
 
 import torch
 
-import fedcxr.pipeline.site_tasks  # noqa: F401  (registers train_combine and fact_target)
 from fedcxr.pipeline.config import ExperimentConfig
 from fedcxr.pipeline.data import default_cache_dir
 from fedcxr.pipeline.engine import Engine, resolve_engine
-from fedcxr.pipeline.protocols import CENTRAL_SITE
-from fedcxr.pipeline.site_runner import SiteRunner
+from fedcxr.pipeline.protocols import get_protocol
+from fedcxr.pipeline.site_runner import SiteRunner, SiteTask
 from fedcxr.pipeline.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -36,7 +35,7 @@ class InProcessTransport(Transport):
         replies = {}
         for site in targets:
             site_params, site_config = (per_site or {}).get(site, (params, config))
-            replies[site] = self.runners[site].handle(task, site_params, dict(site_config))
+            replies[site] = self.runners[site].handle(task, site_params, site_config)
         return replies
 
     def local_states(self) -> dict[str, dict]:
@@ -48,12 +47,15 @@ class InProcessTransport(Transport):
                 self.runners[name].set_local_state(state)
 
 
-def build_runners(cfg: ExperimentConfig, device: torch.device, progress: bool) -> dict[str, SiteRunner]:
-    """One SiteRunner per site of the config (plus the pooled one for the Central baseline).
+def build_runners(cfg: ExperimentConfig, device: torch.device, progress: bool, *,
+                  tasks: Optional[Mapping[str, SiteTask]] = None) -> dict[str, SiteRunner]:
+    """One SiteRunner per site of the config, plus the pooled site when the method has one
+    (:attr:`~fedcxr.pipeline.protocols.RoundProtocol.pooled_site`: Central's every site's rows).
 
     They share one :class:`~fedcxr.pipeline.engine.Engine`; on CUDA each runner's model leaves
     the GPU after its turn (``engine.offload_idle``), so N simulated sites need one model's
-    worth of GPU memory, not N.
+    worth of GPU memory, not N. ``tasks``: tasks beyond the runner's own (:data:`~fedcxr.pipeline.
+    site_runner.TASKS`), e.g. FLARE's cross-site ``validate`` simulated in-process.
     """
     if cfg.privacy.filters:
         log.warning("privacy.filters are NVIDIA FLARE result filters: they act in `fedcxr flare` runs only, "
@@ -62,10 +64,11 @@ def build_runners(cfg: ExperimentConfig, device: torch.device, progress: bool) -
     engine = run_engine(cfg, device)
     common = dict(model_cfg=cfg.model.model_dump(mode="json"), image_size=cfg.image_size, cache_dir=cache,
                   device=device, augment=cfg.augment, progress=progress, engine=engine,
-                  task=cfg.task.model_dump(mode="json") if cfg.task else None)
+                  task=cfg.task.model_dump(mode="json") if cfg.task else None, tasks=tasks)
     runners = {cfg.site_name(s): SiteRunner(cfg.site_name(s), cfg.site_dir(s), **common) for s in cfg.all_sites()}
-    if cfg.strategy == "Central":
-        runners[CENTRAL_SITE] = SiteRunner(CENTRAL_SITE, [cfg.site_dir(s) for s in cfg.all_sites()], **common)
+    pooled = get_protocol(cfg.method).pooled_site
+    if pooled:
+        runners[pooled] = SiteRunner(pooled, [cfg.site_dir(s) for s in cfg.all_sites()], **common)
     return runners
 
 

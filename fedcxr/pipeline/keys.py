@@ -1,6 +1,6 @@
 """Leaf: the names a server and its sites derive alike, without importing each other.
 
-Why a module of its own: the run driver (:mod:`fedcxr.pipeline.federation`), the round
+Why a module of its own: the run driver (:mod:`fedcxr.pipeline.run_driver`), the round
 protocols, the site runner and the FLARE client all need the same seeds and the same
 local-state key prefixes. Kept in the site runner, they made the protocols and the driver
 import the site side; here they sit below all of them (no fedcxr import).

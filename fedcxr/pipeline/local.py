@@ -1,21 +1,19 @@
-"""One site's local training and prediction (DESIGN §5 'Local loss (AuxInfo)').
+"""One site's local training: the loop every method's sites run (DESIGN §5, §9).
 
-``L = L_main + α · Σ_k L_aux_k``:
-
-* ``L_main`` (:func:`masked_bce`): BCE-with-logits over the observed entries of the batch only
-  (``label_mask``), averaged over those entries — a site that does not label a class, or a row
-  whose label is missing, adds nothing;
-* ``L_aux_k`` (:func:`aux_ce`): cross-entropy of aux task ``k`` over the rows whose value is known.
-
-A plain PyTorch loop (DESIGN §9): a fresh optimizer per call unless the caller hands in the
-optimizer state of the site's previous call (:func:`train_local` ``optimizer_state``: the
-surgical aggregation code keeps each client's Adam across rounds, FACT its SGD), optional AMP
-on CUDA, and — for FedDA/FedGP auto-weighting — the model-state change of
-every optimizer step (:func:`train_local` ``record_batch_updates``).
+A plain PyTorch loop over a loader's batches minimising the local loss of
+:mod:`fedcxr.pipeline.losses` (``L = L_main + α · Σ_k L_aux_k``): a fresh optimizer per call
+unless the caller hands in the optimizer state of the site's previous call
+(:func:`train_local` ``optimizer_state``, :mod:`fedcxr.pipeline.optimizers`: the surgical
+aggregation code keeps each client's Adam across rounds, FACT its SGD), optional AMP on CUDA,
+DP-SGD (:mod:`fedcxr.pipeline.dp`), and — for FedDA/FedGP auto-weighting — the model-state change
+of every optimizer step (:func:`train_local` ``record_batch_updates``).
 
 Two reviewers' baselines change this loop and nothing else: FedProx adds the proximal term
-(:func:`proximal_term`, ``LocalConfig.prox_mu``) to the loss, and SCAFFOLD corrects every step
-by its control variates (:func:`train_local` ``drift_correction``).
+(:func:`~fedcxr.pipeline.losses.proximal_term`, ``LocalConfig.prox_mu``) to the loss, and SCAFFOLD
+corrects every step by its control variates (:func:`train_local` ``drift_correction``).
+
+Beside it: devices (:mod:`fedcxr.pipeline.devices`) and forward passes without training
+(:mod:`fedcxr.pipeline.forward`).
 """
 
 from __future__ import annotations
@@ -25,75 +23,18 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fedcxr.errors import UserError
+from fedcxr.pipeline.devices import memory_format, resolve_device
+from fedcxr.pipeline.losses import aux_ce, masked_bce, proximal_term
+from fedcxr.pipeline.optimizers import load_optimizer_state, make_optimizer, optimizer_state_dict
 from fedcxr.pipeline.state import flatten_state, update_keys
 
 log = logging.getLogger(__name__)
 
 TRAINABLE = ("all", "head", "backbone")
-OPTIMIZERS = ("adam", "adamw", "sgd")
-
-
-# --------------------------------------------------------------------------- losses
-
-
-def masked_bce(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean BCE-with-logits over entries where ``mask`` > 0; ``(B, C)`` inputs, scalar out.
-
-    A batch with no observed entry gives 0 that still has a ``grad_fn`` (backward gives zero
-    gradients, never NaN).
-    """
-    per_entry = F.binary_cross_entropy_with_logits(logits.float(), targets.float(), reduction="none")
-    observed = mask > 0
-    total = torch.where(observed, per_entry, torch.zeros_like(per_entry)).sum()
-    return total / observed.sum().clamp_min(1)
-
-
-def aux_ce(
-    aux_logits: Mapping[str, torch.Tensor],
-    aux: torch.Tensor,
-    aux_mask: torch.Tensor,
-    tasks: Sequence[str],
-) -> torch.Tensor:
-    """``Σ_k`` mean cross-entropy of task ``k`` over the rows whose code is known.
-
-    ``aux_logits[task]``: (B, K_task) logits; ``aux``: (B, T) int64 codes (-1 unknown) in
-    ``tasks`` order; ``aux_mask``: (B, T), 1 where known. A task with no known row adds 0.
-    """
-    total: Optional[torch.Tensor] = None
-    for t, task in enumerate(tasks):
-        logits = aux_logits[task].float()
-        target = aux[:, t].long()
-        known = (aux_mask[:, t] > 0) & (target >= 0)
-        per_row = F.cross_entropy(logits, target.clamp_min(0), reduction="none")
-        term = torch.where(known, per_row, torch.zeros_like(per_row)).sum() / known.sum().clamp_min(1)
-        total = term if total is None else total + term
-    if total is None:
-        return torch.zeros((), device=aux.device)
-    return total
-
-
-def proximal_term(params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor], mu: float) -> torch.Tensor:
-    """FedProx's proximal term ``(μ/2)·‖w − w^t‖²`` (Li et al. 2020, MLSys, Eq. 2), a 0-dim tensor.
-
-    ``params``: the trainable parameters w (BatchNorm running statistics are buffers, not
-    parameters, so they are not in it, as in Flower's and NVFLARE's FedProx); ``anchors``: the
-    same parameters as the site received them this round (w^t, no gradient). Summed in float32.
-    Flower's ``FedProx`` docstring adds ``(w − w^t).norm(2)`` unsquared; the paper, NVFLARE's
-    ``PTFedProxLoss`` and Flower's FedProx baseline square it, as here.
-    """
-    if len(params) != len(anchors):
-        raise ValueError(f"proximal_term: {len(params)} parameters but {len(anchors)} anchors")
-    if not params:
-        return torch.zeros(())
-    total = torch.stack([(p.float() - a.float()).square().sum() for p, a in zip(params, anchors)]).sum()
-    return total * (float(mu) / 2.0)
 
 
 # --------------------------------------------------------------------------- config and result
@@ -107,7 +48,7 @@ class LocalConfig:
     ``amp`` only takes effect on CUDA. ``channels_last``: the model and every batch in NHWC
     memory layout (tensor cores on CUDA; :mod:`fedcxr.pipeline.engine` turns it on there).
     ``optimizer``: adam | adamw | sgd (with ``momentum``; 0.9 as FACT's code).
-    ``prox_mu``: FedProx's μ (:func:`proximal_term` added to the loss); 0 = off.
+    ``prox_mu``: FedProx's μ (:func:`~fedcxr.pipeline.losses.proximal_term` added to the loss); 0 = off.
     """
 
     lr: float = 1e-3
@@ -147,32 +88,6 @@ class LocalResult:
     skipped_batches: int = 0
     seconds: float = 0.0
     corrected_steps: int = 0
-
-
-# --------------------------------------------------------------------------- devices
-
-
-def resolve_device(name: str | torch.device | None) -> torch.device:
-    """``auto``/``None`` → CUDA when available, else CPU; ``cuda`` or ``cuda:N`` (GPU number N) when
-    that GPU exists — a missing GPU is a user error naming the GPUs there are."""
-    if isinstance(name, torch.device):
-        return name
-    text = (name or "auto").strip().lower()
-    if text == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise UserError(f"--device: unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
-    if device.type not in ("cpu", "cuda"):
-        raise UserError(f"--device: unsupported device {name!r}; use auto, cpu, cuda or cuda:N")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: CUDA is not available on this machine (use cpu or auto)")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        count = torch.cuda.device_count()
-        raise UserError(f"--device {name}: this machine has {count} CUDA device(s): "
-                        f"{', '.join(f'cuda:{i}' for i in range(count))}")
-    return device
 
 
 # --------------------------------------------------------------------------- training
@@ -230,18 +145,6 @@ def batches(loader: Any, cfg: LocalConfig) -> Iterator[dict]:
             return  # empty loader: nothing to cycle
 
 
-def make_optimizer(params: list[torch.nn.Parameter], cfg: LocalConfig) -> torch.optim.Optimizer:
-    name = cfg.optimizer.lower()
-    if name == "adam":
-        # foreach: one fused update over all tensors (torch picks the slow per-tensor loop on CPU)
-        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    raise UserError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {cfg.optimizer!r}")
-
-
 def _planned_steps(loader: Any, cfg: LocalConfig) -> Optional[int]:
     if cfg.steps is not None:
         return int(cfg.steps)
@@ -278,7 +181,8 @@ def train_local(
     * ``frozen_bn_trains``: BatchNorm layers whose parameters are frozen still run in train
       mode (batch statistics; FACT fine-tunes its heads with G in train mode).
     * ``optimizer_state``: per-parameter optimizer state of an earlier call
-      (:func:`optimizer_state_dict`, keyed ``<parameter name>.<field>``; ``{}`` for none yet):
+      (:func:`~fedcxr.pipeline.optimizers.optimizer_state_dict`, keyed ``<parameter name>.<field>``;
+      ``{}`` for none yet):
       loaded into the fresh optimizer for the parameters that train, and the state after this
       call is returned in ``LocalResult.optimizer_state``. Keyed by name, so a call that trains
       only the head continues the head's moments of a call that trained everything.
@@ -297,7 +201,7 @@ def train_local(
       step as ``y ← y − η_l·(c − c_i)``, which for plain SGD (the only optimizer allowed with it)
       is that step exactly, and which DP-SGD cannot drop (Opacus replaces ``p.grad`` by its
       clipped, noised per-sample sum). ``LocalResult.corrected_steps`` counts the steps.
-    * ``cfg.prox_mu`` > 0 (FedProx): :func:`proximal_term` against the parameters as they are
+    * ``cfg.prox_mu`` > 0 (FedProx): :func:`~fedcxr.pipeline.losses.proximal_term` against the parameters as they are
       when the call starts (the round's received weights) is added to the loss. Refused with
       DP-SGD, which would drop its gradient (not a per-sample term).
 
@@ -305,7 +209,7 @@ def train_local(
     """
     device = resolve_device(device)
     use_cuda = device.type == "cuda"
-    model.to(device, memory_format=_memory_format(cfg.channels_last))
+    model.to(device, memory_format=memory_format(cfg.channels_last))
     modes = {m: m.training for m in model.modules()}
     flags = _set_trainable(model, trainable)
     if freeze_bn:
@@ -333,7 +237,8 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     _check_client_terms(cfg, named, drift_correction)
     params = [p for _, p in named]
-    optimizer = make_optimizer(params, cfg)
+    optimizer = make_optimizer(params, optimizer=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                               momentum=cfg.momentum)
     if optimizer_state:
         load_optimizer_state(optimizer, named, optimizer_state)
     forward, close = model, None
@@ -381,7 +286,7 @@ def _steps(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimize
     corrected = 0
     sums = torch.zeros(3, device=device)  # total, main, aux
     steps = seen = skipped = 0
-    layout = _memory_format(cfg.channels_last)
+    layout = memory_format(cfg.channels_last)
     for batch in batches(loader, cfg):
         x = batch["image"].to(device, non_blocking=use_cuda, memory_format=layout)
         if bn_training and x.shape[0] < 2:
@@ -492,38 +397,6 @@ def _correct(params: Sequence[torch.Tensor], corrections: Sequence[torch.Tensor]
         torch._foreach_add_(list(params), list(corrections), alpha=-float(lr))
 
 
-def optimizer_state_dict(optimizer: torch.optim.Optimizer,
-                         named: Sequence[tuple[str, nn.Parameter]]) -> dict[str, torch.Tensor]:
-    """The optimizer's per-parameter state as ``{"<name>.<field>": tensor}`` on CPU.
-
-    Tensors only (Adam's ``step``, ``exp_avg``, ``exp_avg_sq``; SGD's ``momentum_buffer``), so
-    it travels in a site's local state and loads with ``torch.load(weights_only=True)``;
-    learning rates are not part of it (each call sets its own, e.g. FACT's schedule).
-    """
-    out = {}
-    for name, p in named:
-        for field, value in optimizer.state.get(p, {}).items():
-            if isinstance(value, torch.Tensor):
-                out[f"{name}.{field}"] = value.detach().to("cpu", copy=True)
-    return out
-
-
-def load_optimizer_state(optimizer: torch.optim.Optimizer, named: Sequence[tuple[str, nn.Parameter]],
-                         state: Mapping[str, torch.Tensor]) -> None:
-    """Inverse of :func:`optimizer_state_dict` for the parameters this optimizer trains."""
-    for name, p in named:
-        prefix = name + "."
-        fields = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix) and "." not in k[len(prefix):]}
-        if not fields:
-            continue
-        optimizer.state[p] = {f: (v.clone() if f == "step" else v.to(p.device, copy=True)) for f, v in fields.items()}
-
-
-def _memory_format(channels_last: bool) -> torch.memory_format:
-    """NHWC (channels-last) or the model's own layout (``preserve_format`` leaves it as it is)."""
-    return torch.channels_last if channels_last else torch.preserve_format
-
-
 def _flat(model: nn.Module, keys: list[str]) -> torch.Tensor:
     """The model's state as one float32 vector over ``keys`` (the recorded g_j's units)."""
     return flatten_state(model.state_dict(), keys)[0].float()
@@ -545,69 +418,3 @@ def _dataset_len(loader: Any) -> int:
         return len(loader.dataset)
     except (AttributeError, TypeError):
         return 0
-
-
-# --------------------------------------------------------------------------- prediction
-
-
-@torch.no_grad()
-def predict(model: nn.Module, loader: Any, *, device: torch.device | str, amp: bool = True,
-            channels_last: bool = False) -> dict[str, Any]:
-    """Sigmoid probabilities of every item of ``loader`` (model in eval mode, restored after).
-
-    ``amp`` (float16 autocast) only applies on CUDA; ``channels_last`` as in :class:`LocalConfig`.
-    Returns ``probs`` (N, C) float32 numpy in the head's class order, ``aux_probs``
-    ``{task: (N, K)}`` (softmax), ``index`` (N,) int64 positions in the loader's dataset,
-    and ``labels``/``label_mask`` (N, C) as the batches carried them.
-    """
-    device = resolve_device(device)
-    use_cuda = device.type == "cuda"
-    layout = _memory_format(channels_last)
-    model.to(device, memory_format=layout)
-    modes = {m: m.training for m in model.modules()}
-    model.eval()
-    probs, index, labels, masks = [], [], [], []
-    aux_probs: dict[str, list[np.ndarray]] = {t: [] for t in getattr(model, "aux_tasks", {}) or {}}
-    try:
-        for batch in loader:
-            x = batch["image"].to(device, non_blocking=use_cuda, memory_format=layout)
-            with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=use_cuda and amp):
-                out = model(x)
-            probs.append(torch.sigmoid(out["main"].float()).cpu().numpy())
-            for task, logits in out["aux"].items():
-                aux_probs[task].append(torch.softmax(logits.float(), dim=1).cpu().numpy())
-            index.append(np.asarray(batch["index"], dtype=np.int64))
-            labels.append(np.asarray(batch["label"], dtype=np.float32))
-            masks.append(np.asarray(batch["label_mask"], dtype=np.float32))
-    finally:
-        for module, mode in modes.items():
-            module.training = mode
-    n_classes = len(getattr(model, "classes", [])) if not probs else probs[0].shape[1]
-    cat = lambda parts, width: np.concatenate(parts) if parts else np.zeros((0, width), np.float32)  # noqa: E731
-    return {
-        "probs": cat(probs, n_classes),
-        "aux_probs": {t: cat(v, getattr(model, "aux_tasks", {}).get(t, 0)) for t, v in aux_probs.items()},
-        "index": np.concatenate(index) if index else np.zeros(0, np.int64),
-        "labels": cat(labels, n_classes),
-        "label_mask": cat(masks, n_classes),
-    }
-
-
-def quick_auroc(labels: np.ndarray, mask: np.ndarray, probs: np.ndarray,
-                classes: Sequence[str]) -> dict[str, float]:
-    """Per-class AUROC over labeled rows (``mask`` > 0); NaN when those rows hold one value.
-
-    For per-round validation metrics; the evaluation package reports CIs and reasons.
-    """
-    from sklearn.metrics import roc_auc_score
-
-    labels, mask, probs = np.asarray(labels), np.asarray(mask), np.asarray(probs)
-    out: dict[str, float] = {}
-    for i, cls in enumerate(classes):
-        rows = mask[:, i] > 0
-        y = labels[rows, i]
-        if y.size == 0 or np.unique(y).size < 2:
-            out[cls] = float("nan")
-        else:
-            out[cls] = float(roc_auc_score(y, probs[rows, i]))
-    return out

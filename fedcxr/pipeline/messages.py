@@ -1,10 +1,22 @@
-"""What travels between the server and a site: the reply type and the payload layouts (a leaf).
+"""What travels between the server and a site: the typed task configs, the reply, the payload layouts (a leaf).
 
-Nothing here imports the rest of the pipeline, so protocols, transports and site runners all
-point down at this module and never at each other (STYLE: MONAI ``fl/utils/exchange_object``).
+Nothing here imports the rest of fedcxr, so protocols, transports and site runners all point
+down at this module and never at each other (STYLE: MONAI ``fl/utils/exchange_object``).
 
+* Task configs (the "envelope" of every task): frozen dataclasses built by the protocols —
+  :class:`TrainTask` (``train`` and the tasks that train: ``warmup_head``, ``train_combine``,
+  ``fact_target``, ``train_scaffold``; GP's rule inputs in :class:`CombineSpec`),
+  :class:`EvaluateTask` (``evaluate``), :class:`ValidateTask` (FLARE's cross-site ``validate``)
+  and :class:`NoConfig` (``metadata``, ``local_state``); :data:`TASK_CONFIGS` says which task takes
+  which. On the wire a config is a flat dict of JSON values (:meth:`TaskConfig.to_dict`);
+  :func:`parse_task_config` reads one back once — at the site runner and in FLARE's wire checks —
+  refusing an unknown or a missing key, or a value of the wrong type, with
+  :class:`TaskConfigError` naming the task and the key. Each config is also a read-only mapping
+  of its keys (``task["lr"]``, ``dict(task)``), for code that records tasks as dicts.
 * :class:`Reply` — what one site sends back for one task: parameters, counts, class names,
-  metrics. Never images, labels or identifiers.
+  metrics. Never images, labels or identifiers. Its ``weight_type`` says what the parameters
+  are: :data:`WEIGHTS` (the site's model) or :data:`DELTAS` (differences from the model the task
+  sent: FLARE's replies under ``privacy.filters``, turned back into weights by the wire checks).
 * Payload layouts of the tasks whose parameters are more than one model:
   ``train_combine`` (θ0 plus every source delta: :func:`pack_combine` / :func:`unpack_combine`)
   and ``fact_target`` (G' plus two heads under :data:`FACT_HEAD_A` / :data:`FACT_HEAD_B`);
@@ -15,12 +27,21 @@ point down at this module and never at each other (STYLE: MONAI ``fl/utils/excha
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
+import functools
+import math
+import typing
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar, Iterator, Literal, Optional, Union
 
 import torch
 
 StateDict = dict[str, torch.Tensor]
+
+#: ``Reply.weight_type``: the parameters are the site's model / differences from the model the task sent
+#: (MONAI ``ExchangeObject.weight_type``'s WEIGHTS and WEIGHT_DIFF).
+WEIGHTS, DELTAS = "weights", "deltas"
+WEIGHT_TYPES = (WEIGHTS, DELTAS)
 
 #: ``train_combine`` payload: source ``i``'s delta lives under ``source<i>.<key>``.
 SOURCE_PREFIX = "source"
@@ -32,9 +53,271 @@ SERVER_CONTROL_PREFIX = "scaffold_c."
 CONTROL_DELTA_PREFIX = "scaffold_dc."
 
 
+# --------------------------------------------------------------------------- task configs
+
+
+class TaskConfigError(ValueError):
+    """A task config that cannot be used: an unknown or missing key, or a value of the wrong type."""
+
+
+class TaskConfig(Mapping):
+    """Base of the typed task configs: a frozen dataclass, a flat dict of JSON values on the wire.
+
+    Subclasses are ``@dataclass(frozen=True)``; :meth:`to_dict` / :meth:`from_dict` convert, and
+    every config reads as a mapping of its keys (tuples where the wire has lists)."""
+
+    #: the config's name in messages ("train task config: missing key 'lr'")
+    kind: ClassVar[str] = "task"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form: every key, JSON values only (tuples as lists, nested configs as dicts)."""
+        return {f.name: _to_wire(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "TaskConfig":
+        """Exactly the keys :meth:`to_dict` writes, each of its field's type; :class:`TaskConfigError` otherwise."""
+        if isinstance(data, cls):
+            return data
+        if not isinstance(data, Mapping):
+            raise TaskConfigError(f"{cls.kind} config: expected a mapping of keys, got {type(data).__name__}")
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(str(k)[:60] for k in data if k not in names)
+        missing = [n for n in names if n not in data]
+        if unknown or missing:
+            parts = ([f"unknown key(s) {unknown[:8]}"] if unknown else []) + \
+                    ([f"missing key(s) {missing[:8]}"] if missing else [])
+            raise TaskConfigError(f"{cls.kind} config: {'; '.join(parts)} (server and site must run the same "
+                                  "fedcxr version)")
+        hints = _hints(cls)
+        return cls(**{n: _check(data[n], hints[n], f"{cls.kind} config: {n}") for n in names})
+
+    @classmethod
+    def build(cls, **values: Any) -> "TaskConfig":
+        """The config of ``values`` (keys with a default may be left out), checked as :meth:`from_dict`:
+        lists become tuples, a misspelt key or a value of the wrong type never travels."""
+        defaults = {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+        return cls.from_dict({**defaults, **values})
+
+    def replace(self, **changes: Any) -> "TaskConfig":
+        """A copy with ``changes``, checked as :meth:`build`."""
+        return self.build(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **changes})
+
+    # read-only mapping view
+    def __getitem__(self, key: str) -> Any:
+        if not isinstance(key, str) or key not in self._names():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    @classmethod
+    def _names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _to_wire(value: Any) -> Any:
+    if isinstance(value, TaskConfig):
+        return value.to_dict()
+    if isinstance(value, (list, tuple)):
+        return [_to_wire(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_wire(v) for k, v in value.items()}
+    return value
+
+
+def _check(value: Any, hint: Any, where: str) -> Any:
+    """``value`` as the type ``hint`` names (the few types task configs use), or :class:`TaskConfigError`."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Union:
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:  # Optional[X]: X's own message
+            return _check(value, options[0], where)
+        for option in options:
+            try:
+                return _check(value, option, where)
+            except TaskConfigError:
+                continue
+        raise TaskConfigError(f"{where}: {_shown(value)} is not {' or '.join(_name(a) for a in args)}")
+    if origin is Literal:
+        if isinstance(value, str) and value in args:
+            return value
+        raise TaskConfigError(f"{where}: {_shown(value)} is not one of {list(args)}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise TaskConfigError(f"{where}: expected a list, got {type(value).__name__}")
+        return tuple(_check(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+    if hint is dict or origin is dict:
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise TaskConfigError(f"{where}: expected a mapping with string keys, got {type(value).__name__}")
+        return dict(value)
+    if isinstance(hint, type) and issubclass(hint, TaskConfig):
+        return hint.from_dict(value)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return int(value)
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    else:  # pragma: no cover - a field of a type this checker does not know is a programming error
+        raise TypeError(f"{where}: no check for type {hint!r}")
+    raise TaskConfigError(f"{where}: {_shown(value)} is not {_name(hint)}")
+
+
+def _name(hint: Any) -> str:
+    return {bool: "true/false", int: "an integer", float: "a finite number", str: "a string",
+            type(None): "null"}.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if isinstance(value, (int, float, str, bool, type(None))) else type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@dataclass(frozen=True)
+class CombineSpec(TaskConfig):
+    """What the target of a GP/FedDA/FedGP round needs to know about the sources — counts and
+    hyper-parameters, never data (:func:`fedcxr.pipeline.combine.combine` reads it)."""
+
+    kind: ClassVar[str] = "combine"
+
+    rule: Literal["gp", "fedda", "fedgp"]
+    auto: bool
+    beta: float
+    n_sources: tuple[int, ...]  # each source's training rows, in the order of the payload's deltas
+    n_batches: tuple[int, ...]  # each source's optimiser steps
+    bs_source: int
+    bs_target: int
+    lr_source: float
+    lr_target: float
+    epochs_source: int
+    epochs_target: int
+    alignment: Literal["lr_s_over_lr_t", "lr_t_over_lr_s"] = "lr_s_over_lr_t"
+
+
+@dataclass(frozen=True)
+class TrainTask(TaskConfig):
+    """One site's local training of one round (``train``, and the tasks that train: ``warmup_head``,
+    ``train_combine``, ``fact_target``, ``train_scaffold``), built by :func:`fedcxr.pipeline.protocols.task_config`.
+
+    Every random draw of the task comes from ``seed`` and ``round`` (with the site's name, the role
+    and ``repeat``); ``param_classes`` is the head-row order of the params sent, ``head_classes``
+    the head this site trains (surgical aggregation: its own classes).
+    """
+
+    kind: ClassVar[str] = "train task"
+
+    round: int
+    seed: int
+    role: Literal["source", "target"]
+    head_classes: tuple[str, ...]
+    param_classes: tuple[str, ...]
+    lr: float
+    batch_size: int
+    epochs: int = 1
+    steps: Optional[int] = None  # optimiser steps; overrides epochs
+    aux_tasks: tuple[str, ...] = ()
+    alpha: float = 1.0  # weight of the aux losses
+    use_aux: bool = False
+    weight_decay: float = 0.0
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    momentum: float = 0.9  # SGD only
+    keep_optimizer: bool = False  # continue this site's optimiser state of earlier rounds
+    max_rows: Optional[int] = None
+    trainable: Literal["all", "head", "backbone"] = "all"
+    local_keys: tuple[str, ...] = ()  # entries kept at the site (FedBN: BN; PFL: the head)
+    record_batch_updates: bool = False  # auto-β: the state change of every optimiser step
+    missing_as_negative: bool = False  # Vanilla FL / Central: an unlabeled class is a negative
+    freeze_bn: bool = False  # FedBN+: BatchNorm frozen in eval mode
+    frozen_bn_trains: bool = False  # FACT's heads: frozen BatchNorm layers still on batch statistics
+    labeled: Optional[Union[int, float]] = None  # target: a count of labeled rows or a fraction
+    dp: Optional[dict] = None  # privacy.dp (noise_multiplier, max_grad_norm, delta)
+    prox_mu: float = 0.0  # FedProx's μ
+    hold_for_combine: bool = False  # GP family at the target: keep the model for the round's train_combine
+    from_warm: bool = False  # surgical: start from the head this site kept in warmup_head
+    repeat: Optional[int] = None  # Finetune_Offline: the pass number (a seed part from 1 on)
+    combine: Optional[CombineSpec] = None  # train_combine: the rule's inputs
+
+
+@dataclass(frozen=True)
+class EvaluateTask(TaskConfig):
+    """Per-class AUROC of the received model on one of the site's splits (the rounds' validation)."""
+
+    kind: ClassVar[str] = "evaluate task"
+
+    head_classes: tuple[str, ...]
+    param_classes: tuple[str, ...]
+    aux_tasks: tuple[str, ...] = ()
+    split: str = "val"
+    local_keys: tuple[str, ...] = ()
+    batch_size: int = 64
+
+
+@dataclass(frozen=True)
+class ValidateTask(TaskConfig):
+    """FLARE's cross-site evaluation: the site scores the model on its ``split`` and answers with summaries."""
+
+    kind: ClassVar[str] = "validate task"
+
+    classes: tuple[str, ...]
+    aux_tasks: tuple[str, ...] = ()
+    split: str = "test"
+    n_boot: int = 1000
+    seed: int = 0
+    model_owner: str = ""  # FLARE's name of whose model this is (the server's, or the site's own)
+
+
+@dataclass(frozen=True)
+class NoConfig(TaskConfig):
+    """The config of a task that takes none (``metadata``, ``local_state``)."""
+
+    kind: ClassVar[str] = "task"
+
+
+#: Every task a site answers → the config it takes.
+TASK_CONFIGS: dict[str, type[TaskConfig]] = {
+    "metadata": NoConfig, "train": TrainTask, "evaluate": EvaluateTask, "warmup_head": TrainTask,
+    "train_combine": TrainTask, "fact_target": TrainTask, "train_scaffold": TrainTask, "validate": ValidateTask,
+    "local_state": NoConfig,
+}
+
+
+def parse_task_config(task: str, config: Any) -> TaskConfig:
+    """``config`` as the typed config of ``task`` (a config of the right type passes as it is; ``None``
+    is an empty config); :class:`TaskConfigError` names the task and the key at fault."""
+    if task not in TASK_CONFIGS:
+        raise TaskConfigError(f"unknown task {str(task)[:60]!r} (known: {sorted(TASK_CONFIGS)})")
+    kind = TASK_CONFIGS[task]
+    if isinstance(config, kind):
+        return config
+    try:
+        return kind.from_dict({} if config is None else config)
+    except TaskConfigError as exc:
+        raise TaskConfigError(f"task {task!r}: {exc}") from None
+
+
+# --------------------------------------------------------------------------- replies
+
+
 @dataclass
 class Reply:
-    """What one site sends back for one task."""
+    """What one site sends back for one task (``weight_type``: see :data:`WEIGHTS`, :data:`DELTAS`)."""
 
     site: str
     params: Optional[StateDict] = None
@@ -43,6 +326,7 @@ class Reply:
     class_set: list[str] = field(default_factory=list)
     metrics: dict = field(default_factory=dict)
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    weight_type: str = WEIGHTS
 
 
 def pack_combine(theta0: StateDict, deltas: list[StateDict]) -> StateDict:

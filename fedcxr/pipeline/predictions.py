@@ -15,7 +15,6 @@ salted with the manifest hash (so keys of two runs on different data cannot be l
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -24,10 +23,12 @@ import pandas as pd
 
 from fedcxr.atomic import atomic_path
 from fedcxr.errors import UserError
+from fedcxr.rundir import FINAL_MODEL, RUN_INFO, RunDir, read_run_info
 from fedcxr.pipeline.checkpoints import load_final_model
 from fedcxr.pipeline.data import default_cache_dir, make_loader
 from fedcxr.pipeline.engine import backend_settings, resolve_engine
-from fedcxr.pipeline.local import predict, resolve_device
+from fedcxr.pipeline.devices import resolve_device
+from fedcxr.pipeline.forward import predict
 from fedcxr.pipeline.site_runner import SiteRunner
 from fedcxr.site_adapters.manifest import content_hash, label_values
 from fedcxr.vocab import AUX_TASKS, aux_column, label_column
@@ -35,16 +36,11 @@ from fedcxr.vocab import AUX_TASKS, aux_column, label_column
 
 def load_final(run_dir: Path) -> tuple[dict, dict]:
     """``(run.json, final_model.pt)`` of a finished run (the model loaded safely)."""
-    run_dir = Path(run_dir)
-    run_path, model_path = run_dir / "run.json", run_dir / "final_model.pt"
-    if not run_path.is_file() or not model_path.is_file():
-        raise UserError(f"{run_dir}: not a finished run (run.json and final_model.pt are needed; "
+    paths = RunDir(run_dir)
+    if not paths.run_info.is_file() or not paths.final_model.is_file():
+        raise UserError(f"{run_dir}: not a finished run ({RUN_INFO} and {FINAL_MODEL} are needed; "
                         "run `fedcxr train` to completion first)")
-    try:
-        run = json.loads(run_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{run_path}: not valid JSON ({exc})") from None
-    return run, load_final_model(run_dir)
+    return read_run_info(run_dir), load_final_model(run_dir)
 
 
 def site_params(final: dict, site: str) -> dict:
@@ -130,7 +126,7 @@ def write_predictions(run_dir: Path | str, split: str = "test", device: Optional
             frames.append(frame)
     if not frames:
         raise UserError(f"{run_dir}: no rows in split {split!r} at the evaluated sites {run['eval_sites']}")
-    path = run_dir / "predictions" / f"{split}.parquet"
+    path = RunDir(run_dir).predictions(split)
     with atomic_path(path) as tmp:
         pd.concat(frames, ignore_index=True).to_parquet(tmp, index=False)
     return path

@@ -21,8 +21,10 @@ import math
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-#: the log file of a run directory
-TRAIN_LOG = "train.log"
+from fedcxr import rundir
+
+#: the log file of a run directory (fedcxr.rundir)
+TRAIN_LOG = rundir.TRAIN_LOG
 #: the logger of the header and the per-round lines (always INFO: they reach train.log under --quiet too)
 ROUNDS_LOGGER = "fedcxr.rounds"
 

@@ -26,8 +26,8 @@ negatives; ``unmentioned`` reproduces the code.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Optional
+from dataclasses import dataclass, replace
+from typing import Literal, Mapping, Optional
 
 import numpy as np
 import pandas as pd
@@ -40,23 +40,37 @@ UNUSED_SPLIT = "unused"
 NEGATIVES = ("zero", "unmentioned")
 
 
-def site_task(spec: Optional[dict], site: str) -> Optional[dict]:
-    """This site's part of a ``task:`` spec: ``{"output", "label", "balance", "negatives"}`` (None: no shared task)."""
+@dataclass(frozen=True)
+class SiteLabel:
+    """One site's part of a ``task:`` spec: its own condition ``label`` mapped onto ``output``."""
+
+    output: str
+    label: str
+    balance: bool = True
+    negatives: Literal["zero", "unmentioned"] = "zero"
+
+
+def site_task(spec: Optional[Mapping], site: str) -> Optional[SiteLabel]:
+    """This site's part of a ``task:`` spec (the config's ``task`` block as the runner settings carry
+    it: :class:`~fedcxr.pipeline.config.SharedTaskConfig`'s fields); None: no shared task."""
     if not spec:
         return None
     labels = spec.get("site_labels") or {}
     if site not in labels:
         raise ValueError(f"task.site_labels has no entry for site {site!r}")
-    return {"output": spec["output"], "label": labels[site], "balance": bool(spec.get("balance", True)),
-            "negatives": spec.get("negatives", "zero")}
+    negatives = spec.get("negatives", "zero")
+    if negatives not in NEGATIVES:
+        raise ValueError(f"task.negatives must be one of {NEGATIVES}, got {str(negatives)[:40]!r}")
+    return SiteLabel(output=str(spec["output"]), label=str(labels[site]), balance=bool(spec.get("balance", True)),
+                     negatives=negatives)
 
 
-def apply_shared_task(site: SiteInfo, task: Optional[dict]) -> SiteInfo:
+def apply_shared_task(site: SiteInfo, task: Optional[SiteLabel]) -> SiteInfo:
     """The site with its own condition mapped onto the shared output (see the module docstring)."""
     if not task:
         return site
     frame = site.manifest.copy()
-    own, output = task["label"], task["output"]
+    own, output = task.label, task.output
     source = label_column(own)
     if source not in frame:
         raise ValueError(f"site {site.name}: task.site_labels names {own!r}, which this site does not label "
@@ -66,8 +80,8 @@ def apply_shared_task(site: SiteInfo, task: Optional[dict]) -> SiteInfo:
     for cls in CLASSES:
         if label_column(cls) in frame:
             frame[label_column(cls)] = np.nan
-    if task.get("balance", True):
-        negative = (raw == 0) if task.get("negatives", "zero") == "zero" else raw.isna()
+    if task.balance:
+        negative = (raw == 0) if task.negatives == "zero" else raw.isna()
         keep = _balanced(frame, mapped == 1, negative.to_numpy(dtype=bool))
         mapped = pd.Series(np.where(mapped == 1, 1.0, np.where(negative, 0.0, np.nan)), index=frame.index)
         frame.loc[~keep, "split"] = UNUSED_SPLIT

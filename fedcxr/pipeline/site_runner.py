@@ -5,46 +5,55 @@ its persistent local state (BN statistics under FedBN, local heads under PFL). I
 tasks with a :class:`~fedcxr.pipeline.transport.Reply` carrying only parameters, counts,
 class names and metrics.
 
-Task configs (plain JSON-able dicts, built by the round protocols):
+Task configs are typed (:mod:`fedcxr.pipeline.messages`, built by the round protocols) and
+parsed once, in :meth:`SiteRunner.handle` (a plain dict — a test's, a recorded one — must hold
+exactly the config's keys):
 
-``metadata``  → class set, train/val/test and labeled counts, lr and batch size.
-``train``     → local training from the received model. Keys: ``round``, ``seed``, ``role``
-              (``source``/``target``), ``param_classes`` (head row order of the received
-              params), ``head_classes`` (the head this site trains; surgical: its own
-              classes), ``aux_tasks``, ``alpha``, ``use_aux``, ``trainable``
-              (all/head/backbone), ``missing_as_negative``, ``local_keys`` (kept on site),
-              ``record_batch_updates``, ``freeze_bn`` (FedBN+: BatchNorm frozen in eval mode),
-              ``optimizer``, ``weight_decay``, ``keep_optimizer`` (continue this site's
-              optimiser state of earlier rounds), ``frozen_bn_trains``, ``from_warm`` (start
-              from the head this site kept in ``warmup_head``),
-              ``labeled`` (target: labeled rows used), and the
-              training hyper-parameters ``lr``, ``batch_size``, ``epochs``, ``steps``,
-              ``momentum`` (SGD; absent: 0.9), ``prox_mu`` (FedProx's μ; absent: 0).
-``evaluate``  → per-class validation AUROC of the received model on ``split``.
+``metadata``  (:class:`~fedcxr.pipeline.messages.NoConfig`) → class set, train/val/test and
+              labeled counts, the manifest's hash.
+``train``     (:class:`~fedcxr.pipeline.messages.TrainTask`) → local training from the received
+              model (its fields document each setting).
+``evaluate``  (:class:`~fedcxr.pipeline.messages.EvaluateTask`) → per-class validation AUROC of
+              the received model on ``split``.
 
 A ``train`` task with ``hold_for_combine`` keeps the trained model on the site (:attr:`SiteRunner.held`)
 and answers with counts and metrics only: the target's fine-tuning of a GP-family round runs
 beside the sources, and the round's ``train_combine`` uses it.
 
-Tasks beyond these three (``train_combine`` of GP/FedDA/FedGP, ``fact_target`` of FACT) are
-registered with :func:`register_task` by :mod:`fedcxr.pipeline.site_tasks`; the runner never
-imports the protocols that need them.
+Every task a site answers is in :data:`TASKS`, the explicit registry at the end of this module:
+the three above and the tasks of :mod:`fedcxr.pipeline.site_tasks` (``warmup_head``,
+``train_combine``, ``fact_target``, ``train_scaffold``), each with whether it may change the
+site's local state (a FLARE client saves that state after it). A transport that adds a task of
+its own passes it when it builds the runner (``SiteRunner(..., tasks=...)``: FLARE's cross-site
+``validate``); nothing registers a task by being imported. The runner never imports the
+protocols that send the tasks.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset
 
+from fedcxr.pipeline import site_tasks
 from fedcxr.pipeline.engine import Engine, loader_options, offload, resolve_engine
 from fedcxr.pipeline.keys import CONTROL_PREFIX, OPTIMIZER_PREFIX, WARM_PREFIX, derive_seed
-from fedcxr.pipeline.messages import Reply, StateDict
+from fedcxr.pipeline.messages import (
+    TASK_CONFIGS,
+    EvaluateTask,
+    NoConfig,
+    Reply,
+    StateDict,
+    TaskConfig,
+    TrainTask,
+    parse_task_config,
+)
 from fedcxr.pipeline.state import cpu_state
 from fedcxr.site_adapters.manifest import content_hash, patient_bucket
 from fedcxr.vocab import AUX_VOCAB, CLASSES, label_column
@@ -55,20 +64,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: A site-side task: ``handler(runner, params, config) -> Reply``.
-TaskHandler = Callable[["SiteRunner", Optional[StateDict], dict], Reply]
-#: Tasks registered beyond the built-in ``metadata``/``train``/``evaluate`` (name → handler).
-TASKS: dict[str, TaskHandler] = {}
+#: A site-side task: ``handler(runner, params, config) -> Reply`` (config: the task's typed config).
+TaskHandler = Callable[["SiteRunner", Optional[StateDict], TaskConfig], Reply]
 
 
-def register_task(name: str) -> Callable[[TaskHandler], TaskHandler]:
-    """Decorator: make ``name`` a task every :class:`SiteRunner` answers with the decorated function."""
-    def decorate(handler: TaskHandler) -> TaskHandler:
-        if name in ("metadata", "train", "evaluate"):
-            raise ValueError(f"task {name!r} is built into SiteRunner")
-        TASKS[name] = handler
-        return handler
-    return decorate
+@dataclass(frozen=True)
+class SiteTask:
+    """One entry of the task registry: the handler, and whether the task may change the site's local
+    state (BN statistics, heads, optimiser state, c_i): a FLARE client saves that state after it."""
+
+    handler: TaskHandler
+    changes_state: bool
 
 
 class SiteRunner:
@@ -88,11 +94,17 @@ class SiteRunner:
         progress: bool = False,
         task: Optional[dict] = None,
         engine: Optional[Engine] = None,
+        tasks: Optional[Mapping[str, SiteTask]] = None,
     ):
         from fedcxr.pipeline.data import load_site
         from fedcxr.pipeline.shared_task import apply_shared_task, site_task
 
         self.name = name
+        unknown = sorted(set(tasks or {}) - set(TASK_CONFIGS))
+        if unknown:  # every task's config is typed (fedcxr.pipeline.messages)
+            raise ValueError(f"tasks {unknown} have no typed config in fedcxr.pipeline.messages.TASK_CONFIGS")
+        #: the tasks this site answers: :data:`TASKS` plus those its transport adds (``tasks``)
+        self.tasks: dict[str, SiteTask] = {**TASKS, **(tasks or {})}
         dirs = [site_dirs] if isinstance(site_dirs, (str, Path)) else list(site_dirs)
         # several dirs = pooled (Central baseline); ``task``: the shared-task spec (each site maps its own label)
         self.sites = [load_site(d) for d in dirs]
@@ -152,6 +164,16 @@ class SiteRunner:
         for key, value in state.items():
             self.local_state[OPTIMIZER_PREFIX + key] = value
 
+    def task_seed(self, config: TrainTask, task: str, *parts: object) -> int:
+        """The seed of one random stream of a task at this site: the run's seed, the task, this site's
+        name and ``parts`` (round, role, epoch, ...), so every draw repeats on resume and differs between sites."""
+        return derive_seed(config.seed, task, self.name, *parts)
+
+    def keep_warm_head(self, head: StateDict) -> None:
+        """Keep the head ``warmup_head`` chose (``weight``, ``bias``) until round 0 starts from it
+        (:meth:`load_warm_head`)."""
+        self.local_state.update({WARM_PREFIX + "head." + k: v for k, v in head.items()})
+
     def control_variate(self, reference: StateDict) -> StateDict:
         """SCAFFOLD's c_i for the entries of ``reference`` (c's keys): kept from earlier rounds, zeros at first."""
         return {k: self.local_state.get(CONTROL_PREFIX + k, torch.zeros_like(v)).clone() for k, v in reference.items()}
@@ -162,12 +184,14 @@ class SiteRunner:
             self.local_state[CONTROL_PREFIX + key] = value.detach().to("cpu", copy=True)
 
     # ------------------------------------------------------------------ tasks
-    def handle(self, task: str, params: Optional[StateDict], config: dict) -> Reply:
-        built_in = {"metadata": self._metadata, "train": self._train, "evaluate": self._evaluate}
-        if task not in built_in and task not in TASKS:
-            raise ValueError(f"site {self.name}: unknown task {task!r} (registered: {sorted(TASKS)})")
+    def handle(self, task: str, params: Optional[StateDict], config: TaskConfig | dict | None) -> Reply:
+        """Answer one task of :attr:`tasks`; ``config`` is parsed here, once, into the task's typed config."""
+        entry = self.tasks.get(task)
+        if entry is None:
+            raise ValueError(f"site {self.name}: unknown task {str(task)[:60]!r} (it answers: {sorted(self.tasks)})")
+        config = parse_task_config(task, config)
         try:
-            return built_in[task](params, config) if task in built_in else TASKS[task](self, params, config)
+            return entry.handler(self, params, config)
         finally:
             if self.engine.offload_idle:
                 offload(self._models, "cpu")  # this site now waits: its model holds no GPU memory
@@ -204,7 +228,7 @@ class SiteRunner:
 
         return LocalConfig(amp=self.engine.amp, channels_last=self.engine.channels_last, **values)
 
-    def _metadata(self, params, config) -> Reply:
+    def _metadata(self, params, config: NoConfig) -> Reply:
         labeled, per_class = 0, {}
         for site in self.sites:
             train = site.manifest.loc[site.manifest["split"] == "train"]
@@ -258,14 +282,12 @@ class SiteRunner:
         if missing or unexpected:
             raise ValueError(f"site {self.name}: model mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
-    def prepared_model(self, params: Optional[StateDict], config: dict):
+    def prepared_model(self, params: Optional[StateDict], config: TrainTask | EvaluateTask):
         """The network a task config asks for, loaded with the received params."""
-        head_classes = list(config["head_classes"])
-        aux_tasks = list(config.get("aux_tasks") or [])
+        head_classes, aux_tasks, local_keys = list(config.head_classes), list(config.aux_tasks), list(config.local_keys)
         model = self.model(head_classes, aux_tasks)
-        local_keys = list(config.get("local_keys") or [])
         if params is not None:
-            self.load_params(model, params, list(config.get("param_classes") or head_classes), local_keys)
+            self.load_params(model, params, list(config.param_classes or head_classes), local_keys)
         return model, head_classes, aux_tasks, local_keys
 
     def dataset(self, split: str, classes: list[str], aux_tasks: list[str], *, augment: bool,
@@ -313,19 +335,19 @@ class SiteRunner:
         return sorted(rows[order][: max(1, limit)].tolist())
 
     # ------------------------------------------------------------------ train
-    def training_data(self, config: dict, head_classes: list[str], aux_tasks: list[str]) -> Subset:
+    def training_data(self, config: TrainTask, head_classes: list[str], aux_tasks: list[str]) -> Subset:
         """The training rows a ``train``-like task config asks for (labeled, capped, negatives policy)."""
         loss_classes = [c for c in head_classes if c in self.class_set]
-        negatives = bool(config.get("missing_as_negative"))  # Vanilla FL / Central: unlabeled = negative
+        negatives = config.missing_as_negative  # Vanilla FL / Central: unlabeled = negative
         base = self.dataset("train", head_classes, aux_tasks, augment=self.augment,
                             loss_classes=head_classes if negatives else loss_classes, missing_as_negative=negatives)
-        if config.get("role") != "target" and cfg_uses_aux(config, aux_tasks):
+        if config.role != "target" and config.use_aux and aux_tasks:
             # AuxInfo: rows without a finding label still teach the aux heads (masked main loss).
             rows = list(range(len(base)))
         else:
-            rows = self.labeled_rows("train", head_classes if negatives else loss_classes, config.get("labeled"))
-        if config.get("max_rows"):
-            rows = rows[: int(config["max_rows"])]
+            rows = self.labeled_rows("train", head_classes if negatives else loss_classes, config.labeled)
+        if config.max_rows:
+            rows = rows[: int(config.max_rows)]
         return Subset(base, rows)
 
     def load_warm_head(self, model: torch.nn.Module) -> None:
@@ -339,25 +361,20 @@ class SiteRunner:
             model.head.weight.copy_(weight)
             model.head.bias.copy_(bias)
 
-    def _train(self, params: Optional[StateDict], config: dict, *,
+    def _train(self, params: Optional[StateDict], config: TrainTask, *,
                drift_correction: Optional[StateDict] = None) -> Reply:
         """The ``train`` task; ``drift_correction`` (SCAFFOLD's c − c_i, from ``train_scaffold``) corrects every step."""
         from fedcxr.pipeline.local import train_local
 
         model, head_classes, aux_tasks, local_keys = self.prepared_model(params, config)
-        if config.get("from_warm"):
+        if config.from_warm:
             self.load_warm_head(model)
         data = self.training_data(config, head_classes, aux_tasks)
-        seed = derive_seed(int(config.get("seed", 0)), "train", self.name, config.get("round", 0),
-                           config.get("role", "source"), *([config["repeat"]] if config.get("repeat") else []))
+        seed = self.task_seed(config, "train", config.round, config.role, *([config.repeat] if config.repeat else []))
         cfg = self.local_config(
-            lr=float(config["lr"]), batch_size=int(config["batch_size"]), epochs=int(config.get("epochs", 1)),
-            steps=config.get("steps"), alpha=float(config.get("alpha", 1.0)),
-            use_aux=bool(config.get("use_aux", False)) and bool(aux_tasks),
-            weight_decay=float(config.get("weight_decay") or 0.0), optimizer=str(config.get("optimizer") or "adam"),
-            dp=config.get("dp") or None,
-            momentum=0.9 if config.get("momentum") is None else float(config["momentum"]),
-            prox_mu=float(config.get("prox_mu") or 0.0),
+            lr=config.lr, batch_size=config.batch_size, epochs=config.epochs, steps=config.steps, alpha=config.alpha,
+            use_aux=config.use_aux and bool(aux_tasks), weight_decay=config.weight_decay, optimizer=config.optimizer,
+            dp=config.dp or None, momentum=config.momentum, prox_mu=config.prox_mu,
         )
         if len(data) == 0:
             # the server says so once per run (protocols.base.valid_replies); here only at debug level
@@ -367,12 +384,10 @@ class SiteRunner:
                          class_set=head_classes, metrics={"loss": float("nan")})
         loader = self.train_loader(data, batch_size=cfg.batch_size, seed=seed)
         result = train_local(
-            model, loader, cfg, device=self.device, seed=seed, trainable=config.get("trainable", "all"),
-            record_batch_updates=bool(config.get("record_batch_updates", False)),
-            freeze_bn=bool(config.get("freeze_bn", False)),
-            optimizer_state=self.optimizer_state() if config.get("keep_optimizer") else None,
-            frozen_bn_trains=bool(config.get("frozen_bn_trains", False)),
-            drift_correction=drift_correction,
+            model, loader, cfg, device=self.device, seed=seed, trainable=config.trainable,
+            record_batch_updates=config.record_batch_updates, freeze_bn=config.freeze_bn,
+            optimizer_state=self.optimizer_state() if config.keep_optimizer else None,
+            frozen_bn_trains=config.frozen_bn_trains, drift_correction=drift_correction,
         )
         if result.optimizer_state is not None:
             self.keep_optimizer_state(result.optimizer_state)
@@ -393,25 +408,25 @@ class SiteRunner:
             site=self.name, params=state, n_samples=result.n_samples, n_batches=result.n_batches,
             class_set=head_classes, metrics=metrics, extra=extra,
         )
-        if config.get("hold_for_combine"):
+        if config.hold_for_combine:
             # GP family, target-side combination: the fine-tuned model stays here for the round's
             # train_combine task; only counts and metrics go back now
-            self.held = (config.get("round"), {k: v.clone() for k, v in params.items()}, reply)
+            self.held = (config.round, {k: v.clone() for k, v in params.items()}, reply)
             return Reply(site=self.name, n_samples=reply.n_samples, n_batches=reply.n_batches,
                          class_set=head_classes, metrics=metrics)
         return reply
 
     # ------------------------------------------------------------------ evaluate
-    def _evaluate(self, params: Optional[StateDict], config: dict) -> Reply:
+    def _evaluate(self, params: Optional[StateDict], config: EvaluateTask) -> Reply:
         from fedcxr.pipeline.data import make_loader
-        from fedcxr.pipeline.local import predict, quick_auroc
+        from fedcxr.pipeline.forward import predict, quick_auroc
 
         model, head_classes, aux_tasks, _ = self.prepared_model(params, config)
-        split = config.get("split", "val")
+        split = config.split
         data = self.dataset(split, head_classes, aux_tasks, augment=False)
         if len(data) == 0:
             return Reply(site=self.name, class_set=head_classes, metrics={"split": split, "n": 0})
-        loader = make_loader(data, batch_size=int(config.get("batch_size", 64)), shuffle=False, seed=0,
+        loader = make_loader(data, batch_size=config.batch_size, shuffle=False, seed=0,
                              augment=False, **self.loader_options(train=False))
         out = predict(model, loader, device=self.device, amp=self.engine.amp, channels_last=self.engine.channels_last)
         aurocs = quick_auroc(out["labels"], out["label_mask"], out["probs"], head_classes)
@@ -423,6 +438,13 @@ class SiteRunner:
         )
 
 
-def cfg_uses_aux(config: dict, aux_tasks: list[str]) -> bool:
-    return bool(config.get("use_aux", False)) and bool(aux_tasks)
-
+#: Every task a :class:`SiteRunner` answers, by name (a transport may add its own: ``SiteRunner(tasks=...)``).
+TASKS: dict[str, SiteTask] = {
+    "metadata": SiteTask(SiteRunner._metadata, changes_state=False),
+    "train": SiteTask(SiteRunner._train, changes_state=True),
+    "evaluate": SiteTask(SiteRunner._evaluate, changes_state=False),
+    "warmup_head": SiteTask(site_tasks.warmup_head, changes_state=True),
+    "train_combine": SiteTask(site_tasks.train_combine, changes_state=True),
+    "fact_target": SiteTask(site_tasks.fact_target, changes_state=True),
+    "train_scaffold": SiteTask(site_tasks.train_scaffold, changes_state=True),
+}

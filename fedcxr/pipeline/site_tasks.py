@@ -1,4 +1,4 @@
-"""Site-side tasks beyond training and evaluation, registered with :class:`SiteRunner`.
+"""Site-side tasks beyond training and evaluation, listed in the site runner's task registry.
 
 * ``train_combine`` (GP / FedDA / FedGP, DESIGN §8): fine-tune from θ0 on the target's labels
   (or take the fine-tuning held from this round's ``train`` with ``hold_for_combine``),
@@ -11,13 +11,15 @@
 * ``train_scaffold`` (SCAFFOLD): local training corrected by the control variates, then the
   site's own c_i updated (option II) and kept here; only the model and Δc_i leave the site.
 
-Importing this module registers the tasks; the transports that build site runners
-(:mod:`fedcxr.pipeline.inprocess`, the FLARE client) import it.
+Each is a function of the site's runner (:class:`~fedcxr.pipeline.site_runner.SiteRunner`), the
+received params and the task's typed config; the runner's module lists them in its task registry
+(:data:`fedcxr.pipeline.site_runner.TASKS`), so this module never imports the runner: a task's
+seeds come from :meth:`SiteRunner.task_seed`, its kept state from the runner's methods.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch.utils.data import Subset
@@ -25,36 +27,34 @@ from torch.utils.data import Subset
 from fedcxr.pipeline import aggregate as agg
 from fedcxr.pipeline.combine import combine_with_estimates
 from fedcxr.pipeline.data import make_loader
-from fedcxr.pipeline.local import (
-    batches,
-    load_optimizer_state,
-    make_optimizer,
-    optimizer_state_dict,
-    predict,
-    train_local,
-)
+from fedcxr.pipeline.forward import predict
+from fedcxr.pipeline.local import batches, train_local
+from fedcxr.pipeline.optimizers import load_optimizer_state, make_optimizer, optimizer_state_dict
 from fedcxr.pipeline.messages import (
     FACT_HEAD_A,
     FACT_HEAD_B,
     Reply,
     StateDict,
+    TrainTask,
     pack_control_delta,
     unpack_combine,
     unpack_control,
 )
-from fedcxr.pipeline.keys import WARM_PREFIX, derive_seed
-from fedcxr.pipeline.site_runner import SiteRunner, register_task
 from fedcxr.pipeline.state import cpu_state
 
+#: The :class:`~fedcxr.pipeline.site_runner.SiteRunner` answering the task (that module imports this one).
+Runner = Any
 
-@register_task("train_combine")
-def train_combine(runner: SiteRunner, params: StateDict, config: dict) -> Reply:
+
+def train_combine(runner: Runner, params: StateDict, config: TrainTask) -> Reply:
     """Fine-tune from θ0 on the target's labeled rows, then combine with the source deltas."""
-    spec = config["combine"]
-    theta0, deltas = unpack_combine(params, len(spec["n_sources"]))
-    reply = _held(runner, theta0, config.get("round"))
+    spec = config.combine
+    if spec is None:
+        raise ValueError(f"site {runner.name}: a train_combine task without its combine spec")
+    theta0, deltas = unpack_combine(params, len(spec.n_sources))
+    reply = _held(runner, theta0, config.round)
     if reply is None:  # not fine-tuned beside the sources (or the site restarted since): do it now
-        reply = runner.handle("train", theta0, {**config, "record_batch_updates": bool(spec.get("auto"))})
+        reply = runner.handle("train", theta0, config.replace(record_batch_updates=spec.auto))
     theta, betas, estimates = combine_with_estimates(theta0, reply.params, deltas, spec, n_target=reply.n_samples,
                                                      batch_updates=reply.extra.get("batch_updates"),
                                                      target_steps=reply.n_batches)
@@ -62,8 +62,7 @@ def train_combine(runner: SiteRunner, params: StateDict, config: dict) -> Reply:
                  class_set=reply.class_set, metrics={**reply.metrics, "betas": betas, "combine": estimates})
 
 
-@register_task("warmup_head")
-def warmup_head(runner: SiteRunner, params: StateDict, config: dict) -> Reply:
+def warmup_head(runner: Runner, params: StateDict, config: TrainTask) -> Reply:
     """Surgical head warm-up: the head alone learns for ``epochs`` epochs on the frozen backbone
     (one Adam), the head with the lowest validation loss is kept on this site for round 0.
 
@@ -73,22 +72,22 @@ def warmup_head(runner: SiteRunner, params: StateDict, config: dict) -> Reply:
     """
     model, head_classes, aux_tasks, _ = runner.prepared_model(params, config)
     data = runner.training_data(config, head_classes, aux_tasks)
-    negatives = bool(config.get("missing_as_negative"))
+    negatives = config.missing_as_negative
     val = runner.dataset("val", head_classes, aux_tasks, augment=False, missing_as_negative=negatives,
                          loss_classes=head_classes if negatives else [c for c in head_classes if c in runner.class_set])
-    cfg = runner.local_config(lr=float(config["lr"]), batch_size=int(config["batch_size"]), epochs=1,
-                              optimizer=str(config.get("optimizer") or "adam"), use_aux=False)
+    cfg = runner.local_config(lr=config.lr, batch_size=config.batch_size, epochs=1, optimizer=config.optimizer,
+                              use_aux=False)
     losses, best, state = [], None, {}
-    for epoch in range(int(config["epochs"]) if len(data) else 0):
-        seed = derive_seed(int(config.get("seed", 0)), "warmup_head", runner.name, epoch)
+    for epoch in range(config.epochs if len(data) else 0):
+        seed = runner.task_seed(config, "warmup_head", epoch)
         loader = runner.train_loader(data, batch_size=cfg.batch_size, seed=seed)
         state = train_local(model, loader, cfg, device=runner.device, seed=seed, trainable="head",
-                            optimizer_state=state, freeze_bn=bool(config.get("freeze_bn"))).optimizer_state
+                            optimizer_state=state, freeze_bn=config.freeze_bn).optimizer_state
         losses.append(_val_loss(model, val, runner) if len(val) else float("nan"))
         if best is None or not len(val) or losses[-1] < losses[best[0]]:
             best = (epoch, {k: v.detach().to("cpu", copy=True) for k, v in model.head.state_dict().items()})
     if best is not None:
-        runner.local_state.update({WARM_PREFIX + "head." + k: v for k, v in best[1].items()})
+        runner.keep_warm_head(best[1])
     return Reply(site=runner.name, n_samples=len(data), class_set=head_classes,
                  metrics={"val_loss": losses, "best_epoch": best[0] if best else None})
 
@@ -104,7 +103,7 @@ def _val_loss(model, data, runner) -> float:
     return float(bce[mask].mean()) if bool(mask.any()) else float("nan")
 
 
-def _held(runner: SiteRunner, theta0: StateDict, r) -> Optional[Reply]:
+def _held(runner: Runner, theta0: StateDict, r) -> Optional[Reply]:
     """The fine-tuning this site did from ``theta0`` in round ``r`` (``hold_for_combine``), used once."""
     held, runner.held = runner.held, None
     if held is None or held[0] != r or held[1].keys() != theta0.keys():
@@ -114,32 +113,30 @@ def _held(runner: SiteRunner, theta0: StateDict, r) -> Optional[Reply]:
     return held[2]
 
 
-@register_task("fact_target")
-def fact_target(runner: SiteRunner, params: Optional[StateDict], config: dict) -> Reply:
+def fact_target(runner: Runner, params: Optional[StateDict], config: TrainTask) -> Reply:
     """Update the feature extractor to minimise the IDD of two heads on unlabeled images."""
-    classes = list(config["head_classes"])
+    classes = list(config.head_classes)
     model = runner.model(classes, [])
     body = {k: v for k, v in params.items() if not k.startswith(("fact_head_", "head."))}
     model.load_state_dict(body, strict=False)  # the head stays as it is: only G' is trained here
     head_a, head_b = _head(params, FACT_HEAD_A, model), _head(params, FACT_HEAD_B, model)
     data = runner.dataset("train", classes, [], augment=runner.augment)
-    if config.get("max_rows"):
-        data = Subset(data, list(range(min(len(data), int(config["max_rows"])))))
-    seed = derive_seed(int(config.get("seed", 0)), "fact_target", runner.name, config.get("round", 0))
-    loader = make_loader(data, batch_size=int(config["batch_size"]), shuffle=True, seed=seed,
+    if config.max_rows:
+        data = Subset(data, list(range(min(len(data), int(config.max_rows)))))
+    seed = runner.task_seed(config, "fact_target", config.round)
+    loader = make_loader(data, batch_size=config.batch_size, shuffle=True, seed=seed,
                          augment=runner.augment, **runner.loader_options())
-    cfg = runner.local_config(lr=float(config["lr"]), batch_size=int(config["batch_size"]),
-                              epochs=int(config.get("epochs") or 1), steps=config.get("steps"),
-                              weight_decay=float(config.get("weight_decay") or 0.0),
-                              optimizer=str(config.get("optimizer") or "adam"),
-                              momentum=0.9 if config.get("momentum") is None else float(config["momentum"]))
+    cfg = runner.local_config(lr=config.lr, batch_size=config.batch_size, epochs=config.epochs or 1,
+                              steps=config.steps, weight_decay=config.weight_decay, optimizer=config.optimizer,
+                              momentum=config.momentum)
     device = runner.device
     model.to(device).train()
     for p in model.head.parameters():
         p.requires_grad_(False)
     named = [(n, p) for n, p in model.named_parameters() if not n.startswith("head.")]
-    optimizer = make_optimizer([p for _, p in named], cfg)
-    if config.get("keep_optimizer"):  # FACT: the target keeps its SGD on G across rounds
+    optimizer = make_optimizer([p for _, p in named], optimizer=cfg.optimizer, lr=cfg.lr,
+                               weight_decay=cfg.weight_decay, momentum=cfg.momentum)
+    if config.keep_optimizer:  # FACT: the target keeps its SGD on G across rounds
         load_optimizer_state(optimizer, named, runner.optimizer_state())
     torch.manual_seed(seed)
     losses = []
@@ -151,7 +148,7 @@ def fact_target(runner: SiteRunner, params: Optional[StateDict], config: dict) -
         optimizer.step()
         losses.append(float(loss.detach()))
     steps = len(losses)
-    if config.get("keep_optimizer"):
+    if config.keep_optimizer:
         runner.keep_optimizer_state(optimizer_state_dict(optimizer, named))
     for p in model.head.parameters():
         p.requires_grad_(True)
@@ -188,8 +185,7 @@ def _measure_idd(model, head_a, head_b, data, device, options: dict) -> float:
     return total / max(count, 1)
 
 
-@register_task("train_scaffold")
-def train_scaffold(runner: SiteRunner, params: StateDict, config: dict) -> Reply:
+def train_scaffold(runner: Runner, params: StateDict, config: TrainTask) -> Reply:
     """SCAFFOLD's client round (Karimireddy et al. 2020, Algorithm 1, lines 7-13).
 
     ``params`` = the model x plus the server's control variate c (:func:`~fedcxr.pipeline.messages.pack_control`).
@@ -209,7 +205,7 @@ def train_scaffold(runner: SiteRunner, params: StateDict, config: dict) -> Reply
         return reply
     new_local, delta = agg.scaffold_client_control(local, control, theta, reply.params,
                                                    steps=int(reply.metrics.get("scaffold_steps", 0)),
-                                                   lr=float(config["lr"]))
+                                                   lr=config.lr)
     runner.keep_control_variate(new_local)
     reply.extra = {**reply.extra, **pack_control_delta(delta)}
     return reply

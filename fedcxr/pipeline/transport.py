@@ -13,7 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Mapping, Optional
 
-from fedcxr.pipeline.messages import Reply, StateDict
+from fedcxr.pipeline.messages import Reply, StateDict, TaskConfig
 
 
 class Transport(ABC):
@@ -27,14 +27,15 @@ class Transport(ABC):
         task: str,
         targets: list[str],
         params: Optional[StateDict],
-        config: dict,
+        config: Optional[TaskConfig],
         *,
-        per_site: Optional[Mapping[str, tuple[Optional[StateDict], dict]]] = None,
+        per_site: Optional[Mapping[str, tuple[Optional[StateDict], TaskConfig]]] = None,
     ) -> dict[str, Reply]:
         """Send ``task`` to ``targets`` and return the replies of the sites that answered.
 
-        ``per_site`` overrides ``(params, config)`` for the named sites (e.g. FedBN's
-        per-site models). A site that died or timed out is simply absent from the result;
+        ``config`` is the task's typed config (:mod:`fedcxr.pipeline.messages`; ``None`` for a
+        task that takes none). ``per_site`` overrides ``(params, config)`` for the named sites
+        (e.g. FedBN's per-site models). A site that died or timed out is simply absent from the result;
         the protocol decides whether the round can go on (``min_sites``).
         """
 

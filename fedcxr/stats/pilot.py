@@ -31,7 +31,7 @@ PILOT_METHOD = "FedGP_Auto"
 def pilot_config(cfg: ExperimentConfig, sources: Optional[list[str]] = None) -> ExperimentConfig:
     """The experiment as a one-round FedGP_Auto run without warm-up, validation or tracking."""
     data = cfg.model_dump(mode="json")
-    data.update(strategy=PILOT_METHOD, rounds=1, warmup_rounds=0, post_warmup_lr_scale=1.0,
+    data.update(method=PILOT_METHOD, rounds=1, warmup_rounds=0, post_warmup_lr_scale=1.0,
                 eval_every=0, select_round="last", tracking="none", eval_sites=None)
     if sources is not None:
         data["sites"] = list(sources)
@@ -63,9 +63,9 @@ def pilot_estimates(cfg: ExperimentConfig, *, device: Optional[str] = None, prog
 def _run(cfg: ExperimentConfig, *, device: Optional[str], progress: bool) -> dict[str, Any]:
     from fedcxr.pipeline.combine import auto_estimates
     from fedcxr.pipeline.engine import backend_settings
-    from fedcxr.pipeline.federation import build_context, initial_model
+    from fedcxr.pipeline.run_driver import build_context, initial_model
     from fedcxr.pipeline.inprocess import InProcessTransport, build_runners, run_engine
-    from fedcxr.pipeline.local import resolve_device
+    from fedcxr.pipeline.devices import resolve_device
     from fedcxr.pipeline.protocols import get_protocol
     from fedcxr.pipeline.state import delta
 

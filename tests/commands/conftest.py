@@ -23,7 +23,7 @@ def evaluated_run(tiny_manifests, tmp_path_factory) -> Path:
     """
     from fedcxr.cli import main
     from fedcxr.pipeline.config import load_config
-    from fedcxr.pipeline.federation import run_experiment
+    from fedcxr.pipeline.run_driver import run_experiment
 
     root = tmp_path_factory.mktemp("usemodel")
     run = root / "run"

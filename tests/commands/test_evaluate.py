@@ -8,7 +8,7 @@ import pandas as pd
 
 from fedcxr.cli import main
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 
 from ..conftest import tiny_config
 

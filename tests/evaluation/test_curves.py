@@ -15,7 +15,7 @@ from fedcxr.evaluation.report import build_report
 from fedcxr.evaluation.report_files import CURVES_FIGURE, write_report, write_training_curves
 from fedcxr.evaluation.report_markdown import render_markdown
 
-ROWS = [  # what federation.py appends: three rounds, validation in rounds 0 and 2 only
+ROWS = [  # what the run driver writes: three rounds, validation in rounds 0 and 2 only
     {"round": 0, "train": {"a": {"loss": 0.70, "main_loss": 0.70}, "b": {"loss": 0.68}}, "target": {"loss": 0.66},
      "val": {"c": {"mean_auroc": 0.61, "auroc": {"edema": 0.61}, "n": 20}}, "seconds": 1.0},
     {"round": 1, "train": {"a": {"loss": 0.60}, "b": {"loss": float("nan")}}, "target": {"loss": 0.58},

@@ -73,8 +73,10 @@ def _theta0_and_bn_keys(classes):
 
 
 def _train_config(r, classes, local_keys):
-    return {"round": r, "seed": 0, "role": "source", "head_classes": classes, "param_classes": classes,
-            "aux_tasks": [], "lr": 1e-2, "batch_size": 8, "epochs": 1, "steps": 2, "local_keys": local_keys}
+    from fedcxr.pipeline.messages import TrainTask
+
+    return TrainTask.build(round=r, seed=0, role="source", head_classes=classes, param_classes=classes, lr=1e-2,
+                           batch_size=8, epochs=1, steps=2, local_keys=local_keys)
 
 
 def test_restarted_site_restores_local_state_of_the_right_round(tiny_manifests, tmp_path):
@@ -110,18 +112,18 @@ def test_restarted_site_restores_local_state_of_the_right_round(tiny_manifests, 
     assert all(torch.equal(after_again[k], after_round1[k]) for k in bn), "the repeated round must match"
 
     evaluating = FlareSite("nih_style", site_cfg, tmp_path)  # evaluation after round 1 wants round 1's state
-    reply = evaluating.handle("local_state", None, {"round": 1}, SETTINGS, "run1")
+    reply = evaluating.handle("local_state", None, {}, SETTINGS, "run1")
     assert all(torch.equal(reply.params[k], after_round1[k]) for k in bn)
     other = FlareSite("nih_style", site_cfg, tmp_path).handle("local_state", None, {}, SETTINGS, "other-run")
     assert other.params == {}, "state is kept per experiment"
 
 
 def test_every_task_that_trains_saves_the_site_state():
-    """train_combine (GP/FedDA/FedGP) and fact_target (FACT) train too: their state must survive a restart."""
-    from fedcxr.flare.client import READ_ONLY_TASKS, STATE_CHANGING_TASKS
+    """train_combine (GP/FedDA/FedGP), fact_target (FACT), warmup_head and train_scaffold train too: their
+    state must survive a restart. The registry declares it per task; the client saves after those."""
+    from fedcxr.flare.client import CLIENT_TASKS, READ_ONLY_TASKS, STATE_CHANGING_TASKS
     from fedcxr.pipeline.site_runner import TASKS
 
-    assert {"train", "train_combine", "fact_target"} <= STATE_CHANGING_TASKS
-    unclassified = sorted(set(TASKS) - STATE_CHANGING_TASKS - READ_ONLY_TASKS)
-    assert not unclassified, f"registered tasks neither state-changing nor read-only: {unclassified}"
-    assert not STATE_CHANGING_TASKS & READ_ONLY_TASKS
+    assert STATE_CHANGING_TASKS == {"train", "train_combine", "fact_target", "warmup_head", "train_scaffold"}
+    assert READ_ONLY_TASKS == {"metadata", "evaluate", "validate", "local_state"}
+    assert set(TASKS) | set(CLIENT_TASKS) | {"local_state"} == STATE_CHANGING_TASKS | READ_ONLY_TASKS

@@ -35,9 +35,10 @@ pytest.importorskip("nvflare")
 import fedcxr  # noqa: E402
 from fedcxr.cli import main  # noqa: E402
 from fedcxr.pipeline.config import config_fingerprint, load_config  # noqa: E402
-from fedcxr.pipeline.federation import run_experiment  # noqa: E402
+from fedcxr.pipeline.run_driver import run_experiment  # noqa: E402
 from fedcxr.flare.simulator import simulate_many  # noqa: E402
 from fedcxr.flare.wire import REPLY_KEYS, check_summary  # noqa: E402
+from fedcxr.pipeline.messages import WEIGHT_TYPES  # noqa: E402
 from fedcxr.vocab import CLASSES  # noqa: E402
 
 from ..conftest import tiny_config  # noqa: E402
@@ -320,7 +321,7 @@ def test_only_parameters_counts_class_names_and_metrics_leave_a_site(flare_runs)
                                               "mean_auroc", "idd_train", "idd_train_sum", "idd_after", "fedcxr", "error", "betas",
                                                   "manifest_hash", "model_owner", "SRV_server", "test",
                                               "RuntimeError", "best_epoch", "val_loss",
-                                              "summary", *ALL}
+                                              "summary", *WEIGHT_TYPES, *ALL}
     summaries = 0
     for entry in entries:
         metrics = entry["meta"]["fedcxr"].get("metrics") or {}
@@ -389,7 +390,7 @@ def test_export_writes_a_portable_job(tiny_manifests, tmp_path):
     controller = server["workflows"][0]
     assert controller["path"] == "fedcxr.flare.controller.FedcxrController"
     spec = controller["args"]["experiments"][0]
-    assert spec["run_dir"] == "fedcxr-runs/tiny" and spec["config"]["strategy"] == "FedAvg_Finetune"
+    assert spec["run_dir"] == "fedcxr-runs/tiny" and spec["config"]["method"] == "FedAvg_Finetune"
     assert spec["config"]["manifests"] is None and spec["config"]["cache_dir"] is None
     assert controller["args"]["task_timeout"] == 600
     assert controller["args"]["fedcxr_version"] == fedcxr.__version__

@@ -17,11 +17,11 @@ import pytest
 from fedcxr.cli import main
 from fedcxr.evaluation.compare import compare_runs
 from fedcxr.flare.cross_site import SERVER_MODEL, cross_site_evaluate, evaluation_settings
-from fedcxr.flare.site_evaluation import VALIDATE_TASK
+from fedcxr.flare.site_evaluation import SITE_TASKS, VALIDATE_TASK
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
-from fedcxr.pipeline.local import resolve_device
+from fedcxr.pipeline.devices import resolve_device
 
 from ..conftest import tiny_config
 
@@ -53,7 +53,7 @@ def _train(manifests, root: Path, name: str, **overrides):
 
 
 def _transport(cfg, cls=InProcessTransport, **kwargs):
-    return cls(build_runners(cfg, resolve_device("cpu"), False), **kwargs)
+    return cls(build_runners(cfg, resolve_device("cpu"), False, tasks=SITE_TASKS), **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ pytest.importorskip("nvflare")
 from fedcxr.flare.simulator import simulate_many  # noqa: E402
 from fedcxr.pipeline.checkpoints import load_checkpoint, load_tensors  # noqa: E402
 from fedcxr.pipeline.config import config_fingerprint, load_config  # noqa: E402
-from fedcxr.pipeline.federation import run_experiment  # noqa: E402
+from fedcxr.pipeline.run_driver import run_experiment  # noqa: E402
 from fedcxr.pipeline.keys import CONTROL_PREFIX  # noqa: E402
 
 from ..conftest import tiny_config  # noqa: E402

@@ -118,7 +118,7 @@ def test_jobs_refuse_filters_they_cannot_honour(tiny_manifests, tmp_path):
 @pytest.mark.slow  # one FLARE simulator job (~40 s)
 def test_simulator_run_with_filters_keeps_excluded_entries_at_the_global_value(tiny_manifests, tmp_path):
     from fedcxr.flare.simulator import simulate
-    from fedcxr.pipeline.federation import run_experiment
+    from fedcxr.pipeline.run_driver import run_experiment
 
     cfg = _cfg(tiny_manifests, tmp_path, strategy="FedGP", rounds=1, eval_every=0, warmup_rounds=0,
                privacy={"filters": FILTERS})

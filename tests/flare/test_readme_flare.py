@@ -28,7 +28,7 @@ pytest.importorskip("tensorboard")
 from fedcxr.cli import main  # noqa: E402
 from fedcxr.commands.demo import DEMO_TARGET, demo_config  # noqa: E402
 from fedcxr.pipeline.config import load_config  # noqa: E402
-from fedcxr.pipeline.federation import run_experiment  # noqa: E402
+from fedcxr.pipeline.run_driver import run_experiment  # noqa: E402
 
 from .test_controller import _final, _max_diff, _processes_mentioning  # noqa: E402
 

@@ -17,7 +17,12 @@ from fedcxr.flare.wire import (
     encode_reply,
     encode_task,
 )
-from fedcxr.pipeline.messages import Reply
+from fedcxr.pipeline.messages import DELTAS, WEIGHTS, CombineSpec, NoConfig, Reply, TrainTask
+
+
+def _task(**extra) -> TrainTask:
+    return TrainTask.build(**{"round": 3, "seed": 0, "role": "source", "head_classes": ["edema", "pneumonia"],
+                              "param_classes": ["edema", "pneumonia"], "lr": 1e-3, "batch_size": 8, **extra})
 
 
 def _state() -> dict:
@@ -27,11 +32,14 @@ def _state() -> dict:
 
 def test_task_round_trip_keeps_every_tensor_and_the_config():
     state = _state()
-    config = {"round": 3, "head_classes": ["edema", "pneumonia"], "lr": 1e-3, "labeled": None}
-    params, meta = encode_task("train", state, config, runner={"image_size": 32}, run="abc")
+    spec = CombineSpec.build(rule="fedgp", auto=True, beta=0.5, n_sources=[40, 12], n_batches=[5, 2], bs_source=8,
+                             bs_target=4, lr_source=1e-3, lr_target=2e-4, epochs_source=1, epochs_target=1)
+    config = _task(labeled=0.25, combine=spec, dp={"noise_multiplier": 1.0, "max_grad_norm": 1.0, "delta": 1e-5})
+    params, meta = encode_task("train_combine", state, config, runner={"image_size": 32}, run="abc")
     assert all(isinstance(v, np.ndarray) for v in params.values())
     task = decode_task(params, meta)
-    assert task["task"] == "train" and task["config"] == config and task["run"] == "abc"
+    assert task["task"] == "train_combine" and task["config"] == config and task["run"] == "abc"
+    assert isinstance(task["config"].labeled, float) and task["config"].combine.n_sources == (40, 12)
     assert task["runner"] == {"image_size": 32}
     for key, value in state.items():
         assert torch.equal(task["params"][key], value) and task["params"][key].dtype == value.dtype
@@ -43,7 +51,7 @@ def test_task_without_params_decodes_to_none():
 
 
 def test_task_from_another_fedcxr_version_is_refused_with_a_hint():
-    params, meta = encode_task("train", None, {}, runner={}, run="r")
+    params, meta = encode_task("metadata", None, None, runner={}, run="r")
     meta[META_KEY]["version"] = 99
     with pytest.raises(WireError, match="same fedcxr version"):
         decode_task(params, meta)
@@ -161,8 +169,39 @@ def test_a_reply_of_differences_is_refused_without_keys_or_with_unlisted_entries
 
 
 def test_a_task_says_whether_it_wants_differences():
-    assert decode_task(*encode_task("train", _state(), {}, runner={}, run="r", diff=True))["diff"] is True
-    assert decode_task(*encode_task("train", _state(), {}, runner={}, run="r"))["diff"] is False
+    wanted = encode_task("train", _state(), _task(), runner={}, run="r", reply_weight_type=DELTAS)
+    assert decode_task(*wanted)["reply_weight_type"] == DELTAS
+    assert decode_task(*encode_task("train", _state(), _task(), runner={}, run="r"))["reply_weight_type"] == WEIGHTS
+
+
+def test_a_reply_says_whether_it_carries_weights_or_differences():
+    sent, trained = _sent_and_trained()
+    assert encode_reply(Reply(site="a", params=trained))[1][META_KEY]["weight_type"] == WEIGHTS
+    params, meta = encode_reply(Reply(site="a", params=trained), reference=sent)
+    assert meta[META_KEY]["weight_type"] == DELTAS
+    assert decode_reply("a", params, meta, reference=sent).weight_type == WEIGHTS  # turned back into weights
+    meta[META_KEY]["weight_type"] = WEIGHTS  # differences passed off as weights would be a model near zero
+    with pytest.raises(WireError, match="weights carries difference entries"):
+        decode_reply("a", params, meta, reference=sent)
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda c: {**c, "lr_boost": 10}, r"unknown key\(s\) \['lr_boost'\]"),
+    (lambda c: {k: v for k, v in c.items() if k != "batch_size"}, r"missing key\(s\) \['batch_size'\]"),
+    (lambda c: {**c, "optimizer": "lbfgs"}, r"optimizer: 'lbfgs' is not one of"),
+    (lambda c: {**c, "lr": "1e-3"}, r"lr: '1e-3' is not a finite number"),
+    (lambda c: {**c, "head_classes": "edema"}, r"head_classes: expected a list"),
+])
+def test_a_task_with_an_unknown_or_missing_key_or_a_wrong_value_is_refused_at_the_site(change, match):
+    params, meta = encode_task("train", _state(), _task(), runner={}, run="r")
+    meta[META_KEY]["config"] = change(meta[META_KEY]["config"])
+    with pytest.raises(WireError, match=match):
+        decode_task(params, meta)
+
+
+def test_the_server_never_sends_a_config_of_another_task():
+    with pytest.raises(ValueError, match="task 'train'"):
+        encode_task("train", _state(), NoConfig(), runner={}, run="r")
 
 
 def test_an_integer_entry_a_filter_turned_into_a_float_comes_back_as_sent():

@@ -17,7 +17,8 @@ import yaml
 
 from fedcxr.cli import main
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
+from fedcxr.pipeline.messages import TrainTask
 
 from ..conftest import tiny_config
 
@@ -88,8 +89,8 @@ def test_engine_defaults_on_cuda_train_channels_last_with_amp_and_pinned_batches
     assert batch["image"].device.type == "cuda" and batch["image"].dtype == torch.float32
     assert batch["label"].is_pinned()  # the rest stays page-locked on the host for an asynchronous copy
     params = cpu_state(runner.model(classes, []))
-    config = {"round": 0, "seed": 0, "role": "source", "head_classes": classes, "param_classes": classes,
-              "aux_tasks": [], "lr": 1e-3, "batch_size": 8, "steps": 3}
+    config = TrainTask.build(round=0, seed=0, role="source", head_classes=classes, param_classes=classes, lr=1e-3,
+                             batch_size=8, steps=3)
     reply = runner.handle("train", params, config)
     assert all(torch.isfinite(v.float()).all() and v.is_contiguous() for v in reply.params.values())
     model = runner.model(classes, [])

@@ -21,7 +21,7 @@ import yaml
 
 from fedcxr.cli import main
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 from fedcxr.pipeline.messages import Reply
 from fedcxr.pipeline.protocols import Context, RoundFailed, valid_replies
 from fedcxr.pipeline.protocols.base import SuspectSite
@@ -291,7 +291,7 @@ def test_a_rule_or_setting_a_run_cannot_use_exits_2_saying_why(tiny_manifests, t
 def test_metadata_counts_that_are_not_counts_stop_the_run_before_round_0():
     """The counts every later reply is judged by must themselves be counts (exit 2 naming the site)."""
     from fedcxr.errors import UserError
-    from fedcxr.pipeline.federation import check_metadata_counts
+    from fedcxr.pipeline.run_driver import check_metadata_counts
 
     with pytest.raises(UserError, match=r"site evil answered the metadata query with n_samples is a 401-digit"):
         check_metadata_counts({"evil": Reply(site="evil", n_samples=10**400)})

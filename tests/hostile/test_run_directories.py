@@ -22,7 +22,7 @@ import yaml
 from fedcxr.cli import main
 from fedcxr.pipeline.checkpoints import checkpoint_paths, load_tensors, UnsafeFile
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 
 from ..conftest import tiny_config
 
@@ -193,7 +193,7 @@ def test_resume_refuses_a_site_that_was_re_ingested(finished, tmp_path, capsys):
     ("- a\n- b\n", "must be a mapping"),
     ("sites: [nih_style]\nround: 3\n", "round: Extra inputs are not permitted"),
     ("sites: [nih_style]\nrounds: -1\n", "rounds: Input should be greater than or equal to 0"),
-    ("sites: [nih_style]\nstrategy: FedMagic\n", "unknown strategy 'FedMagic'"),
+    ("sites: [nih_style]\nstrategy: FedMagic\n", "unknown method 'FedMagic'"),
     ("sites: [nih_style]\nmodel: {classes: [tumour]}\n", "unknown class(es) ['tumour']"),
     ("sites: [nosuchsite]\n", "site 'nosuchsite': no manifest"),
     ("sites: [nih_style, dicom_style]\ntarget: dicom_style\n", "also listed under `sites`"),

@@ -48,7 +48,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from fedcxr.pipeline.local import masked_bce
+from fedcxr.pipeline.losses import masked_bce
 
 StateDict = dict[str, torch.Tensor]
 

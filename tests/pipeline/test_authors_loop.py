@@ -33,7 +33,7 @@ import torch
 from fedcxr.pipeline import aggregate as agg
 from fedcxr.pipeline.combine import estimator_keys
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.federation import run_experiment, run_threads
+from fedcxr.pipeline.run_driver import run_experiment, run_threads
 from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
 from fedcxr.pipeline.site_runner import SiteRunner
 

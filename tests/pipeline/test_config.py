@@ -84,3 +84,34 @@ def test_a_target_listed_as_a_source_is_refused_not_dropped(tmp_path):
     with pytest.raises(UserError, match="target 'b' is also listed under `sites`") as info:
         load_config(data=data, check_sites=False)
     assert "Value error" not in str(info.value)
+
+
+# --------------------------------------------------------------------------- method (formerly strategy)
+
+
+def test_method_is_checked_at_load_naming_the_key_and_the_known_methods(tmp_path):
+    for key in ("method", "strategy"):
+        with pytest.raises(UserError, match=rf"{key}: unknown method 'FedAVG'; known: FedAvg, FedAvg_Finetune"):
+            load_config(data={"sites": ["a"], key: "FedAVG"}, check_sites=False)
+
+
+def test_strategy_is_the_former_name_of_method_in_yaml_and_in_set():
+    assert load_config(data={"sites": ["a"], "strategy": "FedGP"}, check_sites=False).method == "FedGP"
+    assert load_config(data={"sites": ["a"]}, check_sites=False).method == "FedAvg"  # unset: the default
+    for yaml_key in ("method", "strategy"):
+        for set_key in ("method", "strategy"):
+            cfg = load_config(data={"sites": ["a"], yaml_key: "FedGP"}, overrides=[f"{set_key}=FedDA"],
+                              check_sites=False)
+            assert cfg.method == cfg.strategy == "FedDA"
+    with pytest.raises(UserError, match="both `method` and `strategy` are given"):
+        load_config(data={"sites": ["a"], "method": "FedGP", "strategy": "FedGP"}, check_sites=False)
+
+
+def test_fingerprint_is_the_one_earlier_versions_computed_under_either_key():
+    """Runs started before ``method`` existed resume: their checkpoints hold these fingerprints (computed
+    by fedcxr 0.2.0 at main 4d70a38, which knew only ``strategy``)."""
+    base = {"sites": ["a", "b"], "target": "t", "rounds": 3, "seed": 7}
+    for key in ("strategy", "method"):
+        assert config_fingerprint(load_config(data={**base, key: "FedGP_Auto"}, check_sites=False)) == \
+            "eec626c4674de65e"
+    assert config_fingerprint(load_config(data={"sites": ["a"]}, check_sites=False)) == "5de14a000d548775"

@@ -7,7 +7,7 @@ import torch
 
 from fedcxr.errors import UserError
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.local import resolve_device
+from fedcxr.pipeline.devices import resolve_device
 
 
 def test_a_gpu_number_resolves_when_that_gpu_exists(monkeypatch):
@@ -38,3 +38,14 @@ def test_the_config_names_the_device_values_it_accepts():
     data = {"name": "x", "sites": ["a"], "strategy": "FedAvg", "device": "gpu"}
     with pytest.raises(UserError, match="device: 'gpu': use auto, cpu, cuda or cuda:N"):
         load_config(data=data, check_sites=False)
+
+
+def test_resolve_device():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device(None) == resolve_device("auto")
+    with pytest.raises(UserError):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="CUDA"):
+            resolve_device("cuda")

@@ -10,7 +10,7 @@ import torch
 
 from fedcxr.errors import UserError
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 
 from ..conftest import tiny_config
 

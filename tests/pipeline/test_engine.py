@@ -18,6 +18,7 @@ from fedcxr.pipeline.engine import (
     usable_cores,
 )
 from fedcxr.pipeline.inprocess import build_runners, run_engine
+from fedcxr.pipeline.messages import TrainTask
 from fedcxr.pipeline.state import cpu_state
 
 from ..conftest import tiny_config
@@ -127,8 +128,8 @@ def test_a_waiting_site_is_offloaded_after_every_task(tiny_manifests, tmp_path, 
         runner = runners["nih_style"]
         runner.engine = dataclasses.replace(runner.engine, offload_idle=flag)
         params = params or cpu_state(runner.model(CLASSES, []))  # both runners start from the same weights
-        config = {"round": 0, "seed": 0, "role": "source", "head_classes": CLASSES, "param_classes": CLASSES,
-                  "aux_tasks": [], "lr": 1e-3, "batch_size": 8, "steps": 2}
+        config = TrainTask.build(round=0, seed=0, role="source", head_classes=CLASSES, param_classes=CLASSES, lr=1e-3,
+                                 batch_size=8, steps=2)
         replies[flag] = runner.handle("train", params, config)
         assert all(p.device.type == "cpu" for m in runner._models.values() for p in m.parameters())
     assert moved == ["cpu"]  # only the runner with offload_idle moved its models
@@ -161,8 +162,8 @@ def test_persistent_loader_is_kept_across_rounds_and_changes_nothing(tiny_manife
         params = params or cpu_state(runner.model(CLASSES, []))
         replies = []
         for round_ in (0, 1):
-            config = {"round": round_, "seed": 0, "role": "source", "head_classes": CLASSES,
-                      "param_classes": CLASSES, "aux_tasks": [], "lr": 1e-3, "batch_size": 8, "steps": 3}
+            config = TrainTask.build(round=round_, seed=0, role="source", head_classes=CLASSES,
+                                     param_classes=CLASSES, lr=1e-3, batch_size=8, steps=3)
             replies.append(runner.handle("train", params, config).params)
         assert len(runner._loaders) == (1 if workers else 0)
         outcomes[workers] = replies

@@ -1,4 +1,4 @@
-"""Local training: the AuxInfo loss, trainable parts, recorded batch updates, determinism."""
+"""Local training (fedcxr.pipeline.local): learning, trainable parts, recorded batch updates, determinism."""
 
 from __future__ import annotations
 
@@ -10,21 +10,12 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from sklearn.metrics import roc_auc_score
 
-from fedcxr.errors import UserError
 from fedcxr.models.network import CXRNet
 from fedcxr.pipeline.state import flatten_state
 from fedcxr.pipeline.data import AugmentConfig, SiteDataset, make_loader
-from fedcxr.pipeline.local import (
-    LocalConfig,
-    aux_ce,
-    masked_bce,
-    predict,
-    quick_auroc,
-    resolve_device,
-    train_local,
-)
+from fedcxr.pipeline.forward import predict, quick_auroc
+from fedcxr.pipeline.local import LocalConfig, train_local
 from fedcxr.vocab import aux_column, label_column
 
 CLASSES = ["edema", "atelectasis"]
@@ -55,51 +46,6 @@ def toy_model(seed: int = 0, aux: bool = True) -> CXRNet:
 def states_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return all(torch.equal(sa[k], sb[k]) for k in sa)
-
-
-# --------------------------------------------------------------------------- losses
-
-
-def test_masked_bce_is_the_mean_over_observed_entries():
-    logits = torch.tensor([[2.0, -1.0, 0.5], [0.0, 3.0, -2.0]], requires_grad=True)
-    targets = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
-    mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]])
-    p = torch.sigmoid(logits.detach())
-    expected = -(torch.log(p[0, 0]) + torch.log(1 - p[0, 1]) + torch.log(p[1, 1]) + torch.log(1 - p[1, 2])) / 4
-    loss = masked_bce(logits, targets, mask)
-    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
-    loss.backward()
-    assert logits.grad[0, 2] == 0 and logits.grad[1, 0] == 0  # masked entries get no gradient
-    # whatever masked entries hold (even a NaN label turned into anything) does not matter
-    targets2 = targets.clone()
-    targets2[0, 2], targets2[1, 0] = 0.0, 1.0
-    logits2 = logits.detach().clone()
-    logits2[0, 2] = 50.0
-    assert masked_bce(logits2, targets2, mask).item() == pytest.approx(loss.item(), rel=1e-6)
-
-
-def test_all_masked_batch_gives_zero_with_a_gradient():
-    logits = torch.tensor([[30.0, -30.0]], requires_grad=True)
-    loss = masked_bce(logits, torch.tensor([[0.0, 1.0]]), torch.zeros(1, 2))
-    assert loss.item() == 0.0 and not math.isnan(loss.item()) and loss.grad_fn is not None
-    loss.backward()
-    assert torch.equal(logits.grad, torch.zeros(1, 2))
-
-
-def test_aux_ce_ignores_rows_with_unknown_values():
-    torch.manual_seed(0)
-    sex, view = torch.randn(4, 2, requires_grad=True), torch.randn(4, 3)
-    aux = torch.tensor([[1, -1], [0, -1], [-1, -1], [1, -1]])
-    mask = (aux >= 0).float()
-    loss = aux_ce({"sex": sex, "view": view}, aux, mask, ["sex", "view"])
-    expected = F.cross_entropy(sex[[0, 1, 3]], torch.tensor([1, 0, 1]))  # view: no known row → 0
-    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
-    loss.backward()
-    assert torch.equal(sex.grad[2], torch.zeros(2))
-    aux2 = torch.tensor([[1, 2], [0, -1], [-1, 0], [1, -1]])
-    both = aux_ce({"sex": sex, "view": view}, aux2, (aux2 >= 0).float(), ["sex", "view"])
-    view_ce = F.cross_entropy(view[[0, 2]], torch.tensor([2, 0]))
-    assert both.item() == pytest.approx(expected.item() + view_ce.item(), rel=1e-6)
 
 
 # --------------------------------------------------------------------------- training
@@ -245,36 +191,3 @@ def test_empty_loader_trains_nothing():
                          record_batch_updates=True)
     assert result.n_batches == 0 and math.isnan(result.loss) and result.batch_updates.shape[0] == 0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-
-
-# --------------------------------------------------------------------------- prediction
-
-
-def test_predict_outputs_and_quick_auroc():
-    ds = toy_dataset(n=12)
-    model = toy_model()
-    model.train()
-    out = predict(model, make_loader(ds, batch_size=5, shuffle=False, seed=0, augment=False), device="cpu")
-    assert model.training  # mode restored
-    assert out["probs"].shape == (12, 2) and ((out["probs"] > 0) & (out["probs"] < 1)).all()
-    assert out["aux_probs"]["sex"].shape == (12, 2)
-    assert np.allclose(out["aux_probs"]["sex"].sum(1), 1.0, atol=1e-5)
-    assert out["index"].tolist() == list(range(12))
-    np.testing.assert_array_equal(out["label_mask"], ds.label_mask)
-    auc = quick_auroc(out["labels"], out["label_mask"], out["probs"], CLASSES)
-    assert auc["edema"] == pytest.approx(roc_auc_score(ds.labels[:, 0], out["probs"][:, 0]))
-    observed = ds.label_mask[:, 1] > 0
-    assert auc["atelectasis"] == pytest.approx(roc_auc_score(ds.labels[observed, 1], out["probs"][observed, 1]))
-    one_valued = quick_auroc(np.ones((4, 1)), np.ones((4, 1)), np.random.rand(4, 1), ["edema"])
-    assert math.isnan(one_valued["edema"])
-
-
-def test_resolve_device():
-    assert resolve_device("cpu") == torch.device("cpu")
-    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
-    assert resolve_device(None) == resolve_device("auto")
-    with pytest.raises(UserError):
-        resolve_device("tpu")
-    if not torch.cuda.is_available():
-        with pytest.raises(UserError, match="CUDA"):
-            resolve_device("cuda")

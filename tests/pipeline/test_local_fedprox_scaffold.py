@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from fedcxr.pipeline import aggregate as A
-from fedcxr.pipeline.local import LocalConfig, masked_bce, proximal_term, train_local
+from fedcxr.pipeline.local import LocalConfig, train_local
+from fedcxr.pipeline.losses import masked_bce, proximal_term
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

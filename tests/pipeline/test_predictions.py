@@ -8,7 +8,7 @@ import torch
 
 from fedcxr.errors import UserError
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 from fedcxr.pipeline.predictions import load_final, patient_keys, row_keys, site_params, write_predictions
 
 from ..conftest import tiny_config

@@ -58,7 +58,7 @@ def test_a_site_without_a_task_label_or_with_a_class_it_lacks_is_refused():
 def test_a_shared_task_run_trains_one_output_at_every_site(tiny_manifests, tmp_path):
     """Sources labeling different conditions all train the target's one output."""
     from fedcxr.pipeline.config import load_config
-    from fedcxr.pipeline.federation import run_experiment
+    from fedcxr.pipeline.run_driver import run_experiment
 
     from ..conftest import tiny_config
 

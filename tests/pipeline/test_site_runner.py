@@ -7,10 +7,10 @@ import torch
 
 from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.local import resolve_device
-from fedcxr.pipeline.messages import Reply
+from fedcxr.pipeline.devices import resolve_device
 from fedcxr.pipeline.keys import derive_seed
-from fedcxr.pipeline.site_runner import TASKS, SiteRunner, register_task
+from fedcxr.pipeline.messages import EvaluateTask, Reply, TrainTask, ValidateTask
+from fedcxr.pipeline.site_runner import TASKS, SiteRunner, SiteTask
 from fedcxr.pipeline.state import check_update
 
 from ..conftest import tiny_config
@@ -22,10 +22,10 @@ def runners(tiny_manifests, tmp_path_factory):
     return cfg, build_runners(cfg, resolve_device("cpu"), progress=False)
 
 
-def _train_config(runner: SiteRunner, **extra) -> dict:
+def _train_config(runner: SiteRunner, **extra) -> TrainTask:
     classes = runner.class_set
-    return {"round": 0, "seed": 0, "role": "source", "head_classes": classes, "param_classes": classes,
-            "aux_tasks": [], "lr": 1e-3, "batch_size": 8, "steps": 2, **extra}
+    return TrainTask.build(**{"round": 0, "seed": 0, "role": "source", "head_classes": classes,
+                              "param_classes": classes, "lr": 1e-3, "batch_size": 8, "steps": 2, **extra})
 
 
 def test_metadata_reports_counts_classes_and_a_manifest_hash_only(runners):
@@ -92,26 +92,45 @@ def test_evaluate_returns_per_class_auroc_of_the_split(runners):
     _, sites = runners
     runner = sites["dicom_style"]
     theta0 = {k: v.detach().clone() for k, v in runner.model(runner.class_set, []).state_dict().items()}
-    reply = runner.handle("evaluate", theta0, {"head_classes": runner.class_set, "split": "val"})
+    classes = runner.class_set
+    task = EvaluateTask.build(head_classes=classes, param_classes=classes, split="val")
+    reply = runner.handle("evaluate", theta0, task)
     assert reply.metrics["split"] == "val" and reply.metrics["n"] == reply.n_samples > 0
     assert set(reply.metrics["auroc"]) == set(runner.class_set)
 
 
-def test_unknown_tasks_are_refused_and_registered_tasks_answered(runners):
-    _, sites = runners
+def test_unknown_tasks_are_refused_and_the_registry_is_explicit(runners):
+    """Every task a runner answers is in its module's registry (no import registers one); a transport
+    adds its own when it builds the runner, and only tasks whose config is typed."""
+    cfg, sites = runners
     with pytest.raises(ValueError, match="unknown task 'steal'"):
         sites["nih_style"].handle("steal", None, {})
-    with pytest.raises(ValueError, match="built into SiteRunner"):
-        register_task("train")(lambda runner, params, config: Reply(site=runner.name))
+    assert {"metadata", "train", "evaluate", "warmup_head", "train_combine", "fact_target",
+            "train_scaffold"} == set(TASKS) == set(sites["nih_style"].tasks)
 
-    @register_task("echo_for_test")
     def echo(runner, params, config):
-        return Reply(site=runner.name, metrics={"echo": config["x"]})
+        return Reply(site=runner.name, metrics={"owner": config.model_owner})
 
-    try:
-        assert sites["nih_style"].handle("echo_for_test", None, {"x": 3}).metrics == {"echo": 3}
-    finally:
-        TASKS.pop("echo_for_test")
+    added = build_runners(cfg, resolve_device("cpu"), False, tasks={"validate": SiteTask(echo, changes_state=False)})
+    reply = added["nih_style"].handle("validate", None, {**ValidateTask.build(classes=["edema"]).to_dict(),
+                                                          "model_owner": "SRV_server"})
+    assert reply.metrics == {"owner": "SRV_server"}
+    with pytest.raises(ValueError, match="no typed config"):
+        build_runners(cfg, resolve_device("cpu"), False, tasks={"steal": SiteTask(echo, changes_state=False)})
+
+
+def test_a_task_config_is_parsed_once_and_refused_naming_the_key(runners):
+    """A dict config (a test's, a recorded one) must hold exactly the task's keys, each of its type."""
+    _, sites = runners
+    runner = sites["nih_style"]
+    theta0 = {k: v.detach().clone() for k, v in runner.model(runner.class_set, []).state_dict().items()}
+    good = _train_config(runner).to_dict()
+    assert runner.handle("train", theta0, good).n_batches == 2  # the wire form is accepted
+    for bad, match in (({**good, "lr_scale": 2}, r"unknown key\(s\) \['lr_scale'\]"),
+                       ({k: v for k, v in good.items() if k != "lr"}, r"missing key\(s\) \['lr'\]"),
+                       ({**good, "batch_size": "8"}, "batch_size: '8' is not an integer")):
+        with pytest.raises(ValueError, match=match):
+            runner.handle("train", theta0, bad)
 
 
 def test_in_process_transport_runs_each_site_with_its_own_payload_and_keeps_local_state(runners):
@@ -121,8 +140,9 @@ def test_in_process_transport_runs_each_site_with_its_own_payload_and_keeps_loca
     assert set(replies) == {"nih_style", "dicom_style"}
     runner = sites["nih_style"]
     theta0 = {k: v.detach().clone() for k, v in runner.model(runner.class_set, []).state_dict().items()}
-    per_site = {"nih_style": (theta0, {"head_classes": runner.class_set, "split": "val"})}
-    out = transport.run("evaluate", ["nih_style"], None, {}, per_site=per_site)
+    classes = runner.class_set
+    per_site = {"nih_style": (theta0, EvaluateTask.build(head_classes=classes, param_classes=classes, split="val"))}
+    out = transport.run("evaluate", ["nih_style"], None, None, per_site=per_site)
     assert out["nih_style"].metrics["split"] == "val"
     transport.load_local_states({"nih_style": {"x": torch.ones(2)}, "unknown_site": {"y": torch.ones(1)}})
     states = transport.local_states()

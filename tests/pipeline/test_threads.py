@@ -12,7 +12,7 @@ import torch
 import fedcxr.pipeline.local as local
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.engine import AUTO_THREADS, backend_settings, resolve_engine
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 
 from ..conftest import tiny_config
 
@@ -57,7 +57,7 @@ def test_resume_with_another_thread_count_warns_and_continues(tiny_manifests, tm
     for path in (tmp_path / "run" / "checkpoints").glob("round_0001.pt*"):
         path.unlink()
     (tmp_path / "run" / "final_model.pt").unlink()
-    with caplog.at_level(logging.WARNING, logger="fedcxr.pipeline.federation"):
+    with caplog.at_level(logging.WARNING, logger="fedcxr.pipeline.run_driver"):
         run = run_experiment(load_config(data={**data, "engine": {"threads": 2}}), tmp_path / "run",
                              resume=True, progress=False)
     assert run["status"] == "finished"

@@ -8,6 +8,8 @@ run the very same code (STYLE: Flower's strategy base + one strategy per file).
 =====================  ====================================================================
 module                 methods
 =====================  ====================================================================
+``methods``            the table of method names → protocol class and options (a leaf: the
+                       config checks names against it when it is loaded)
 ``base``               the framework: :class:`Context`, :func:`ask`, reply checks, the base
                        :class:`RoundProtocol`
 ``fedavg``             ``FedAvg``, ``FedAvg_Finetune``, ``FedAvg_Finetune_AuxInfo``,
@@ -20,6 +22,12 @@ module                 methods
 ``fedopt``             ``FedProx``, ``SCAFFOLD``, ``FedAdagrad``, ``FedAdam``, ``FedYogi`` (each
                        also ``_Finetune``): the reviewers' baselines
 =====================  ====================================================================
+
+What the rest of fedcxr needs to know about a method is a property of its protocol, never a test
+of its name: :attr:`RoundProtocol.pooled_site` (Central), :attr:`RoundProtocol.per_site_heads`
+(FL_Surgical, PFL), :attr:`RoundProtocol.averages_sites`, ``needs_target``/``needs_target_labels``;
+its defaults (optimiser, batch sizes, warm-up, ...) are :meth:`RoundProtocol.task_defaults` and
+the class attributes beside it.
 """
 
 from __future__ import annotations
@@ -41,52 +49,32 @@ from fedcxr.pipeline.protocols.baselines import CentralProtocol, IndividualProto
 from fedcxr.pipeline.protocols.fact import FACTProtocol
 from fedcxr.pipeline.protocols.fedavg import FedAvgProtocol, FinetuneOfflineProtocol, SourceOnlyProtocol
 from fedcxr.pipeline.protocols.fedopt import FedOptProtocol, FedProxProtocol, SCAFFOLDProtocol
+from fedcxr.pipeline.protocols.methods import DEFAULT_METHOD, METHODS, unknown_method
 from fedcxr.pipeline.protocols.surgical import SurgicalFamilyProtocol
 from fedcxr.pipeline.protocols.target_combine import FedDAGPProtocol, GPProtocol
 
 __all__ = [
-    "CENTRAL_SITE", "Context", "RoundFailed", "RoundProtocol", "REGISTRY", "ask", "ask_one",
-    "get_protocol", "task_config", "valid_replies",
+    "CENTRAL_SITE", "Context", "DEFAULT_METHOD", "METHODS", "RoundFailed", "RoundProtocol", "REGISTRY", "ask",
+    "ask_one", "get_protocol", "task_config", "valid_replies",
 ]
 
+_CLASSES: dict[str, type[RoundProtocol]] = {cls.__name__: cls for cls in (
+    FedAvgProtocol, SourceOnlyProtocol, FinetuneOfflineProtocol, GPProtocol, FedDAGPProtocol, TargetOnlyProtocol,
+    CentralProtocol, IndividualProtocol, SurgicalFamilyProtocol, FACTProtocol, FedProxProtocol, SCAFFOLDProtocol,
+    FedOptProtocol)}
+
+
+def _factory(cls: type[RoundProtocol], options: dict) -> Callable[[str], RoundProtocol]:
+    return lambda name: cls(name, **options)
+
+
+#: method name → its protocol's factory (the :data:`~fedcxr.pipeline.protocols.methods.METHODS` table)
 REGISTRY: dict[str, Callable[[str], RoundProtocol]] = {
-    "FedAvg": lambda n: FedAvgProtocol(n, finetune=False, aux_info=False),
-    "FedAvg_Finetune": lambda n: FedAvgProtocol(n, finetune=True, aux_info=False),
-    "FedAvg_Finetune_AuxInfo": lambda n: FedAvgProtocol(n, finetune=True, aux_info=True),
-    "FedAvg_Finetune_GP": lambda n: GPProtocol(n, aux_info=False),
-    "FedAvg_Finetune_AuxInfo_GP": lambda n: GPProtocol(n, aux_info=True),
-    "Oracle": lambda n: TargetOnlyProtocol(n, oracle=True),
-    "Source_Only": SourceOnlyProtocol,
-    "Finetune_Offline": FinetuneOfflineProtocol,
-    "FedDA": lambda n: FedDAGPProtocol(n, rule="fedda", auto=False),
-    "FedGP": lambda n: FedDAGPProtocol(n, rule="fedgp", auto=False),
-    "FedDA_Auto": lambda n: FedDAGPProtocol(n, rule="fedda", auto=True),
-    "FedGP_Auto": lambda n: FedDAGPProtocol(n, rule="fedgp", auto=True),
-    "Target_Only": lambda n: TargetOnlyProtocol(n, oracle=False),
-    "Individual": IndividualProtocol,
-    "PFL": lambda n: SurgicalFamilyProtocol(n, mode="pfl"),
-    "Central": CentralProtocol,
-    "FL": lambda n: SurgicalFamilyProtocol(n, mode="fl"),
-    "FL_PartialLoss": lambda n: SurgicalFamilyProtocol(n, mode="partial"),
-    "FL_Surgical": lambda n: SurgicalFamilyProtocol(n, mode="surgical"),
-    "FACT": lambda n: FACTProtocol(n, finetune=True),
-    "FACT_NF": lambda n: FACTProtocol(n, finetune=False),
-    # the reviewers' baselines (protocols/fedopt.py); _Finetune: the target fine-tunes as FedAvg_Finetune
-    "FedProx": lambda n: FedProxProtocol(n, finetune=False),
-    "FedProx_Finetune": lambda n: FedProxProtocol(n, finetune=True),
-    "SCAFFOLD": lambda n: SCAFFOLDProtocol(n, finetune=False),
-    "SCAFFOLD_Finetune": lambda n: SCAFFOLDProtocol(n, finetune=True),
-    "FedAdagrad": lambda n: FedOptProtocol(n, rule="adagrad", finetune=False),
-    "FedAdagrad_Finetune": lambda n: FedOptProtocol(n, rule="adagrad", finetune=True),
-    "FedAdam": lambda n: FedOptProtocol(n, rule="adam", finetune=False),
-    "FedAdam_Finetune": lambda n: FedOptProtocol(n, rule="adam", finetune=True),
-    "FedYogi": lambda n: FedOptProtocol(n, rule="yogi", finetune=False),
-    "FedYogi_Finetune": lambda n: FedOptProtocol(n, rule="yogi", finetune=True),
-}
+    name: _factory(_CLASSES[cls], options) for name, (cls, options) in METHODS.items()}
 
 
 def get_protocol(name: str) -> RoundProtocol:
     """The protocol for a method name; exit-2 error listing the known names otherwise."""
     if name not in REGISTRY:
-        raise UserError(f"unknown strategy {name!r}; known: {', '.join(REGISTRY)}")
+        raise UserError(unknown_method(name))
     return REGISTRY[name](name)

@@ -2,7 +2,7 @@
 
 * :class:`Context` — the federation as a protocol sees it (config, transport, metadata,
   classes, sources, target); never any patient data.
-* :func:`task_config` — the JSON-able config of a ``train`` task.
+* :func:`task_config` — the typed config (:class:`~fedcxr.pipeline.messages.TrainTask`) of a ``train`` task.
 * :func:`ask`, :func:`ask_one`, :func:`valid_replies` — run a task through the transport,
   record absent sites, screen every reply (:func:`screen`: counts against the site's
   metadata, shapes, NaN/Inf, update norms — ``defences:``), record refusals with their
@@ -23,7 +23,7 @@ from fedcxr.errors import RunFailed, UserError
 from fedcxr.pipeline import aggregate as agg
 from fedcxr.pipeline import screening
 from fedcxr.pipeline.config import ExperimentConfig
-from fedcxr.pipeline.messages import Reply, StateDict
+from fedcxr.pipeline.messages import Reply, StateDict, TaskConfig, TrainTask
 from fedcxr.pipeline.state import _structure_problem, nonfinite_problem
 from fedcxr.pipeline.transport import Transport
 
@@ -78,47 +78,60 @@ class Context:
 # --------------------------------------------------------------------------- task configs
 
 
-def task_config(ctx: Context, r: int, role: str, **overrides) -> dict:
-    """The JSON-able config of a ``train`` task for a source or the target."""
+#: The values a method uses for the local-training settings a config leaves unset, unless its
+#: protocol's :meth:`RoundProtocol.task_defaults` says otherwise (each with the code it follows):
+#:
+#: * ``optimizer`` (``source.optimizer``, ``target_train.optimizer``): Adam, as the AuxInfo+GP,
+#:   AutoFedGP and surgical aggregation code (FACT: SGD);
+#: * ``weight_decay``: 0 (FACT: 5e-4);
+#: * ``momentum`` (SGD only): 0.9, as FACT's ``client.py`` (SCAFFOLD's sources: 0, plain SGD);
+#: * ``optimizer_state``: ``fresh``, a new optimiser every round, as AuxInfo+GP and AutoFedGP build
+#:   a new Adam in every ``train()`` call (the surgical family and FACT: ``kept``);
+#: * ``target_batch_size`` (``target_train.batch_size``): 32, AuxInfo+GP
+#:   ``federated_chexpert/mimic_multi.py --target_batch_size 32`` (AutoFedGP's methods: 16, or 4
+#:   for the auto-weighted ones).
+BASE_TASK_DEFAULTS = {"optimizer": "adam", "weight_decay": 0.0, "momentum": 0.9, "optimizer_state": "fresh",
+                      "target_batch_size": 32}
+
+
+def task_config(ctx: Context, r: int, role: str, **overrides) -> TrainTask:
+    """The :class:`~fedcxr.pipeline.messages.TrainTask` of a source or the target in round ``r``;
+    ``overrides`` replace fields (a misspelt one is an error, never a key the site ignores)."""
     cfg = ctx.cfg
     local = cfg.target_train if role == "target" else cfg.source
-    out = {
+    defaults = {**BASE_TASK_DEFAULTS, **ctx.task_defaults}
+    values = {
         "round": r, "seed": cfg.seed, "role": role,
         "param_classes": list(ctx.classes), "head_classes": list(ctx.classes),
         "aux_tasks": list(ctx.aux_tasks), "alpha": cfg.alpha,
         "use_aux": bool(ctx.aux_tasks) and role == "source",
         "lr": local.lr, "batch_size": target_batch_size(ctx) if role == "target" else local.batch_size,
         "epochs": local.epochs, "steps": local.steps,
-        "weight_decay": local.weight_decay if local.weight_decay is not None else
-        ctx.task_defaults.get("weight_decay", 0.0),
-        "optimizer": local.optimizer or ctx.task_defaults.get("optimizer", "adam"),
-        "momentum": local.momentum,  # SGD; None: the site's default 0.9
-        "keep_optimizer": (cfg.optimizer_state or ctx.task_defaults.get("optimizer_state", "fresh")) == "kept",
+        "weight_decay": local.weight_decay if local.weight_decay is not None else defaults["weight_decay"],
+        "optimizer": local.optimizer or defaults["optimizer"],
+        "momentum": local.momentum if local.momentum is not None else defaults["momentum"],  # SGD only
+        "keep_optimizer": (cfg.optimizer_state or defaults["optimizer_state"]) == "kept",
         "max_rows": local.max_rows,
-        "trainable": "all", "local_keys": [], "record_batch_updates": False,
-        "missing_as_negative": False,
         # FedBN+ (surgical aggregation paper): BN frozen in eval mode during local training
         "freeze_bn": cfg.backbone_aggregation == "fedbn_plus",
         "labeled": cfg.target_train.labeled if role == "target" else None,
         "dp": cfg.privacy.dp.model_dump() if cfg.privacy.dp is not None else None,
     }
-    out.update(overrides)
-    return out
-
-
-#: The target's batch size when neither the config nor the method says (AuxInfo+GP code: 32).
-TARGET_BATCH_SIZE = 32
+    return TrainTask.build(**{**values, **overrides})
 
 
 def target_batch_size(ctx: Context) -> int:
     """``target_train.batch_size``, else the method's default (:meth:`RoundProtocol.task_defaults`)."""
     value = ctx.cfg.target_train.batch_size
-    return int(value) if value is not None else int(ctx.task_defaults.get("target_batch_size", TARGET_BATCH_SIZE))
+    default = ctx.task_defaults.get("target_batch_size", BASE_TASK_DEFAULTS["target_batch_size"])
+    return int(value) if value is not None else int(default)
 
 
-def ask(ctx: Context, task: str, sites: list[str], params: Optional[StateDict], config: dict, *,
+def ask(ctx: Context, task: str, sites: list[str], params: Optional[StateDict], config: Optional[TaskConfig], *,
         r: int, per_site=None, minimum: Optional[int] = None) -> dict[str, Reply]:
-    """Run a task; record absent sites; fail the round when fewer than ``minimum`` answered."""
+    """Run a task; record absent sites; fail the round when fewer than ``minimum`` answered.
+
+    ``config`` is the task's typed config (``None`` when ``per_site`` gives every site its own)."""
     replies = ctx.transport.run(task, sites, params, config, per_site=per_site)
     for site in sites:
         ctx.sent[site] = (per_site or {}).get(site, (params, config))[1]
@@ -131,7 +144,7 @@ def ask(ctx: Context, task: str, sites: list[str], params: Optional[StateDict], 
     return replies
 
 
-def ask_one(ctx: Context, task: str, site: str, params: Optional[StateDict], config: dict, *, r: int,
+def ask_one(ctx: Context, task: str, site: str, params: Optional[StateDict], config: TaskConfig, *, r: int,
             reference: Optional[StateDict] = None) -> Reply:
     """Ask one site the round cannot do without (target, pooled site); its reply is screened.
 
@@ -321,11 +334,23 @@ class RoundProtocol:
     needs_target = False
     needs_target_labels = False
     needs_sources = True
+    #: AuxInfo (the auxiliary heads' losses) unless ``aux_info`` says: on for the ``_AuxInfo`` methods
     aux_info = False
-    #: how the backbone average weights sites unless ``backbone_weighting`` says otherwise
+    #: how the backbone average weights sites unless ``backbone_weighting`` says otherwise: by sample
+    #: counts, as the AuxInfo+GP and AutoFedGP code (``clients_size_frac``); the surgical family 1/K
     default_backbone_weighting = "samples"
     #: whether the server averages site models (where ``aggregation.rule`` applies); False: why not
     averages_sites: bool | str = True
+    #: What other modules need to know about a method, declared here so that no module outside
+    #: ``protocols/`` tests a method's name (DESIGN §1): ``pooled_site`` names a site that holds
+    #: every site's training rows in one place (``Central``): the run driver asks it for its
+    #: metadata, the in-process transport builds it, and FLARE refuses the method (no hospital
+    #: may hold the others' images). ``None`` for every federated method.
+    pooled_site: Optional[str] = None
+    #: Sites train heads of their own (``FL_Surgical``: the rows of their own classes; ``PFL``: a head
+    #: kept at the site), so a reply's head is not an update of the head the server sent: FLARE's
+    #: ``percentile_privacy`` filter, which ranks every entry of an update, is refused for them.
+    per_site_heads = False
 
     def __init__(self, name: str):
         self.name = name
@@ -333,17 +358,17 @@ class RoundProtocol:
     def validate(self, cfg: ExperimentConfig, meta: dict[str, Reply], classes: list[str]) -> None:
         """Refuse option combinations the method cannot use (exit 2, saying why)."""
         if self.needs_target and not cfg.target:
-            raise UserError(f"strategy {self.name} needs a `target:` site")
+            raise UserError(f"method {self.name} needs a `target:` site")
         if self.needs_target_labels and cfg.target:
             per_class = meta[cfg.site_name(cfg.target)].metrics.get("labeled_per_class", {})
             if sum(per_class.get(c, 0) for c in classes) == 0:
                 raise UserError(
-                    f"strategy {self.name} fine-tunes on target labels, but target {cfg.target!r} has no "
+                    f"method {self.name} fine-tunes on target labels, but target {cfg.target!r} has no "
                     f"labeled training rows for the model's classes {classes}; use FACT/FACT_NF or "
                     "Source_Only for an unlabeled target"
                 )
         if self.needs_sources and not cfg.source_sites():
-            raise UserError(f"strategy {self.name} needs at least one source site in `sites:`")
+            raise UserError(f"method {self.name} needs at least one source site in `sites:`")
         self.validate_aggregation(cfg)
 
     def validate_aggregation(self, cfg: ExperimentConfig) -> None:
@@ -353,7 +378,7 @@ class RoundProtocol:
         if rule.rule == "mean":
             return
         if self.averages_sites is not True:
-            raise UserError(f"aggregation.rule {rule.rule}: strategy {self.name} {self.averages_sites}; "
+            raise UserError(f"aggregation.rule {rule.rule}: method {self.name} {self.averages_sites}; "
                             "use aggregation.rule: mean (the reply checks of `defences:` still apply)")
         n = len(cfg.source_sites())
         if n < 3:
@@ -372,9 +397,16 @@ class RoundProtocol:
                             "aggregation.rule: median")
 
     def task_defaults(self) -> dict:
-        """The method's defaults for ``optimizer``, ``weight_decay``, ``optimizer_state`` and
-        ``target_batch_size`` (as its authors' code)."""
-        return {}
+        """The method's values of the local-training settings a config leaves unset: ``optimizer``,
+        ``weight_decay``, ``momentum``, ``optimizer_state``, ``target_batch_size``
+        (:data:`BASE_TASK_DEFAULTS`, which names the code each follows, overridden per method).
+
+        This and the class attributes beside it (:attr:`aux_info`, :attr:`default_backbone_weighting`;
+        GP/FedDA/FedGP's ``default_warmup_rounds`` and ``lr_scale``; FedProx/SCAFFOLD/FedOpt's server
+        constants in :mod:`~fedcxr.pipeline.protocols.fedopt`) are the one place a method's defaults are
+        set and their sources named; the config's fields point here.
+        """
+        return dict(BASE_TASK_DEFAULTS)
 
     def init_state(self, ctx: Context, theta: StateDict) -> dict:
         return {"global": theta, "initial_bn": {k: theta[k].clone() for k in ctx.bn_keys}}

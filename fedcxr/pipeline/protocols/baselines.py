@@ -25,12 +25,12 @@ class TargetOnlyProtocol(RoundProtocol):
 
     def validate(self, cfg, meta, classes):
         if not cfg.target:
-            raise UserError(f"strategy {self.name} needs a `target:` site")
+            raise UserError(f"method {self.name} needs a `target:` site")
         super().validate(cfg, meta, classes)
 
     def task_defaults(self) -> dict:
         """Target_Only: batches of 16 (AutoFedGP main_domain_bed.py with --proj_w 0); Oracle: the default."""
-        return {} if self.oracle else {"target_batch_size": 16}
+        return {**super().task_defaults(), **({} if self.oracle else {"target_batch_size": 16})}
 
     def run_round(self, ctx, r, state):
         cfg = task_config(ctx, r, "target", labeled=None if self.oracle else ctx.cfg.target_train.labeled)
@@ -42,6 +42,7 @@ class CentralProtocol(RoundProtocol):
     """Central: every site's training rows pooled in one place (the ``__central__`` site)."""
 
     averages_sites = "trains one pooled model (no server-side average of site models)"
+    pooled_site = CENTRAL_SITE
 
     def __init__(self, name: str):
         super().__init__(name)
@@ -72,7 +73,7 @@ class IndividualProtocol(RoundProtocol):
 
     def run_round(self, ctx, r, state):
         per_site = {s: (state["per_site"][s], task_config(ctx, r, "source")) for s in ctx.sources}
-        replies = ask(ctx, "train", ctx.sources, None, {}, r=r, per_site=per_site, minimum=1)
+        replies = ask(ctx, "train", ctx.sources, None, None, r=r, per_site=per_site, minimum=1)
         new = dict(state["per_site"])
         for s, rep in replies.items():
             new[s] = rep.params

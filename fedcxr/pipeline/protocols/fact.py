@@ -52,14 +52,14 @@ class FACTProtocol(RoundProtocol):
     def validate(self, cfg, meta, classes):
         super().validate(cfg, meta, classes)
         if len(cfg.source_sites()) < 2:
-            raise UserError(f"strategy {self.name} needs at least two source sites (it trains them in pairs)")
+            raise UserError(f"method {self.name} needs at least two source sites (it trains them in pairs)")
 
     def init_state(self, ctx, theta):
         return {"global": theta, "best": theta, "best_idd": float("inf"), "best_round": -1}
 
     def task_defaults(self) -> dict:
         # FACT client.py: one SGD(momentum 0.9, weight_decay 5e-4) per client, kept for the whole run
-        return {"optimizer": "sgd", "weight_decay": 5e-4, "optimizer_state": "kept"}
+        return {**super().task_defaults(), "optimizer": "sgd", "weight_decay": 5e-4, "optimizer_state": "kept"}
 
     def pair(self, ctx: Context, r: int) -> list[str]:
         """Two sources drawn at random (the FACT server's ``random.sample``), seeded by the run and round."""

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from fedcxr.pipeline.messages import StateDict
+from fedcxr.pipeline.messages import StateDict, TrainTask
 from fedcxr.pipeline.protocols.base import (
     Context,
     RoundProtocol,
@@ -37,7 +37,7 @@ class FedAvgProtocol(RoundProtocol):
     def eval_local_keys(self, ctx: Context) -> list[str]:
         return self._local_keys(ctx)
 
-    def source_config(self, ctx: Context, r: int) -> dict:
+    def source_config(self, ctx: Context, r: int) -> TrainTask:
         """The sources' ``train`` task config of round ``r`` (FedProx adds its μ here)."""
         return task_config(ctx, r, "source", local_keys=self._local_keys(ctx))
 
@@ -81,7 +81,7 @@ class FinetuneOfflineProtocol(FedAvgProtocol):
 
     def task_defaults(self) -> dict:
         """Target batches of 16 (AutoFedGP main_domain_bed_offline.py DataLoader(batch_size=16))."""
-        return {"target_batch_size": 16}
+        return {**super().task_defaults(), "target_batch_size": 16}
 
     def run_round(self, ctx, r, state):
         theta, metrics = self.fedavg_round(ctx, r, state["global"])

@@ -82,7 +82,7 @@ def parameter_keys(ctx: Context) -> list[str]:
 
 def _refuse_fedbn(name: str, cfg) -> None:
     if cfg.backbone_aggregation != "fedavg":
-        raise UserError(f"strategy {name}: backbone_aggregation {cfg.backbone_aggregation} keeps BatchNorm entries "
+        raise UserError(f"method {name}: backbone_aggregation {cfg.backbone_aggregation} keeps BatchNorm entries "
                         f"at the sites, but {name}'s server step covers every shared parameter; use "
                         "backbone_aggregation: fedavg")
 
@@ -101,12 +101,12 @@ class FedProxProtocol(FedAvgProtocol):
     def validate(self, cfg, meta, classes):
         super().validate(cfg, meta, classes)
         if cfg.privacy.dp is not None:
-            raise UserError(f"strategy {self.name} with privacy.dp: DP-SGD (Opacus) replaces each gradient by its "
+            raise UserError(f"method {self.name} with privacy.dp: DP-SGD (Opacus) replaces each gradient by its "
                             "clipped, noised per-sample sum, which drops the proximal term's gradient (not a "
                             "per-sample term), so the sites would train plain FedAvg; use FedAvg with privacy.dp")
 
     def source_config(self, ctx, r):
-        return {**super().source_config(ctx, r), "prox_mu": self.mu(ctx)}
+        return super().source_config(ctx, r).replace(prox_mu=self.mu(ctx))
 
 
 class SCAFFOLDProtocol(FedAvgProtocol):
@@ -121,7 +121,7 @@ class SCAFFOLDProtocol(FedAvgProtocol):
         _refuse_fedbn(self.name, cfg)
         if cfg.source.optimizer not in (None, "sgd") or (cfg.source.momentum or 0) != 0:
             raise UserError(
-                f"strategy {self.name}: the sources train with plain SGD (Karimireddy et al. 2020, Algorithm 1): "
+                f"method {self.name}: the sources train with plain SGD (Karimireddy et al. 2020, Algorithm 1): "
                 "the control variate c_i⁺ = c_i − c + (x − y_i)/(K·η_l) is the mean gradient only for plain SGD "
                 f"steps, not for source.optimizer {cfg.source.optimizer or 'sgd'} with momentum "
                 f"{cfg.source.momentum or 0}; remove source.optimizer/source.momentum (or set sgd and 0)")
@@ -130,7 +130,7 @@ class SCAFFOLDProtocol(FedAvgProtocol):
                         "usually needs 0.01-0.1 (Reddi et al. 2021's best client lr on CIFAR-10: 10^-1.5)",
                         self.name, cfg.source.lr)
         if cfg.privacy.filters:
-            raise UserError(f"strategy {self.name} with privacy.filters: each site's Δc_i carries (x − y_i)/(K·η_l), "
+            raise UserError(f"method {self.name} with privacy.filters: each site's Δc_i carries (x − y_i)/(K·η_l), "
                             "its unfiltered model update, past FLARE's result filters; use another method with "
                             "filters")
 
@@ -144,7 +144,7 @@ class SCAFFOLDProtocol(FedAvgProtocol):
         return state
 
     def source_config(self, ctx, r):
-        return {**super().source_config(ctx, r), "optimizer": "sgd", "momentum": 0.0}
+        return super().source_config(ctx, r).replace(optimizer="sgd", momentum=0.0)
 
     def run_round(self, ctx, r, state):
         theta0, control = state["global"], state["control"]

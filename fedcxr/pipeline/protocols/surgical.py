@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from fedcxr.pipeline import aggregate as agg
-from fedcxr.pipeline.messages import Reply, StateDict
+from fedcxr.pipeline.messages import Reply, StateDict, TrainTask
 from fedcxr.pipeline.protocols.base import (
     Context,
     RoundProtocol,
@@ -38,11 +38,12 @@ class SurgicalFamilyProtocol(RoundProtocol):
 
     def task_defaults(self) -> dict:
         # one compiled Keras model (and Adam) per client for the whole run in the authors' code
-        return {"optimizer_state": "kept"}
+        return {**super().task_defaults(), "optimizer_state": "kept"}
 
     def __init__(self, name: str, *, mode: str):
         super().__init__(name)
         self.mode = mode
+        self.per_site_heads = mode in ("surgical", "pfl")  # own classes' rows / a head kept at the site
 
     def _local_keys(self, ctx: Context) -> list[str]:
         keys = list(ctx.bn_keys) if ctx.cfg.backbone_aggregation != "fedavg" else []
@@ -58,28 +59,25 @@ class SurgicalFamilyProtocol(RoundProtocol):
             return list(ctx.sources)  # only the clients hold a (local) head
         return super().default_eval_sites(ctx)
 
-    def _site_config(self, ctx: Context, r: int, site: str) -> dict:
-        cfg = task_config(ctx, r, "source", local_keys=self._local_keys(ctx))
-        if self.mode == "fl":
-            cfg["missing_as_negative"] = True
-        if self.mode == "surgical":
-            cfg["head_classes"] = ctx.class_set(site)
-        return cfg
+    def _site_config(self, ctx: Context, r: int, site: str) -> TrainTask:
+        return task_config(ctx, r, "source", local_keys=self._local_keys(ctx),
+                           missing_as_negative=self.mode == "fl",  # FL: a class a site does not label is negative
+                           head_classes=ctx.class_set(site) if self.mode == "surgical" else list(ctx.classes))
 
     def warm_up_heads(self, ctx: Context, theta0: StateDict) -> dict[str, Reply]:
         """Before round 0: each client trains its head alone and keeps the best-validation one."""
         hw = ctx.cfg.head_warmup
-        per_site = {s: (theta0, {**self._site_config(ctx, 0, s), "trainable": "head", "lr": hw.lr,
-                                 "epochs": hw.epochs, "steps": None, "batch_size": hw.batch_size or
-                                 ctx.cfg.source.batch_size, "keep_optimizer": False, "optimizer": "adam"})
-                    for s in ctx.sources}
-        return ask(ctx, "warmup_head", ctx.sources, theta0, {}, r=0, per_site=per_site)
+        per_site = {s: (theta0, self._site_config(ctx, 0, s).replace(
+            trainable="head", lr=hw.lr, epochs=hw.epochs, steps=None,
+            batch_size=hw.batch_size or ctx.cfg.source.batch_size, keep_optimizer=False, optimizer="adam"))
+            for s in ctx.sources}
+        return ask(ctx, "warmup_head", ctx.sources, theta0, None, r=0, per_site=per_site)
 
     def run_round(self, ctx, r, state):
         theta0 = state["global"]
         warmed = self.warm_up_heads(ctx, theta0) if r == 0 and ctx.cfg.head_warmup.epochs > 0 else {}
-        per_site = {s: (theta0, {**self._site_config(ctx, r, s), "from_warm": s in warmed}) for s in ctx.sources}
-        replies = ask(ctx, "train", ctx.sources, theta0, {}, r=r, per_site=per_site)
+        per_site = {s: (theta0, self._site_config(ctx, r, s).replace(from_warm=s in warmed)) for s in ctx.sources}
+        replies = ask(ctx, "train", ctx.sources, theta0, None, r=r, per_site=per_site)
         if self.mode == "surgical":
             replies = valid_replies(ctx, replies, self._site_reference(ctx, theta0), r)
             theta = self._surgical(ctx, replies, theta0)

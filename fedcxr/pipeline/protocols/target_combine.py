@@ -36,8 +36,7 @@ from typing import Optional
 
 from fedcxr.errors import UserError
 from fedcxr.pipeline.combine import combine_with_estimates
-from fedcxr.pipeline.messages import Reply, pack_combine
-from fedcxr.errors import UserError
+from fedcxr.pipeline.messages import CombineSpec, Reply, TrainTask, pack_combine
 from fedcxr.pipeline.protocols.base import (
     Context,
     RoundFailed,
@@ -65,7 +64,8 @@ class TargetCombineProtocol(FedAvgProtocol):
 
     rule = "gp"
     auto = False
-    #: warm-up rounds unless the config says (see ``ExperimentConfig.warmup_rounds`` for the sources)
+    #: warm-up rounds unless ``warmup_rounds`` says: 2 plain FedAvg rounds, as AutoFedGP
+    #: ``main_domain_bed*.py`` ('do fedavg for 2 epochs'); GP: 5 (:class:`GPProtocol`)
     default_warmup_rounds = 2
     #: warm-up style: ``fedavg`` (plain FedAvg rounds, AutoFedGP) or ``fedavg_base`` (FedAvg, then the
     #: projection with θ0 = that average, AuxInfo+GP code)
@@ -82,7 +82,7 @@ class TargetCombineProtocol(FedAvgProtocol):
         super().validate_aggregation(cfg)
         warmup = self.default_warmup_rounds if cfg.warmup_rounds is None else cfg.warmup_rounds
         if cfg.aggregation.rule != "mean" and min(warmup, cfg.rounds) == 0:
-            raise UserError(f"aggregation.rule {cfg.aggregation.rule}: strategy {self.name} averages the sources "
+            raise UserError(f"aggregation.rule {cfg.aggregation.rule}: method {self.name} averages the sources "
                             "only in its FedAvg warm-up rounds, and warmup_rounds is 0; its source combination is "
                             "the paper's rule (screened by `defences:`); use aggregation.rule: mean")
 
@@ -91,7 +91,10 @@ class TargetCombineProtocol(FedAvgProtocol):
         return self.default_warmup_rounds if value is None else value
 
     def lr_scale(self, ctx: Context, r: int) -> float:
-        """1 during warm-up; then ``post_warmup_lr_scale`` (default 0.1 for the auto versions, else 1)."""
+        """1 during warm-up; then ``post_warmup_lr_scale``, by default 0.1 for the auto versions
+        (AutoFedGP ``main_domain_bed_auto_beta.py``: ``hparams['lr'] *= 0.1`` after the warm-up, for its
+        50 rounds; the paper's App. C.4 names 0.25 for ColoredMNIST-90%, VLCS and TerraIncognita, which
+        runs much shorter than 50 rounds need: BENCHMARKS.md) and 1 otherwise."""
         if r < self.warmup_rounds(ctx):
             return 1.0
         value = ctx.cfg.post_warmup_lr_scale
@@ -131,7 +134,7 @@ class TargetCombineProtocol(FedAvgProtocol):
         privacy = ctx.cfg.privacy
         return privacy.auto_weights_at if self.auto else privacy.combine_at
 
-    def target_config(self, ctx: Context, r: int, scale: float, **extra) -> dict:
+    def target_config(self, ctx: Context, r: int, scale: float, **extra) -> TrainTask:
         """The target's fine-tuning task (its lr scaled after the warm-up; auto: record batch updates)."""
         return task_config(ctx, r, "target", lr=ctx.cfg.target_train.lr * scale,
                            record_batch_updates=self.auto, **extra)
@@ -171,7 +174,7 @@ class TargetCombineProtocol(FedAvgProtocol):
         scfg = task_config(ctx, r, "source", lr=ctx.cfg.source.lr * scale)
         return valid_replies(ctx, ask(ctx, "train", ctx.sources, theta0, scfg, r=r), theta0, r)
 
-    def train_together(self, ctx: Context, r: int, theta0, target_config: dict, scale: float = 1.0
+    def train_together(self, ctx: Context, r: int, theta0, target_config: TrainTask, scale: float = 1.0
                        ) -> tuple[dict[str, Reply], Optional[Reply]]:
         """One ``train`` request to the sources and the target at once (FLARE runs them in parallel).
 
@@ -189,18 +192,18 @@ class TargetCombineProtocol(FedAvgProtocol):
                               f"(need {need})")
         return valid_replies(ctx, answered, theta0, r), target
 
-    def combine_spec(self, ctx: Context, replies: dict[str, Reply], lr_scale: float = 1.0) -> dict:
+    def combine_spec(self, ctx: Context, replies: dict[str, Reply], lr_scale: float = 1.0) -> CombineSpec:
         """What the target needs to know about the sources: counts only, never data."""
         cfg = ctx.cfg
-        return {
-            "rule": self.rule, "auto": self.auto, "beta": cfg.beta,
-            "n_sources": [int(rep.n_samples) for rep in replies.values()],
-            "n_batches": [int(rep.n_batches) for rep in replies.values()],
-            "bs_source": cfg.source.batch_size, "bs_target": target_batch_size(ctx),
-            "lr_source": cfg.source.lr * lr_scale, "lr_target": cfg.target_train.lr * lr_scale,
-            "epochs_source": cfg.source.epochs or 1, "epochs_target": cfg.target_train.epochs or 1,
-            "alignment": cfg.auto_alignment,
-        }
+        return CombineSpec.build(
+            rule=self.rule, auto=self.auto, beta=cfg.beta,
+            n_sources=[int(rep.n_samples) for rep in replies.values()],
+            n_batches=[int(rep.n_batches) for rep in replies.values()],
+            bs_source=cfg.source.batch_size, bs_target=target_batch_size(ctx),
+            lr_source=cfg.source.lr * lr_scale, lr_target=cfg.target_train.lr * lr_scale,
+            epochs_source=cfg.source.epochs or 1, epochs_target=cfg.target_train.epochs or 1,
+            alignment=cfg.auto_alignment,
+        )
 
 
 def by_site(estimates: dict, sites: list[str]) -> dict:
@@ -219,6 +222,8 @@ class GPProtocol(TargetCombineProtocol):
     """FedAvg_Finetune(_AuxInfo)_GP: the target projects the source updates (Eq. 7, β on sources)."""
 
     rule = "gp"
+    #: 5 rounds whose projection starts from the FedAvg of the sources (AuxInfo+GP ``federated_*_multi.py``:
+    #: ``if i < 5: average_weights``)
     default_warmup_rounds = 5
     warmup_style = "fedavg_base"
 
@@ -233,7 +238,7 @@ class FedDAGPProtocol(TargetCombineProtocol):
     def task_defaults(self) -> dict:
         """Target batches as AutoFedGP: 4 for the auto versions (paper App. C.4: 2, 4, 8; noniid scripts
         --target_batch_size 4), 16 for fixed β (main_domain_bed.py DataLoader(batch_size=16))."""
-        return {"target_batch_size": 4 if self.auto else 16}
+        return {**super().task_defaults(), "target_batch_size": 4 if self.auto else 16}
 
     def validate(self, cfg, meta, classes):
         super().validate(cfg, meta, classes)
@@ -272,7 +277,7 @@ def check_auto_batches(cfg, target_meta: Reply, default_batch_size: int) -> None
     """At run start: an error below 2 target batch updates per round, a warning below :data:`AUTO_MIN_BATCHES`."""
     rows, bs, batches = auto_batches(cfg, target_meta, default_batch_size)
     budget = f"steps {cfg.target_train.steps}" if cfg.target_train.steps else f"{cfg.target_train.epochs} epoch(s)"
-    what = (f"{cfg.strategy}: the target gives B = {batches} batch update(s) per round ({rows} labeled rows, batch "
+    what = (f"{cfg.method}: the target gives B = {batches} batch update(s) per round ({rows} labeled rows, batch "
             f"size {bs}, {budget})")
     if batches < 2:
         raise UserError(f"{what}; the auto-β estimators need at least 2 (a variance): lower target_train.batch_size "

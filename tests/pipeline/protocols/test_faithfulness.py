@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
+from fedcxr.pipeline.messages import TrainTask
 
 from ...conftest import tiny_config
 
@@ -134,7 +135,7 @@ class _Recorder:
 
 def _recorded_run(tiny_manifests, tmp_path, **overrides):
     from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
-    from fedcxr.pipeline.local import resolve_device
+    from fedcxr.pipeline.devices import resolve_device
 
     cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", eval_every=0, **overrides))
     recorder = _Recorder(InProcessTransport(build_runners(cfg, resolve_device("cpu"), progress=False)))
@@ -206,7 +207,7 @@ def test_fact_fine_tunes_heads_with_g_in_train_mode_and_keeps_sgd_state(tiny_man
     calls = []
 
     from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
-    from fedcxr.pipeline.local import resolve_device
+    from fedcxr.pipeline.devices import resolve_device
 
     cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", strategy="FACT", target="midrc_style",
                                        rounds=2, eval_every=0,
@@ -249,7 +250,7 @@ class _Crash(_Recorder):
 
 def _transport(cfg):
     from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
-    from fedcxr.pipeline.local import resolve_device
+    from fedcxr.pipeline.devices import resolve_device
 
     return InProcessTransport(build_runners(cfg, resolve_device("cpu"), progress=False))
 
@@ -330,8 +331,8 @@ def test_warmed_head_is_the_best_epochs_head(tiny_manifests, tmp_path):
     classes = runner.class_set
     model = runner.model(classes, [])
     theta0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    config = {"round": 0, "seed": 0, "role": "source", "head_classes": classes, "param_classes": classes,
-              "aux_tasks": [], "lr": 0.3, "batch_size": 16, "epochs": 5, "trainable": "head"}
+    config = TrainTask.build(round=0, seed=0, role="source", head_classes=classes, param_classes=classes, lr=0.3,
+                             batch_size=16, epochs=5, trainable="head")
     reply = runner.handle("warmup_head", theta0, config)
     losses, best = reply.metrics["val_loss"], reply.metrics["best_epoch"]
     assert best == min(range(5), key=losses.__getitem__)

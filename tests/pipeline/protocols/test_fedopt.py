@@ -13,7 +13,7 @@ from fedcxr.errors import UserError
 from fedcxr.pipeline import aggregate as A
 from fedcxr.pipeline.checkpoints import load_checkpoint, save_checkpoint
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 from fedcxr.pipeline.messages import unpack_control_delta
 from fedcxr.pipeline.keys import CONTROL_PREFIX
 
@@ -44,7 +44,7 @@ def _same(a: dict, b: dict) -> bool:
 
 def _transport(cfg):
     from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
-    from fedcxr.pipeline.local import resolve_device
+    from fedcxr.pipeline.devices import resolve_device
 
     return InProcessTransport(build_runners(cfg, resolve_device("cpu"), progress=False))
 

@@ -2,19 +2,52 @@
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from fedcxr.commands.evaluate import evaluate_run
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.federation import run_experiment
-from fedcxr.pipeline.protocols import REGISTRY
+from fedcxr.pipeline.run_driver import run_experiment
+from fedcxr.pipeline.protocols import CENTRAL_SITE, REGISTRY, get_protocol
 
 from ...conftest import tiny_config
 
 ALL_METHODS = sorted(REGISTRY)
+
+
+def test_capabilities_are_declared_by_the_protocols():
+    """What the driver, the in-process transport and the FLARE job need to know about a method is a
+    property of its protocol: a pooled site (Central only) and per-site heads (FL_Surgical, PFL)."""
+    assert {m: get_protocol(m).pooled_site for m in REGISTRY if get_protocol(m).pooled_site} == {
+        "Central": CENTRAL_SITE}
+    assert sorted(m for m in REGISTRY if get_protocol(m).per_site_heads) == ["FL_Surgical", "PFL"]
+
+
+def test_no_module_outside_protocols_tests_a_method_name():
+    """DESIGN §1: method names live in ``pipeline/protocols/`` only; a comparison with a method's name,
+    or a collection of method names, anywhere else is a capability that belongs on the protocol.
+    ``advice/`` is exempt: it reads the benchmarks' regime map, whose columns are method names (data)."""
+    package = Path(__file__).resolve().parents[3] / "fedcxr"
+    found = []
+    for path in package.rglob("*.py"):
+        if {"protocols", "advice"} & set(path.relative_to(package).parts):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                names = [c.value for c in (node.left, *node.comparators) if isinstance(c, ast.Constant)
+                         and c.value in REGISTRY]
+            elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and node.elts and all(
+                    isinstance(e, ast.Constant) and e.value in REGISTRY for e in node.elts):
+                names = [e.value for e in node.elts]
+            else:
+                continue
+            if names:
+                found.append(f"{path.relative_to(package)}:{node.lineno} {names}")
+    assert found == []
 
 
 @pytest.mark.parametrize("method", ALL_METHODS)
@@ -80,7 +113,7 @@ class _PoisonTransport:
 
 def _poisoned_run(tiny_manifests, tmp_path, poisoned, **overrides):
     from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
-    from fedcxr.pipeline.local import resolve_device
+    from fedcxr.pipeline.devices import resolve_device
 
     cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", rounds=1, **overrides))
     runners = build_runners(cfg, resolve_device("cpu"), progress=False)

@@ -14,7 +14,7 @@ import torch
 
 from fedcxr.flare.wire import decode_reply, decode_task, encode_reply, encode_task
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
 from fedcxr.pipeline.messages import SOURCE_PREFIX
 
@@ -166,7 +166,7 @@ def test_target_side_combination_fine_tunes_once_beside_the_sources(tiny_manifes
 
 def test_held_fine_tuning_equals_the_sequential_one(tiny_manifests, root):
     """train_combine without a held model (a restarted site, the old sequential order) trains itself: same result."""
-    from fedcxr.pipeline.federation import build_context, initial_model
+    from fedcxr.pipeline.run_driver import build_context, initial_model
     from fedcxr.pipeline.messages import pack_combine
     from fedcxr.pipeline.protocols import get_protocol, task_config
 

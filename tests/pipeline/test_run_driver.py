@@ -1,4 +1,4 @@
-"""In-process federation end to end: runs, run directory, resume after a kill, config errors."""
+"""The run driver end to end (in-process): runs, run directory, resume after a kill, config errors."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import yaml
 from fedcxr.cli import main
 from fedcxr.errors import UserError
 from fedcxr.pipeline.config import load_config
-from fedcxr.pipeline.federation import run_experiment
+from fedcxr.pipeline.run_driver import run_experiment
 
 from ..conftest import tiny_config
 
@@ -91,7 +91,7 @@ def test_resume_with_a_different_config_is_refused(tiny_manifests, tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"strategy": "FedMagic"}, "unknown strategy"),
+    ({"strategy": "FedMagic"}, "strategy: unknown method 'FedMagic'; known: FedAvg"),
     ({"sites": ["nih_style", "nowhere"]}, "site 'nowhere'"),
     ({"model": {"backbone": "resnet_tiny", "classes": ["cardio"]}}, "unknown class"),
 ])
@@ -149,7 +149,7 @@ def test_fact_trains_with_an_unlabeled_target(tiny_manifests, unlabeled_site, tm
 
 def test_warm_start_from_a_finished_run(tiny_manifests, tmp_path):
     """model.weights = a run's final_model.pt: round 0 starts from its global weights."""
-    from fedcxr.pipeline.federation import build_context, initial_model
+    from fedcxr.pipeline.run_driver import build_context, initial_model
     from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
     from fedcxr.pipeline.protocols import get_protocol
 

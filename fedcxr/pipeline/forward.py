@@ -1,0 +1,80 @@
+"""Forward passes without training: a model's probabilities over a loader, and the rounds' quick AUROC.
+
+:func:`predict` is the one loop that turns batches into sigmoid (findings) and softmax (aux
+tasks) probabilities — the rounds' validation (:meth:`SiteRunner._evaluate`), ``fedcxr evaluate``'s
+prediction tables and the surgical head warm-up's validation loss all use it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedcxr.pipeline.devices import memory_format, resolve_device
+
+
+@torch.no_grad()
+def predict(model: nn.Module, loader: Any, *, device: torch.device | str, amp: bool = True,
+            channels_last: bool = False) -> dict[str, Any]:
+    """Sigmoid probabilities of every item of ``loader`` (model in eval mode, restored after).
+
+    ``amp`` (float16 autocast) only applies on CUDA; ``channels_last``: the model and every batch
+    in NHWC memory layout (as :class:`~fedcxr.pipeline.local.LocalConfig`).
+    Returns ``probs`` (N, C) float32 numpy in the head's class order, ``aux_probs``
+    ``{task: (N, K)}`` (softmax), ``index`` (N,) int64 positions in the loader's dataset,
+    and ``labels``/``label_mask`` (N, C) as the batches carried them.
+    """
+    device = resolve_device(device)
+    use_cuda = device.type == "cuda"
+    layout = memory_format(channels_last)
+    model.to(device, memory_format=layout)
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    probs, index, labels, masks = [], [], [], []
+    aux_probs: dict[str, list[np.ndarray]] = {t: [] for t in getattr(model, "aux_tasks", {}) or {}}
+    try:
+        for batch in loader:
+            x = batch["image"].to(device, non_blocking=use_cuda, memory_format=layout)
+            with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=use_cuda and amp):
+                out = model(x)
+            probs.append(torch.sigmoid(out["main"].float()).cpu().numpy())
+            for task, logits in out["aux"].items():
+                aux_probs[task].append(torch.softmax(logits.float(), dim=1).cpu().numpy())
+            index.append(np.asarray(batch["index"], dtype=np.int64))
+            labels.append(np.asarray(batch["label"], dtype=np.float32))
+            masks.append(np.asarray(batch["label_mask"], dtype=np.float32))
+    finally:
+        for module, mode in modes.items():
+            module.training = mode
+    n_classes = len(getattr(model, "classes", [])) if not probs else probs[0].shape[1]
+    cat = lambda parts, width: np.concatenate(parts) if parts else np.zeros((0, width), np.float32)  # noqa: E731
+    return {
+        "probs": cat(probs, n_classes),
+        "aux_probs": {t: cat(v, getattr(model, "aux_tasks", {}).get(t, 0)) for t, v in aux_probs.items()},
+        "index": np.concatenate(index) if index else np.zeros(0, np.int64),
+        "labels": cat(labels, n_classes),
+        "label_mask": cat(masks, n_classes),
+    }
+
+
+def quick_auroc(labels: np.ndarray, mask: np.ndarray, probs: np.ndarray,
+                classes: Sequence[str]) -> dict[str, float]:
+    """Per-class AUROC over labeled rows (``mask`` > 0); NaN when those rows hold one value.
+
+    For per-round validation metrics; the evaluation package reports CIs and reasons.
+    """
+    from sklearn.metrics import roc_auc_score
+
+    labels, mask, probs = np.asarray(labels), np.asarray(mask), np.asarray(probs)
+    out: dict[str, float] = {}
+    for i, cls in enumerate(classes):
+        rows = mask[:, i] > 0
+        y = labels[rows, i]
+        if y.size == 0 or np.unique(y).size < 2:
+            out[cls] = float("nan")
+        else:
+            out[cls] = float(roc_auc_score(y, probs[rows, i]))
+    return out
