@@ -55,6 +55,8 @@ FINAL_MODEL = "final_model.pt"
 PREDICTIONS = "predictions"
 OPERATING_POINTS = "operating_points.json"
 REPORT_JSON, REPORT_MD, PER_CLASS_CSV = "report.json", "report.md", "per_class.csv"
+#: the report's training-curve figure (per-round losses and validation AUROC from :data:`METRICS`)
+CURVES_FIGURE = "training_curves.png"
 CAM = "cam"
 LOCK = ".fedcxr.lock"
 FLARE_STATUS = "flare_status.json"

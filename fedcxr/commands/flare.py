@@ -20,6 +20,7 @@ from fedcxr.flare.job import check_flare_sites, export_job
 from fedcxr.flare.poc import poc
 from fedcxr.flare.run import default_run_dir, load_flare_config
 from fedcxr.flare.simulator import simulate
+from fedcxr.rundir import FLARE_WORKSPACE, RunDir
 
 
 def cli_flare(args) -> int:
@@ -33,9 +34,10 @@ def _summary(payload: dict, run_dir: Path, what: str, cross_site: bool = False) 
     print(f"{payload['method']} on {what}: finished {payload['rounds']} rounds; run directory {run_dir}")
     if payload.get("missed"):
         print(f"  {len(payload['missed'])} site replies missing or rejected (see run.json 'missed')")
-    print(f"  FLARE job and logs: {run_dir / 'flare'}")
-    if cross_site and (run_dir / "report.md").is_file():
-        print(f"  cross-site evaluation (each site on its own test split): {run_dir / 'report.md'}")
+    files = RunDir(run_dir)
+    print(f"  FLARE job and logs: {files.root / FLARE_WORKSPACE}")
+    if cross_site and files.report_md.is_file():
+        print(f"  cross-site evaluation (each site on its own test split): {files.report_md}")
     else:
         print(f"  next: fedcxr evaluate {run_dir}")
 

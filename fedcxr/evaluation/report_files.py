@@ -23,6 +23,7 @@ from fedcxr.atomic import atomic_write_bytes, json_bytes
 from fedcxr.escape import to_csv_text
 from fedcxr.evaluation import metrics, operating
 from fedcxr.evaluation.report_markdown import render_markdown
+from fedcxr.rundir import CURVES_FIGURE, RunDir
 
 
 def write_json(path: Path, payload: Any) -> None:
@@ -96,7 +97,8 @@ def write_report(run_dir: Path | str, report: dict, predictions: pd.DataFrame) -
     from fedcxr.evaluation.plots import plot_reliability, plot_roc  # matplotlib only when writing
 
     run_dir = Path(run_dir)
-    paths = [run_dir / "report.json", run_dir / "per_class.csv", run_dir / "report.md"]
+    files = RunDir(run_dir)
+    paths = [files.report_json, files.per_class_csv, files.report_md]
     write_json(paths[0], report)
     write_text(paths[1], to_csv_text(per_class_frame(report), float_format="%.6g"))
     figures: dict[str, dict[str, str]] = {}
@@ -120,8 +122,6 @@ def write_report(run_dir: Path | str, report: dict, predictions: pd.DataFrame) -
     return paths
 
 
-#: the training-curve figure of a run's report
-CURVES_FIGURE = "training_curves.png"
 
 
 def write_training_curves(run_dir: Path, method: str) -> tuple[Optional[Path], Optional[str]]:
