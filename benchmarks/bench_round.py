@@ -16,8 +16,8 @@ process (fedcxr's thread policy), no augmentation, no validation.
   CPU per client, FedAvg strategy, ``NumPyClient`` running the floor's training step) — seconds
   per round from the strategy's ``configure_fit`` → ``aggregate_fit``, plus its start-up.
   Flower is never a fedcxr dependency: it runs in a separate interpreter given by
-  ``--flower-python`` (default ``/tmp/flwr-venv/bin/python``; create it with
-  ``python -m venv /tmp/flwr-venv && /tmp/flwr-venv/bin/pip install "flwr[simulation]"``);
+  ``--flower-python`` (default ``.flower-venv/bin/python``; create it with
+  ``python -m venv .flower-venv && .flower-venv/bin/pip install "flwr[simulation]"``);
   the child appends this interpreter's site-packages for torch. Without it Flower is skipped
   with a message.
 
@@ -45,7 +45,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 SITES = ["nih_style", "chexpert_style", "dicom_style", "midrc_style"]
-DEFAULT_FLOWER = Path("/tmp/flwr-venv/bin/python")
+DEFAULT_FLOWER = REPO / ".flower-venv" / "bin" / "python"  # its own environment, never a fedcxr dependency
 
 
 # --------------------------------------------------------------------------- the shared federation
@@ -300,7 +300,7 @@ def _compare(args) -> dict:
                 if flower is None:
                     flower_missing = True
                     print(f"Flower skipped: no interpreter with flwr[simulation] at {args.flower_python} (create one "
-                          "with `python -m venv /tmp/flwr-venv && /tmp/flwr-venv/bin/pip install 'flwr[simulation]'`; "
+                          "with `python -m venv .flower-venv && .flower-venv/bin/pip install 'flwr[simulation]'`; "
                           "Flower is never a fedcxr dependency)")
                 else:
                     results["Flower"] += flower["rounds"]
