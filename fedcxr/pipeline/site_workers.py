@@ -2,7 +2,9 @@
 
 The thread policy's other half (:mod:`fedcxr.pipeline.engine`, "Parallel sites"): a training
 process of one torch thread uses one core, so on a CPU the round's sites can train in several
-processes of one thread each instead of one after another.
+processes of one thread each instead of one after another. Off by default (0): on the shared
+2-core machine the workers' start-up cost more than a demo-sized run's rounds gained
+(BENCHMARKS.md "Parallel site processes", ``benchmarks/bench_site_workers.py``).
 
 :class:`SiteWorkers` is a :class:`~fedcxr.pipeline.transport.Transport` like
 :class:`~fedcxr.pipeline.inprocess.InProcessTransport`, with the sites spread over worker processes:
