@@ -288,6 +288,10 @@ class EngineConfig(_Strict):
     offload_idle: Optional[bool] = Field(None, description="a site's model leaves the GPU between its turns")
     threads: Optional[int] = Field(None, ge=1, description="torch intra-op threads of a training/evaluation "
                                    "process (auto: 1; a CPU run is bit-identical only with the same count)")
+    site_workers: int = Field(0, ge=0, le=MAX_WORKERS,
+                              description="in-process runs on a CPU: worker processes training the round's sites "
+                              "at the same time, each site kept in one (0 or 1: every site in the main process, "
+                              "one after another); never changes a result")
 
 
 class AggregationConfig(_Strict):

@@ -3,7 +3,8 @@
 The default transport of ``fedcxr train`` and of the tests (DESIGN §8): "send this model to
 these sites" becomes a method call on each site's runner, one after the other. The sites'
 local state (FedBN statistics, PFL heads) is checkpointed with the server's, since both
-live in this process.
+live in this process. :func:`site_transport` picks it, or the same runners in parallel worker
+processes on a CPU (``engine.site_workers``, :mod:`fedcxr.pipeline.site_workers`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Mapping, Optional
 
 import torch
 
+from fedcxr.errors import UserError
 from fedcxr.pipeline.config import ExperimentConfig
 from fedcxr.pipeline.data import default_cache_dir
 from fedcxr.pipeline.engine import Engine, resolve_engine
@@ -50,28 +52,67 @@ class InProcessTransport(Transport):
 def build_runners(cfg: ExperimentConfig, device: torch.device, progress: bool, *,
                   tasks: Optional[Mapping[str, SiteTask]] = None) -> dict[str, SiteRunner]:
     """One SiteRunner per site of the config, plus the pooled site when the method has one
-    (:attr:`~fedcxr.pipeline.protocols.RoundProtocol.pooled_site`: Central's every site's rows).
+    (:func:`runner_dirs`).
 
     They share one :class:`~fedcxr.pipeline.engine.Engine`; on CUDA each runner's model leaves
     the GPU after its turn (``engine.offload_idle``), so N simulated sites need one model's
     worth of GPU memory, not N. ``tasks``: tasks beyond the runner's own (:data:`~fedcxr.pipeline.
     site_runner.TASKS`), e.g. FLARE's cross-site ``validate`` simulated in-process.
     """
+    _warn_filters(cfg)
+    common = runner_kwargs(cfg, device, progress, tasks=tasks)
+    return {name: SiteRunner(name, dirs, **common) for name, dirs in runner_dirs(cfg).items()}
+
+
+def _warn_filters(cfg: ExperimentConfig) -> None:
     if cfg.privacy.filters:
         log.warning("privacy.filters are NVIDIA FLARE result filters: they act in `fedcxr flare` runs only, "
                     "not in this in-process run")
-    cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
-    engine = run_engine(cfg, device)
-    common = dict(model_cfg=cfg.model.model_dump(mode="json"), image_size=cfg.image_size, cache_dir=cache,
-                  device=device, augment=cfg.augment, progress=progress, engine=engine,
-                  task=cfg.task.model_dump(mode="json") if cfg.task else None, tasks=tasks)
-    runners = {cfg.site_name(s): SiteRunner(cfg.site_name(s), cfg.site_dir(s), **common) for s in cfg.all_sites()}
+
+
+def runner_dirs(cfg: ExperimentConfig) -> dict[str, Path | list[Path]]:
+    """Each runner's name and site folder(s), in the order the runners are built: one per site of
+    the config, plus the pooled site when the method has one
+    (:attr:`~fedcxr.pipeline.protocols.RoundProtocol.pooled_site`: Central's every site's rows)."""
+    dirs: dict[str, Path | list[Path]] = {cfg.site_name(s): cfg.site_dir(s) for s in cfg.all_sites()}
     pooled = get_protocol(cfg.method).pooled_site
     if pooled:
-        runners[pooled] = SiteRunner(pooled, [cfg.site_dir(s) for s in cfg.all_sites()], **common)
-    return runners
+        dirs[pooled] = [cfg.site_dir(s) for s in cfg.all_sites()]
+    return dirs
+
+
+def runner_kwargs(cfg: ExperimentConfig, device: torch.device, progress: bool, *,
+                    tasks: Optional[Mapping[str, SiteTask]] = None, engine: Optional[Engine] = None) -> dict:
+    """The :class:`SiteRunner` keyword arguments every runner of ``cfg`` shares (``engine``: the
+    run's by default). A parallel site worker gets these and its own sites' folders, nothing else."""
+    cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+    return dict(model_cfg=cfg.model.model_dump(mode="json"), image_size=cfg.image_size, cache_dir=cache,
+                device=device, augment=cfg.augment, progress=progress, engine=engine or run_engine(cfg, device),
+                task=cfg.task.model_dump(mode="json") if cfg.task else None, tasks=tasks)
 
 
 def run_engine(cfg: ExperimentConfig, device: torch.device) -> Engine:
     """The experiment's ``engine:`` block and ``num_workers`` resolved for ``device``."""
     return resolve_engine(device, cfg.engine.model_dump(), cfg.num_workers)
+
+
+def site_transport(cfg: ExperimentConfig, device: torch.device, progress: bool) -> Transport:
+    """The simulator of ``fedcxr train``: every site in this process (:class:`InProcessTransport`),
+    or, with ``engine.site_workers`` ≥ 2 on a CPU, the round's sites trained at the same time in
+    that many worker processes (:class:`~fedcxr.pipeline.site_workers.SiteWorkers`, never more
+    than there are sites) — the same replies bit for bit either way. Close it after the run
+    (:meth:`~fedcxr.pipeline.transport.Transport.close`)."""
+    workers = min(cfg.engine.site_workers, len(runner_dirs(cfg)))
+    if workers > 1 and device.type == "cuda":
+        log.warning("engine.site_workers: %d is for CPU runs; on %s the sites take turns on the device in this "
+                    "process (engine.offload_idle)", cfg.engine.site_workers, device)
+    elif workers > 1:
+        if run_engine(cfg, device).num_workers > 0:
+            raise UserError(f"engine.site_workers: {cfg.engine.site_workers} with num_workers: "
+                            f"{run_engine(cfg, device).num_workers}: a site worker process cannot start loader "
+                            "processes of its own; set num_workers: 0 or engine.site_workers: 0")
+        from fedcxr.pipeline.site_workers import SiteWorkers
+
+        _warn_filters(cfg)
+        return SiteWorkers(runner_dirs(cfg), runner_kwargs(cfg, device, False), workers)
+    return InProcessTransport(build_runners(cfg, device, progress))

@@ -23,6 +23,7 @@ the weights of an uninterrupted run.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -39,7 +40,7 @@ from fedcxr.pipeline.checkpoints import latest_checkpoint, load_latest_intact, s
 from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint, dump_config
 from fedcxr.pipeline.dp_ledger import ledger_for
 from fedcxr.pipeline.engine import backend_settings, resolve_engine
-from fedcxr.pipeline.inprocess import InProcessTransport, build_runners, run_engine
+from fedcxr.pipeline.inprocess import run_engine, site_transport
 from fedcxr.pipeline.devices import resolve_device
 from fedcxr.pipeline.messages import EvaluateTask, NoConfig, StateDict
 from fedcxr.pipeline.protocols import Context, RoundProtocol, get_protocol
@@ -170,11 +171,13 @@ def _start(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transp
                         protocol.name, cfg.rounds, ", ".join(cfg.site_name(s) for s in cfg.source_sites()) or "none",
                         cfg.site_name(cfg.target) if cfg.target else "none", run_dir)
         dev = resolve_device(device or cfg.device)
-        if transport is None:
-            transport = InProcessTransport(build_runners(cfg, dev, progress))
+        ours = transport is None  # ours is closed after the run (no site worker outlives it); FLARE's stays open
+        if ours:
+            transport = site_transport(cfg, dev, progress)  # sites in this process, or engine.site_workers processes
         # threads, cuDNN autotuning / deterministic kernels, restored after; on a FLARE server too: its
         # aggregation and GP projections sum in the same order as in-process only with the same threads
-        with backend_settings(run_engine(cfg, dev)):
+        closing = contextlib.closing(transport) if ours else contextlib.nullcontext()
+        with backend_settings(run_engine(cfg, dev)), closing:
             return _run(cfg, run_dir, protocol, transport, resume=resume, progress=progress)
 
 

@@ -48,3 +48,7 @@ class Transport(ABC):
 
     def load_local_states(self, states: Mapping[str, dict]) -> None:
         """Restore what :meth:`local_states` returned (resume); a no-op where sites keep their own."""
+
+    def close(self) -> None:
+        """Release what the transport started (the parallel simulator's worker processes); idempotent,
+        and a no-op where it started nothing. The run driver calls it however the run ends."""

@@ -79,7 +79,7 @@ def test_a_finished_run_is_refused_at_once_and_resume_changes_no_file(evaluated_
     def no_setup(*args, **kwargs):
         raise AssertionError("sites were set up before the run directory was checked")
 
-    monkeypatch.setattr("fedcxr.pipeline.run_driver.build_runners", no_setup)
+    monkeypatch.setattr("fedcxr.pipeline.run_driver.site_transport", no_setup)
     assert main(["train", str(config), "--out", str(run)]) == 2
     assert "already holds a finished run; choose another --out" in capsys.readouterr().err
     assert main(["train", str(config), "--out", str(run), "--resume"]) == 0
