@@ -169,11 +169,12 @@ def _start(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transp
         rounds_log.info("fedcxr %s: %s, %d rounds; sources %s; target %s; run directory %s", fedcxr.__version__,
                         protocol.name, cfg.rounds, ", ".join(cfg.site_name(s) for s in cfg.source_sites()) or "none",
                         cfg.site_name(cfg.target) if cfg.target else "none", run_dir)
-        if transport is not None:
-            return _run(cfg, run_dir, protocol, transport, resume=resume, progress=progress)
         dev = resolve_device(device or cfg.device)
-        transport = InProcessTransport(build_runners(cfg, dev, progress))
-        with backend_settings(run_engine(cfg, dev)):  # cuDNN autotuning / deterministic kernels, restored after
+        if transport is None:
+            transport = InProcessTransport(build_runners(cfg, dev, progress))
+        # threads, cuDNN autotuning / deterministic kernels, restored after; on a FLARE server too: its
+        # aggregation and GP projections sum in the same order as in-process only with the same threads
+        with backend_settings(run_engine(cfg, dev)):
             return _run(cfg, run_dir, protocol, transport, resume=resume, progress=progress)
 
 
