@@ -68,8 +68,8 @@ _send, _handle = flare.send, flare_client.FlareSite.handle
 def recording_send(model, *args, **kwargs):
     if RECORD:
         params = model.params or {{}}
-        entry = {{"param_keys": sorted(params), "dtype_kinds": sorted({{np.asarray(v).dtype.kind for v in params.values()}}),
-                 "meta": model.meta}}
+        kinds = sorted({{np.asarray(v).dtype.kind for v in params.values()}})
+        entry = {{"param_keys": sorted(params), "dtype_kinds": kinds, "meta": model.meta}}
         with open(Path(RECORD) / (flare.get_site_name() + ".jsonl"), "a") as handle:
             handle.write(json.dumps(entry) + "\\n")
     return _send(model, *args, **kwargs)
@@ -157,7 +157,8 @@ def flare_runs(tiny_manifests, tmp_path_factory):
     record = root / "payloads"
     record.mkdir()
     faults = {
-        config_fingerprint(exps["E1"]): {"chexpert_style": {"1": "nan"}, "midrc_style": {"1": "inf", "validate": "error"},
+        config_fingerprint(exps["E1"]): {"chexpert_style": {"1": "nan"},
+                                         "midrc_style": {"1": "inf", "validate": "error"},
                                          "dicom_style": {"1": "shape", "2": "exit"}},
         config_fingerprint(exps["hostile"]): HOSTILE_FAULTS,
     }
