@@ -1,19 +1,10 @@
 """The same protocols on NVIDIA FLARE (the simulator) as in-process (DESIGN §8); POC mode is
 checked on the README's own POC run (``test_readme_flare.py``: one POC system per suite).
 
-Two simulator jobs serve most tests (a FLARE job costs ~15 s of start-up here, so the
-experiments share them):
-
-* job 1 runs E2 (FL_Surgical), E3 (FedAvg_Finetune_GP), E1 (FedAvg over four sites: at round 1
-  one sends NaN, one Inf, one a wrong-shape head; at round 2 that last site's training
-  process stops; the Inf site fails its cross-site evaluation) and E4 (FedAvg + FedBN), and is SIGKILLed — server and clients — right after
-  E4's first checkpoint;
-* job 2 resubmits the same experiments: E1–E3 are finished (nothing to redo), E4 continues.
-
-Every experiment ends with the cross-site evaluation (10 bootstrap resamples).
-
-A test client script wraps fedcxr's own: it injects the faults above into E1 only and
-records every payload a site sends, for the privacy checks.
+The experiments E1–E4 run in the simulator job this folder's tests share (``flare_runs`` in
+``conftest.py``: E2 FL_Surgical, E3 FedAvg_Finetune_GP, E1 FedAvg with faulty sites, E4 FedAvg +
+FedBN killed after its first checkpoint and resumed by a second job); the in-process runs of the
+same configs are the references.
 """
 
 from __future__ import annotations
@@ -21,11 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import threading
-import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -34,75 +21,14 @@ pytest.importorskip("nvflare")
 
 import fedcxr  # noqa: E402
 from fedcxr.cli import main  # noqa: E402
-from fedcxr.pipeline.config import config_fingerprint, load_config  # noqa: E402
-from fedcxr.pipeline.run_driver import run_experiment  # noqa: E402
-from fedcxr.flare.simulator import simulate_many  # noqa: E402
-from fedcxr.flare.wire import REPLY_KEYS, check_summary  # noqa: E402
-from fedcxr.pipeline.messages import WEIGHT_TYPES  # noqa: E402
+from fedcxr.flare.wire import EXTRA_PREFIX, REPLY_KEYS, check_summary  # noqa: E402
+from fedcxr.pipeline.messages import CONTROL_DELTA_PREFIX, WEIGHT_TYPES  # noqa: E402
 from fedcxr.vocab import CLASSES  # noqa: E402
 
 from ..conftest import tiny_config  # noqa: E402
-
-ALL = ["nih_style", "chexpert_style", "midrc_style", "dicom_style"]
-
-TEST_CLIENT = '''
-"""fedcxr's FLARE client plus test-only faults and a recorder of every payload leaving the site."""
-import json, os
-from pathlib import Path
-
-import numpy as np
-import nvflare.client as flare
-
-from fedcxr.flare import client as flare_client
-
-FAULTS = json.loads(os.environ.get("FEDCXR_TEST_FAULTS", "{}"))  # {run fingerprint: {site: {round: fault}}}
-RECORD = os.environ.get("FEDCXR_TEST_RECORD")
-_send, _handle = flare.send, flare_client.FlareSite.handle
-
-
-def recording_send(model, *args, **kwargs):
-    if RECORD:
-        params = model.params or {}
-        entry = {"param_keys": sorted(params), "dtype_kinds": sorted({np.asarray(v).dtype.kind for v in params.values()}),
-                 "meta": model.meta}
-        with open(Path(RECORD) / (flare.get_site_name() + ".jsonl"), "a") as handle:
-            handle.write(json.dumps(entry) + "\\n")
-    return _send(model, *args, **kwargs)
-
-
-def faulty_handle(self, task, params, config, settings, run):
-    key = str(config.get("round")) if task == "train" else task
-    fault = FAULTS.get(run, {}).get(self.name, {}).get(key) if task in ("train", "validate") else None
-    if fault == "error":
-        raise RuntimeError("test fault")
-    if fault == "exit":
-        raise SystemExit(0)  # the site's training process stops
-    reply = _handle(self, task, params, config, settings, run)
-    if fault in ("nan", "inf"):
-        key = next(k for k, v in reply.params.items() if v.is_floating_point())
-        reply.params[key].view(-1)[0] = float(fault)
-    elif fault == "shape":
-        reply.params["head.weight"] = reply.params["head.weight"][:-1]
-    return reply
-
-
-flare.send = recording_send
-flare_client.FlareSite.handle = faulty_handle
-flare_client.main()
-'''
-
-
-def _cfg(manifests, cache, **overrides):
-    return load_config(data=tiny_config(manifests, cache, **overrides))
-
-
-def _final(run_dir: Path) -> dict:
-    return torch.load(run_dir / "final_model.pt", map_location="cpu", weights_only=True)
-
-
-def _max_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((float((a[k].double() - b[k].double()).abs().max()) for k in a if a[k].numel()), default=0.0)
+from .conftest import ALL, ORDER  # noqa: E402
+from .conftest import final_model as _final  # noqa: E402
+from .conftest import max_diff as _max_diff  # noqa: E402
 
 
 def _logs(run_dir: Path) -> str:
@@ -111,69 +37,12 @@ def _logs(run_dir: Path) -> str:
                      if p.is_file())
 
 
-@pytest.fixture(scope="module")
-def flare_runs(tiny_manifests, tmp_path_factory):
-    root = tmp_path_factory.mktemp("flare")
-    cache = root / "cache"
-    exps = {
-        "E1": _cfg(tiny_manifests, cache, strategy="FedAvg", sites=ALL, target=None, rounds=3, eval_every=0,
-                   min_sites=1),
-        "E2": _cfg(tiny_manifests, cache, strategy="FL_Surgical"),
-        "E3": _cfg(tiny_manifests, cache, strategy="FedAvg_Finetune_GP", eval_every=0),
-        "E4": _cfg(tiny_manifests, cache, strategy="FedAvg", sites=ALL[:3], target=None, rounds=2,
-                   backbone_aggregation="fedbn", eval_every=0),
-    }
-    dirs = {name: root / name for name in exps}
-    refs = {}
-    for name in ("E2", "E3", "E4"):  # the in-process runs of the same configs (this also fills the image cache)
-        refs[name] = root / f"{name}-in-process"
-        run_experiment(exps[name], refs[name], progress=False)
-
-    script = root / "test_client.py"
-    script.write_text(TEST_CLIENT)
-    record = root / "payloads"
-    record.mkdir()
-    faults = {config_fingerprint(exps["E1"]): {"chexpert_style": {"1": "nan"}, "midrc_style": {"1": "inf", "validate": "error"},
-                                               "dicom_style": {"1": "shape", "2": "exit"}}}
-    env = {"FEDCXR_TEST_FAULTS": json.dumps(faults), "FEDCXR_TEST_RECORD": str(record)}
-    common = dict(client_script=script, progress=False, env=env, timeout=600, evaluation={"n_boot": 10})
-
-    # E1 after E2/E3: its dicom site stops for good; E4 does not need it
-    runs = [(exps[n], dirs[n]) for n in ("E2", "E3", "E1", "E4")]
-    box: dict = {}
-
-    def job1():
-        try:
-            simulate_many(runs, on_start=lambda proc: box.update(proc=proc), **common)
-        except RuntimeError as exc:  # E4 was killed: it has no "finished" status
-            box["error"] = str(exc)
-
-    start = time.time()
-    thread = threading.Thread(target=job1)
-    thread.start()
-    checkpoint = dirs["E4"] / "checkpoints" / "round_0000.pt"
-    while thread.is_alive() and not checkpoint.exists():
-        time.sleep(0.05)
-    os.killpg(box["proc"].pid, signal.SIGKILL)  # the simulator: FLARE server and every client
-    thread.join()
-    killed = SimpleNamespace(final_existed=(dirs["E4"] / "final_model.pt").exists(), error=box.get("error", ""),
-                             seconds=time.time() - start, pgid=box["proc"].pid,
-                             leftovers=_processes_mentioning(str(dirs["E2"] / "flare")))
-    start = time.time()
-    payloads = simulate_many(runs, resume=True, **common)
-    resumed_seconds = time.time() - start
-    reports = {n: json.loads((dirs[n] / "report.json").read_text()) for n in dirs}  # before `fedcxr evaluate`
-    return SimpleNamespace(exps=exps, dirs=dirs, refs=refs, record=record, killed=killed, root=root, reports=reports,
-                           payloads=dict(zip(("E2", "E3", "E1", "E4"), payloads)),
-                           resumed_seconds=resumed_seconds, manifests=tiny_manifests)
-
-
 # --------------------------------------------------------------------------- same results as in-process
 
 
 @pytest.mark.parametrize("name", ["E2", "E3"], ids=["FL_Surgical", "FedAvg_Finetune_GP"])
-def test_simulator_ends_with_the_in_process_weights(flare_runs, name):
-    flare_final, ref = _final(flare_runs.dirs[name]), _final(flare_runs.refs[name])
+def test_simulator_ends_with_the_in_process_weights(flare_runs, in_process_refs, name):
+    flare_final, ref = _final(flare_runs.dirs[name]), _final(in_process_refs(name))
     assert flare_runs.payloads[name]["missed"] == []  # a site that timed out changes the weights: say so first
     assert _max_diff(flare_final["global"], ref["global"]) <= 1e-5
     assert flare_final["classes"] == ref["classes"]
@@ -181,7 +50,7 @@ def test_simulator_ends_with_the_in_process_weights(flare_runs, name):
     assert [r["round"] for r in rows] == [0, 1] and flare_runs.payloads[name]["missed"] == []
 
 
-def test_killed_server_resumes_to_the_uninterrupted_weights(flare_runs):
+def test_killed_server_resumes_to_the_uninterrupted_weights(flare_runs, in_process_refs):
     """FedAvg+FedBN: the server (and every site) SIGKILLed after round 0; resubmitted; same end."""
     killed = flare_runs.killed
     assert not killed.final_existed and "E4" in killed.error
@@ -189,7 +58,7 @@ def test_killed_server_resumes_to_the_uninterrupted_weights(flare_runs):
         os.killpg(killed.pgid, 0)
     assert killed.leftovers == [], "the clients of the killed job (own sessions) were ended too"
     run_dir = flare_runs.dirs["E4"]
-    flare_final, ref = _final(run_dir), _final(flare_runs.refs["E4"])
+    flare_final, ref = _final(run_dir), _final(in_process_refs("E4"))
     assert _max_diff(flare_final["global"], ref["global"]) <= 1e-5
     assert set(flare_final["local_states"]) == set(ref["local_states"]) == {"nih_style", "chexpert_style",
                                                                             "midrc_style"}
@@ -197,7 +66,7 @@ def test_killed_server_resumes_to_the_uninterrupted_weights(flare_runs):
         assert state and _max_diff(flare_final["local_states"][site], state) <= 1e-5
     rounds = [json.loads(line)["round"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rounds == [0, 1]
-    logs = flare_runs.dirs["E2"] / "flare" / "logs"
+    logs = flare_runs.flare_dir / "logs"
     assert (logs / "attempt-1").is_dir() and (logs / "attempt-2").is_dir(), "the killed attempt's logs are kept"
 
 
@@ -250,7 +119,7 @@ def test_the_sites_stream_their_scalars_to_the_server_through_flare_experiment_t
         acc.Reload()
         return set(acc.Tags()["scalars"])
 
-    streamed = flare_runs.dirs["E2"] / "flare" / "tensorboard"  # one FLARE job: its first run's flare/ folder
+    streamed = flare_runs.flare_dir / "tensorboard"
     assert {p.name for p in streamed.iterdir()} == set(ALL)
     for site in ALL:
         assert "train/loss" in tags(streamed / site), site
@@ -260,7 +129,8 @@ def test_the_sites_stream_their_scalars_to_the_server_through_flare_experiment_t
 
 
 def test_flares_persistor_holds_the_last_experiments_global_model(flare_runs):
-    saved = torch.load(flare_runs.dirs["E2"] / "flare" / "FL_global_model.pt", weights_only=True)["model"]
+    assert ORDER[-1] == "E4"
+    saved = torch.load(flare_runs.flare_dir / "FL_global_model.pt", weights_only=True)["model"]
     assert _max_diff(saved, _final(flare_runs.dirs["E4"])["global"]) == 0.0
 
 
@@ -281,7 +151,7 @@ def test_nan_inf_and_wrong_shape_updates_are_rejected_with_a_logged_reason(flare
     status = json.loads((flare_runs.dirs["E1"] / "flare_status.json").read_text())
     reasons = {(r["round"], r["site"]): r["reason"] for r in status["rejected"]}
     assert "NaN" in reasons[1, "chexpert_style"] and "infinite" in reasons[1, "midrc_style"]
-    logs = _logs(flare_runs.dirs["E2"])
+    logs = _logs(flare_runs.dirs[ORDER[0]])
     assert re.search(r"rejected reply from chexpert_style: parameters: entry '[^']+' has 1 NaN", logs)
     assert re.search(r"rejected reply from midrc_style: parameters: entry '[^']+' has 1 infinite", logs)
     assert re.search(r"rejected update from dicom_style: .*shape", logs)
@@ -298,7 +168,7 @@ def test_a_site_that_stops_mid_run_is_recorded_and_the_rounds_go_on(flare_runs):
     rows = _metrics(flare_runs.dirs["E1"])
     assert [r["round"] for r in rows] == [0, 1, 2]
     assert sorted(rows[2]["train"]) == ["chexpert_style", "midrc_style", "nih_style"]
-    assert "did not answer task train" in _logs(flare_runs.dirs["E2"])
+    assert "did not answer task train" in _logs(flare_runs.dirs[ORDER[0]])
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -310,9 +180,10 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 def test_only_parameters_counts_class_names_and_metrics_leave_a_site(flare_runs):
     state_keys = set()
-    for name in ("E1", "E2", "E3", "E4"):
+    for name in ORDER:
         state_keys |= set(_final(flare_runs.dirs[name])["global"])
     allowed_keys = {"p/" + k for k in state_keys}  # per-batch target updates stay at the target
+    allowed_keys |= {EXTRA_PREFIX + CONTROL_DELTA_PREFIX + k for k in state_keys}  # SCAFFOLD's Δc_i
     entries = [json.loads(line) for path in flare_runs.record.glob("*.jsonl") for line in path.read_text().splitlines()]
     assert {p.stem for p in flare_runs.record.glob("*.jsonl")} == set(ALL)
     assert len(entries) > 50
@@ -321,6 +192,7 @@ def test_only_parameters_counts_class_names_and_metrics_leave_a_site(flare_runs)
                                               "mean_auroc", "idd_train", "idd_train_sum", "idd_after", "fedcxr", "error", "betas",
                                                   "manifest_hash", "model_owner", "SRV_server", "test",
                                               "RuntimeError", "best_epoch", "val_loss",
+                                              "scaffold_steps",  # SCAFFOLD's K, a count of local steps
                                               "summary", *WEIGHT_TYPES, *ALL}
     summaries = 0
     for entry in entries:
@@ -361,7 +233,7 @@ def test_no_patient_identifier_in_any_flare_or_fedcxr_log(flare_runs):
             needles |= {str(v) for v in manifest[column].dropna() if len(str(v)) >= 8}
         needles |= {Path(str(v)).name for v in manifest["image_path"].dropna() if len(Path(str(v)).name) >= 8}
     texts = {}
-    for name in ("E1", "E2", "E3", "E4"):
+    for name in ORDER:
         run_dir = flare_runs.dirs[name]
         for path in run_dir.rglob("*"):
             if path.is_file() and path.suffix not in (".pt", ".u8", ".npy", ".png", ".parquet"):
@@ -425,13 +297,3 @@ def test_central_cannot_run_federated(tiny_manifests, tmp_path):
     config = tmp_path / "exp.yaml"
     config.write_text(yaml.safe_dump(tiny_config(tiny_manifests, tmp_path / "cache", strategy="Central")))
     assert main(["flare", "export", str(config), "--out", str(tmp_path / "job")]) == 2
-
-
-def _processes_mentioning(text: str) -> list:
-    import psutil  # a FLARE dependency
-
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        if text in " ".join(proc.info["cmdline"] or []):
-            found.append(proc.pid)
-    return found

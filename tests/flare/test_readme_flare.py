@@ -30,7 +30,8 @@ from fedcxr.commands.demo import DEMO_TARGET, demo_config  # noqa: E402
 from fedcxr.pipeline.config import load_config  # noqa: E402
 from fedcxr.pipeline.run_driver import run_experiment  # noqa: E402
 
-from .test_controller import _final, _max_diff, _processes_mentioning  # noqa: E402
+from .conftest import final_model as _final, max_diff as _max_diff  # noqa: E402
+from .conftest import processes_mentioning as _processes_mentioning  # noqa: E402
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
