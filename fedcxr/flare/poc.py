@@ -206,14 +206,27 @@ def submit_and_wait(job_dir: Path, workspace: Path, flare_dir: Path, runs: list,
         session.close()
 
 
+def _request_stop(env: dict, out, attempts: int = 2) -> bool:
+    """``nvflare poc stop``, once more when it fails: on a busy machine its wait for the shutdown
+    can time out (exit 2, "did not complete before the timeout") while the system is still going
+    down. Whatever it answers, :func:`stop_poc` then ends every process the system left."""
+    for attempt in range(1, attempts + 1):
+        try:
+            done = run_nvflare(["poc", "stop"], env, out, 120)
+            if done.returncode == 0:
+                return True
+            out.write(f"poc stop attempt {attempt}: exit code {done.returncode}\n")
+        except Exception as exc:  # keep cleaning up
+            out.write(f"poc stop attempt {attempt} failed: {exc}\n")
+        out.flush()
+    return False
+
+
 def stop_poc(env: dict, out, tree: Optional[ProcessTree], workspace: Path, logs: Path) -> None:
     """Stop the POC system, end any process it left, keep the logs, remove the workspace."""
     try:
         if tree is not None:
-            try:
-                run_nvflare(["poc", "stop"], env, out, 120)
-            except Exception as exc:  # keep cleaning up
-                out.write(f"poc stop failed: {exc}\n")
+            _request_stop(env, out)
             tree.stop(grace=30)
     finally:
         copy_logs(workspace, logs)

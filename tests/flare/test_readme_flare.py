@@ -107,7 +107,8 @@ def check_poc_mode(command: str, run: Path, conf_before) -> None:
     flare_dir = run / "flare"
     assert not (flare_dir / "poc").exists(), "the POC workspace is removed"
     logs = flare_dir / "logs" / "attempt-1"
-    assert "POC system stopped" in (logs / "poc.log").read_text()
+    # FLARE's own stop (a second request says "already stopped" when the first timed out under load)
+    assert re.search(r"POC system (was already )?stopped", (logs / "poc.log").read_text())
     assert (logs / "fedcxr" / "prod_00" / "server" / "log.txt").is_file()
     assert not list(logs.rglob("*.key")) and not list(logs.rglob("*.pem")), "no key leaves the POC workspace"
     home_conf = Path.home() / ".nvflare" / "config.conf"
