@@ -15,6 +15,20 @@ from fedcxr.cli import main
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+@pytest.fixture
+def few_scans(shared_data, tmp_path):
+    """Three of ``scan_folder``'s real images (one DICOM, two PNGs), for the tests whose point is not
+    the decoding of every DICOM flavour (that is test_predict_on_a_new_dicom_and_png_folder's): each
+    ``fedcxr predict`` on all nine decodes ~8 MB of JPEG-LS/J2K DICOMs again."""
+    folder = tmp_path / "few_scans"
+    (folder / "dicom").mkdir(parents=True)
+    shutil.copy(shared_data / "dicom" / "rsna_pneumonia_cr_chest_pa_jpegbaseline_mono2.dcm", folder / "dicom")
+    pngs = sorted((shared_data / "hannover-covid-19-image-repository").rglob("*.png"))[:2]
+    for i, png in enumerate(pngs):
+        shutil.copy(png, folder / f"portable_{i}.png")
+    return folder
+
+
 def _snapshot(folder):
     return sorted((str(p.relative_to(folder)), p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*"))
 
@@ -68,7 +82,7 @@ def test_manifest_folder_scores_as_evaluate_does(evaluated_run, tiny_manifests, 
     np.testing.assert_allclose(preds.loc[test.index, cols].to_numpy(), test[cols].to_numpy(), atol=1e-5)
 
 
-def test_site_model_and_its_thresholds(evaluated_run, scan_folder, tmp_path):
+def test_site_model_and_its_thresholds(evaluated_run, few_scans, tmp_path):
     """``--site``: that site's own model (here a head shifted by +3 logits) scores the images."""
     from fedcxr.pipeline.checkpoints import load_final_model, save_final
 
@@ -79,8 +93,8 @@ def test_site_model_and_its_thresholds(evaluated_run, scan_folder, tmp_path):
     own["head.bias"] += 3.0
     final["per_site"] = {"dicom_style": own}
     save_final(run, final)
-    assert main(["predict", str(run), "--input", str(scan_folder), "--out", str(tmp_path / "g.csv"), "-q"]) == 0
-    assert main(["predict", str(run), "--input", str(scan_folder), "--out", str(tmp_path / "s.csv"), "-q",
+    assert main(["predict", str(run), "--input", str(few_scans), "--out", str(tmp_path / "g.csv"), "-q"]) == 0
+    assert main(["predict", str(run), "--input", str(few_scans), "--out", str(tmp_path / "s.csv"), "-q",
                  "--site", "dicom_style"]) == 0
     g, s = pd.read_csv(tmp_path / "g.csv"), pd.read_csv(tmp_path / "s.csv")
     cols = [c for c in g.columns if c.startswith("prob__")]
@@ -122,9 +136,9 @@ def test_predict_uses_cuda_when_asked(evaluated_run, scan_folder, tmp_path):
     assert len(pd.read_csv(out)) == 9
 
 
-def test_predict_cam_writes_overlays_of_the_top_images(evaluated_run, scan_folder, tmp_path):
+def test_predict_cam_writes_overlays_of_the_top_images(evaluated_run, few_scans, tmp_path):
     out = tmp_path / "p.csv"
-    assert main(["predict", str(evaluated_run), "--input", str(scan_folder), "--out", str(out), "--cam", "2",
+    assert main(["predict", str(evaluated_run), "--input", str(few_scans), "--out", str(out), "--cam", "2",
                  "-q"]) == 0
     preds = pd.read_csv(out, dtype={"key": str})
     classes = [c.removeprefix("prob__") for c in preds.columns if c.startswith("prob__")]
@@ -132,10 +146,10 @@ def test_predict_cam_writes_overlays_of_the_top_images(evaluated_run, scan_folde
     for cls in classes:
         top = set(preds.nlargest(2, f"prob__{cls}")["key"])
         assert {p.stem for p in (cam / cls).glob("*.png")} == top
-    assert not any(p.stem in str(f) for f in cam.rglob("*") for p in scan_folder.rglob("*.dcm"))
+    assert not any(p.stem in str(f) for f in cam.rglob("*") for p in few_scans.rglob("*.dcm"))
 
 
-def test_keys_are_stable_under_a_site_key_and_fresh_without(evaluated_run, scan_folder, tmp_path):
+def test_keys_are_stable_under_a_site_key_and_fresh_without(evaluated_run, few_scans, tmp_path):
     import os
     import secrets
 
@@ -145,7 +159,7 @@ def test_keys_are_stable_under_a_site_key_and_fresh_without(evaluated_run, scan_
     keys = []
     for name, extra in (("a", ["--site-key", str(key)]), ("b", ["--site-key", str(key)]), ("c", [])):
         out = tmp_path / f"{name}.csv"
-        assert main(["predict", str(evaluated_run), "--input", str(scan_folder), "--out", str(out), "-q", *extra]) == 0
+        assert main(["predict", str(evaluated_run), "--input", str(few_scans), "--out", str(out), "-q", *extra]) == 0
         keys.append(list(pd.read_csv(out, dtype={"key": str})["key"]))
     assert keys[0] == keys[1]
     assert not set(keys[0]) & set(keys[2])

@@ -262,12 +262,12 @@ def _transport(cfg):
 ])
 def test_kept_optimiser_state_is_checkpointed_and_a_killed_run_resumes_bit_identical(
         strategy, extra, tiny_manifests, tmp_path):
-    data = tiny_config(tiny_manifests, tmp_path / "cache", strategy=strategy, rounds=3, eval_every=0, **extra)
+    data = tiny_config(tiny_manifests, tmp_path / "cache", strategy=strategy, rounds=2, eval_every=0, **extra)
     cfg = load_config(data=data)
     run_experiment(cfg, tmp_path / "straight", progress=False, transport=_transport(cfg))
     with pytest.raises(KeyboardInterrupt):
-        run_experiment(cfg, tmp_path / "killed", progress=False, transport=_Crash(_transport(cfg), at=2))
-    ckpt = torch.load(tmp_path / "killed" / "checkpoints" / "round_0001.pt", weights_only=True)
+        run_experiment(cfg, tmp_path / "killed", progress=False, transport=_Crash(_transport(cfg), at=1))
+    ckpt = torch.load(tmp_path / "killed" / "checkpoints" / "round_0000.pt", weights_only=True)
     assert any(k.startswith("optimizer.") for state in ckpt["local_states"].values() for k in state)
     run_experiment(cfg, tmp_path / "killed", resume=True, progress=False, transport=_transport(cfg))
     straight, resumed = _final(tmp_path / "straight")["global"], _final(tmp_path / "killed")["global"]

@@ -190,11 +190,11 @@ def test_server_optimiser_settings_are_validated(tiny_manifests, cache):
 @pytest.mark.parametrize("strategy, state_key", [("SCAFFOLD", "control"), ("FedAdam_Finetune", "server_opt")])
 def test_a_killed_run_resumes_bit_identical_with_its_server_and_site_state(tiny_manifests, cache, tmp_path, strategy,
                                                                            state_key):
-    cfg = _cfg(tiny_manifests, cache, strategy=strategy, rounds=3, source=SGD)
+    cfg = _cfg(tiny_manifests, cache, strategy=strategy, rounds=2, source=SGD)
     run_experiment(cfg, tmp_path / "straight", progress=False, transport=_transport(cfg))
     with pytest.raises(KeyboardInterrupt):
-        run_experiment(cfg, tmp_path / "killed", progress=False, transport=_Spy(_transport(cfg), crash_at=2))
-    path = tmp_path / "killed" / "checkpoints" / "round_0001.pt"
+        run_experiment(cfg, tmp_path / "killed", progress=False, transport=_Spy(_transport(cfg), crash_at=1))
+    path = tmp_path / "killed" / "checkpoints" / "round_0000.pt"
     ckpt = load_checkpoint(path)
     assert ckpt["state"][state_key] and not (tmp_path / "killed" / "final_model.pt").exists()
     kept_ci = [k for state in ckpt["local_states"].values() for k in state if k.startswith(CONTROL_PREFIX)]
@@ -205,7 +205,7 @@ def test_a_killed_run_resumes_bit_identical_with_its_server_and_site_state(tiny_
         ckpt["local_states"] = {s: {k: v for k, v in state.items() if not k.startswith(CONTROL_PREFIX)}
                                 for s, state in ckpt["local_states"].items()}
         (tmp_path / "lost" / "checkpoints").mkdir(parents=True)
-        save_checkpoint(tmp_path / "lost", 1, ckpt)
+        save_checkpoint(tmp_path / "lost", 0, ckpt)
         (tmp_path / "lost" / "metrics.jsonl").write_text((tmp_path / "killed" / "metrics.jsonl").read_text())
         run_experiment(cfg, tmp_path / "lost", resume=True, progress=False, transport=_transport(cfg))
         assert not _same(_final(tmp_path / "straight")["global"], _final(tmp_path / "lost")["global"])
