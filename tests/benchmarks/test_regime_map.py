@@ -44,4 +44,6 @@ def test_more_seeds_only_where_the_winner_is_close():
     cell = pd.DataFrame({"method": ["A", "A", "B", "B", "C", "C"], "auroc": [0.90, 0.92, 0.90, 0.91, 0.89, 0.90]})
     assert close(cell, 0.03) == ["A", "B"]  # A 0.910, B 0.905: the winner and the runner-up (C, 0.895, waits)
     cell.loc[cell["method"] == "B", "auroc"] = [0.85, 0.86]
-    assert close(cell, 0.03) == []  # A leads B by 0.055: clear
+    assert close(cell, 0.03) == ["A", "C"]  # B fell back: C is the runner-up now
+    cell.loc[cell["method"] == "C", "auroc"] = [0.85, 0.86]
+    assert close(cell, 0.03) == []  # A leads by 0.055: clear
