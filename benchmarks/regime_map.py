@@ -32,7 +32,7 @@ Outputs (``benchmarks/results/``): ``regime_map_runs.csv`` (one row per run),
 ``regime_map_cells.csv`` (cell × method: mean, 95 % t-interval, n), ``regime_map_pairs.csv`` (each
 cell's winner against every other method, paired by seed), ``regime_map_papers.csv`` (each papers'
 method per cell: behind the winner or tied with it, and against FedAvg_Finetune), ``regime_map.md``
-and ``regime_map.png``.
+(every cell, every method), ``regime_map_summary.md`` (BENCHMARKS.md's tables) and ``regime_map.png``.
 """
 
 from __future__ import annotations
@@ -119,12 +119,16 @@ def papers_table(runs: pd.DataFrame, pairs: pd.DataFrame, papers: Sequence[str] 
 
 
 def winners(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell: winner, runner-up, margin and paired interval (:func:`fedcxr.advice.cells.cell_row`)."""
+    """One row per cell: winner, runner-up, margin and paired interval (:func:`fedcxr.advice.cells.cell_row`);
+    ``n_seeds``: the seeds the winner and runner-up were paired over."""
     from fedcxr.advice.cells import cell_row
 
     rows = []
     for (shift, labels, rounds), cell in runs.groupby(bench_regime.CELL):
         row = cell_row(cell.to_dict("records"), shift=shift, target_labels=labels, rounds=rounds, source="")
+        if row["winner"] and row["runner_up"]:  # the seeds the two were paired over (5 where close, else 3)
+            by_seed = cell.pivot_table(index="seed", columns="method", values="auroc")
+            row["n_seeds"] = int(by_seed[[row["winner"], row["runner_up"]]].dropna().shape[0])
         rows.append({k: row[k] for k in ("shift", "target_labels", "rounds", "winner", "runner_up", "margin",
                                          "ci_low", "ci_high", "resolved", "n_seeds")})
     return pd.DataFrame(rows)
@@ -182,6 +186,47 @@ def heatmap(cells: pd.DataFrame, path: Path, methods: Sequence[str] = METHODS) -
     plt.close(fig)
 
 
+def summary_markdown(cells: pd.DataFrame, runs: pd.DataFrame, papers: pd.DataFrame) -> str:
+    """BENCHMARKS.md's tables: one line per cell (winner, runner-up, margin, the best papers' method and
+    Target_Only), and per papers' method the cells where it wins, ties with the winner or is behind it,
+    and where it beats, matches or loses to FedAvg_Finetune."""
+    means = runs.groupby([*bench_regime.CELL, "method"])["auroc"].mean()
+    out = ["| shift | rounds | labels | winner | runner-up | winner − runner-up [95 %], seeds | best papers' method: "
+           "mean, winner − it [95 %] | Target_Only | FedAvg_Finetune |", "|---|---|---|---|---|---|---|---|---|"]
+    order = {s: i for i, s in enumerate(SHIFTS)}
+    cells = cells.sort_values(["shift", "rounds", "target_labels"], key=lambda c: c.map(order) if c.name == "shift" else c)
+    for _, c in cells.iterrows():
+        key = (c["shift"], int(c["target_labels"]), int(c["rounds"]))
+        mine = papers.loc[(papers["shift"] == key[0]) & (papers["labels"] == key[1]) & (papers["rounds"] == key[2])]
+        best = mine.sort_values("mean", ascending=False).iloc[0] if len(mine) else None
+        resolved = str(c["resolved"]).lower() == "true"
+        interval = f" [{float(c['ci_low']):+.3f}, {float(c['ci_high']):+.3f}]" if c["ci_low"] != "" else ""
+        margin = f"{'**' if resolved else ''}+{float(c['margin']):.3f}{interval}{'**' if resolved else ''}, {int(c['n_seeds'])}"
+        if best is None:
+            paper = ""
+        elif best["vs_winner"] == "winner":
+            paper = f"{best['method']} {best['mean']:.3f} (the winner)"
+        else:
+            paper = (f"{best['method']} {best['mean']:.3f}, {best['winner_minus']:+.3f} [{best['winner_lo']:+.3f}, "
+                     f"{best['winner_hi']:+.3f}] ({best['vs_winner']})")
+        def mean_of(m):
+            return f"{means.get((*key, m)):.3f}" if (*key, m) in means.index else ""
+        out.append(f"| {SHIFT_TYPE[key[0]]} | {key[2]} | {key[1]} | {c['winner']} {mean_of(c['winner'])} | "
+                   f"{c['runner_up']} {mean_of(c['runner_up'])} | {margin} | {paper} | {mean_of('Target_Only')} | "
+                   f"{mean_of('FedAvg_Finetune')} |")
+    out += ["", "| papers' method | wins (resolved / not) | tied with the winner | behind the winner | vs FedAvg_Finetune: "
+            "better / same / worse |", "|---|---|---|---|---|"]
+    for method in PAPERS:
+        mine = papers.loc[papers["method"] == method]
+        wins = mine.loc[mine["vs_winner"] == "winner"]
+        resolved_wins = sum(str(r).lower() == "true" for r in cells.loc[cells["winner"] == method, "resolved"])
+        counts = mine["vs_baseline"].value_counts()
+        out.append(f"| {method} | {len(wins)} ({resolved_wins} / {len(wins) - resolved_wins}) | "
+                   f"{(mine['vs_winner'] == 'tied').sum()} | {(mine['vs_winner'] == 'behind').sum()} | "
+                   f"{counts.get('better', 0)} / {counts.get('same', 0)} / {counts.get('worse', 0)} |")
+    return "\n".join(out) + "\n"
+
+
 def log_part(path: Path, name: str, started: float, new_runs: int) -> None:
     """Append one line to the parts log: which part, when, how long, how many new runs, on which commit, load."""
     import os
@@ -206,6 +251,7 @@ def write_tables(work: Path, out: Path, meta: dict) -> pd.DataFrame:
     cells = winners(runs)
     cells.to_csv(out / f"{STEM}_winners.csv", index=False)
     heatmap(cells, out / f"{STEM}.png")
+    (out / f"{STEM}_summary.md").write_text(summary_markdown(cells, runs, papers))
     print(f"{len(runs)} runs in {len(cells)} cells → {out}/{STEM}_*.csv, {STEM}.md, {STEM}.png")
     return runs
 
