@@ -5,12 +5,14 @@ the tables, the heatmap and the map rows ``build_regime_map.py`` writes from the
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from fedcxr.advice import regime
 
 from .conftest import load_bench
 
 
+@pytest.mark.slow  # four runs, the tables and the heatmap: ~28 s on 2 cores at load 4
 def test_one_cell_two_methods_one_seed_to_the_advice_map(small_npz, tmp_path, one_torch_thread):
     bench, maps, build = load_bench("bench_regime"), load_bench("regime_map"), load_bench("build_regime_map")
     work, out = tmp_path / "work", tmp_path / "results"
