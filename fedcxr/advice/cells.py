@@ -51,7 +51,7 @@ def cell_row(runs: Iterable[dict], *, shift: str, target_labels: int, rounds: in
         paired = [by_method[win][s] - by_method[second][s] for s in by_method[win] if s in by_method[second]]
         margin, lo, hi = t_interval(paired)
         row.update(winner=win, runner_up=second, margin=_fmt(means[win] - means[second]),
-                   ci_low=_fmt(lo), ci_high=_fmt(hi),
+                   ci_low=_fmt_bound(lo), ci_high=_fmt_bound(hi),
                    resolved="true" if math.isfinite(lo) and (lo > 0 or hi < 0) else "false")
     for method in list(methods) or ranked:
         row[f"auroc__{method}"] = _fmt(means[method]) if method in means else ""
@@ -61,3 +61,10 @@ def cell_row(runs: Iterable[dict], *, shift: str, target_labels: int, rounds: in
 
 def _fmt(value: float) -> str:
     return "" if value is None or not math.isfinite(value) else f"{value:.4f}"
+
+
+def _fmt_bound(value: float) -> str:
+    """An interval bound: 4 decimals, unless that would round a bound beside 0 to 0 — the reader
+    checks that a resolved cell's interval excludes 0, so the sign must survive (e.g. ``2.4e-05``)."""
+    text = _fmt(value)
+    return f"{value:.1e}" if text and value != 0 and float(text) == 0 else text

@@ -88,3 +88,15 @@ def test_cell_row_by_hand():
     # paired differences 0.10, 0.09, 0.08: mean 0.09, sd 0.01, t(0.975, 2) = 4.3027 → ± 0.0248
     assert row["ci_low"] == "0.0652" and row["ci_high"] == "0.1148" and row["resolved"] == "true"
     assert "auroc__Oracle" not in row
+
+
+def test_a_bound_beside_zero_keeps_its_sign_so_a_resolved_cell_still_loads(tmp_path):
+    runs = [{"method": "A", "seed": s, "auroc": a} for s, a in enumerate([0.9009, 0.9015, 0.9021])]
+    runs += [{"method": "B", "seed": s, "auroc": 0.9} for s in range(3)]
+    row = cell_row(runs, shift="none", target_labels=500, rounds=20, source="test")
+    # paired differences 0.0009, 0.0015, 0.0021: mean 0.0015, sd 0.0006, t(0.975, 2) = 4.3027 → ± 0.00149048
+    assert (row["ci_low"], row["ci_high"], row["resolved"]) == ("9.5e-06", "0.0030", "true")
+    line = ",".join([row["shift"], "500", "20", "A", "B", row["margin"], row["ci_low"], row["ci_high"], "true", "3",
+                     "0.9015", "0.9", "x"])
+    (cell,) = regime.load_regime_map(write(tmp_path, line))
+    assert cell.resolved and cell.ci_low > 0
