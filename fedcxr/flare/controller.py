@@ -56,7 +56,6 @@ log = logging.getLogger(__name__)
 INSTALL_HINT = "NVIDIA FLARE is not installed: pip install 'fedcxr[flare]' (or: pip install nvflare)"
 STATUS_FILE = FLARE_STATUS  # fedcxr.rundir
 CLIENT_NAME = r"^[A-Za-z0-9_-]+$"  # FLARE's rule for client names
-TASK_REQUEST_INTERVAL = 0.05  # seconds
 
 
 def require_nvflare() -> None:
