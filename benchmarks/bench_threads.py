@@ -12,7 +12,8 @@ loop) at three sizes — 28 px ``resnet_tiny`` (small stem, PneumoniaMNIST), 64 
   of a round in parallel processes would give; images/s summed).
 
 and two machine states, interleaved: ``as is`` (whatever else runs) and ``+L busy``, with
-``--load L`` busy-looping processes started by this script (as other jobs on a shared server).
+``--load L`` busy-looping processes started by this script (as other jobs on a shared server;
+``--load 0``: the as-is state only).
 Every measurement runs in a fresh child process (``OMP_WAIT_POLICY`` is read once, at start),
 ``--repeats`` times, configurations interleaved, the median printed with the load average
 before and after. Throughput ratios are read within one machine state.
