@@ -12,7 +12,8 @@ loop) at three sizes — 28 px ``resnet_tiny`` (small stem, PneumoniaMNIST), 64 
   of a round in parallel processes would give; images/s summed).
 
 and two machine states, interleaved: ``as is`` (whatever else runs) and ``+L busy``, with
-``--load L`` busy-looping processes started by this script (as other jobs on a shared server).
+``--load L`` busy-looping processes started by this script (as other jobs on a shared server;
+``--load 0``: the as-is state only).
 Every measurement runs in a fresh child process (``OMP_WAIT_POLICY`` is read once, at start),
 ``--repeats`` times, configurations interleaved, the median printed with the load average
 before and after. Throughput ratios are read within one machine state.
@@ -127,7 +128,7 @@ def usable_cores() -> int:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[28, 64, 224], choices=sorted(WORKLOADS))
-    parser.add_argument("--load", type=int, default=4, help="busy processes of the loaded state")
+    parser.add_argument("--load", type=int, default=4, help="busy processes of the loaded state (0: no loaded state)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8, help="timed optimizer steps per measurement")
     parser.add_argument("--variants", nargs="+", default=None,
@@ -142,7 +143,7 @@ def main(argv=None) -> dict:
     if args.variants:
         wanted = [v.replace("N", str(cores)) for v in args.variants]
         variants = ["1"] + [v for v in variants if v in wanted and v != "1"]  # "1" is every ratio's base
-    states = [("as is", 0), (f"+{args.load} busy", args.load)]
+    states = [("as is", 0)] + ([(f"+{args.load} busy", args.load)] if args.load > 0 else [])
     results: dict = {}
     print(f"{cores} usable cores; load average at start {os.getloadavg()}")
     for repeat in range(args.repeats):

@@ -293,7 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "or job folder (export, required)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key; repeatable")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted run from its last complete round")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run from its last complete round (a finished run is not trained again; "
+                        "its cross-site report is kept when every site answered with the same --bootstrap)")
     p.add_argument("--timeout", type=int, default=0, metavar="SECONDS",
                    help="how long a round waits for a site before going on without it (0: no limit)")
     _device(p, what="the config's `device`, at every site")

@@ -28,3 +28,8 @@ run driver it reuses unchanged) so that it may also use :mod:`fedcxr.evaluation`
 ``fedcxr flare export|simulate|poc`` is :mod:`fedcxr.commands.flare`.
 Install with ``pip install 'fedcxr[flare]'`` (never ``nvflare[pt]``: it pulls torchvision).
 """
+
+#: Seconds an idle FLARE client waits before asking the server again for a task: FLARE's
+#: ``task_request_interval`` (default 2 s, so up to 2 s lost by every site at every task, and at
+#: the end of a job). Every job fedcxr writes — training and statistics — sets it.
+TASK_REQUEST_INTERVAL = 0.05

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -40,7 +41,7 @@ from fedcxr.pipeline.run_driver import run_experiment
 from fedcxr.flare.wire import WireError, decode_reply, encode_task
 from fedcxr.pipeline.messages import DELTAS, WEIGHTS, NoConfig, Reply
 from fedcxr.pipeline.transport import Transport
-from fedcxr.rundir import FLARE_STATUS
+from fedcxr.rundir import FLARE_STATUS, RunDir, finished_run
 
 try:  # the server class needs FLARE; the rest of fedcxr does not
     from nvflare.app_common.workflows.model_controller import ModelController as _ControllerBase
@@ -55,7 +56,6 @@ log = logging.getLogger(__name__)
 INSTALL_HINT = "NVIDIA FLARE is not installed: pip install 'fedcxr[flare]' (or: pip install nvflare)"
 STATUS_FILE = FLARE_STATUS  # fedcxr.rundir
 CLIENT_NAME = r"^[A-Za-z0-9_-]+$"  # FLARE's rule for client names
-TASK_REQUEST_INTERVAL = 0.05  # seconds
 
 
 def require_nvflare() -> None:
@@ -176,8 +176,10 @@ class FedcxrController(_ControllerBase):
         sites = [cfg.site_name(s) for s in cfg.all_sites()]
         transport = FlareTransport(self, sites, runner=runner_settings(cfg), run=config_fingerprint(cfg),
                                    reply_weight_type=DELTAS if cfg.privacy.filters else WEIGHTS)
+        previous = read_status(run_dir) if resume else {}
         if resume:  # replies refused before a server restart stay on record
-            transport.rejected = list(read_status(run_dir).get("rejected", []))
+            transport.rejected = list(previous.get("rejected", []))
+        done_before = finished_run(run_dir) if resume else None
         self.info(f"fedcxr {cfg.method}: {cfg.rounds} rounds over {sites}; run directory {run_dir}")
         _write_status(run_dir, "running", started=time.time(), rejected=transport.rejected)
         try:
@@ -188,16 +190,23 @@ class FedcxrController(_ControllerBase):
             self.exception(f"fedcxr {cfg.method} failed: {type(exc).__name__}: {exc}")
             _write_status(run_dir, "failed", error=f"{type(exc).__name__}: {exc}", rejected=transport.rejected)
             return False
-        evaluated = self._cross_site(run_dir, transport, evaluation)
+        from fedcxr.flare.cross_site import evaluation_settings
+
+        settings = evaluation_settings(evaluation)
+        evaluated = kept_evaluation(previous, settings, run_dir) if done_before is not None else None
+        if evaluated is not None:
+            self.info(f"fedcxr {cfg.method}: cross-site evaluation of this finished run kept ({evaluated})")
+        else:
+            evaluated = self._cross_site(run_dir, transport, settings)
         _write_status(run_dir, "finished", missed=payload.get("missed", []), rejected=transport.rejected,
-                      cross_site=evaluated)
+                      cross_site=evaluated, evaluation=settings)
         self.info(f"fedcxr {cfg.method}: finished; {len(payload.get('missed', []))} replies missed or rejected")
         return True
 
     def _collect_local_states(self, run_dir: Path, transport: FlareTransport, sites: list[str]) -> None:
         """FedBN/PFL: evaluation needs each site's local entries; ask the sites for them once, at the end."""
         final = load_final_model(run_dir)
-        if not final.get("eval_local_keys"):
+        if not final.get("eval_local_keys") or final.get("local_states"):  # none, or collected (a resumed finished run)
             return
         replies = transport.run("local_state", sites, None, NoConfig())
         final["local_states"] = {s: rep.params or {} for s, rep in replies.items()}
@@ -214,11 +223,10 @@ class FedcxrController(_ControllerBase):
         final = load_final_model(run_dir)
         self.save_model(FLModel(params=to_numpy(final["global"]), meta={"method": cfg.method}))
 
-    def _cross_site(self, run_dir: Path, transport: FlareTransport, evaluation: Optional[dict]) -> str:
+    def _cross_site(self, run_dir: Path, transport: FlareTransport, settings: dict) -> str:
         """Cross-site evaluation (:mod:`fedcxr.flare.cross_site`); its failure does not undo the training."""
-        from fedcxr.flare.cross_site import cross_site_evaluate, evaluation_settings
+        from fedcxr.flare.cross_site import cross_site_evaluate
 
-        settings = evaluation_settings(evaluation)
         if not settings["enabled"]:
             return "off"
         try:
@@ -313,8 +321,30 @@ def read_status(run_dir: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def kept_evaluation(previous: Mapping, settings: dict, run_dir: Path) -> Optional[str]:
+    """The cross-site result of a run finished before this job (``previous``: its status when the job
+    was submitted, see :func:`mark_submitted`) when it stands: evaluated with the same ``settings``
+    by every site (none failed or missing: one that was down may answer now), its report on disk.
+    The same final model and settings give the same report (the bootstrap is seeded), so it is
+    kept rather than asked of every site again; None: evaluate."""
+    kept = previous.get("evaluated_before") or {}
+    result = kept.get("cross_site")
+    if kept.get("settings") != settings or not isinstance(result, str):
+        return None
+    if result == "off":
+        return result
+    complete = re.fullmatch(r"\d+ sites reported, 0 not", result) is not None
+    return result if complete and RunDir(run_dir).report_json.is_file() else None
+
+
 def mark_submitted(run_dir: Path, *, keep: bool) -> None:
-    """Before a job starts: no stale "finished"; a resumed run keeps the replies rejected so far."""
+    """Before a job starts: no stale "finished"; a resumed run keeps the replies rejected so far, and
+    a finished one the record of its cross-site evaluation (``evaluated_before``: the controller
+    does not evaluate a finished run again with the same settings — resuming a finished run
+    changes no file, as in ``fedcxr train --resume``)."""
     previous = read_status(run_dir) if keep else {}
     if previous or not keep:
-        _write_status(Path(run_dir), "submitted", rejected=previous.get("rejected", []))
+        extra = {}
+        if previous.get("status") == "finished" and "evaluation" in previous:
+            extra["evaluated_before"] = {"settings": previous["evaluation"], "cross_site": previous.get("cross_site")}
+        _write_status(Path(run_dir), "submitted", rejected=previous.get("rejected", []), **extra)

@@ -22,12 +22,8 @@ from typing import Any, Mapping, Optional
 
 import fedcxr
 from fedcxr.errors import UserError
-from fedcxr.flare.controller import (
-    CLIENT_NAME,
-    TASK_REQUEST_INTERVAL,
-    FedcxrController,
-    require_nvflare,
-)
+from fedcxr.flare import TASK_REQUEST_INTERVAL
+from fedcxr.flare.controller import CLIENT_NAME, FedcxrController, require_nvflare
 from fedcxr.flare.cross_site import evaluation_settings
 from fedcxr.flare.persistor import LOCATOR_ID, PERSISTOR_ID, FedcxrModelLocator, FedcxrModelPersistor
 from fedcxr.pipeline.protocols import CENTRAL_SITE, get_protocol
@@ -92,7 +88,6 @@ def build_job(experiments: list[tuple[Any, str, bool]], *, name: Optional[str] =
     job.to_server(FedcxrController(experiments=specs, task_timeout=task_timeout, fedcxr_version=fedcxr.__version__))
     job.to_server(FedcxrModelPersistor(), id=PERSISTOR_ID)  # FLARE's tools find the global model through these
     job.to_server(FedcxrModelLocator(), id=LOCATOR_ID)
-    # FLARE tells idle clients to come back after task_request_interval (default 2 s: +2 s per task)
     job.to({"server": {"task_request_interval": TASK_REQUEST_INTERVAL}}, "server")
     streaming = site_tracking_wanted(cfg for cfg, _, _ in experiments)
     if streaming:  # FLARE experiment tracking: the sites' scalars to the server's TensorBoard files

@@ -62,7 +62,8 @@ def simulate_many(runs: list, *, resume: bool = False, task_timeout: int = 0, de
             with running_simulator(job_dir, workspace, sites, out, {**nvflare_env(), **(env or {})}) as (proc, tree):
                 if on_start is not None:
                     on_start(proc)
-                wait_with_progress(proc, runs, progress, timeout=timeout, tick=tree.snapshot)
+                wait_with_progress(proc, runs, progress, done=lambda: server_app_ended(workspace), timeout=timeout,
+                                   tick=tree.snapshot)
         finally:
             copy_logs(workspace, logs)
             copy_tensorboard(workspace, flare_dir / "tensorboard")
@@ -71,13 +72,26 @@ def simulate_many(runs: list, *, resume: bool = False, task_timeout: int = 0, de
     return finish_runs(runs, "FLARE simulator", log_path)
 
 
+#: What FLARE's simulator writes in its workspace once the server app has ended: every site done,
+#: END_RUN handled (TensorBoard files closed, the global model persisted), logs written. After it
+#: the simulator only sleeps through NVFLARE's fixed shutdown grace (3 s, then its cleanup).
+SERVER_APP_ENDED = Path("server") / "pool_stats" / "simulator_cell_stats.json"
+
+
+def server_app_ended(workspace: Path) -> bool:
+    """True once the simulator's server app in ``workspace`` has ended (:data:`SERVER_APP_ENDED`):
+    the run is over and its outputs are on disk, so the simulator is stopped rather than waited for."""
+    return (Path(workspace) / SERVER_APP_ENDED).is_file()
+
+
 @contextmanager
 def running_simulator(job_dir: Path, workspace: Path, sites: list[str], out, env: dict
                       ) -> Iterator[tuple[subprocess.Popen, ProcessTree]]:
     """``nvflare simulator`` on ``job_dir`` (one client per site, workspace ``workspace``) in its own
     process group, its output into ``out``; yields ``(process, its tree)``. On exit — also on error
-    or Ctrl-C — a simulator still running is interrupted (it ends its workers on SIGINT) and every
-    process it started is ended."""
+    or Ctrl-C — a simulator still running is interrupted (it ends its workers on SIGINT; once its
+    server app has ended, :func:`server_app_ended`, there is nothing left to end well and it gets
+    SIGTERM) and every process it started is ended."""
     cmd = nvflare_command("simulator", str(job_dir), "-w", str(workspace), "-c", ",".join(sites),
                           "-t", str(len(sites)))
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -85,10 +99,10 @@ def running_simulator(job_dir: Path, workspace: Path, sites: list[str], out, env
     try:
         yield proc, tree
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)  # the simulator ends its workers on Ctrl-C
+        if proc.poll() is None:  # the simulator ends its workers on Ctrl-C
+            os.killpg(proc.pid, signal.SIGTERM if server_app_ended(workspace) else signal.SIGINT)
         tree.stop()
         proc.wait()
 
 
-__all__ = ["running_simulator", "simulate", "simulate_many"]
+__all__ = ["SERVER_APP_ENDED", "running_simulator", "server_app_ended", "simulate", "simulate_many"]

@@ -30,6 +30,7 @@ from nvflare.app_common.app_constant import StatisticsConstants as StC
 from nvflare.app_common.workflows.statistics_controller import StatisticsController
 from nvflare.job_config.stats_job import StatsJob
 
+from fedcxr.flare import TASK_REQUEST_INTERVAL
 from fedcxr.stats import groups as G
 from fedcxr.vocab import CLASSES
 
@@ -105,6 +106,7 @@ class FedcxrStatsJob(StatsJob):
         super().__init__(name=name, statistic_configs=statistic_configs(), stats_generator=stats_generator,
                          output_path=OUTPUT, min_count=min_count)
         self.set_app_packages(["fedcxr"])  # every site imports its installed fedcxr; no fedcxr code is copied
+        self.to({"server": {"task_request_interval": TASK_REQUEST_INTERVAL}}, "server")  # FLARE's default: 2 s
 
     def get_stats_controller(self) -> StatisticsController:
         return FedcxrStatisticsController(statistic_configs=self.statistic_configs, writer_id=self.writer_id,

@@ -28,7 +28,7 @@ from fedcxr.flare.job import write_job_folder
 from fedcxr.flare.poc import free_port, keep_user_nvflare_config, poc_system, submit_and_wait, write_project
 from fedcxr.flare.processes import copy_logs, next_log_dir, nvflare_env, terminate_as_interrupt
 from fedcxr.flare.run import write_site_configs
-from fedcxr.flare.simulator import running_simulator
+from fedcxr.flare.simulator import running_simulator, server_app_ended
 from fedcxr.flare.stats import SENT_RECORD, FedcxrStatistics
 from fedcxr.flare.stats_job import (
     CONTROLLER_PATH,
@@ -113,7 +113,7 @@ def _simulate(job_dir: Path, flare_dir: Path, sites: list[str], *, timeout: Opti
         try:
             with running_simulator(job_dir, workspace, sites, out, nvflare_env()) as (proc, tree):
                 started = time.time()
-                while proc.poll() is None:
+                while proc.poll() is None and not server_app_ended(workspace):
                     if timeout and time.time() - started > timeout:
                         raise TimeoutError(f"the FLARE statistics job did not finish within {timeout:.0f} s")
                     tree.snapshot()

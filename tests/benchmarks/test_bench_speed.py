@@ -28,9 +28,18 @@ def test_bench_round_compares_fedcxr_with_the_floor(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_threads_measures_idle_and_loaded_states():
-    table = load_bench("bench_threads").main(["--sizes", "28", "--load", "1", "--repeats", "1", "--steps", "1",
+def test_bench_threads_measures_a_state_end_to_end():
+    """One measurement (a child process training at 28 px); the loaded state is the same measurement
+    inside :class:`BusyLoad` (tested below), so ``--load 0`` keeps this smoke run to one child."""
+    table = load_bench("bench_threads").main(["--sizes", "28", "--load", "0", "--repeats", "1", "--steps", "1",
                                                    "--variants", "1"])
-    states = {state for state, _, _ in table}
-    assert states == {"as is", "+1 busy"}
-    assert all(value > 0 for value in table.values())
+    assert list(table) == [("as is", 28, "1")] and table[("as is", 28, "1")] > 0
+
+
+def test_bench_threads_busy_load_spins_one_process_per_unit_and_ends_them():
+    bench = load_bench("bench_threads")
+    with bench.BusyLoad(2) as load:
+        assert len(load.procs) == 2 and all(p.poll() is None for p in load.procs), "spinning"
+    assert all(p.returncode is not None for p in load.procs), "ended on exit"
+    with bench.BusyLoad(0) as none:
+        assert none.procs == []

@@ -11,7 +11,8 @@ share two jobs of one session fixture:
   sends NaN, one Inf, one a wrong-shape head; at round 2 that last site's training process stops;
   the Inf site fails its cross-site evaluation) and E4 (FedAvg + FedBN), and is SIGKILLed —
   server and clients — right after E4's first checkpoint;
-* job 2 resubmits the same experiments: all but E4 are finished (nothing to redo), E4 continues.
+* job 2 resubmits the same experiments: all but E4 are finished (nothing to redo, their cross-site
+  reports kept), E4 continues.
 
 Every experiment ends with the cross-site evaluation (10 bootstrap resamples). A job's
 ``privacy.filters`` apply to all its experiments, so the filters' job (``test_job.py``) and the
@@ -185,12 +186,13 @@ def flare_runs(tiny_manifests, tmp_path_factory):
     killed = SimpleNamespace(final_existed=(dirs["E4"] / "final_model.pt").exists(), error=box.get("error", ""),
                              seconds=time.time() - start, pgid=box["proc"].pid,
                              leftovers=processes_mentioning(str(flare_dir)))
+    written = {n: (dirs[n] / "report.json").stat().st_mtime_ns for n in dirs if (dirs[n] / "report.json").is_file()}
     start = time.time()
     payloads = simulate_many(runs, resume=True, **common)
     resumed_seconds = time.time() - start
     reports = {n: json.loads((dirs[n] / "report.json").read_text()) for n in dirs}  # before `fedcxr evaluate`
     return SimpleNamespace(exps=exps, dirs=dirs, record=record, killed=killed, root=root, reports=reports,
-                           payloads=dict(zip(ORDER, payloads)), flare_dir=flare_dir,
+                           payloads=dict(zip(ORDER, payloads)), flare_dir=flare_dir, reports_written_by_job1=written,
                            resumed_seconds=resumed_seconds, manifests=tiny_manifests)
 
 

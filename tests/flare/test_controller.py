@@ -70,6 +70,25 @@ def test_killed_server_resumes_to_the_uninterrupted_weights(flare_runs, in_proce
     assert (logs / "attempt-1").is_dir() and (logs / "attempt-2").is_dir(), "the killed attempt's logs are kept"
 
 
+def test_resubmitting_finished_runs_keeps_their_cross_site_reports(flare_runs):
+    """Job 2 asks no site to evaluate the runs job 1 finished and every site evaluated (same model, same
+    settings: same report); E1, whose stopped site could not evaluate in job 1, and the run job 2
+    continues (E4) are evaluated."""
+    from fedcxr.flare.controller import read_status
+
+    written = flare_runs.reports_written_by_job1
+    assert set(written) == set(ORDER) - {"E4"}
+    kept = set(written) - {"E1"}
+    assert (flare_runs.dirs["E1"] / "report.json").stat().st_mtime_ns > written["E1"]
+    for name in kept:
+        assert (flare_runs.dirs[name] / "report.json").stat().st_mtime_ns == written[name], name
+        status = read_status(flare_runs.dirs[name])
+        assert status["status"] == "finished" and re.fullmatch(r"\d+ sites reported, \d+ not", status["cross_site"])
+    log = (flare_runs.flare_dir / "logs" / "attempt-2" / "simulator.log").read_text()
+    assert log.count("cross-site evaluation of this finished run kept") == len(kept)
+    assert flare_runs.reports["E4"]["source"] == "site summaries"
+
+
 def test_every_site_reports_the_final_model_on_its_own_test_split(flare_runs):
     for name in ("E2", "E3", "E4"):
         report = flare_runs.reports[name]
@@ -277,6 +296,31 @@ def test_a_job_written_by_another_fedcxr_version_is_refused_by_name():
     major, minor = fedcxr.__version__.split(".")[:2]
     problem = version_problem(f"{major}.{int(minor) + 1}.0")
     assert f"fedcxr {major}.{int(minor) + 1}.0" in problem and "re-export" in problem
+
+
+def test_a_finished_runs_evaluation_is_kept_only_for_the_same_settings_and_a_report_on_disk(tmp_path):
+    from fedcxr.flare.controller import _write_status, kept_evaluation, mark_submitted, read_status
+    from fedcxr.flare.cross_site import evaluation_settings
+
+    settings = evaluation_settings({"n_boot": 10})
+    _write_status(tmp_path, "finished", rejected=[{"site": "a"}], cross_site="2 sites reported, 0 not",
+                  evaluation=settings)
+    mark_submitted(tmp_path, keep=True)  # resubmitted: "finished" is gone, the evaluation's record kept
+    status = read_status(tmp_path)
+    assert status["status"] == "submitted" and status["rejected"] == [{"site": "a"}]
+    assert kept_evaluation(status, settings, tmp_path) is None, "no report.json on disk: evaluate again"
+    (tmp_path / "report.json").write_text("{}")
+    assert kept_evaluation(status, settings, tmp_path) == "2 sites reported, 0 not"
+    assert kept_evaluation(status, evaluation_settings({"n_boot": 200}), tmp_path) is None
+    assert kept_evaluation({}, settings, tmp_path) is None
+    for result in ("failed: RuntimeError: x", "2 sites reported, 1 not"):  # a site that was down may answer now
+        assert kept_evaluation({"evaluated_before": {"settings": settings, "cross_site": result}}, settings,
+                               tmp_path) is None
+    mark_submitted(tmp_path, keep=False)  # a new run: nothing kept
+    assert "evaluated_before" not in read_status(tmp_path)
+    _write_status(tmp_path, "running", rejected=[])
+    mark_submitted(tmp_path, keep=True)  # killed before it finished: nothing to keep
+    assert "evaluated_before" not in read_status(tmp_path)
 
 
 def test_flare_run_refuses_to_overwrite_a_run_like_train(tiny_manifests, tmp_path):

@@ -115,14 +115,16 @@ def test_jobs_refuse_filters_they_cannot_honour(tiny_manifests, tmp_path):
         export_job([(surgical, "", False)], tmp_path / "job2")
 
 
-@pytest.mark.slow  # one FLARE simulator job (~40 s)
+@pytest.mark.slow  # one FLARE simulator job (~30-40 s)
 def test_simulator_run_with_filters_keeps_excluded_entries_at_the_global_value(tiny_manifests, tmp_path):
+    """One source and the target (two FLARE clients: each client process costs seconds to start)."""
     from fedcxr.flare.simulator import simulate
     from fedcxr.pipeline.run_driver import run_experiment
 
-    cfg = _cfg(tiny_manifests, tmp_path, strategy="FedGP", rounds=1, eval_every=0, warmup_rounds=0,
-               privacy={"filters": FILTERS})
-    run_experiment(_cfg(tiny_manifests, tmp_path, strategy="FedGP", rounds=0), tmp_path / "init", progress=False)
+    cfg = _cfg(tiny_manifests, tmp_path, strategy="FedGP", sites=["nih_style"], rounds=1, eval_every=0,
+               warmup_rounds=0, privacy={"filters": FILTERS})
+    run_experiment(_cfg(tiny_manifests, tmp_path, strategy="FedGP", sites=["nih_style"], rounds=0), tmp_path / "init",
+                   progress=False)
     simulate(cfg, tmp_path / "run", progress=False, timeout=600)
     init = torch.load(tmp_path / "init" / "final_model.pt", map_location="cpu", weights_only=True)["global"]
     final = torch.load(tmp_path / "run" / "final_model.pt", map_location="cpu", weights_only=True)["global"]
@@ -131,5 +133,6 @@ def test_simulator_run_with_filters_keeps_excluded_entries_at_the_global_value(t
     moved = [k for k in final if final[k].is_floating_point() and not torch.allclose(final[k], init[k], atol=1e-6)]
     assert moved and not any(k.startswith("head.") for k in moved)
     [row] = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    for metrics in [*row["train"].values(), row["target"]]:
+    assert list(row["train"]) == ["nih_style"]
+    for metrics in [*row["train"].values(), row["target"]]:  # the source's reply and the target's
         assert sorted(metrics["excluded"]) == ["head.bias", "head.weight"]

@@ -56,3 +56,24 @@ def test_flare_is_asked_for_every_group_over_its_categories():
     assert "count" in configs and "label.pneumonia" in histogram and "intensity" in histogram
     for name, spec in histogram.items():
         assert spec == {"bins": len(G.categories(name)), "range": [0, len(G.categories(name))]}
+
+
+def test_the_statistics_and_training_jobs_let_idle_clients_ask_again_at_once(tiny_manifests, tmp_path):
+    """FLARE's default ``task_request_interval`` (2 s) would cost every site up to 2 s at each task and at
+    the job's end; both jobs fedcxr writes set fedcxr's."""
+    import json
+
+    from fedcxr.flare import TASK_REQUEST_INTERVAL
+    from fedcxr.flare.job import export_job
+    from fedcxr.flare.stats_run import export_stats_job
+    from fedcxr.pipeline.config import load_config
+    from fedcxr.stats.run import StatsOptions
+
+    from ..commands.test_stats import write_config
+
+    cfg = load_config(write_config(tmp_path, tiny_manifests, sites=["nih_style", "chexpert_style"]))
+    jobs = [export_stats_job(cfg, StatsOptions(min_count=5, pilot=False), tmp_path / "stats-job"),
+            export_job([(cfg, "", False)], tmp_path / "train-job")]
+    for job in jobs:
+        server = json.loads((job / "app_server" / "config" / "config_fed_server.json").read_text())
+        assert server["server"]["task_request_interval"] == TASK_REQUEST_INTERVAL < 2, job.name
