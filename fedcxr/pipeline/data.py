@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import weakref
@@ -564,20 +565,29 @@ def _sub_seed(*parts: int) -> int:
 
 #: ``uint8 → [0, 1]``: the factor every image path multiplies by (float32, as the per-item path did)
 _TO_UNIT = float(np.float32(1.0 / 255.0))
+#: NORM_STD is a power of two: dividing by it and multiplying by its inverse give the same floats
+#: (and scaling by a power of two commutes with rounding), so the batch path may fold the steps
+_STD_IS_POWER_OF_TWO = math.frexp(NORM_STD)[0] == 0.5
 
 
 def finish_images(pixels: torch.Tensor, *, device: torch.device | str = "cpu", seeds: Optional[torch.Tensor] = None,
                   augment_config: Optional[AugmentConfig] = None, non_blocking: bool = False) -> torch.Tensor:
     """uint8 ``(B, 1, H, W)`` → normalised float32 on ``device``, augmented when ``seeds`` are given.
 
-    The same arithmetic as :meth:`SiteDataset.image` and the item path (``x/255`` in float32,
+    The same floats as :meth:`SiteDataset.image` and the item path (``x/255`` in float32,
     augmentation on [0, 1], ``(x − NORM_MEAN)/NORM_STD``), so an unaugmented batch equals the
-    stacked items bit for bit.
+    stacked items bit for bit. Without augmentation that is computed as
+    ``x·(4/255) − 2`` (``NORM_STD`` = 1/4: the same two roundings scaled by 4, which is exact;
+    tested on all 256 values), two passes over the batch instead of three and no division.
     """
-    x = pixels.to(device, non_blocking=non_blocking).float().mul_(_TO_UNIT)
+    x = pixels.to(device, non_blocking=non_blocking).float()
+    if seeds is None and _STD_IS_POWER_OF_TWO:
+        return x.mul_(_TO_UNIT / NORM_STD).sub_(NORM_MEAN / NORM_STD)
+    x = x.mul_(_TO_UNIT)
     if seeds is not None:
         x = augment_batch(x, seeds.tolist(), augment_config, inplace=True)
-    return x.sub_(NORM_MEAN).div_(NORM_STD)
+    x = x.sub_(NORM_MEAN)
+    return x.mul_(1.0 / NORM_STD) if _STD_IS_POWER_OF_TWO else x.div_(NORM_STD)
 
 
 class SeededLoader(DataLoader):
