@@ -318,23 +318,24 @@ class SiteDataset(Dataset):
         """Seed the per-item augmentation (MONAI's ``Randomizable`` protocol)."""
         self.transform.set_random_state(seed=int(seed) % (2**32))
 
-    def fetch(self, local: np.ndarray) -> dict[str, torch.Tensor]:
+    def fetch(self, local: np.ndarray, pixels: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
         """Items ``local`` (positions in this dataset) as one batch, without augmentation.
 
-        ``pixels`` uint8 ``(B, 1, H, W)`` read from the cache in one call; ``label``,
+        ``pixels`` uint8 ``(B, 1, H, W)`` read from the cache in one pass; ``label``,
         ``label_mask``, ``aux``, ``aux_mask`` as in the module doc, stacked. Finishing the
         image (float, augmentation, normalisation) is the loader's, on the training device.
+        ``pixels`` given (uint8, at least ``B`` rows of ``(1, H, W)``): read into its first
+        ``B`` rows instead of a new tensor (the in-process loader reuses one buffer).
         """
         local = np.asarray(local, dtype=np.int64)
         rows = self.rows[local]
-        if len(rows) and isinstance(self.images, np.memmap):
-            order = np.argsort(rows, kind="stable")  # ascending reads of the memmap, then back in batch order
-            pixels = np.empty((len(rows),) + self.images.shape[1:], dtype=np.uint8)
-            pixels[order] = self.images[rows[order]]
-        else:
-            pixels = np.asarray(self.images[rows], dtype=np.uint8)
+        shape = (len(rows), 1) + tuple(self.images.shape[1:])
+        pixels = torch.empty(shape, dtype=torch.uint8) if pixels is None else pixels[: len(rows)]
+        if tuple(pixels.shape) != shape or pixels.dtype != torch.uint8 or not pixels.is_contiguous():
+            raise ValueError(f"pixel buffer {tuple(pixels.shape)} {pixels.dtype} cannot hold a batch {shape} uint8")
+        _read_rows(self.images, rows, pixels.numpy()[:, 0])
         return {
-            "pixels": torch.from_numpy(pixels)[:, None],
+            "pixels": pixels,
             "label": torch.from_numpy(self.labels[local]),
             "label_mask": torch.from_numpy(self.label_mask[local]),
             "aux": torch.from_numpy(self.aux[local]),
@@ -354,6 +355,19 @@ class SiteDataset(Dataset):
         if isinstance(images, tuple) and images and images[0] == "memmap":
             state["images"] = np.memmap(images[1], dtype=np.uint8, mode="r", shape=images[2])
         self.__dict__.update(state)
+
+
+def _read_rows(images: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """``out[j] = images[rows[j]]`` in one ``np.take`` straight into ``out``.
+
+    No temporary batch: a memmap's fancy-indexed read allocated one (and a scatter back to
+    batch order another), and reading the rows in ascending order (a Python loop over rows, or
+    a sorted take plus a second take back to batch order) cost 5-15% of a 224 px batch
+    (benchmarks/bench_loader.py) for nothing once the cache is in the page cache — and 32
+    random rows of a site's cache are 32 separate reads on disk in any order.
+    """
+    if len(rows):
+        np.take(np.asarray(images), rows, axis=0, out=out, mode="clip")  # rows are valid; "clip" skips a buffered copy
 
 
 def _label_arrays(frame: pd.DataFrame, classes: list[str], loss_classes: list[str],
@@ -453,6 +467,12 @@ class _Batches(Dataset):
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, key: tuple[list[int], Optional[list[int]]]) -> dict[str, Any]:
+        return self.batch(key)
+
+    def batch(self, key: tuple[list[int], Optional[list[int]]], pixels: Optional[torch.Tensor] = None) -> dict[str, Any]:
+        """The batch of ``key``; ``pixels``: a uint8 buffer to read the images into (see
+        :meth:`SiteDataset.fetch`; only for a consumer done with each batch's ``pixels`` before
+        asking for the next)."""
         positions, seeds = key
         parts = _locate(self.dataset, np.asarray(positions, dtype=np.int64))
         if parts is None:  # not made of site datasets: the per-item path (already normalised images)
@@ -460,7 +480,7 @@ class _Batches(Dataset):
 
             batch = default_collate([self.dataset[int(i)] for i in positions])
         else:
-            batch = _assemble(parts, len(positions))
+            batch = _assemble(parts, len(positions), pixels)
         batch["index"] = torch.as_tensor(positions, dtype=torch.int64)
         if seeds is not None:
             batch["seed"] = torch.as_tensor(seeds, dtype=torch.int64)
@@ -491,10 +511,12 @@ def _locate(dataset: Dataset, positions: np.ndarray) -> Optional[list[tuple[Site
     return None
 
 
-def _assemble(parts: list[tuple[SiteDataset, np.ndarray, np.ndarray]], n: int) -> dict[str, torch.Tensor]:
-    """One batch from the parts of several site datasets, each row in its slot."""
+def _assemble(parts: list[tuple[SiteDataset, np.ndarray, np.ndarray]], n: int,
+              pixels: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
+    """One batch from the parts of several site datasets, each row in its slot (the images read
+    into ``pixels`` when given and the batch comes from one site dataset in order)."""
     if len(parts) == 1 and np.array_equal(parts[0][2], np.arange(n)):
-        return parts[0][0].fetch(parts[0][1])
+        return parts[0][0].fetch(parts[0][1], pixels)
     fetched = [(ds.fetch(idx), slots) for ds, idx, slots in parts]
     out = {}
     for key, first in fetched[0][0].items():
@@ -637,12 +659,28 @@ class SeededLoader(DataLoader):
         self.generator.manual_seed(self.epoch_seed)
         config = self.augment_config() if self.augment else None
         non_blocking = self.pin_memory and self.device.type == "cuda"
-        for batch in super().__iter__():
+        if self.num_workers == 0 and not self.pin_memory:
+            # In this process and nothing to pin: batches straight from the sampler (no DataLoader
+            # machinery per batch), read into one uint8 buffer that each batch's finish_images
+            # below has consumed (copied to a new float tensor) before the next read.
+            batches: Iterator[Any] = self._in_process()
+        else:
+            batches = super().__iter__()
+        for batch in batches:
             seeds = batch.pop("seed", None)
             if "pixels" in batch:
                 batch["image"] = finish_images(batch.pop("pixels"), device=self.device, seeds=seeds,
                                                augment_config=config, non_blocking=non_blocking)
             yield batch
+
+
+    def _in_process(self) -> Iterator[dict[str, Any]]:
+        shapes = {tuple(ds.images.shape[1:]) for ds in site_datasets(self.dataset)}
+        buffer = None
+        if len(shapes) == 1:  # (a mix of image sizes cannot be batched: fetch raises as before)
+            buffer = torch.empty((self.rows_per_batch, 1) + shapes.pop(), dtype=torch.uint8)
+        for key in self.sampler:
+            yield self.dataset.batch(key, buffer if buffer is not None and len(key[0]) <= len(buffer) else None)
 
 
 def make_loader(
