@@ -3,8 +3,11 @@
 Every contender serves the same ``--n`` images (``--size`` px, uint8, as a site's cache holds
 them) with their 14 labels, shuffled, in batches of ``--batch-size``, in this process with one
 torch thread and no loader workers (per-core rates); the cache is built before timing, and each
-epoch is timed after one warm-up epoch. Epochs of all contenders are interleaved
-``--repeats`` times (the median counts) and the load average is printed with them.
+contender runs one warm-up epoch. Then ``--repeats`` rounds run every contender once, in turn
+(interleaved); a sample repeats whole epochs for at least ``--min-seconds`` of wall time and
+records images/s of wall time and of this process's CPU time (the per-core cost, which other
+jobs on a shared machine disturb less). Ratios are taken within each round (side by side) and
+the median over rounds is reported, for wall and CPU time, with the load average before and after.
 
 Without augmentation (goal: fedcxr ≥ 1.0× MONAI CacheDataset):
 
@@ -26,7 +29,7 @@ batch path ≥ 5x the per-item path per core):
 * ``MONAI CacheDataset + Rand*d``: the cached deterministic part, then the same MONAI random
   transforms per item.
 
-    python benchmarks/bench_loader.py                    # 224 px, 512 images, batch 32, 3 repeats
+    python benchmarks/bench_loader.py                    # 224 px, 512 images, batch 32, 5 repeats
     python benchmarks/bench_loader.py --size 28 --n 4096 --batch-size 64
 """
 

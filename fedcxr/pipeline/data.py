@@ -26,7 +26,7 @@ in one fancy-indexing call and its labels and masks sliced from per-dataset arra
 so a worker (or the main process) hands over ``pixels`` uint8 ``(B, 1, H, W)`` — 4x fewer bytes
 than float32 to pin and copy — and the loader finishes the batch on the training device
 (``device`` of :func:`make_loader`: the GPU when training there, else the CPU): uint8 → float,
-augmentation of the whole batch (:func:`fedcxr.pipeline.augment.augment_batch`, each item
+augmentation of the whole batch (:func:`fedcxr.pipeline.augment.augment_pixels`, each item
 seeded by its own seed), normalisation. A batch's ``image`` therefore lives on that device;
 labels, masks and ``index`` stay on the CPU. ``SiteDataset[i]`` still builds one item the old
 way (MONAI's per-item transforms when augmenting), the reference the batch path is tested on.
@@ -60,7 +60,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler, Subset
 from fedcxr.atomic import atomic_path
 from fedcxr.errors import UserError
 from fedcxr.parallel import map_chunks
-from fedcxr.pipeline.augment import AugmentConfig, augment_batch, augment_item, make_augmentation
+from fedcxr.pipeline.augment import AugmentConfig, augment_item, augment_pixels, make_augmentation
 from fedcxr.site_adapters.image_headers import MAX_PIXELS
 from fedcxr.site_adapters.images import read_image_resized
 from fedcxr.site_adapters.manifest import (
@@ -602,14 +602,16 @@ def finish_images(pixels: torch.Tensor, *, device: torch.device | str = "cpu", s
     ``x·(4/255) − 2`` (``NORM_STD`` = 1/4: the same two roundings scaled by 4, which is exact;
     tested on all 256 values), two passes over the batch instead of three and no division.
     """
-    x = pixels.to(device, non_blocking=non_blocking).float()
-    if seeds is None and _STD_IS_POWER_OF_TWO:
-        return x.mul_(_TO_UNIT / NORM_STD).sub_(NORM_MEAN / NORM_STD)
-    x = x.mul_(_TO_UNIT)
+    pixels = pixels.to(device, non_blocking=non_blocking)
     if seeds is not None:
-        x = augment_batch(x, seeds.tolist(), augment_config, inplace=True)
-    x = x.sub_(NORM_MEAN)
-    return x.mul_(1.0 / NORM_STD) if _STD_IS_POWER_OF_TWO else x.div_(NORM_STD)
+        x = augment_pixels(pixels, seeds.tolist(), _TO_UNIT, augment_config)
+    elif _STD_IS_POWER_OF_TWO:
+        return pixels.float().mul_(_TO_UNIT / NORM_STD).sub_(NORM_MEAN / NORM_STD)
+    else:
+        x = pixels.float().mul_(_TO_UNIT)
+    if _STD_IS_POWER_OF_TWO:  # (x − mean)·(1/std) in one pass: x·(1/std) is exact, so one rounding as before
+        return torch.add(torch.tensor(-NORM_MEAN / NORM_STD, device=x.device), x, alpha=1.0 / NORM_STD, out=x)
+    return x.sub_(NORM_MEAN).div_(NORM_STD)
 
 
 class SeededLoader(DataLoader):

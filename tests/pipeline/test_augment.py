@@ -16,6 +16,7 @@ from fedcxr.pipeline.augment import (
     _zoom_taps,
     augment_batch,
     augment_item,
+    augment_pixels,
     draw,
     make_augmentation,
 )
@@ -150,3 +151,15 @@ def test_batch_path_equals_monai_on_a_non_square_image():
     reference = make_augmentation(cfg)
     expected = torch.stack([augment_item(reference, images[i], seeds[i]) for i in range(len(seeds))])
     torch.testing.assert_close(batch, expected, rtol=0, atol=2e-5)
+
+
+def test_the_loaders_uint8_entry_equals_augment_batch_bit_for_bit():
+    """augment_pixels (uint8 in, reordered before conversion) is augment_batch on pixels·scale."""
+    cfg = AugmentConfig(prob=0.5, hflip=True)
+    pixels = (_images(24, 18) * 255).to(torch.uint8)
+    seeds = list(range(900, 924))
+    scale = float(np.float32(1 / 255))
+    expected = augment_batch(pixels.float() * scale, seeds, cfg)
+    assert torch.equal(augment_pixels(pixels, seeds, scale, cfg), expected)
+    nothing = AugmentConfig(prob=0.0)
+    assert torch.equal(augment_pixels(pixels, seeds, scale, nothing), pixels.float() * scale)
