@@ -677,10 +677,12 @@ class SeededLoader(DataLoader):
 
 
     def _in_process(self) -> Iterator[dict[str, Any]]:
-        shapes = {tuple(ds.images.shape[1:]) for ds in site_datasets(self.dataset)}
-        buffer = None
-        if len(shapes) == 1:  # (a mix of image sizes cannot be batched: fetch raises as before)
-            buffer = torch.empty((self.rows_per_batch, 1) + shapes.pop(), dtype=torch.uint8)
+        shapes = {(self.rows_per_batch, 1) + tuple(ds.images.shape[1:]) for ds in site_datasets(self.dataset)}
+        buffer = getattr(self, "_pixel_buffer", None)  # kept across epochs: no multi-MB allocation per epoch
+        if len(shapes) != 1:  # (a mix of image sizes cannot be batched: fetch raises as before)
+            buffer = None
+        elif buffer is None or tuple(buffer.shape) != next(iter(shapes)):
+            buffer = self._pixel_buffer = torch.empty(next(iter(shapes)), dtype=torch.uint8)
         for key in self.sampler:
             yield self.dataset.batch(key, buffer if buffer is not None and len(key[0]) <= len(buffer) else None)
 
