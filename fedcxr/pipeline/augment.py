@@ -324,8 +324,8 @@ def _rotate(x: torch.Tensor, angles: np.ndarray) -> torch.Tensor:
     """
     height, width = x.shape[-2:]
     grid = _rotation_grid(height, width, angles, x)
-    # F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False), into a reused buffer
-    return torch.ops.aten.grid_sampler_2d.out(x, grid, 0, 0, False, out=_scratch("rotated", tuple(x.shape), x))
+    # (grid_sampler_2d's out= variant is generated: it allocates and copies, so no buffer here)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
 
 
 def _rotation_grid(height: int, width: int, angles: np.ndarray, like: torch.Tensor) -> torch.Tensor:
