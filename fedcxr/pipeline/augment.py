@@ -267,7 +267,8 @@ class _Buffers(threading.local):
 _BUFFERS = _Buffers()
 
 
-def _scratch(name: str, shape: tuple[int, ...], like: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def _scratch(name: str, shape: tuple[int, ...], like: torch.Tensor,
+             dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """An uninitialised ``shape`` tensor for an intermediate that never leaves this module.
 
     On a CPU, slot ``name`` keeps one buffer per thread (grown as needed, a few tens of MB at

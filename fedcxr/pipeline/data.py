@@ -22,9 +22,9 @@ patient's left, so a flipped image is not a plausible one), on the [0, 1] image 
 normalisation (rotation/zoom padding and gamma are defined on [0, 1] intensities).
 
 Loaders work **per batch** (:func:`make_loader`): a batch's rows are read from the uint8 cache
-in one fancy-indexing call and its labels and masks sliced from per-dataset arrays built once,
-so a worker (or the main process) hands over ``pixels`` uint8 ``(B, 1, H, W)`` — 4x fewer bytes
-than float32 to pin and copy — and the loader finishes the batch on the training device
+in one ``np.take`` (into a buffer the loader reuses when it runs in this process) and its labels
+and masks sliced from per-dataset arrays built once, so a worker (or the main process) hands
+over ``pixels`` uint8 ``(B, 1, H, W)`` — 4x fewer bytes than float32 to pin and copy — and the loader finishes the batch on the training device
 (``device`` of :func:`make_loader`: the GPU when training there, else the CPU): uint8 → float,
 augmentation of the whole batch (:func:`fedcxr.pipeline.augment.augment_pixels`, each item
 seeded by its own seed), normalisation. A batch's ``image`` therefore lives on that device;
@@ -469,7 +469,8 @@ class _Batches(Dataset):
     def __getitem__(self, key: tuple[list[int], Optional[list[int]]]) -> dict[str, Any]:
         return self.batch(key)
 
-    def batch(self, key: tuple[list[int], Optional[list[int]]], pixels: Optional[torch.Tensor] = None) -> dict[str, Any]:
+    def batch(self, key: tuple[list[int], Optional[list[int]]],
+              pixels: Optional[torch.Tensor] = None) -> dict[str, Any]:
         """The batch of ``key``; ``pixels``: a uint8 buffer to read the images into (see
         :meth:`SiteDataset.fetch`; only for a consumer done with each batch's ``pixels`` before
         asking for the next)."""
@@ -600,7 +601,8 @@ def finish_images(pixels: torch.Tensor, *, device: torch.device | str = "cpu", s
     augmentation on [0, 1], ``(x − NORM_MEAN)/NORM_STD``), so an unaugmented batch equals the
     stacked items bit for bit. Without augmentation that is computed as
     ``x·(4/255) − 2`` (``NORM_STD`` = 1/4: the same two roundings scaled by 4, which is exact;
-    tested on all 256 values), two passes over the batch instead of three and no division.
+    tested on all 256 values), two passes over the batch instead of three and no division;
+    an augmented batch is normalised as ``4x − 2`` in one pass (``4x`` is exact).
     """
     pixels = pixels.to(device, non_blocking=non_blocking)
     if seeds is not None:
@@ -610,7 +612,7 @@ def finish_images(pixels: torch.Tensor, *, device: torch.device | str = "cpu", s
     else:
         x = pixels.float().mul_(_TO_UNIT)
     if _STD_IS_POWER_OF_TWO:  # (x − mean)·(1/std) in one pass: x·(1/std) is exact, so one rounding as before
-        return torch.add(torch.tensor(-NORM_MEAN / NORM_STD, device=x.device), x, alpha=1.0 / NORM_STD, out=x)
+        return torch.add(x.new_full((), -NORM_MEAN / NORM_STD), x, alpha=1.0 / NORM_STD, out=x)
     return x.sub_(NORM_MEAN).div_(NORM_STD)
 
 
@@ -674,7 +676,6 @@ class SeededLoader(DataLoader):
                 batch["image"] = finish_images(batch.pop("pixels"), device=self.device, seeds=seeds,
                                                augment_config=config, non_blocking=non_blocking)
             yield batch
-
 
     def _in_process(self) -> Iterator[dict[str, Any]]:
         shapes = {(self.rows_per_batch, 1) + tuple(ds.images.shape[1:]) for ds in site_datasets(self.dataset)}
