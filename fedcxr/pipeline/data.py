@@ -24,8 +24,9 @@ normalisation (rotation/zoom padding and gamma are defined on [0, 1] intensities
 Loaders work **per batch** (:func:`make_loader`): a batch's rows are read from the uint8 cache
 in one ``np.take`` (into a buffer the loader reuses when it runs in this process) and its labels
 and masks sliced from per-dataset arrays built once, so a worker (or the main process) hands
-over ``pixels`` uint8 ``(B, 1, H, W)`` — 4x fewer bytes than float32 to pin and copy — and the loader finishes the batch on the training device
-(``device`` of :func:`make_loader`: the GPU when training there, else the CPU): uint8 → float,
+over ``pixels`` uint8 ``(B, 1, H, W)`` — 4x fewer bytes than float32 to pin and copy — and the
+loader finishes the batch on the training device (``device`` of :func:`make_loader`: the GPU
+when training there, else the CPU): uint8 → float,
 augmentation of the whole batch (:func:`fedcxr.pipeline.augment.augment_pixels`, each item
 seeded by its own seed), normalisation. A batch's ``image`` therefore lives on that device;
 labels, masks and ``index`` stay on the CPU. ``SiteDataset[i]`` still builds one item the old
