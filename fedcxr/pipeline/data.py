@@ -22,11 +22,12 @@ patient's left, so a flipped image is not a plausible one), on the [0, 1] image 
 normalisation (rotation/zoom padding and gamma are defined on [0, 1] intensities).
 
 Loaders work **per batch** (:func:`make_loader`): a batch's rows are read from the uint8 cache
-in one fancy-indexing call and its labels and masks sliced from per-dataset arrays built once,
-so a worker (or the main process) hands over ``pixels`` uint8 ``(B, 1, H, W)`` — 4x fewer bytes
-than float32 to pin and copy — and the loader finishes the batch on the training device
-(``device`` of :func:`make_loader`: the GPU when training there, else the CPU): uint8 → float,
-augmentation of the whole batch (:func:`fedcxr.pipeline.augment.augment_batch`, each item
+in one ``np.take`` (into a buffer the loader reuses when it runs in this process) and its labels
+and masks sliced from per-dataset arrays built once, so a worker (or the main process) hands
+over ``pixels`` uint8 ``(B, 1, H, W)`` — 4x fewer bytes than float32 to pin and copy — and the
+loader finishes the batch on the training device (``device`` of :func:`make_loader`: the GPU
+when training there, else the CPU): uint8 → float,
+augmentation of the whole batch (:func:`fedcxr.pipeline.augment.augment_pixels`, each item
 seeded by its own seed), normalisation. A batch's ``image`` therefore lives on that device;
 labels, masks and ``index`` stay on the CPU. ``SiteDataset[i]`` still builds one item the old
 way (MONAI's per-item transforms when augmenting), the reference the batch path is tested on.
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import weakref
@@ -59,7 +61,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler, Subset
 from fedcxr.atomic import atomic_path
 from fedcxr.errors import UserError
 from fedcxr.parallel import map_chunks
-from fedcxr.pipeline.augment import AugmentConfig, augment_batch, augment_item, make_augmentation
+from fedcxr.pipeline.augment import AugmentConfig, augment_item, augment_pixels, make_augmentation
 from fedcxr.site_adapters.image_headers import MAX_PIXELS
 from fedcxr.site_adapters.images import read_image_resized
 from fedcxr.site_adapters.manifest import (
@@ -317,23 +319,24 @@ class SiteDataset(Dataset):
         """Seed the per-item augmentation (MONAI's ``Randomizable`` protocol)."""
         self.transform.set_random_state(seed=int(seed) % (2**32))
 
-    def fetch(self, local: np.ndarray) -> dict[str, torch.Tensor]:
+    def fetch(self, local: np.ndarray, pixels: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
         """Items ``local`` (positions in this dataset) as one batch, without augmentation.
 
-        ``pixels`` uint8 ``(B, 1, H, W)`` read from the cache in one call; ``label``,
+        ``pixels`` uint8 ``(B, 1, H, W)`` read from the cache in one pass; ``label``,
         ``label_mask``, ``aux``, ``aux_mask`` as in the module doc, stacked. Finishing the
         image (float, augmentation, normalisation) is the loader's, on the training device.
+        ``pixels`` given (uint8, at least ``B`` rows of ``(1, H, W)``): read into its first
+        ``B`` rows instead of a new tensor (the in-process loader reuses one buffer).
         """
         local = np.asarray(local, dtype=np.int64)
         rows = self.rows[local]
-        if len(rows) and isinstance(self.images, np.memmap):
-            order = np.argsort(rows, kind="stable")  # ascending reads of the memmap, then back in batch order
-            pixels = np.empty((len(rows),) + self.images.shape[1:], dtype=np.uint8)
-            pixels[order] = self.images[rows[order]]
-        else:
-            pixels = np.asarray(self.images[rows], dtype=np.uint8)
+        shape = (len(rows), 1) + tuple(self.images.shape[1:])
+        pixels = torch.empty(shape, dtype=torch.uint8) if pixels is None else pixels[: len(rows)]
+        if tuple(pixels.shape) != shape or pixels.dtype != torch.uint8 or not pixels.is_contiguous():
+            raise ValueError(f"pixel buffer {tuple(pixels.shape)} {pixels.dtype} cannot hold a batch {shape} uint8")
+        _read_rows(self.images, rows, pixels.numpy()[:, 0])
         return {
-            "pixels": torch.from_numpy(pixels)[:, None],
+            "pixels": pixels,
             "label": torch.from_numpy(self.labels[local]),
             "label_mask": torch.from_numpy(self.label_mask[local]),
             "aux": torch.from_numpy(self.aux[local]),
@@ -353,6 +356,19 @@ class SiteDataset(Dataset):
         if isinstance(images, tuple) and images and images[0] == "memmap":
             state["images"] = np.memmap(images[1], dtype=np.uint8, mode="r", shape=images[2])
         self.__dict__.update(state)
+
+
+def _read_rows(images: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """``out[j] = images[rows[j]]`` in one ``np.take`` straight into ``out``.
+
+    No temporary batch: a memmap's fancy-indexed read allocated one (and a scatter back to
+    batch order another), and reading the rows in ascending order (a Python loop over rows, or
+    a sorted take plus a second take back to batch order) cost 5-15% of a 224 px batch
+    (benchmarks/bench_loader.py) for nothing once the cache is in the page cache — and 32
+    random rows of a site's cache are 32 separate reads on disk in any order.
+    """
+    if len(rows):
+        np.take(np.asarray(images), rows, axis=0, out=out, mode="clip")  # rows are valid; "clip" skips a buffered copy
 
 
 def _label_arrays(frame: pd.DataFrame, classes: list[str], loss_classes: list[str],
@@ -452,6 +468,13 @@ class _Batches(Dataset):
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, key: tuple[list[int], Optional[list[int]]]) -> dict[str, Any]:
+        return self.batch(key)
+
+    def batch(self, key: tuple[list[int], Optional[list[int]]],
+              pixels: Optional[torch.Tensor] = None) -> dict[str, Any]:
+        """The batch of ``key``; ``pixels``: a uint8 buffer to read the images into (see
+        :meth:`SiteDataset.fetch`; only for a consumer done with each batch's ``pixels`` before
+        asking for the next)."""
         positions, seeds = key
         parts = _locate(self.dataset, np.asarray(positions, dtype=np.int64))
         if parts is None:  # not made of site datasets: the per-item path (already normalised images)
@@ -459,7 +482,7 @@ class _Batches(Dataset):
 
             batch = default_collate([self.dataset[int(i)] for i in positions])
         else:
-            batch = _assemble(parts, len(positions))
+            batch = _assemble(parts, len(positions), pixels)
         batch["index"] = torch.as_tensor(positions, dtype=torch.int64)
         if seeds is not None:
             batch["seed"] = torch.as_tensor(seeds, dtype=torch.int64)
@@ -490,10 +513,12 @@ def _locate(dataset: Dataset, positions: np.ndarray) -> Optional[list[tuple[Site
     return None
 
 
-def _assemble(parts: list[tuple[SiteDataset, np.ndarray, np.ndarray]], n: int) -> dict[str, torch.Tensor]:
-    """One batch from the parts of several site datasets, each row in its slot."""
+def _assemble(parts: list[tuple[SiteDataset, np.ndarray, np.ndarray]], n: int,
+              pixels: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
+    """One batch from the parts of several site datasets, each row in its slot (the images read
+    into ``pixels`` when given and the batch comes from one site dataset in order)."""
     if len(parts) == 1 and np.array_equal(parts[0][2], np.arange(n)):
-        return parts[0][0].fetch(parts[0][1])
+        return parts[0][0].fetch(parts[0][1], pixels)
     fetched = [(ds.fetch(idx), slots) for ds, idx, slots in parts]
     out = {}
     for key, first in fetched[0][0].items():
@@ -564,19 +589,31 @@ def _sub_seed(*parts: int) -> int:
 
 #: ``uint8 → [0, 1]``: the factor every image path multiplies by (float32, as the per-item path did)
 _TO_UNIT = float(np.float32(1.0 / 255.0))
+#: NORM_STD is a power of two: dividing by it and multiplying by its inverse give the same floats
+#: (and scaling by a power of two commutes with rounding), so the batch path may fold the steps
+_STD_IS_POWER_OF_TWO = math.frexp(NORM_STD)[0] == 0.5
 
 
 def finish_images(pixels: torch.Tensor, *, device: torch.device | str = "cpu", seeds: Optional[torch.Tensor] = None,
                   augment_config: Optional[AugmentConfig] = None, non_blocking: bool = False) -> torch.Tensor:
     """uint8 ``(B, 1, H, W)`` → normalised float32 on ``device``, augmented when ``seeds`` are given.
 
-    The same arithmetic as :meth:`SiteDataset.image` and the item path (``x/255`` in float32,
+    The same floats as :meth:`SiteDataset.image` and the item path (``x/255`` in float32,
     augmentation on [0, 1], ``(x − NORM_MEAN)/NORM_STD``), so an unaugmented batch equals the
-    stacked items bit for bit.
+    stacked items bit for bit. Without augmentation that is computed as
+    ``x·(4/255) − 2`` (``NORM_STD`` = 1/4: the same two roundings scaled by 4, which is exact;
+    tested on all 256 values), two passes over the batch instead of three and no division;
+    an augmented batch is normalised as ``4x − 2`` in one pass (``4x`` is exact).
     """
-    x = pixels.to(device, non_blocking=non_blocking).float().mul_(_TO_UNIT)
+    pixels = pixels.to(device, non_blocking=non_blocking)
     if seeds is not None:
-        x = augment_batch(x, seeds.tolist(), augment_config, inplace=True)
+        x = augment_pixels(pixels, seeds.tolist(), _TO_UNIT, augment_config)
+    elif _STD_IS_POWER_OF_TWO:
+        return pixels.float().mul_(_TO_UNIT / NORM_STD).sub_(NORM_MEAN / NORM_STD)
+    else:
+        x = pixels.float().mul_(_TO_UNIT)
+    if _STD_IS_POWER_OF_TWO:  # (x − mean)·(1/std) in one pass: x·(1/std) is exact, so one rounding as before
+        return torch.add(x.new_full((), -NORM_MEAN / NORM_STD), x, alpha=1.0 / NORM_STD, out=x)
     return x.sub_(NORM_MEAN).div_(NORM_STD)
 
 
@@ -627,12 +664,29 @@ class SeededLoader(DataLoader):
         self.generator.manual_seed(self.epoch_seed)
         config = self.augment_config() if self.augment else None
         non_blocking = self.pin_memory and self.device.type == "cuda"
-        for batch in super().__iter__():
+        if self.num_workers == 0 and not self.pin_memory:
+            # In this process and nothing to pin: batches straight from the sampler (no DataLoader
+            # machinery per batch), read into one uint8 buffer that each batch's finish_images
+            # below has consumed (copied to a new float tensor) before the next read.
+            batches: Iterator[Any] = self._in_process()
+        else:
+            batches = super().__iter__()
+        for batch in batches:
             seeds = batch.pop("seed", None)
             if "pixels" in batch:
                 batch["image"] = finish_images(batch.pop("pixels"), device=self.device, seeds=seeds,
                                                augment_config=config, non_blocking=non_blocking)
             yield batch
+
+    def _in_process(self) -> Iterator[dict[str, Any]]:
+        shapes = {(self.rows_per_batch, 1) + tuple(ds.images.shape[1:]) for ds in site_datasets(self.dataset)}
+        buffer = getattr(self, "_pixel_buffer", None)  # kept across epochs: no multi-MB allocation per epoch
+        if len(shapes) != 1:  # (a mix of image sizes cannot be batched: fetch raises as before)
+            buffer = None
+        elif buffer is None or tuple(buffer.shape) != next(iter(shapes)):
+            buffer = self._pixel_buffer = torch.empty(next(iter(shapes)), dtype=torch.uint8)
+        for key in self.sampler:
+            yield self.dataset.batch(key, buffer if buffer is not None and len(key[0]) <= len(buffer) else None)
 
 
 def make_loader(

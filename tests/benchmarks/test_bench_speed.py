@@ -10,11 +10,13 @@ from .conftest import load_bench
 
 
 def test_bench_loader_reports_every_contender_and_the_ratios(capsys):
-    out = load_bench("bench_loader").main(["--size", "16", "--n", "48", "--batch-size", "8", "--repeats", "1"])
+    out = load_bench("bench_loader").main(["--size", "16", "--n", "48", "--batch-size", "8", "--repeats", "1",
+                                           "--min-seconds", "0"])
     assert set(out["rates"]) == {"fedcxr batch", "fedcxr per item", "MONAI CacheDataset", "MONAI PersistentDataset",
                                  "fedcxr batch + augment", "fedcxr per item + augment", "MONAI CacheDataset + Rand*d"}
     assert all(rate > 0 for rate in out["rates"].values())
     assert {"batch / CacheDataset", "augmented: batch / per item"} <= set(out["ratios"])
+    assert set(out["cpu_ratios"]) == set(out["ratios"]) and all(r > 0 for r in out["cpu_ratios"].values())
     assert "load average" in capsys.readouterr().out
 
 

@@ -12,9 +12,11 @@ import torch
 
 from fedcxr.pipeline.augment import (
     AugmentConfig,
+    _runs,
     _zoom_taps,
     augment_batch,
     augment_item,
+    augment_pixels,
     draw,
     make_augmentation,
 )
@@ -125,3 +127,39 @@ def test_monai_transforms_are_imported_only_for_augmentation(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False", "False", "True", "False", "False"]
+
+
+def test_runs_order_items_so_each_transform_is_a_few_slices():
+    """Items 0-7 draw (rotate, zoom, gamma) = the bits of their number: Gray-code order
+    001 011 010 110 111 101 100 (item 0 draws nothing and is left out)."""
+    flags = np.array([[i >> 2 & 1, i >> 1 & 1, i & 1] for i in range(8)], dtype=bool)
+    order, runs = _runs(flags)
+    assert order.tolist() == [1, 3, 2, 6, 7, 5, 4]
+    assert runs == [[(3, 7)], [(1, 5)], [(0, 2), (4, 6)]]
+    order, runs = _runs(np.zeros((3, 2), dtype=bool))
+    assert order.size == 0 and runs == [[], []]
+
+
+def test_batch_path_equals_monai_on_a_non_square_image():
+    """The rotation grid's aspect terms (H != W) and the zoom's two axes, against MONAI."""
+    cfg = AugmentConfig(prob=1.0)
+    rng = np.random.default_rng(3)
+    images = torch.from_numpy((np.linspace(0, 0.8, 28, dtype=np.float32)[None, None, None, :]
+                               + 0.2 * rng.random((6, 1, 20, 28), dtype=np.float32)))
+    seeds = list(range(40, 46))
+    batch = augment_batch(images, seeds, cfg)
+    reference = make_augmentation(cfg)
+    expected = torch.stack([augment_item(reference, images[i], seeds[i]) for i in range(len(seeds))])
+    torch.testing.assert_close(batch, expected, rtol=0, atol=2e-5)
+
+
+def test_the_loaders_uint8_entry_equals_augment_batch_bit_for_bit():
+    """augment_pixels (uint8 in, reordered before conversion) is augment_batch on pixels·scale."""
+    cfg = AugmentConfig(prob=0.5, hflip=True)
+    pixels = (_images(24, 18) * 255).to(torch.uint8)
+    seeds = list(range(900, 924))
+    scale = float(np.float32(1 / 255))
+    expected = augment_batch(pixels.float() * scale, seeds, cfg)
+    assert torch.equal(augment_pixels(pixels, seeds, scale, cfg), expected)
+    nothing = AugmentConfig(prob=0.0)
+    assert torch.equal(augment_pixels(pixels, seeds, scale, nothing), pixels.float() * scale)

@@ -336,3 +336,37 @@ def test_augmented_batches_do_not_depend_on_worker_settings(tmp_path, options):
     plain = make_loader(ds, batch_size=4, shuffle=False, seed=3, augment=False, **options)
     first = next(iter(plain))["image"]
     assert torch.equal(first, torch.stack([(ds.image(i) - NORM_MEAN) / NORM_STD for i in range(4)]))
+
+
+def _all_levels_dataset(images: np.ndarray) -> "data.SiteDataset":
+    frame = pd.DataFrame({label_column("edema"): np.arange(len(images)) % 2})
+    return data.SiteDataset(images, frame, np.arange(len(images)), classes=["edema"], aux_tasks=[],
+                            loss_classes=["edema"])
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_unaugmented_batches_equal_the_items_for_every_pixel_value(tmp_path, on_disk):
+    """The batch path's folded normalisation (x·4/255 − 2) is the item path's ((x/255 − ½)/¼)
+    bit for bit on all 256 uint8 values, read from an array or a memmap, in and out of order."""
+    levels = np.arange(256, dtype=np.uint8).reshape(16, 4, 4)
+    if on_disk:
+        path = tmp_path / "cache.u8"
+        levels.tofile(path)
+        levels = np.memmap(path, dtype=np.uint8, mode="r", shape=(16, 4, 4))
+    ds = _all_levels_dataset(levels)
+    for shuffle in (False, True):
+        for batch in make_loader(ds, batch_size=5, shuffle=shuffle, seed=1, augment=False):
+            expected = torch.stack([ds[int(i)]["image"] for i in batch["index"]])
+            assert torch.equal(batch["image"], expected)
+            assert torch.equal(batch["label"], torch.stack([ds[int(i)]["label"] for i in batch["index"]]))
+
+
+def test_fetch_reads_into_a_given_buffer_or_refuses_one_that_does_not_fit():
+    ds = _all_levels_dataset(np.arange(256, dtype=np.uint8).reshape(16, 4, 4))
+    fresh = ds.fetch(np.array([7, 2, 9]))
+    buffer = torch.zeros((5, 1, 4, 4), dtype=torch.uint8)
+    reused = ds.fetch(np.array([7, 2, 9]), buffer)
+    assert torch.equal(reused["pixels"], fresh["pixels"]) and reused["pixels"].data_ptr() == buffer.data_ptr()
+    assert torch.equal(fresh["pixels"][:, 0], torch.from_numpy(ds.images[[7, 2, 9]]))
+    with pytest.raises(ValueError, match="cannot hold"):
+        ds.fetch(np.array([1, 2, 3]), torch.zeros((5, 1, 4, 5), dtype=torch.uint8))
