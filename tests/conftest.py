@@ -136,11 +136,13 @@ def pytest_xdist_make_scheduler(config, log):
             path = nodeid.split("::", 1)[0]
             return "flare_runs" if path in shared_job else path
 
-        def add_node_collection(self, node, collection):
-            ordered = sorted(collection, key=lambda n: rank.get(self._split_scope(n), len(rank)))
-            super().add_node_collection(node, ordered)
+        def _assign_work_unit(self, node) -> None:
+            # the next unit handed out: the first of LONGEST_FIRST still queued, else the queue's
+            # head (the workers' collections must keep their order: they index into them)
+            scope = min(self.workqueue, key=lambda unit: rank.get(unit, len(rank)))
+            self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
 
-    config.option.loadscopereorder = False  # keep LONGEST_FIRST's order
     return FileScheduling(config, log)
 
 
