@@ -234,7 +234,7 @@ class FedcxrController(_ControllerBase):
         except Exception as exc:
             self.exception(f"cross-site evaluation failed: {type(exc).__name__}: {exc}")
             return f"failed: {type(exc).__name__}: {exc}"
-        return f"{len(report['sites'])} sites reported, {len(report['sites_without_predictions'])} not"
+        return cross_site_summary(len(report["sites"]), len(report["sites_without_predictions"]))
 
     # ------------------------------------------------------------------ one task, many sites
     def dispatch(self, task: str, groups: list[tuple[list[str], tuple[dict, dict]]],
@@ -333,8 +333,17 @@ def kept_evaluation(previous: Mapping, settings: dict, run_dir: Path) -> Optiona
         return None
     if result == "off":
         return result
-    complete = re.fullmatch(r"\d+ sites reported, 0 not", result) is not None
-    return result if complete and RunDir(run_dir).report_json.is_file() else None
+    return result if every_site_reported(result) and RunDir(run_dir).report_json.is_file() else None
+
+
+def cross_site_summary(reported: int, not_reported: int) -> str:
+    """The cross-site result recorded in the run's FLARE status (read back by :func:`every_site_reported`)."""
+    return f"{reported} sites reported, {not_reported} not"
+
+
+def every_site_reported(summary: str) -> bool:
+    """Whether a :func:`cross_site_summary` says that no site was left out."""
+    return re.fullmatch(r"\d+ sites reported, 0 not", summary) is not None
 
 
 def mark_submitted(run_dir: Path, *, keep: bool) -> None:
