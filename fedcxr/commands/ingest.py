@@ -49,5 +49,19 @@ def cli_ingest(args: argparse.Namespace) -> int:
         print(f"plan only, no image opened and no manifest written: {args.out / PLAN_NAME} and "
               f"{args.out / PLAN_SET_ASIDE_NAME} (what a plan cannot know is listed under 'cannot_know')")
         return 0
-    print(f"manifests, ingest_report.json and set_aside.csv in {args.out} (each site's own in its folder)")
+    print(f"manifests in {args.out}/<site>/; {set_aside_where(report, args.out)}")
     return 0
+
+
+def set_aside_where(report: dict, out) -> str:
+    """Where the set-aside rows are listed: all at OUT, each site's own in its folder, and which only at OUT."""
+    total, unknown = report["rows_set_aside"], report.get("rows_set_aside_without_site", 0)
+    text = f"ingest_report.json and set_aside.csv at {out} list every row set aside ({total})"
+    if not report["sites"]:
+        return text
+    own = ", ".join(f"{site} {info.get('rows_set_aside', 0)}" for site, info in report["sites"].items())
+    text += f"; each site's folder lists its own ({own})"
+    if unknown:
+        text += (f"; {unknown} whose site is not known (no value in the site column, a row the source's "
+                 f"reader rejected, a patient with no kept image, or a site set aside) are listed only in {out}")
+    return text

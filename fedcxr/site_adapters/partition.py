@@ -80,8 +80,17 @@ def partition(
         return _iid(frame, rest, classes)
     if kind == "skew":
         return _skew(frame, rest, classes)
-    column = rest if kind == "column" else spec
-    return _by_column(frame, column, classes)
+    return _by_column(frame, site_column(spec), classes)
+
+
+def site_column(spec: Optional[str]) -> Optional[str]:
+    """The export column ``spec`` takes sites from (``COLUMN``/``column:COLUMN``), else None."""
+    if spec is None or spec.strip() in {"", "whole", "none", "chexpert-conditions"}:
+        return None
+    kind, _, rest = spec.strip().partition(":")
+    if kind in {"conditions", "iid", "skew"}:
+        return None
+    return rest if kind == "column" else spec.strip()
 
 
 def _set_aside_rows(rows: pd.DataFrame, reason: str) -> list[SetAside]:
