@@ -8,9 +8,10 @@ kept) → image check (exists + header within ``max_pixels``; full decode with
 ``verify_pixels``; a missing file is looked for one folder deeper) → keyed pseudonyms for
 patient and study ids (:mod:`fedcxr.site_adapters.sitekey`) → uncertain-label policy →
 implied negatives (CheXpert/MIMIC's No Finding rule) → partition into sites →
-patient-disjoint splits → one manifest per site → ``ingest_report.json`` and ``set_aside.csv``,
-in each site's folder (``OUT/<site>/``, never touched by an ingest of another site) and, for
-the latest run, at the top of ``OUT``.
+patient-disjoint splits → one manifest per site → ``ingest_report.json`` and ``set_aside.csv``:
+at the top of ``OUT`` every row the latest run set aside, each with its site; in each site's
+folder (``OUT/<site>/``, never touched by an ingest of another site) that site's own rows only
+(:mod:`fedcxr.site_adapters.set_aside_sites` says which rows are a site's).
 
 ``plan=True`` (``fedcxr ingest --plan``) runs the same steps on the metadata alone — no image
 is opened, no path is resolved on disk — and writes ``OUT/ingest_plan.json`` (sites, splits,
