@@ -280,6 +280,10 @@ def run_ingest(
         "sites": {},
         "options": run_options,
         "pseudonym_key_id": key.key_id,
+        # the key file that reproduces these pseudonyms, hence these sites and splits (a plan's
+        # reader passes it to the ingest: --site-key FILE); never the key itself
+        "site_key": {"file": str(key.path) if key.path else None, "key_id": key.key_id,
+                     "created": key.origin == "created"},
         "notes": [printable(n) for n in table.notes + parts.notes],
         "hints": [printable(h) for h in hints],
     }

@@ -235,6 +235,35 @@ def test_plan_on_the_command_line(export, tmp_path, capsys):
     assert "no image opened and no manifest written" in printed
 
 
+def test_a_plan_names_the_key_that_reproduces_it_and_an_ingest_says_it_made_a_new_one(csv_export, tmp_path, capsys):
+    """A plan into one folder and an ingest into another: without the plan's key the ingest draws other
+    sites (a new key, new pseudonyms); the plan names its key, the ingest says it created a new one, and
+    the key the plan named reproduces the plan's sites and splits."""
+    from fedcxr.cli import main
+
+    rows = [{"image": f"im{i}", "pid": f"p{i}", "edema": str(i % 2), "covid": "0", "sex": "F", "hospital": "A"}
+            for i in range(60)]
+    input_dir, mapping = csv_export(rows, MAPPING)
+    common = ["ingest", "csv", "--input", str(input_dir), "--mapping", str(mapping), "--site-by", "iid:3", "-q"]
+    assert main(common + ["--out", str(tmp_path / "plan"), "--plan"]) == 0
+    printed = capsys.readouterr()
+    key_file = tmp_path / "plan" / ".fedcxr_site_key"
+    assert f"--site-key {key_file}" in printed.out and "created by this run" in printed.out
+    plan = json.loads((tmp_path / "plan" / "ingest_plan.json").read_text())
+    assert plan["site_key"] == {"file": str(key_file), "key_id": plan["pseudonym_key_id"], "created": True}
+
+    assert main(common + ["--out", str(tmp_path / "new")]) == 0
+    printed = capsys.readouterr()
+    assert f"site key {tmp_path / 'new' / '.fedcxr_site_key'} (created by this run" in printed.out
+    assert "splits differ from any plan or ingest made with another key" in printed.out
+    assert main(common + ["--out", str(tmp_path / "same"), "--site-key", str(key_file)]) == 0
+    assert "created by this run" not in capsys.readouterr().out
+    same = json.loads((tmp_path / "same" / "ingest_report.json").read_text())
+    assert {s: i["rows_per_split"] for s, i in same["sites"].items()} == \
+        {s: i["rows_per_split"] for s, i in plan["sites"].items()}
+    assert same["site_key"]["created"] is False and same["pseudonym_key_id"] == plan["pseudonym_key_id"]
+
+
 # --------------------------------------------------------------------------- one report per site
 
 
