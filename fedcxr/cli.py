@@ -2,13 +2,15 @@
 
 Each subcommand parses its options here and hands over to the module that does the work,
 imported lazily so ``fedcxr ingest`` never pays for importing torch. Exit codes: 0 success,
-2 bad usage / invalid config or input (:class:`fedcxr.errors.UserError`), 1 anything else.
+2 bad usage / invalid config or input (:class:`fedcxr.errors.UserError`), 1 anything else,
+130 Ctrl-C, 141 output into a closed pipe (:data:`EXIT_CLOSED_PIPE`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
 from pathlib import Path
@@ -362,8 +364,53 @@ def _run_command(args: argparse.Namespace) -> int:
         raise RunFailed(disk_full_message(full), advice=DISK_FULL_ADVICE.get(args.command)) from exc
 
 
+#: exit status when the reader of fedcxr's output went away (``fedcxr ... | head -1``): 128 + SIGPIPE,
+#: what a shell reports for a C tool (``cat``) killed by SIGPIPE, as 130 is 128 + SIGINT
+EXIT_CLOSED_PIPE = 141
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run one command; its exit status (0 done, 1 run stopped, 2 bad input, 130 Ctrl-C, 141 closed pipe)."""
+    try:
+        try:
+            return _main(argv)
+        finally:  # buffered output meets a closed pipe here (or at exit, where it would be a traceback)
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return _closed_pipe()
+
+
+def _closed_pipe() -> int:
+    """The reader closed the pipe (``| head``): stop quietly, as the Python docs advise ("Note on
+    SIGPIPE"): output still buffered goes to /dev/null instead of raising again at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (AttributeError, OSError, ValueError):  # not a real file (a test's capture)
+            pass
+    os.close(devnull)
+    return EXIT_CLOSED_PIPE
+
+
+def _surface_closed_pipes(parser: argparse.ArgumentParser) -> None:
+    """argparse swallows an error writing its help or usage (``_print_message``), so ``fedcxr --help |
+    head -1`` would end unlike every other output into a closed pipe; let this parser and its
+    subcommands' raise it, for :func:`main` to end as :func:`_closed_pipe` says."""
+    def print_message(message: str, file=None) -> None:
+        if message:
+            (file or sys.stderr).write(message)
+
+    parser._print_message = print_message  # type: ignore[method-assign]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in {id(p): p for p in action.choices.values()}.values():
+                _surface_closed_pipes(sub)
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     parser = build_parser()
+    _surface_closed_pipes(parser)
     args = parser.parse_args(argv)
     configure_logging(verbosity(args))
     try:
