@@ -100,7 +100,10 @@ class _SourceHelp(argparse.Action):
             if source in ADAPTERS:
                 print(help_for(source), end="\n\n" + "-" * 100 + "\n")
             else:
-                print(f"unknown SOURCE {source!r}; choose one of: {', '.join(sorted(ADAPTERS))}\n")
+                from fedcxr.suggest import did_you_mean
+
+                print(f"unknown SOURCE {source!r}{did_you_mean(source, ADAPTERS)}; choose one of: "
+                      f"{', '.join(sorted(ADAPTERS))}\n")
         parser.print_help()
         parser.exit()
 
@@ -393,24 +396,40 @@ def _closed_pipe() -> int:
     return EXIT_CLOSED_PIPE
 
 
-def _surface_closed_pipes(parser: argparse.ArgumentParser) -> None:
-    """argparse swallows an error writing its help or usage (``_print_message``), so ``fedcxr --help |
-    head -1`` would end unlike every other output into a closed pipe; let this parser and its
-    subcommands' raise it, for :func:`main` to end as :func:`_closed_pipe` says."""
+_INVALID_CHOICE = re.compile(r"invalid choice: '(.*?)' \(choose from (.*)\)$")
+
+
+def _tune_parsers(parser: argparse.ArgumentParser) -> None:
+    """Two things argparse (Python < 3.14) does not do, on this parser and its subcommands':
+
+    * it swallows an error writing its help or usage (``_print_message``), so ``fedcxr --help |
+      head -1`` would end unlike every other output into a closed pipe: let it raise, for
+      :func:`main` to end as :func:`_closed_pipe` says;
+    * "invalid choice: 'trian'" gets the nearest choice (:mod:`fedcxr.suggest`).
+    """
+    from fedcxr.suggest import did_you_mean
+
     def print_message(message: str, file=None) -> None:
         if message:
             (file or sys.stderr).write(message)
 
+    def error(message: str, _error=parser.error) -> None:
+        found = _INVALID_CHOICE.search(message)
+        if found:
+            message += did_you_mean(found.group(1), re.findall(r"'([^']*)'", found.group(2)))
+        _error(message)
+
     parser._print_message = print_message  # type: ignore[method-assign]
+    parser.error = error  # type: ignore[method-assign]
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in {id(p): p for p in action.choices.values()}.values():
-                _surface_closed_pipes(sub)
+                _tune_parsers(sub)
 
 
 def _main(argv: Optional[Sequence[str]]) -> int:
     parser = build_parser()
-    _surface_closed_pipes(parser)
+    _tune_parsers(parser)
     args = parser.parse_args(argv)
     configure_logging(verbosity(args))
     try:

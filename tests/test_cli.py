@@ -219,3 +219,22 @@ def test_a_commands_own_output_into_a_closed_pipe_ends_the_same_way_after_its_wo
     done = _into_a_closed_pipe("init", str(tmp_path / "study"))
     assert done.stderr.decode() == "" and done.returncode == 141
     assert (tmp_path / "study" / "experiment.yaml").is_file()     # the work was done; only the summary was lost
+
+
+# --------------------------------------------------------------------------- typos: did you mean …?
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["trian", "c.yaml"], "(did you mean `train`?)"),
+    (["flare", "simulte", "c.yaml"], "(did you mean `simulate`?)"),
+    (["ingest", "csv", "--input", "x", "--out", "y", "--uncertain", "zero"], "(did you mean `zeros`?)"),
+])
+def test_a_mistyped_command_or_choice_gets_the_nearest_one(argv, hint, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2 and hint in capsys.readouterr().err
+
+
+def test_a_mistyped_source_gets_the_nearest_one(tmp_path, capsys):
+    code, _, err = _run(["ingest", "chexpret", "--input", tmp_path, "--out", tmp_path / "o"], capsys)
+    assert code == 2 and "unknown SOURCE 'chexpret' (did you mean `chexpert`?)" in err

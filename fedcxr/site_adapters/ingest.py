@@ -50,6 +50,7 @@ import pandas as pd
 from fedcxr.atomic import json_bytes
 from fedcxr.escape import to_csv_text
 from fedcxr.parallel import map_chunks
+from fedcxr.suggest import did_you_mean
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, ensure_columns
 from fedcxr.site_adapters.image_headers import MAX_PIXELS
 from fedcxr.site_adapters.manifest import (
@@ -101,7 +102,8 @@ def get_adapter(source: str):
 def adapter_target(source: str) -> str:
     """``"module:function"`` of ``source``'s adapter; exit-2 error naming the valid sources otherwise."""
     if source not in ADAPTERS:
-        raise IngestError(f"unknown SOURCE {source!r}; choose one of: {', '.join(sorted(ADAPTERS))}")
+        raise IngestError(f"unknown SOURCE {source!r}{did_you_mean(source, ADAPTERS)}; choose one of: "
+                          f"{', '.join(sorted(ADAPTERS))}")
     return ADAPTERS[source]
 
 

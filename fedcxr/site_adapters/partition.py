@@ -40,6 +40,7 @@ import pandas as pd
 from fedcxr.site_adapters.base import IngestError, SetAside
 from fedcxr.site_adapters.manifest import patient_bucket
 from fedcxr.site_adapters.site_names import canonical, site_name, site_names
+from fedcxr.suggest import did_you_mean
 from fedcxr.vocab import CLASS_SET, canonical_class, label_column
 
 CHEXPERT_CONDITIONS = ["lung_lesion", "pneumonia", "atelectasis", "consolidation", "edema"]
@@ -126,7 +127,7 @@ def _parse_class_list(text: str, classes: list[str]) -> list[str]:
             continue
         cls = canonical_class(token)
         if cls is None or cls not in CLASS_SET:
-            raise IngestError(f"--site-by: unknown class {token!r}")
+            raise IngestError(f"--site-by: unknown class {token!r}{did_you_mean(token, sorted(CLASS_SET))}")
         if cls not in classes:
             raise IngestError(f"--site-by: class {cls!r} is not labeled by this source")
         names.append(cls)
