@@ -2,13 +2,15 @@
 
 Each subcommand parses its options here and hands over to the module that does the work,
 imported lazily so ``fedcxr ingest`` never pays for importing torch. Exit codes: 0 success,
-2 bad usage / invalid config or input (:class:`fedcxr.errors.UserError`), 1 anything else.
+2 bad usage / invalid config or input (:class:`fedcxr.errors.UserError`), 1 anything else,
+130 Ctrl-C, 141 output into a closed pipe (:data:`EXIT_CLOSED_PIPE`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
 from pathlib import Path
@@ -98,7 +100,10 @@ class _SourceHelp(argparse.Action):
             if source in ADAPTERS:
                 print(help_for(source), end="\n\n" + "-" * 100 + "\n")
             else:
-                print(f"unknown SOURCE {source!r}; choose one of: {', '.join(sorted(ADAPTERS))}\n")
+                from fedcxr.suggest import did_you_mean
+
+                print(f"unknown SOURCE {source!r}{did_you_mean(source, ADAPTERS)}; choose one of: "
+                      f"{', '.join(sorted(ADAPTERS))}\n")
         parser.print_help()
         parser.exit()
 
@@ -362,8 +367,69 @@ def _run_command(args: argparse.Namespace) -> int:
         raise RunFailed(disk_full_message(full), advice=DISK_FULL_ADVICE.get(args.command)) from exc
 
 
+#: exit status when the reader of fedcxr's output went away (``fedcxr ... | head -1``): 128 + SIGPIPE,
+#: what a shell reports for a C tool (``cat``) killed by SIGPIPE, as 130 is 128 + SIGINT
+EXIT_CLOSED_PIPE = 141
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run one command; its exit status (0 done, 1 run stopped, 2 bad input, 130 Ctrl-C, 141 closed pipe)."""
+    try:
+        try:
+            return _main(argv)
+        finally:  # buffered output meets a closed pipe here (or at exit, where it would be a traceback)
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return _closed_pipe()
+
+
+def _closed_pipe() -> int:
+    """The reader closed the pipe (``| head``): stop quietly, as the Python docs advise ("Note on
+    SIGPIPE"): output still buffered goes to /dev/null instead of raising again at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (AttributeError, OSError, ValueError):  # not a real file (a test's capture)
+            pass
+    os.close(devnull)
+    return EXIT_CLOSED_PIPE
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '(.*?)' \(choose from (.*)\)$")
+
+
+def _tune_parsers(parser: argparse.ArgumentParser) -> None:
+    """Two things argparse (Python < 3.14) does not do, on this parser and its subcommands':
+
+    * it swallows an error writing its help or usage (``_print_message``), so ``fedcxr --help |
+      head -1`` would end unlike every other output into a closed pipe: let it raise, for
+      :func:`main` to end as :func:`_closed_pipe` says;
+    * "invalid choice: 'trian'" gets the nearest choice (:mod:`fedcxr.suggest`).
+    """
+    from fedcxr.suggest import did_you_mean
+
+    def print_message(message: str, file=None) -> None:
+        if message:
+            (file or sys.stderr).write(message)
+
+    def error(message: str, _error=parser.error) -> None:
+        found = _INVALID_CHOICE.search(message)
+        if found:
+            message += did_you_mean(found.group(1), re.findall(r"'([^']*)'", found.group(2)))
+        _error(message)
+
+    parser._print_message = print_message  # type: ignore[method-assign]
+    parser.error = error  # type: ignore[method-assign]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in {id(p): p for p in action.choices.values()}.values():
+                _tune_parsers(sub)
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     parser = build_parser()
+    _tune_parsers(parser)
     args = parser.parse_args(argv)
     configure_logging(verbosity(args))
     try:

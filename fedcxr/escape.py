@@ -15,6 +15,14 @@ Every writer passes such text through the function for its format:
   spaces, so no injected ``##`` heading), no link, image or code span (``[``, ``]``, backtick
   escaped: an image link would make a viewer fetch a remote URL), no math (``$`` escaped);
   other control characters are shown as ``\\xNN``.
+* :func:`md_text` — the same for prose (a paragraph, a list item, a heading), where ``|``
+  breaks nothing and is left as written; a value that would open a block where it stands (a
+  leading ``#``, ``>``, ``-``, ``+``, ``*``, ``=``, ``~`` or ``1.``) gets that one character escaped.
+* :func:`code` — text inside an inline code span: nothing inside needs escaping (a code span
+  shows backslashes as they are), so the span's fence is made longer than any run of backticks
+  in the text; in a table cell (``cell=True``) ``|`` is still escaped, as GFM tables require.
+  Only what the context needs is escaped: a reader of the raw file sees ``hospital_a``, not
+  ``hospital\_a`` (emphasis characters are left: at worst a name shows in italics).
 * :func:`short` — a bounded ``repr`` for error messages: at most ``limit`` characters, and
   :mod:`reprlib` walks only a few items and levels, so a YAML alias bomb is never expanded
   while its message is formatted.
@@ -73,6 +81,38 @@ def md(value: Any) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
+_MD_TEXT_CHARS = {k: v for k, v in _MD_CHARS.items() if k != ord("|")}
+#: what opens a block at the start of a line: ATX heading, quote, list item, setext underline, code
+#: fence (``~~~``; a backtick is always escaped), ordered item
+_BLOCK_START = re.compile(r"^(?:[#>+*=~-]|\d{1,9}(?=[.)]))")
+
+
+def md_text(value: Any) -> str:
+    """``str(value)`` as literal Markdown prose (module doc): :func:`md` without the table's ``\\|``."""
+    if value is None:
+        return ""
+    text = _LINE_BREAKS.sub(" ", str(value)).translate(_MD_TEXT_CHARS)
+    text = _HTML.sub(lambda m: "&lt;" if m.group() == "<" else "&amp;", text)
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    found = _BLOCK_START.match(text)
+    if found:
+        end = found.end()
+        text = (text[:end] + "\\" + text[end:]) if found.group()[0].isdigit() else "\\" + text
+    return text
+
+
+def code(value: Any, *, cell: bool = False) -> str:
+    """``str(value)`` as an inline code span (module doc); ``cell``: inside a GFM table cell."""
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", _LINE_BREAKS.sub(" ", "" if value is None else str(value)))
+    if cell:
+        text = text.replace("|", "\\|")
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or (text.startswith(" ") and text.endswith(" ")
+                                                                   and text.strip()) else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset = 3, 6, 6, 6, 6
 _REPR.maxstring, _REPR.maxother, _REPR.maxlong = SHORT, SHORT, 40
@@ -84,4 +124,4 @@ def short(value: Any, limit: int = SHORT) -> str:
     return text if len(text) <= limit else text[: max(0, limit - 3)] + "..."
 
 
-__all__ = ["FORMULA_START", "SHORT", "csv_cell", "csv_frame", "md", "short", "to_csv_text"]
+__all__ = ["FORMULA_START", "SHORT", "code", "csv_cell", "csv_frame", "md", "md_text", "short", "to_csv_text"]

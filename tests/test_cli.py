@@ -187,3 +187,54 @@ def test_third_party_info_lines_stay_off_the_console(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "openjpeg" not in proc.stderr and "pylibjpeg" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- output into a closed pipe
+
+
+def _into_a_closed_pipe(*argv: str) -> subprocess.CompletedProcess:
+    """``fedcxr ARGV | head -0``, deterministically: the reading end is closed before fedcxr writes."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run([sys.executable, "-c", "import sys; from fedcxr.cli import main; sys.exit(main())",
+                               *argv], stdout=write, stderr=subprocess.PIPE, timeout=120)
+    finally:
+        os.close(write)
+    return done
+
+
+@pytest.mark.parametrize("argv", [("ingest", "nih", "--help"), ("--help",), ("train", "--help")])
+def test_output_into_a_closed_pipe_ends_quietly_with_the_sigpipe_status(argv):
+    """`fedcxr ingest nih --help | head -1` printed a BrokenPipeError traceback and exited 1. A closed pipe is
+    the reader's choice, not an error: nothing on stderr, and 141 (128 + SIGPIPE), what a shell reports for
+    a C tool such as `cat` killed by SIGPIPE (as 130 = 128 + SIGINT for Ctrl-C)."""
+    done = _into_a_closed_pipe(*argv)
+    assert done.stderr.decode() == "" and done.returncode == 141
+
+
+def test_a_commands_own_output_into_a_closed_pipe_ends_the_same_way_after_its_work(tmp_path):
+    done = _into_a_closed_pipe("init", str(tmp_path / "study"))
+    assert done.stderr.decode() == "" and done.returncode == 141
+    assert (tmp_path / "study" / "experiment.yaml").is_file()     # the work was done; only the summary was lost
+
+
+# --------------------------------------------------------------------------- typos: did you mean …?
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["trian", "c.yaml"], "(did you mean `train`?)"),
+    (["flare", "simulte", "c.yaml"], "(did you mean `simulate`?)"),
+    (["ingest", "csv", "--input", "x", "--out", "y", "--uncertain", "zero"], "(did you mean `zeros`?)"),
+])
+def test_a_mistyped_command_or_choice_gets_the_nearest_one(argv, hint, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2 and hint in capsys.readouterr().err
+
+
+def test_a_mistyped_source_gets_the_nearest_one(tmp_path, capsys):
+    code, _, err = _run(["ingest", "chexpret", "--input", tmp_path, "--out", tmp_path / "o"], capsys)
+    assert code == 2 and "unknown SOURCE 'chexpret' (did you mean `chexpert`?)" in err

@@ -39,3 +39,24 @@ def test_short_never_expands_a_yaml_alias_bomb():
         for p, c in zip("abcdefgh", "bcdefghi"))
     bomb = yaml.safe_load(text)["i"]  # 10^9 leaves if expanded
     assert len(short(bomb)) <= 80 and len(short("x" * 10**6)) <= 80 and short("ok") == "'ok'"
+
+
+def test_md_text_is_prose_pipes_stay_and_a_value_cannot_open_a_block():
+    from fedcxr.escape import md_text
+
+    assert md_text("hospital_a (train) a|b p<0.001") == "hospital_a (train) a|b p<0.001"
+    assert md_text("x\n## heading") == "x ## heading" and md_text("<img src=x>") == "&lt;img src=x>"
+    assert md_text("[t](http://e)") == "\\[t\\](http://e)" and md_text("`x`") == "\\`x\\`"
+    for opener, safe in (("# h", "\\# h"), ("> q", "\\> q"), ("- i", "\\- i"), ("+ i", "\\+ i"),
+                         ("* i", "\\* i"), ("~~~", "\\~~~"), ("12. x", "12\\. x"), ("3) x", "3\\) x")):
+        assert md_text(opener) == safe
+    assert md_text("a-b # c") == "a-b # c" and md_text(None) == ""
+
+
+def test_code_spans_need_no_escaping_inside_only_a_longer_fence():
+    from fedcxr.escape import code
+
+    assert code("fedcxr sweep c.yaml --methods A_b") == "`fedcxr sweep c.yaml --methods A_b`"
+    assert code("a`b") == "``a`b``" and code("``x") == "``` ``x ```" and code("x\ny") == "`x y`"
+    assert code("a|b") == "`a|b`" and code("a|b", cell=True) == "`a\\|b`"
+    assert code(" x ") == "`  x  `"

@@ -171,6 +171,22 @@ def place(cells: Sequence[Cell], shift: str, labels: Optional[int], rounds: Opti
             "why": f"{shift} cell with {best.target_labels} labels and {best.rounds} rounds (row {best.row})"}
 
 
+def nearest_leaders(cells: Sequence[Cell], shift: str, labels: Optional[int], rounds: Optional[int],
+                    n: int = 3) -> list[str]:
+    """The leading methods of the map's cell nearest to a federation that no cell is close to: what
+    is worth a sweep on the user's own data. Cells of its shift type when the map has any (all
+    cells otherwise), nearest by :func:`gap` on the axes that are known; [] for an empty map."""
+    pool = [c for c in cells if c.shift == shift] or list(cells)
+    if not pool:
+        return []
+
+    def distance(c: Cell) -> float:
+        return ((abs(math.log2(labels / c.target_labels)) if labels else 0.0)
+                + (abs(math.log2(rounds / c.rounds)) if rounds else 0.0))
+
+    return _top(min(pool, key=lambda c: (distance(c), -c.n_seeds, c.row)), n)
+
+
 def verdict(cell: Optional[Cell]) -> dict[str, Any]:
     """The map's verdict in a cell: a recommendation only where the interval excludes 0."""
     if cell is None:

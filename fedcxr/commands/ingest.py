@@ -45,9 +45,47 @@ def cli_ingest(args: argparse.Namespace) -> int:
             counts = ", ".join(f"{c} {n}" for c, n in implied.items())
             print(f"    implied negatives (blank on a 'No Finding = 1' row; --no-implied-negatives to keep them "
                   f"unlabeled): {counts}")
+    key_line = site_key_line(report.get("site_key") or {}, plan)
     if plan:
         print(f"plan only, no image opened and no manifest written: {args.out / PLAN_NAME} and "
               f"{args.out / PLAN_SET_ASIDE_NAME} (what a plan cannot know is listed under 'cannot_know')")
+        if key_line:
+            print(key_line)
         return 0
-    print(f"manifests, ingest_report.json and set_aside.csv in {args.out} (each site's own in its folder)")
+    if key_line:
+        print(key_line)
+    print(f"manifests in {args.out}/<site>/; {set_aside_where(report, args.out)}")
     return 0
+
+
+def set_aside_where(report: dict, out) -> str:
+    """Where the set-aside rows are listed: all at OUT, each site's own in its folder, and which only at OUT."""
+    total, unknown = report["rows_set_aside"], report.get("rows_set_aside_without_site", 0)
+    text = f"ingest_report.json and set_aside.csv at {out} list every row set aside ({total})"
+    if not report["sites"]:
+        return text
+    own = ", ".join(f"{site} {info.get('rows_set_aside', 0)}" for site, info in report["sites"].items())
+    text += f"; each site's folder lists its own ({own})"
+    if unknown:
+        text += (f"; {unknown} whose site is not known (no value in the site column, a row the source's "
+                 f"reader rejected, a patient with no kept image, or a site set aside) are listed only in {out}")
+    return text
+
+
+def site_key_line(key: dict, plan: bool) -> str:
+    """Which site key made the pseudonyms, and so the sites and splits (``''`` for a built-in key).
+
+    A plan names the key that reproduces it; an ingest that created a key says so, because its
+    splits then match no earlier plan or ingest (a plan into another folder made its own key).
+    """
+    if not key.get("file"):
+        return ""
+    made = " (created by this run" + ("" if plan else "; these pseudonyms and splits differ from any plan or "
+                                           "ingest made with another key") + ")" if key.get("created") else ""
+    if plan:
+        return (f"site key {key['file']}{made}: the sites and splits above are this key's; reproduce them with "
+                f"`fedcxr ingest ... --site-key {key['file']}` (another key draws other splits)")
+    if made:
+        return (f"site key {key['file']}{made}; to reproduce an earlier plan, ingest again with "
+                "--site-key PLAN_OUT/.fedcxr_site_key. Keep this key at the site and back it up")
+    return f"site key {key['file']} (key id {key.get('key_id')}): the same key gives the same splits on a re-ingest"

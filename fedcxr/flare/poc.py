@@ -142,7 +142,8 @@ def poc_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device:
     with open(log_path, "w") as out, keep_user_nvflare_config(), terminate_as_interrupt():
         try:
             with poc_system(project, workspace, env, out, log_path, {"server": SERVER_CLASSES}) as tree:
-                submit_and_wait(job_dir, workspace, flare_dir, runs, progress, timeout, tick=tree.snapshot)
+                submit_and_wait(job_dir, workspace, flare_dir, runs, progress, timeout, tick=tree.snapshot,
+                                resume=resume)
         finally:
             copy_tensorboard(flare_dir / "result", flare_dir / "tensorboard")
     return finish_runs(runs, "FLARE POC", log_path)
@@ -179,7 +180,7 @@ def poc_system(project: Path, workspace: Path, env: dict, out, log_path: Path,
 
 
 def submit_and_wait(job_dir: Path, workspace: Path, flare_dir: Path, runs: list, progress: bool,
-                    timeout: Optional[float], tick=lambda: None) -> None:
+                    timeout: Optional[float], tick=lambda: None, resume: bool = False) -> None:
     """Submit ``job_dir`` through the FLARE API as the POC admin, wait for it (showing the runs'
     rounds; aborted on any error or Ctrl-C) and download the server's result into ``flare/result``."""
     from nvflare.fuel.flare_api.flare_api import new_secure_session
@@ -196,7 +197,7 @@ def submit_and_wait(job_dir: Path, workspace: Path, flare_dir: Path, runs: list,
             return state["status"].startswith("FINISHED")
 
         try:
-            wait_with_progress(None, runs, progress, done=finished, timeout=timeout, tick=tick)
+            wait_with_progress(None, runs, progress, done=finished, timeout=timeout, tick=tick, resume=resume)
         except BaseException:
             session.abort_job(job_id)
             raise

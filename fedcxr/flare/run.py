@@ -36,6 +36,7 @@ from fedcxr.logs import bar_disabled
 from fedcxr.pipeline.checkpoints import latest_checkpoint
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.data import default_cache_dir
+from fedcxr.pipeline.run_log import round_line, rounds_log
 from fedcxr.rundir import FINAL_MODEL, FLARE_WORKSPACE, METRICS, RUN_INFO
 from fedcxr.runlock import run_lock
 from fedcxr.flare.controller import mark_submitted, read_status
@@ -123,20 +124,75 @@ def rounds_done(runs: list) -> int:
 
 
 def wait_with_progress(proc: Optional[subprocess.Popen], runs: list, progress: bool, done=lambda: False,
-                       timeout: Optional[float] = None, tick=lambda: None) -> None:
-    """Wait for ``proc`` (or ``done()``) while showing completed rounds from the runs' ``metrics.jsonl``."""
+                       timeout: Optional[float] = None, tick=lambda: None, resume: bool = False) -> None:
+    """Wait for ``proc`` (or ``done()``) while showing completed rounds from the runs' ``metrics.jsonl``:
+    the bar on a terminal, else one line per round as it ends (:class:`RoundLines`, ``fedcxr train``'s)."""
     from tqdm import tqdm
 
     start = time.time()
     with tqdm(total=sum(cfg.rounds for cfg, _ in runs), desc="FLARE rounds", unit="round",
               disable=bar_disabled(progress)) as bar:
+        lines = RoundLines(runs, resume=resume, console=bool(bar.disable))
         while (proc is None or proc.poll() is None) and not done():
             if timeout and time.time() - start > timeout:
                 raise TimeoutError(f"the FLARE run did not finish within {timeout:.0f} s")
+            lines.emit()
             _advance(bar, rounds_done(runs))
             tick()
             time.sleep(0.5)
+        lines.emit()
         _advance(bar, rounds_done(runs))
+
+
+class RoundLines:
+    """The round lines of ``fedcxr train`` for a run the FLARE server trains in another process.
+
+    The server's controller writes each round to the run's ``metrics.jsonl`` (and its own
+    ``train.log``); this follows that file and logs every new round through the same logger and
+    line as ``train`` (:func:`fedcxr.pipeline.run_log.round_line`): shown on the console when no
+    bar is (off a terminal: ``nohup``, CI), hidden by ``--quiet``. A file not written yet, or
+    unreadable for a moment, is simply read again at the next tick. Rounds already in the file
+    when a resumed run starts are not repeated; with several runs in one job each line names
+    its run directory.
+    """
+
+    def __init__(self, runs: list, *, resume: bool, console: bool) -> None:
+        self.runs = [(cfg, Path(run_dir)) for cfg, run_dir in runs]
+        self.console = console
+        self.seen = {run_dir: ({_round(row) for row in _rows(run_dir)} if resume else set())
+                     for _, run_dir in self.runs}
+
+    def emit(self) -> None:
+        """Log the line of every round finished since the last call."""
+        for cfg, run_dir in self.runs:
+            for row in _rows(run_dir):
+                if _round(row) in self.seen[run_dir]:
+                    continue
+                self.seen[run_dir].add(_round(row))
+                name = f"{run_dir.name}: " if len(self.runs) > 1 else ""
+                rounds_log.info("%s%s", name, round_line(row, cfg.rounds), extra={"console": self.console})
+
+
+def _round(row: dict):
+    return row.get("round")
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    """The JSON objects of ``metrics.jsonl`` now ([] when absent or unreadable: read again next tick;
+    a line that is not one is skipped quietly — the run's own reader names it)."""
+    try:
+        text = (run_dir / METRICS).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
 
 
 def _advance(bar, done: int) -> None:
@@ -157,5 +213,5 @@ def finish_runs(runs: list, what: str, log_hint: Path) -> list[dict]:
     return [json.loads((run_dir / RUN_INFO).read_text()) for _, run_dir in runs]
 
 
-__all__ = ["check_run_dir", "default_run_dir", "finish_runs", "holding_run_dirs", "load_flare_config",
+__all__ = ["RoundLines", "check_run_dir", "default_run_dir", "finish_runs", "holding_run_dirs", "load_flare_config",
            "prepare_runs", "rounds_done", "wait_with_progress", "write_site_configs"]

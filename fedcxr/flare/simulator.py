@@ -63,7 +63,7 @@ def simulate_many(runs: list, *, resume: bool = False, task_timeout: int = 0, de
                 if on_start is not None:
                     on_start(proc)
                 wait_with_progress(proc, runs, progress, done=lambda: server_app_ended(workspace), timeout=timeout,
-                                   tick=tree.snapshot)
+                                   tick=tree.snapshot, resume=resume)
         finally:
             copy_logs(workspace, logs)
             copy_tensorboard(workspace, flare_dir / "tensorboard")

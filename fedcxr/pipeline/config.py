@@ -38,6 +38,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from fedcxr.errors import UserError
 from fedcxr.escape import short
+from fedcxr.pipeline.config_errors import error_line
+from fedcxr.suggest import did_you_mean
 from fedcxr.site_adapters.site_names import MAX_SITE_NAME
 from fedcxr.yamlfile import check_size, read_yaml
 from fedcxr.vocab import AUX_TASKS, CLASS_SET
@@ -76,6 +78,15 @@ MAX_ERROR_LINES = 20
 METHOD_DEFAULT = ("null: the method's default, set with its source in the method's protocol "
                   "(fedcxr.pipeline.protocols: RoundProtocol.task_defaults and the attributes beside it; "
                   "the README's table of defaults)")
+
+
+def _nearest_classes(unknown: list) -> str:
+    """`` (did you mean `pneumonia`?)`` for the first mistyped class that is close to a canonical one."""
+    for name in unknown[:20]:
+        hint = did_you_mean(name, sorted(CLASS_SET))
+        if hint:
+            return hint if len(unknown) == 1 else hint.replace("(did you mean", f"({short(name, 40)}: did you mean", 1)
+    return ""
 
 
 def _refuse(message: str):
@@ -161,15 +172,16 @@ class SharedTaskConfig(_Strict):
     def _known(cls, value: dict[str, str]) -> dict[str, str]:
         unknown = sorted({c for c in value.values() if c not in CLASS_SET})
         if unknown:
-            raise ValueError(f"unknown class(es) {short(unknown)}; canonical classes: {sorted(CLASS_SET)}")
+            raise ValueError(f"unknown class(es) {short(unknown)}{_nearest_classes(unknown)}; canonical classes: "
+                             f"{sorted(CLASS_SET)}")
         return value
 
     @field_validator("output")
     @classmethod
     def _known_output(cls, value: str) -> str:
         if value not in CLASS_SET:
-            raise ValueError(f"unknown class {short(value)}; the output is named by a canonical class: "
-                             f"{sorted(CLASS_SET)}")
+            raise ValueError(f"unknown class {short(value)}{did_you_mean(value, sorted(CLASS_SET))}; the output is "
+                             f"named by a canonical class: {sorted(CLASS_SET)}")
         return value
 
 
@@ -189,7 +201,8 @@ class ModelConfig(_Strict):
         if value is not None:
             unknown = [c for c in value if c not in CLASS_SET]
             if unknown:
-                raise ValueError(f"unknown class(es) {short(unknown)}; canonical classes: {sorted(CLASS_SET)}")
+                raise ValueError(f"unknown class(es) {short(unknown)}{_nearest_classes(unknown)}; canonical classes: "
+                                 f"{sorted(CLASS_SET)}")
         return value
 
 
@@ -642,7 +655,7 @@ def load_config(path: Path | str | None = None, *, data: Optional[dict] = None,
     except ValidationError as exc:
         where = f"{path}: " if path else ""
         errors = exc.errors()
-        lines = [_error_line(err) for err in errors[:MAX_ERROR_LINES]]
+        lines = [error_line(err, ExperimentConfig) for err in errors[:MAX_ERROR_LINES]]
         if len(errors) > MAX_ERROR_LINES:
             lines.append(f"... and {len(errors) - MAX_ERROR_LINES} more")
         raise UserError(where + "invalid config:\n  " + "\n  ".join(lines)) from None
@@ -651,26 +664,30 @@ def load_config(path: Path | str | None = None, *, data: Optional[dict] = None,
     return cfg
 
 
-def _error_line(err: dict) -> str:
-    """One pydantic error as ``key.path: message`` (no "Value error," prefix, no empty key)."""
-    message = str(err["msg"]).removeprefix("Value error, ")[:1000]
-    where = ".".join(str(p)[:60] for p in err["loc"][:8])  # a key is user input too: bounded
-    return f"{where}: {message}" if where else message
-
-
 def check_sites_exist(cfg: ExperimentConfig) -> None:
     """Every named site must be an ingested manifest folder."""
     for site in cfg.all_sites():
         folder = cfg.site_dir(site)
         if not (folder / "manifest.parquet").is_file():
             raise UserError(
-                f"site {short(site)}: no manifest at {short(str(folder / 'manifest.parquet'), 300)} "
+                f"site {short(site)}: no manifest at {short(str(folder / 'manifest.parquet'), 300)}"
+                f"{did_you_mean(folder.name, _ingested_sites(folder.parent))} "
                 f"(sites are folders written by `fedcxr ingest`; check `manifests:` and `sites:`)"
             )
     if cfg.eval_sites:
         unknown = [s for s in cfg.eval_sites if s not in cfg.all_sites()]
         if unknown:
-            raise UserError(f"eval_sites: {short(unknown)} are not among sites/target {short(cfg.all_sites(), 300)}")
+            raise UserError(f"eval_sites: {short(unknown)}{did_you_mean(unknown[0], cfg.all_sites())} are not among "
+                            f"sites/target {short(cfg.all_sites(), 300)}")
+
+
+def _ingested_sites(folder: Path, limit: int = 1000) -> list[str]:
+    """The site folders (holding a manifest) in ``folder``: what a mistyped site name may have meant."""
+    try:
+        names = [p.name for _, p in zip(range(limit), folder.iterdir())]
+    except OSError:
+        return []
+    return [n for n in names if (folder / n / "manifest.parquet").is_file()]
 
 
 def dump_config(cfg: ExperimentConfig) -> str:

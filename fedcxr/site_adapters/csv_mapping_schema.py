@@ -20,6 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from fedcxr.errors import UserError
 from fedcxr.site_adapters.base import IngestError
 from fedcxr.site_adapters.tables import deeper_hint
+from fedcxr.suggest import did_you_mean, known_keys
 from fedcxr.vocab import AUX_VOCAB, CLASSES, canonical_class
 from fedcxr.yamlfile import read_yaml
 
@@ -45,7 +46,7 @@ def _label_value(value: Optional[float]) -> Optional[float]:
 def _class_name(name: str) -> str:
     cls = canonical_class(name)
     if cls is None:
-        raise ValueError(f"unknown class {name!r}; canonical classes: {', '.join(CLASSES)}")
+        raise ValueError(f"unknown class {name!r}{did_you_mean(name, CLASSES)}; canonical classes: {', '.join(CLASSES)}")
     return cls
 
 
@@ -375,7 +376,8 @@ def describe(exc: ValidationError) -> str:
         if kind == "missing":
             msg = "missing required key"
         elif kind == "extra_forbidden":
-            msg = "unknown key"
+            msg = "unknown key" + did_you_mean(err["loc"][-1] if err["loc"] else None,
+                                               known_keys(CsvMapping, err["loc"][:-1]))
         else:
             msg = str(err["msg"]).removeprefix("Value error, ")
             if "input" in err and kind not in ("value_error",):

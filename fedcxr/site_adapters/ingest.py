@@ -8,9 +8,10 @@ kept) → image check (exists + header within ``max_pixels``; full decode with
 ``verify_pixels``; a missing file is looked for one folder deeper) → keyed pseudonyms for
 patient and study ids (:mod:`fedcxr.site_adapters.sitekey`) → uncertain-label policy →
 implied negatives (CheXpert/MIMIC's No Finding rule) → partition into sites →
-patient-disjoint splits → one manifest per site → ``ingest_report.json`` and ``set_aside.csv``,
-in each site's folder (``OUT/<site>/``, never touched by an ingest of another site) and, for
-the latest run, at the top of ``OUT``.
+patient-disjoint splits → one manifest per site → ``ingest_report.json`` and ``set_aside.csv``:
+at the top of ``OUT`` every row the latest run set aside, each with its site; in each site's
+folder (``OUT/<site>/``, never touched by an ingest of another site) that site's own rows only
+(:mod:`fedcxr.site_adapters.set_aside_sites` says which rows are a site's).
 
 ``plan=True`` (``fedcxr ingest --plan``) runs the same steps on the metadata alone — no image
 is opened, no path is resolved on disk — and writes ``OUT/ingest_plan.json`` (sites, splits,
@@ -49,6 +50,7 @@ import pandas as pd
 from fedcxr.atomic import json_bytes
 from fedcxr.escape import to_csv_text
 from fedcxr.parallel import map_chunks
+from fedcxr.suggest import did_you_mean
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, ensure_columns
 from fedcxr.site_adapters.image_headers import MAX_PIXELS
 from fedcxr.site_adapters.manifest import (
@@ -62,6 +64,7 @@ from fedcxr.site_adapters.manifest import (
     write_site,
 )
 from fedcxr.site_adapters.partition import partition
+from fedcxr.site_adapters.set_aside_sites import set_aside_sites, whole_export
 from fedcxr.site_adapters.paths import contain_all, lexical, printable
 from fedcxr.site_adapters.sources import declares, source_help, supports_plan
 from fedcxr.site_adapters.tables import deeper_hint
@@ -99,7 +102,8 @@ def get_adapter(source: str):
 def adapter_target(source: str) -> str:
     """``"module:function"`` of ``source``'s adapter; exit-2 error naming the valid sources otherwise."""
     if source not in ADAPTERS:
-        raise IngestError(f"unknown SOURCE {source!r}; choose one of: {', '.join(sorted(ADAPTERS))}")
+        raise IngestError(f"unknown SOURCE {source!r}{did_you_mean(source, ADAPTERS)}; choose one of: "
+                          f"{', '.join(sorted(ADAPTERS))}")
     return ADAPTERS[source]
 
 
@@ -203,6 +207,9 @@ def run_ingest(
             f"adapter {source!r} bug: {len(frame)} rows + {len(set_aside)} set aside != {table.rows_read} read"
         )
     key = key or load_site_key(None, out_dir)
+    # what a set-aside row's site is found from (set_aside_sites): its row, patient and site column
+    source_rows = frame[[c for c in frame.columns if c in ("source_file", "source_row", "patient_id")
+                         or c.startswith("group__")]]
     frame, non_chest = set_aside_non_chest(frame, keep=keep_non_chest)
     set_aside += non_chest
     frame, outside = contain_paths(frame, table.root, follow_links=follow_links, lexical_only=plan)
@@ -249,6 +256,7 @@ def run_ingest(
     kept = sum(len(r) for r in sites_payload.values())
     if kept + len(set_aside) != table.rows_read:
         raise IngestError(f"internal error: {kept} kept + {len(set_aside)} set aside != {table.rows_read} read")
+    aside_sites = set_aside_sites(set_aside, source_rows, parts.frame, site_by, sites_payload, key)
 
     run_options = {
         "site_by": site_by, "uncertain": uncertain, "verify_pixels": verify_pixels, "follow_links": follow_links,
@@ -270,42 +278,45 @@ def run_ingest(
         "rows_kept": kept,
         "rows_set_aside": len(set_aside),
         "set_aside_by_reason": dict(Counter(_reason_family(s.reason) for s in set_aside).most_common()),
-        "set_aside": [_printable_row(s) for s in set_aside],
+        "set_aside": [_printable_row(s, site) for s, site in zip(set_aside, aside_sites)],
         "sites": {},
         "options": run_options,
         "pseudonym_key_id": key.key_id,
+        # the key file that reproduces these pseudonyms, hence these sites and splits (a plan's
+        # reader passes it to the ingest: --site-key FILE); never the key itself
+        "site_key": {"file": str(key.path) if key.path else None, "key_id": key.key_id,
+                     "created": key.origin == "created"},
         "notes": [printable(n) for n in table.notes + parts.notes],
         "hints": [printable(h) for h in hints],
     }
+    report["rows_set_aside_without_site"] = sum(site is None for site in aside_sites)
     if plan:
-        return _write_plan(report, sites_payload, site_classes, unlabeled, out_dir, set_aside, key, started)
+        return _write_plan(report, sites_payload, site_classes, unlabeled, out_dir, set_aside, aside_sites, key,
+                           started)
     for site, rows in sites_payload.items():
-        site_rows_aside = [s for s in set_aside if s.reason.startswith(f"site {site!r}")]
+        own = [s for s, where in zip(set_aside, aside_sites) if where == site]
         payload = write_site(
             out_dir, site, rows, classes=site_classes[site],
             source=source, adapter_version=table.adapter_version, export_root=table.root,
-            set_aside=site_rows_aside, options=run_options, unlabeled=unlabeled, key_id=key.key_id,
+            set_aside=own, options=run_options, unlabeled=unlabeled, key_id=key.key_id,
         )
         report["sites"][site] = {
             "rows": payload["rows"], "rows_per_split": payload["rows_per_split"],
+            "rows_set_aside": len(own),
             "class_set": payload["class_set"], "manifest": str(Path(site) / "manifest.parquet"),
             "report": str(Path(site) / REPORT_NAME),
             "unlabeled": unlabeled, "implied_negatives": implied_negative_counts(rows, site_classes[site]),
         }
     report["seconds"] = round(time.perf_counter() - started, 3)
-    # One report per site, in the site's own folder (a later ingest of another hospital into the
-    # same OUT never touches it), and the latest run's at the top of OUT, as before. Serialised
-    # once: NIH's 112,095 set-aside rows take seconds to encode.
-    report_bytes, csv_bytes = json_bytes(report), set_aside_csv_bytes(set_aside, key)
-    for folder in [out_dir / site for site in report["sites"]] + [out_dir]:
-        atomic_write_bytes(folder / REPORT_NAME, report_bytes)
-        atomic_write_bytes(folder / SET_ASIDE_NAME, csv_bytes)
+    _write_reports(out_dir, report, set_aside, aside_sites, key, single=whole_export(site_by))
     if kept == 0:
         raise IngestError(nothing_kept_message(report, out_dir))
     return report
 
 
-REPORT_VERSION = 2  # 2: hints, per-site implied negatives, per-site copies of the report
+#: 2: hints, per-site implied negatives, per-site copies of the report; 3: each row's site, and
+#: each site's folder holds its own rows only (``site_report``)
+REPORT_VERSION = 3
 REPORT_NAME, SET_ASIDE_NAME = "ingest_report.json", "set_aside.csv"
 PLAN_NAME, PLAN_SET_ASIDE_NAME = "ingest_plan.json", "ingest_plan_set_aside.csv"
 
@@ -342,7 +353,8 @@ def _check_plan(source: str, target: str, verify_pixels: bool) -> None:
 
 
 def _write_plan(report: dict, sites: dict[str, pd.DataFrame], site_classes: dict[str, list[str]], unlabeled: bool,
-                out_dir: Path, set_aside: list[SetAside], key: SiteKey, started: float) -> dict:
+                out_dir: Path, set_aside: list[SetAside], aside_sites: list[Optional[str]], key: SiteKey,
+                started: float) -> dict:
     """``OUT/ingest_plan.json`` and ``OUT/ingest_plan_set_aside.csv``: what the ingest would write."""
     report["plan"] = True
     report["cannot_know"] = list(PLAN_CANNOT_KNOW)
@@ -353,7 +365,7 @@ def _write_plan(report: dict, sites: dict[str, pd.DataFrame], site_classes: dict
                                  "implied_negatives": implied_negative_counts(rows, site_classes[site])}
     report["seconds"] = round(time.perf_counter() - started, 3)
     atomic_write_json(out_dir / PLAN_NAME, report)
-    write_set_aside_csv(out_dir / PLAN_SET_ASIDE_NAME, set_aside, key)
+    write_set_aside_csv(out_dir / PLAN_SET_ASIDE_NAME, set_aside, key, aside_sites)
     if report["rows_kept"] == 0:
         raise IngestError(nothing_kept_message(report, out_dir, set_aside_file=PLAN_SET_ASIDE_NAME))
     return report
@@ -467,23 +479,25 @@ def nothing_kept_message(report: dict, out_dir: Path, set_aside_file: str = "set
             f"its reason is in {out_dir / set_aside_file}{hints}")
 
 
-def _printable_row(row: SetAside) -> dict:
-    """A set-aside row for JSON, with undecodable bytes of file names made visible."""
-    return {k: printable(v) if isinstance(v, str) else v for k, v in row.as_dict().items()}
+def _printable_row(row: SetAside, site: Optional[str]) -> dict:
+    """A set-aside row for JSON (with its site, None: not known), undecodable bytes made visible."""
+    return {**{k: printable(v) if isinstance(v, str) else v for k, v in row.as_dict().items()}, "site": site}
 
 
-def write_set_aside_csv(path: Path, rows: list[SetAside], key: SiteKey) -> None:
+def write_set_aside_csv(path: Path, rows: list[SetAside], key: SiteKey, sites: list[Optional[str]]) -> None:
     """Write :func:`set_aside_csv_bytes` to ``path`` (atomically)."""
-    atomic_write_bytes(path, set_aside_csv_bytes(rows, key))
+    atomic_write_bytes(path, set_aside_csv_bytes(rows, key, sites))
 
 
-def set_aside_csv_bytes(rows: list[SetAside], key: SiteKey) -> bytes:
-    """``OUT/set_aside.csv``: one line per set-aside row: file, row, image_path, image_key, reason.
+def set_aside_csv_bytes(rows: list[SetAside], key: SiteKey, sites: list[Optional[str]]) -> bytes:
+    """``set_aside.csv``: one line per set-aside row: file, row, image_path, image_key, site, reason.
 
     ``file``/``row`` point into the export's own metadata (the csv and its 1-based data row, or
     the DICOM file), ``image_path`` is the path relative to the export root as the export named
-    it, ``image_key`` its keyed hash (the manifest's pseudonymous row name). No patient or study
-    id is written: reasons never quote one, and the file stays at the site with the manifests.
+    it, ``image_key`` its keyed hash (the manifest's pseudonymous row name), ``site`` the site
+    the row belongs to (empty: not known, :mod:`fedcxr.site_adapters.set_aside_sites`). No
+    patient or study id is written: reasons never quote one, and the file stays at the site with
+    the manifests.
     """
     paths = [s.image_path or "" for s in rows]
     keys = key.pseudonyms("image", paths) if rows else []
@@ -492,9 +506,59 @@ def set_aside_csv_bytes(rows: list[SetAside], key: SiteKey) -> bytes:
         "row": [s.row if s.row is not None else "" for s in rows],
         "image_path": [printable(p) if p else "" for p in paths],
         "image_key": [k if p else "" for p, k in zip(paths, keys)],
+        "site": [site or "" for site in sites],
         "reason": [printable(s.reason) for s in rows],
-    }, columns=["file", "row", "image_path", "image_key", "reason"])
+    }, columns=["file", "row", "image_path", "image_key", "site", "reason"])
     return to_csv_text(frame).encode("utf-8")  # file names are cells: no formula runs
+
+
+def _write_reports(out_dir: Path, report: dict, set_aside: list[SetAside], sites: list[Optional[str]],
+                   key: SiteKey, *, single: bool) -> None:
+    """The root's report and list (every row set aside) and each site's own (its rows only).
+
+    A site's folder never holds another site's rows (:mod:`fedcxr.site_adapters.set_aside_sites`);
+    its folder is never touched by a later ingest of another site into the same OUT. The root's
+    files are the latest ingest's. Serialised once each: NIH's 112,095 rows take seconds.
+    """
+    atomic_write_bytes(out_dir / REPORT_NAME, json_bytes(report))
+    atomic_write_bytes(out_dir / SET_ASIDE_NAME, set_aside_csv_bytes(set_aside, key, sites))
+    for site in report["sites"]:
+        mine = [i for i, where in enumerate(sites) if where == site]
+        atomic_write_bytes(out_dir / site / REPORT_NAME, json_bytes(site_report(report, site, mine, single=single)))
+        atomic_write_bytes(out_dir / site / SET_ASIDE_NAME,
+                           set_aside_csv_bytes([set_aside[i] for i in mine], key, [site] * len(mine)))
+
+
+def site_report(report: dict, site: str, mine: list[int], *, single: bool) -> dict:
+    """``OUT/<site>/ingest_report.json``: the ingest as one site sees it (its rows, its counts).
+
+    ``rows_read`` counts the site's rows (kept + its set aside); ``export`` holds the whole
+    export's counts and where the rest is listed. An ingest of one site is the whole export, so
+    its hints (example paths) stay; a multi-site ingest keeps them at the root only (an example
+    path may be another hospital's).
+    """
+    rows = [report["set_aside"][i] for i in mine]
+    kept = report["sites"][site]["rows"]
+    return {
+        **report,
+        "site": site,
+        "rows_read": kept + len(rows),
+        "rows_kept": kept,
+        "rows_set_aside": len(rows),
+        "set_aside_by_reason": dict(Counter(_reason_family(r["reason"]) for r in rows).most_common()),
+        "set_aside": rows,
+        "sites": {site: report["sites"][site]},
+        "hints": report["hints"] if single else [],
+        "export": {
+            "rows_read": report["rows_read"], "rows_kept": report["rows_kept"],
+            "rows_set_aside": report["rows_set_aside"],
+            "rows_set_aside_without_site": report["rows_set_aside_without_site"],
+            "sites": sorted(report["sites"]),
+            "report": f"../{REPORT_NAME}",
+            "note": "rows set aside of other sites, and those whose site is not known, are listed only in the "
+                    "export's own report (the root of the ingest output)",
+        },
+    }
 
 
 def contain_paths(frame: pd.DataFrame, root: Path, *, follow_links: bool = False,

@@ -4,10 +4,10 @@ Output of one ingest (DESIGN §2)::
 
     OUT/<site>/manifest.parquet   one row per image, canonical columns
     OUT/<site>/site.json          class mask, counts, aux availability, provenance, hash
-    OUT/<site>/ingest_report.json rows read / kept / set aside (file, row, reason) of the ingest
-    OUT/<site>/set_aside.csv      that wrote the site; its set-aside rows, one per line, with reasons
-    OUT/ingest_report.json        the same two files of the latest ingest into OUT
-    OUT/set_aside.csv
+    OUT/<site>/ingest_report.json the ingest that wrote the site, as the site sees it: its rows
+    OUT/<site>/set_aside.csv      kept / set aside, and its own set-aside rows with their reasons
+    OUT/ingest_report.json        the latest ingest into OUT: every row set aside, each with its
+    OUT/set_aside.csv             site (none where not known: listed only here; set_aside_sites)
     OUT/.fedcxr_site_key          the site's secret pseudonym key (unless given elsewhere)
 
 Files are written to a temporary name and renamed, so a crash never leaves a half manifest,
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -285,9 +286,11 @@ def write_site(
         "aux_vocab": AUX_VOCAB,
         "classes_all": CLASSES,
         **summary,
+        # this site's own set-aside rows (counts here; each row in the folder's set_aside.csv)
         "set_aside": {
             "count": len(set_aside),
-            "rows": [s.as_dict() for s in set_aside],
+            "by_reason": dict(Counter(s.reason.split(":", 1)[0].strip() for s in set_aside).most_common()),
+            **({"list": "set_aside.csv"} if set_aside else {}),
         },
         "options": options,
         "unlabeled": bool(unlabeled),

@@ -40,6 +40,7 @@ import pandas as pd
 from fedcxr.site_adapters.base import IngestError, SetAside
 from fedcxr.site_adapters.manifest import patient_bucket
 from fedcxr.site_adapters.site_names import canonical, site_name, site_names
+from fedcxr.suggest import did_you_mean
 from fedcxr.vocab import CLASS_SET, canonical_class, label_column
 
 CHEXPERT_CONDITIONS = ["lung_lesion", "pneumonia", "atelectasis", "consolidation", "edema"]
@@ -80,8 +81,17 @@ def partition(
         return _iid(frame, rest, classes)
     if kind == "skew":
         return _skew(frame, rest, classes)
-    column = rest if kind == "column" else spec
-    return _by_column(frame, column, classes)
+    return _by_column(frame, site_column(spec), classes)
+
+
+def site_column(spec: Optional[str]) -> Optional[str]:
+    """The export column ``spec`` takes sites from (``COLUMN``/``column:COLUMN``), else None."""
+    if spec is None or spec.strip() in {"", "whole", "none", "chexpert-conditions"}:
+        return None
+    kind, _, rest = spec.strip().partition(":")
+    if kind in {"conditions", "iid", "skew"}:
+        return None
+    return rest if kind == "column" else spec.strip()
 
 
 def _set_aside_rows(rows: pd.DataFrame, reason: str) -> list[SetAside]:
@@ -117,7 +127,7 @@ def _parse_class_list(text: str, classes: list[str]) -> list[str]:
             continue
         cls = canonical_class(token)
         if cls is None or cls not in CLASS_SET:
-            raise IngestError(f"--site-by: unknown class {token!r}")
+            raise IngestError(f"--site-by: unknown class {token!r}{did_you_mean(token, sorted(CLASS_SET))}")
         if cls not in classes:
             raise IngestError(f"--site-by: class {cls!r} is not labeled by this source")
         names.append(cls)

@@ -132,15 +132,32 @@ def shift_type(distances: dict[str, Optional[float]]) -> dict[str, Any]:
     """
     w1, js = distances.get("intensity"), distances.get("labels")
     rule = f"pixel if W1(target, sources pooled) ≥ {PIXEL_SHIFT_W1}, else none"
-    prevalence = (f"; label prevalence JS {js:.3f} (the map's cells: {MAP_PREVALENCE_JS})" if js is not None
-                  else "; no class labeled at the target and a source to compare prevalence")
+    prevalence = "; " + prevalence_words(js)
     caveat = "shortcut and source label-noise shifts cannot be seen in these statistics"
     if w1 is None:
         return {"value": "unknown", "rule": rule, "caveat": caveat,
-                "why": "no intensity histogram of the target or of the sources"}
+                "why": "no intensity histogram of the target or of the sources" + prevalence}
+    pixels = (f"pixel intensities: Wasserstein-1 distance {w1:.4f} between the target's histogram and the sources' "
+              "(0 = identical, 0.05 = a shift of 5 % of the display range) is ")
     if w1 >= PIXEL_SHIFT_W1:
-        return {"value": "pixel", "rule": rule, "caveat": caveat, "why": f"W1 = {w1:.4f} ≥ {PIXEL_SHIFT_W1}{prevalence}"}
-    return {"value": "none", "rule": rule, "caveat": caveat, "why": f"W1 = {w1:.4f} < {PIXEL_SHIFT_W1}{prevalence}"}
+        return {"value": "pixel", "rule": rule, "caveat": caveat,
+                "why": f"{pixels}at or above {PIXEL_SHIFT_W1}, the line between the map's unshifted and "
+                       f"pixel-shifted targets: a pixel shift{prevalence}"}
+    return {"value": "none", "rule": rule, "caveat": caveat,
+            "why": f"{pixels}below {PIXEL_SHIFT_W1}, the line between the map's unshifted and pixel-shifted "
+                   f"targets: no pixel shift{prevalence}"}
+
+
+def prevalence_words(js: Optional[float]) -> str:
+    """The label-prevalence distance in words: what it measures, its scale, and the map's targets beside it."""
+    if js is None:
+        return "no class labeled at both the target and a source: label prevalence not compared"
+    ratio = js / MAP_PREVALENCE_JS
+    compared = ("less different from its sources than" if ratio < 0.8 else
+                "more different from its sources than" if ratio > 1.25 else "about as different from its sources as")
+    return (f"label prevalence: Jensen–Shannon distance {js:.3f} between the target's per-class positive rates and "
+            f"the sources' (0 = the same rates, 1 = nothing in common), so the target's labels are {compared} the "
+            f"map's targets were from theirs ({MAP_PREVALENCE_JS}); shown for scale, it does not choose the map's cell")
 
 
 def _round(value: Optional[float]) -> Optional[float]:

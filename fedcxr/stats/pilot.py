@@ -17,6 +17,7 @@ Only the estimates leave this function; the sites' updates stay in the in-proces
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, Optional
 
@@ -53,11 +54,67 @@ def pilot_estimates(cfg: ExperimentConfig, *, device: Optional[str] = None, prog
     sources = [s for s in cfg.source_sites() if cfg.site_name(s) in keep]
     if not sources:
         return {"status": "skipped", "reason": "no source site sent statistics"}
+    auto = _runs_auto_weighting(cfg.method)
+    notes: list[str] = []
     try:
-        return _run(pilot_config(cfg, sources), device=device, progress=progress)
+        with _held_back(notes):
+            result = _run(pilot_config(cfg, sources), device=device, progress=progress)
     except (UserError, RunFailed, ValueError, OSError) as exc:
-        log.warning("pilot round not possible: %s", exc)
-        return {"status": "unavailable", "reason": str(exc)}
+        reason = pilot_note(f"not possible: {exc}", cfg.method, auto=auto)
+        log.warning("%s", reason)
+        return {"status": "unavailable", "reason": reason}
+    finally:
+        notes[:] = [pilot_note(n, cfg.method, auto=auto) for n in notes]
+        for note in notes:
+            log.warning("%s", note)
+    return {**result, "notes": notes} if notes else result
+
+
+def pilot_note(said: str, method: str, *, auto: bool) -> str:
+    """What the pilot's protocol code said, labelled as the pilot's.
+
+    The pilot runs :data:`PILOT_METHOD` whatever the config's method; its checks (e.g. "the
+    target gives B = 2 batch updates: lower target_train.batch_size") are advice for that
+    method. Under a config of another method, following it would change the user's run for
+    nothing, so the label says so; under an auto-weighted method it is the user's own advice.
+    """
+    head = f"the pilot round (one {PILOT_METHOD} round that only estimates σ² and β for this report)"
+    if auto:
+        return f"{head} (this applies to your {method} run too): {said}"
+    return (f"{head}: {said} — advice for {PILOT_METHOD}, nothing to change for your {method} run; "
+            "the pilot's β readings are rough")
+
+
+def _runs_auto_weighting(method: str) -> bool:
+    """Whether the config's own method is auto-weighted like the pilot (the same checks apply to it)."""
+    from fedcxr.pipeline.protocols import get_protocol
+
+    try:
+        return bool(getattr(get_protocol(method), "auto", False))
+    except UserError:
+        return False
+
+
+@contextlib.contextmanager
+def _held_back(notes: list[str]):
+    """Hold back the warnings of the protocol code the pilot runs (collected into ``notes`` to be
+    re-logged labelled, :func:`pilot_note`): said as they are, they read as advice for the config's
+    own method. Logger filters see only their own logger's records, hence the module's logger."""
+    from fedcxr.pipeline.protocols import target_combine
+
+    class Hold(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if record.levelno < logging.WARNING:
+                return True
+            notes.append(record.getMessage())
+            return False
+
+    hold = Hold()
+    target_combine.log.addFilter(hold)
+    try:
+        yield
+    finally:
+        target_combine.log.removeFilter(hold)
 
 
 def _run(cfg: ExperimentConfig, *, device: Optional[str], progress: bool) -> dict[str, Any]:

@@ -80,7 +80,7 @@ def advise(cfg: ExperimentConfig, payloads: dict[str, dict], shift: dict[str, An
         "shift_type": {"value": kind.get("value"), "why": kind.get("why"), "rule": kind.get("rule"),
                        "caveat": kind.get("caveat"), "distances": shift.get("target_vs_sources")},
         "target_labels": labels,
-        "rounds": {"value": int(cfg.rounds), "from": "config `rounds`"},
+        "rounds": {"value": int(cfg.rounds), "from": "the config's rounds"},
         "pilot": _pilot_summary(shift.get("pilot")),
     }
     placed = regime.place(cells, str(kind.get("value")), labels["value"], int(cfg.rounds))
@@ -90,9 +90,25 @@ def advise(cfg: ExperimentConfig, payloads: dict[str, dict], shift: dict[str, An
            "placement": placed, "map": about_map}
     out["why"] = _why(out, placed)
     if decision["verdict"] == regime.UNRESOLVED and decision.get("candidates"):
-        out["next"] = (f"fedcxr sweep CONFIG.yaml --methods {' '.join(decision['candidates'])} --seeds 5 "
-                       "--out sweep --baseline " + decision["candidates"][0])
+        out["next"] = sweep_command(decision["candidates"])
+    elif decision["verdict"] == regime.NO_CELL:
+        # the map measured nothing near: the config's own method against the nearest cell's leaders
+        leaders = [m for m in regime.nearest_leaders(cells, str(kind.get("value")), labels["value"],
+                                                     int(cfg.rounds), n=3) if m != cfg.method][:2]
+        candidates = [cfg.method, *leaders]
+        if len(candidates) > 1:
+            out["candidates"] = candidates
+            out["next"] = sweep_command(candidates)
+            out["why"] += (f"; the map has measured nothing near this federation, so no method is advised: compare "
+                           f"your {cfg.method} with the nearest cell's leaders ({', '.join(leaders)}) on your own data "
+                           "(the sweep below, 5 seeds)")
     return out
+
+
+def sweep_command(candidates: list[str]) -> str:
+    """The ``fedcxr sweep`` that settles the advice on the user's data (the first method is the baseline)."""
+    return (f"fedcxr sweep CONFIG.yaml --methods {' '.join(candidates)} --seeds 5 --out sweep "
+            f"--baseline {candidates[0]}")
 
 
 def _why(out: dict, placed: dict) -> str:
@@ -119,7 +135,7 @@ def _pilot_summary(pilot: Optional[dict]) -> dict[str, Any]:
             "tau2d2": {s: e["tau2d2"] for s, e in pilot["sources"].items()},
             "d2": {s: e["d2"] for s, e in pilot["sources"].items()},
             "beta_fedgp": {s: e["beta_fedgp"] for s, e in pilot["sources"].items()},
-            "reading": reading}
+            "reading": reading, "notes": list(pilot.get("notes") or [])}
 
 
 def _shown(path: Path) -> str:

@@ -1,27 +1,20 @@
 """``stats.md``: the statistics, the shift diagnosis and the advice as a readable page.
 
-Every name written into it (sites, classes, reasons, the map's sources) goes through
-:func:`md`, which escapes Markdown and HTML, so a site folder named ``a|b`` or ``<img>`` cannot
-break a table or inject markup.
+Every name written into it (sites, classes, reasons, the map's sources) goes through the
+shared escaper for where it stands (:mod:`fedcxr.escape`): :func:`md` in a table cell,
+:func:`text` in prose, :func:`~fedcxr.escape.code` in a code span. So a site folder named
+``a|b`` or ``<img>`` cannot break a table or inject markup, and an ordinary name reads as
+written (``hospital_a``, not ``hospital\\_a``).
 """
 
 from __future__ import annotations
 
-import html
-import re
 from pathlib import Path
 from typing import Any, Optional
 
+from fedcxr.escape import code, md
+from fedcxr.escape import md_text as text
 from fedcxr.stats import groups as G
-
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|~>$-])")  # $: GitHub renders $...$ as math
-
-
-def md(text: Any) -> str:
-    """Plain text safe inside a Markdown table cell: HTML-escaped, Markdown characters backslashed,
-    no line breaks."""
-    value = " ".join(str(text).split())
-    return _MD_SPECIAL.sub(r"\\\1", html.escape(value, quote=False))
 
 
 def num(value: Optional[float], digits: int = 3) -> str:
@@ -41,10 +34,10 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 def render_markdown(stats: dict, figures: Optional[dict[str, Path]] = None) -> str:
     k = stats["min_count"]
     figures = figures or {}
-    lines = [f"# Federation statistics: {md(stats['config'])}", "",
-             f"- Gathered: {md(stats['transport'])}; target: {md(stats['target'] or 'none')}; "
-             f"sources: {md(', '.join(stats['sources']) or 'none')}",
-             f"- Privacy: {md(stats['privacy']['mechanism'])}.",
+    lines = [f"# Federation statistics: {text(stats['config'])}", "",
+             f"- Gathered: {text(stats['transport'])}; target: {text(stats['target'] or 'none')}; "
+             f"sources: {text(', '.join(stats['sources']) or 'none')}",
+             f"- Privacy: {text(stats['privacy']['mechanism'])}.",
              f"- `supp`: suppressed at its site and never sent — below {k}, or hidden beside a cell below {k} so "
              "that it cannot be recovered from the total. Global sums add the released counts only, so a global "
              "cell is a lower bound wherever a site suppressed it.", ""]
@@ -62,9 +55,9 @@ def _advice(stats: dict) -> list[str]:
     advice = stats["advice"]
     lines = ["## Advice", ""]
     if advice.get("recommendation"):
-        lines += [f"**Recommended for {md(advice['target'])}: {md(advice['recommendation'])}** — {md(advice['why'])}", ""]
+        lines += [f"**Recommended for {text(advice['target'])}: {text(advice['recommendation'])}** — {text(advice['why'])}", ""]
     else:
-        lines += [f"**No recommendation ({md(advice['verdict'])})**: {md(advice.get('why', ''))}", ""]
+        lines += [f"**No recommendation ({text(advice['verdict'])})**: {text(advice.get('why', ''))}", ""]
     inputs = advice.get("inputs") or {}
     if inputs:
         shift = inputs["shift_type"]
@@ -72,15 +65,15 @@ def _advice(stats: dict) -> list[str]:
                 ["target labels", md(inputs["target_labels"].get("value")), md(inputs["target_labels"].get("from"))],
                 ["rounds", md(inputs["rounds"]["value"]), md(inputs["rounds"]["from"])]]
         lines += ["The federation's place in the regime map:", ""] + table(["input", "value", "from"], rows)
-        lines += [f"Rule: {md(advice.get('placement', {}).get('rule', ''))}. "
-                  f"Caveat: {md(shift.get('caveat') or '')}.", ""]
+        lines += [f"Rule: {text(advice.get('placement', {}).get('rule', ''))}. "
+                  f"Caveat: {text(shift.get('caveat') or '')}.", ""]
     cell = advice.get("cell")
     if cell:
         methods = sorted(cell["auroc"], key=lambda m: -cell["auroc"][m])
-        lines += [f"Map cell (row {cell['row']}, {cell['n_seeds']} seeds; source: {md(cell['source'])}):", ""]
+        lines += [f"Map cell (row {cell['row']}, {cell['n_seeds']} seeds; source: {text(cell['source'])}):", ""]
         lines += table(["method", "mean AUROC"], [[md(m), num(cell["auroc"][m])] for m in methods])
     if advice.get("next"):
-        lines += [f"Next step: `{advice['next']}`", ""]
+        lines += [f"Next step: {code(advice['next'])}", ""]
     pilot = inputs.get("pilot") or {}
     if pilot.get("status") == "ok":
         rows = [[md(s), f"{pilot['d2'][s]:.3g}", f"{pilot['tau2d2'][s]:.3g}", f"{pilot['beta_fedgp'][s]:.2f}",
@@ -88,9 +81,10 @@ def _advice(stats: dict) -> list[str]:
         lines += [f"Pilot round (FedGP theory; target gradient variance σ² = {pilot['sigma2']:.3g}):", ""]
         lines += table(["source", "d²", "τ²d²", "β (FedGP)", "reading"], rows)
     elif pilot:
-        lines += [f"Pilot round: {md(pilot.get('status'))} ({md(pilot.get('reason') or '')})", ""]
+        lines += [f"Pilot round: {text(pilot.get('status'))} ({text(pilot.get('reason') or '')})", ""]
+    lines += [f"- Note: {text(note)}" for note in pilot.get("notes") or []] + ([""] if pilot.get("notes") else [])
     mp = advice.get("map") or {}
-    lines += [f"Regime map: {md(mp.get('path'))} ({mp.get('cells')} cells).", ""]
+    lines += [f"Regime map: {text(mp.get('path'))} ({mp.get('cells')} cells).", ""]
     return lines
 
 
@@ -135,7 +129,7 @@ def _demographics(stats: dict, k: int, figures: dict) -> list[str]:
         cats = G.categories(task)
         rows = [[md(c), *[count(_cell(stats["sites"][s], task, i), k) for s in sites],
                  count(_cell(stats["global"], task, i), k)] for i, c in enumerate(cats)]
-        lines += [f"**{md(task)}**", ""] + table(["", *[md(s) for s in sites], "all sites"], rows)
+        lines += [f"**{text(task)}**", ""] + table(["", *[md(s) for s in sites], "all sites"], rows)
     return lines + _figure(figures, "pyramids", "Age/sex pyramids")
 
 
@@ -145,7 +139,7 @@ def _acquisition(stats: dict, k: int) -> list[str]:
     for site in sites:
         reason = stats["sites"][site]["unavailable"].get("acquisition")
         if reason:
-            lines += [f"- {md(site)}: not available ({md(reason)})"]
+            lines += [f"- {text(site)}: not available ({text(reason)})"]
     lines += [""]
     for name in G.ACQUISITION:
         rows = []
@@ -154,7 +148,7 @@ def _acquisition(stats: dict, k: int) -> list[str]:
             if any(v for v in values):
                 rows.append([md(c), *[count(v, k) for v in values]])
         if rows:
-            lines += [f"**{md(name)}**", ""] + table(["", *[md(s) for s in sites], "all sites"], rows)
+            lines += [f"**{text(name)}**", ""] + table(["", *[md(s) for s in sites], "all sites"], rows)
     return lines
 
 
@@ -177,12 +171,12 @@ def _shift(stats: dict, figures: dict) -> list[str]:
     for kind in ("labels", "demographics", "intensity"):
         entry = dist[kind]
         rows = [[md(a), *[num(v, 3) for v in row]] for a, row in zip(dist["sites"], entry["matrix"])]
-        lines += [f"**{md(kind)}** — {md(entry['metric'])}", ""] + table(["", *[md(s) for s in dist["sites"]]], rows)
+        lines += [f"**{text(kind)}** — {text(entry['metric'])}", ""] + table(["", *[md(s) for s in dist["sites"]]], rows)
     tvs = shift.get("target_vs_sources")
     if tvs:
-        lines += [f"Target {md(tvs['target'])} against the sources pooled: labels {num(tvs['labels'])}, "
+        lines += [f"Target {text(tvs['target'])} against the sources pooled: labels {num(tvs['labels'])}, "
                   f"demographics {num(tvs['demographics'])}, intensity {num(tvs['intensity'], 4)}. "
-                  f"Shift type: **{md(shift['type']['value'])}** ({md(shift['type']['why'])}).", ""]
+                  f"Shift type: **{text(shift['type']['value'])}** ({text(shift['type']['why'])}).", ""]
     return lines + _figure(figures, "distances", "Site distances")
 
 

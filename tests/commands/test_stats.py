@@ -87,7 +87,7 @@ def test_the_advice_names_its_evidence_and_the_pilot_numbers(stats_run):
     advice, pilot = stats["advice"], stats["shift"]["pilot"]
     assert advice["target"] == "dicom_style"
     assert set(advice["inputs"]) == {"shift_type", "target_labels", "rounds", "pilot"}
-    assert advice["inputs"]["rounds"] == {"value": 2, "from": "config `rounds`"}
+    assert advice["inputs"]["rounds"] == {"value": 2, "from": "the config's rounds"}
     assert advice["inputs"]["shift_type"]["value"] in ("pixel", "none")
     assert advice["map"]["cells"] >= 1 and len(advice["map"]["sha256"]) == 64
     assert advice["verdict"] in ("resolved", "unresolved: run a sweep", "no cell close enough")
@@ -97,7 +97,11 @@ def test_the_advice_names_its_evidence_and_the_pilot_numbers(stats_run):
         entry = pilot["sources"][source]
         assert math.isfinite(entry["tau2d2"]) and 0 <= entry["beta_fedgp"] <= 1
     assert pilot["sigma2"] > 0
-    assert "## Advice" in (out / "stats.md").read_text()
+    page = (out / "stats.md").read_text()
+    assert "## Advice" in page
+    assert "nih_style" in page and "nih\\_style" not in page and "\\(" not in page, "names read as written"
+    # the tiny target gives 2 batch updates a round: the FedGP_Auto pilot's warning, labelled as the pilot's
+    assert any("nothing to change for your FedAvg_Finetune run" in n for n in pilot["notes"])
 
 
 # --------------------------------------------------------------------------- bad input

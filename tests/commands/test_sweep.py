@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import yaml
 
@@ -32,5 +33,5 @@ def test_sweep_refuses_an_unknown_method_before_training(tiny_manifests, tmp_pat
     config = tmp_path / "exp.yaml"
     config.write_text(yaml.safe_dump(tiny_config(tiny_manifests, tmp_path / "cache")))
     assert main(["sweep", str(config), "--methods", "FedAvg", "FedMagic", "--out", str(tmp_path / "s")]) == 2
-    assert "unknown method 'FedMagic'; known: FedAvg" in capsys.readouterr().err
+    assert re.search(r"unknown method 'FedMagic'( \(did you mean .*\))?; known: FedAvg", capsys.readouterr().err)
     assert not (tmp_path / "s" / "runs").exists()

@@ -22,3 +22,22 @@ def test_the_end_of_the_server_app_is_the_file_nvflares_simulator_writes_then(tm
     (tmp_path / SERVER_APP_ENDED).parent.mkdir(parents=True)
     (tmp_path / SERVER_APP_ENDED).write_text("{}")
     assert server_app_ended(tmp_path)
+
+
+@pytest.mark.slow  # one FLARE simulator job (~30 s on 2 cores): one source, the target, two short rounds
+def test_simulate_off_a_terminal_prints_a_line_per_round_as_train_does(tiny_manifests, tmp_path, capsys):
+    """Off a terminal (CI, nohup) `fedcxr flare simulate` said nothing until the end; now the round lines
+    of `fedcxr train` reach the console as FLARE's server writes each round."""
+    import yaml
+
+    from fedcxr.cli import main
+
+    from ..conftest import tiny_config
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_config(tiny_manifests, tmp_path / "cache", sites=["nih_style"])))
+    assert main(["flare", "simulate", str(config), "--out", str(tmp_path / "run"), "--no-cross-site"]) == 0
+    console = capsys.readouterr().err
+    assert "Traceback" not in console
+    rounds = [line for line in console.splitlines() if "round 1/2" in line or "round 2/2" in line]
+    assert len(rounds) == 2 and "val AUROC dicom_style" in rounds[1], console

@@ -91,7 +91,8 @@ def test_a_target_listed_as_a_source_is_refused_not_dropped(tmp_path):
 
 def test_method_is_checked_at_load_naming_the_key_and_the_known_methods(tmp_path):
     for key in ("method", "strategy"):
-        with pytest.raises(UserError, match=rf"{key}: unknown method 'FedAVG'; known: FedAvg, FedAvg_Finetune"):
+        with pytest.raises(UserError, match=rf"{key}: unknown method 'FedAVG' \(did you mean `FedAvg`\?\); known: "
+                                            "FedAvg, FedAvg_Finetune"):
             load_config(data={"sites": ["a"], key: "FedAVG"}, check_sites=False)
 
 
@@ -115,3 +116,39 @@ def test_fingerprint_is_the_one_earlier_versions_computed_under_either_key():
         assert config_fingerprint(load_config(data={**base, key: "FedGP_Auto"}, check_sites=False)) == \
             "eec626c4674de65e"
     assert config_fingerprint(load_config(data={"sites": ["a"]}, check_sites=False)) == "5de14a000d548775"
+
+
+# --------------------------------------------------------------------------- typos: did you mean …?
+
+
+def test_a_mistyped_key_at_any_level_gets_the_nearest_known_key(tmp_path):
+    cases = [({"roudns": 3}, "roudns: Extra inputs are not permitted (did you mean `rounds`?)"),
+             ({"source": {"lrr": 0.1}}, "source.lrr: Extra inputs are not permitted (did you mean `lr`?)"),
+             ({"target_train": {"labled": 5}}, "target_train.labled: Extra inputs are not permitted (did you mean "
+                                               "`labeled`?)"),
+             ({"privacy": {"dp": {"noise_multiplyer": 1.0}}}, "(did you mean `noise_multiplier`?)"),
+             ({"stratgy": "FedAvg"}, "(did you mean `strategy`?)"),
+             ({"model": {"backbone": "resnet_tiyn"}}, "(did you mean `resnet_tiny`?)"),
+             ({"model": {"backbone": "resnet19"}}, "(did you mean `resnet10` or `resnet18`?)")]
+    for extra, message in cases:
+        with pytest.raises(UserError) as info:
+            load_config(data={"sites": ["a"], **extra}, check_sites=False)
+        assert message in str(info.value), str(info.value)
+    with pytest.raises(UserError) as info:       # nothing close: no guess
+        load_config(data={"sites": ["a"], "zzzzzz": 1}, check_sites=False)
+    assert "did you mean" not in str(info.value)
+
+
+def test_a_mistyped_set_key_method_class_or_site_gets_a_suggestion(tmp_path):
+    with pytest.raises(UserError, match=r"roudns: Extra inputs are not permitted \(did you mean `rounds`\?\)"):
+        load_config(data={"sites": ["a"]}, overrides=["roudns=3"], check_sites=False)
+    with pytest.raises(UserError, match=r"unknown method 'FedAvg_FineTune' \(did you mean `FedAvg_Finetune`"):
+        load_config(data={"sites": ["a"], "method": "FedAvg_FineTune"}, check_sites=False)
+    with pytest.raises(UserError, match=r"unknown class\(es\) \['pneumonai'\] \(did you mean `pneumonia`\?\)"):
+        load_config(data={"sites": ["a"], "model": {"classes": ["pneumonai"]}}, check_sites=False)
+    _fake_site(tmp_path / "m", "hospital_a")
+    _fake_site(tmp_path / "m", "hospital_b")
+    with pytest.raises(UserError, match=r"site 'hospital_c'.*\(did you mean `hospital_a` or `hospital_b`\?\)"):
+        load_config(_write(tmp_path, {"manifests": "m", "sites": ["hospital_a", "hospital_c"]}))
+    with pytest.raises(UserError, match=r"site 'Hospital_A'.*\(did you mean `hospital_a`"):
+        load_config(_write(tmp_path, {"manifests": "m", "sites": ["Hospital_A"]}))

@@ -91,7 +91,7 @@ def test_resume_with_a_different_config_is_refused(tiny_manifests, tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"strategy": "FedMagic"}, "strategy: unknown method 'FedMagic'; known: FedAvg"),
+    ({"strategy": "FedMagic"}, "strategy: unknown method 'FedMagic' (did you mean `FedAvg`?); known: FedAvg"),
     ({"sites": ["nih_style", "nowhere"]}, "site 'nowhere'"),
     ({"model": {"backbone": "resnet_tiny", "classes": ["cardio"]}}, "unknown class"),
 ])

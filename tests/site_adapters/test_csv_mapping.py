@@ -228,6 +228,10 @@ GOOD = {"csv": "data.csv", "image": "image", "patient": "pid", "classes": ["covi
     ({"csv": "../other.csv"}, "csv must be a path inside --input"),
     ({"keep_rows": [{"column": "m"}]}, "keep_rows.0: give exactly one of 'in' or 'not_in'"),
     ({"delimiter": ";;"}, "delimiter must be one character"),
+    # typos get the nearest key of their own section, and the nearest class
+    ({"pateint": "pid"}, "pateint: unknown key (did you mean `patient`?)"),
+    ({"image": {"column": "image", "prefx": "images"}}, "image.prefx: unknown key (did you mean `prefix`?)"),
+    ({"classes": ["covid19", "pneumonai"]}, "classes.1: unknown class 'pneumonai' (did you mean `pneumonia`?)"),
 ])
 def test_mapping_errors_name_the_key(tmp_path, change, expected):
     raw = {**GOOD, **change}

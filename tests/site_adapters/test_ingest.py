@@ -66,7 +66,7 @@ def test_every_row_is_kept_or_set_aside_with_a_reason(export, tmp_path):
     assert report["set_aside_by_reason"]["site 'C' has no labeled class"] == 10
     on_disk = json.loads((tmp_path / "out" / "ingest_report.json").read_text())
     assert on_disk["rows_set_aside"] == 14 and len(on_disk["set_aside"]) == 14
-    assert all(set(s) == {"file", "row", "image_path", "reason"} for s in on_disk["set_aside"])
+    assert all(set(s) == {"file", "row", "image_path", "reason", "site"} for s in on_disk["set_aside"])
 
 
 def test_manifests_hold_canonical_rows(export, tmp_path):
@@ -93,8 +93,9 @@ def test_rerun_into_the_same_out_is_safe_and_identical(export, tmp_path):
     hashes = {s: read_site_json(out / s)["content_hash"] for s in first["sites"]}
     second = _ingest(export, out)
     assert {s: read_site_json(out / s)["content_hash"] for s in second["sites"]} == hashes
-    strip = lambda r: {k: v for k, v in r.items() if k != "seconds"}  # noqa: E731
+    strip = lambda r: {k: v for k, v in r.items() if k not in {"seconds", "site_key"}}  # noqa: E731
     assert strip(first) == strip(second)
+    assert first["site_key"]["created"] and not second["site_key"]["created"]     # the second reuses the key
     assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
 
 
@@ -171,7 +172,8 @@ def test_every_adapter_declares_the_classes_it_labels():
 
 
 def _strip(report: dict) -> dict:
-    return {k: v for k, v in report.items() if k != "seconds"}
+    """The report without its timing, and (a site's copy) without the export-wide counts."""
+    return {k: v for k, v in report.items() if k not in {"seconds", "site", "export"}}
 
 
 def test_plan_predicts_the_ingest_without_opening_an_image(export, tmp_path):
@@ -232,6 +234,35 @@ def test_plan_on_the_command_line(export, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert printed.startswith("plan: read 34 rows: would keep 22, set aside 12")
     assert "no image opened and no manifest written" in printed
+
+
+def test_a_plan_names_the_key_that_reproduces_it_and_an_ingest_says_it_made_a_new_one(csv_export, tmp_path, capsys):
+    """A plan into one folder and an ingest into another: without the plan's key the ingest draws other
+    sites (a new key, new pseudonyms); the plan names its key, the ingest says it created a new one, and
+    the key the plan named reproduces the plan's sites and splits."""
+    from fedcxr.cli import main
+
+    rows = [{"image": f"im{i}", "pid": f"p{i}", "edema": str(i % 2), "covid": "0", "sex": "F", "hospital": "A"}
+            for i in range(60)]
+    input_dir, mapping = csv_export(rows, MAPPING)
+    common = ["ingest", "csv", "--input", str(input_dir), "--mapping", str(mapping), "--site-by", "iid:3", "-q"]
+    assert main(common + ["--out", str(tmp_path / "plan"), "--plan"]) == 0
+    printed = capsys.readouterr()
+    key_file = tmp_path / "plan" / ".fedcxr_site_key"
+    assert f"--site-key {key_file}" in printed.out and "created by this run" in printed.out
+    plan = json.loads((tmp_path / "plan" / "ingest_plan.json").read_text())
+    assert plan["site_key"] == {"file": str(key_file), "key_id": plan["pseudonym_key_id"], "created": True}
+
+    assert main(common + ["--out", str(tmp_path / "new")]) == 0
+    printed = capsys.readouterr()
+    assert f"site key {tmp_path / 'new' / '.fedcxr_site_key'} (created by this run" in printed.out
+    assert "splits differ from any plan or ingest made with another key" in printed.out
+    assert main(common + ["--out", str(tmp_path / "same"), "--site-key", str(key_file)]) == 0
+    assert "created by this run" not in capsys.readouterr().out
+    same = json.loads((tmp_path / "same" / "ingest_report.json").read_text())
+    assert {s: i["rows_per_split"] for s, i in same["sites"].items()} == \
+        {s: i["rows_per_split"] for s, i in plan["sites"].items()}
+    assert same["site_key"]["created"] is False and same["pseudonym_key_id"] == plan["pseudonym_key_id"]
 
 
 # --------------------------------------------------------------------------- one report per site
@@ -296,3 +327,50 @@ def test_missing_input_and_metadata_files_say_where_they_are(csv_export, tmp_pat
     with pytest.raises(IngestError, match=r"data.csv: no such file \(mapping key 'csv'\) \(but it exists one folder "
                                           r"deeper: .*sub/data.csv\)"):
         run_ingest("csv", nested / "export", tmp_path / "out", mapping=mapping)
+
+
+# --------------------------------------------------------------------------- set-aside rows, site by site
+
+
+def test_each_site_folder_lists_only_its_own_set_aside_rows(export, tmp_path, capsys):
+    """A bad hospital A row is listed in A's folder, never in B's; the root lists every row with its site
+    (or none: rows whose site is not known are at the root only, and the command line says so)."""
+    from fedcxr.cli import main
+
+    input_dir, mapping = export
+    out = tmp_path / "out"
+    assert main(["ingest", "csv", "--input", str(input_dir), "--mapping", str(mapping), "--out", str(out),
+                 "--site-by", "hospital", "-q"]) == 0
+    root = json.loads((out / "ingest_report.json").read_text())
+    site_of = {r["row"]: r["site"] for r in root["set_aside"]}
+    assert len(site_of) == root["rows_set_aside"] == 14                     # the root: every row
+    assert site_of[31] == "A" and site_of[32] == site_of[33] == "B"          # rows 1, 2 are A's, B's
+    assert site_of[34] is None                                              # the adapter could not read it
+    assert {site_of[r] for r, text in ((r["row"], r["reason"]) for r in root["set_aside"])
+            if text.startswith("site 'C'")} == {None}                        # C was never written
+    rows_a = pd.read_csv(out / "A" / "set_aside.csv")
+    rows_b = pd.read_csv(out / "B" / "set_aside.csv")
+    assert rows_a["row"].tolist() == [31] and sorted(rows_b["row"]) == [32, 33]
+    assert len(pd.read_csv(out / "set_aside.csv")) == 14
+    report_a = json.loads((out / "A" / "ingest_report.json").read_text())
+    assert [r["row"] for r in report_a["set_aside"]] == [31] and set(report_a["sites"]) == {"A"}
+    assert report_a["rows_kept"] + report_a["rows_set_aside"] == report_a["rows_read"]
+    assert report_a["export"]["rows_read"] == 34 and report_a["export"]["rows_set_aside_without_site"] == 11
+    assert read_site_json(out / "B")["set_aside"]["count"] == 2
+    printed = capsys.readouterr().out
+    assert "each site's folder lists its own (A 1, B 2)" in printed
+    assert "11 whose site is not known" in printed and "only in" in printed
+
+
+def test_set_aside_rows_follow_their_patient_when_sites_are_drawn(csv_export, tmp_path):
+    """``iid:K``: a missing image's row goes where its patient's other images went."""
+    rows = [{"image": f"im{i}", "pid": f"p{i // 2}", "edema": str(i % 2), "covid": "0", "sex": "F",
+             "hospital": "A"} for i in range(20)]
+    input_dir, mapping = csv_export(rows, MAPPING, missing_images=("im3",))
+    out = tmp_path / "out"
+    report = run_ingest("csv", input_dir, out, mapping=mapping, site_by="iid:2", progress=False)
+    (aside,) = report["set_aside"]
+    site_of_patient = read_manifest(out / aside["site"]).set_index("image_path")["site"]
+    assert "images/im2.png" in site_of_patient.index                        # im2: the same patient, kept
+    other = ({"site-1", "site-2"} - {aside["site"]}).pop()
+    assert len(pd.read_csv(out / other / "set_aside.csv")) == 0

@@ -154,7 +154,7 @@ def test_site_json_counts(tmp_path):
     assert site["rows"] == 5
     assert site["rows_per_split"] == {"train": 2, "val": 1, "test": 2}
     assert site["patients_per_split"] == {"train": 1, "val": 1, "test": 2}
-    assert site["set_aside"]["count"] == 1 and site["set_aside"]["rows"][0]["row"] == 9
+    assert site["set_aside"]["count"] == 1 and site["set_aside"]["list"] == "set_aside.csv"
     frame = read_manifest(tmp_path / "h")
     assert (frame["site"] == "h").all() and len(frame) == 5
     assert read_manifest(tmp_path / "h", split="test")["patient_id"].tolist() == ["p3", "p4"]

@@ -76,6 +76,7 @@ def test_conditions_one_site_per_patient_labeling_only_its_condition():
 @pytest.mark.parametrize("spec, message", [
     ("conditions:edema", "at least two conditions"),
     ("conditions:edema,banana", "unknown class 'banana'"),
+    ("conditions:edema,pneumonai", r"unknown class 'pneumonai' \(did you mean `pneumonia`\?\)"),
     ("conditions:edema,covid19", "'covid19' is not labeled by this source"),
 ])
 def test_condition_errors(spec, message):

@@ -74,3 +74,15 @@ def test_shift_type_follows_the_measured_threshold():
     below = D.shift_type({"intensity": D.PIXEL_SHIFT_W1 / 2, "labels": None})
     assert below["value"] == "none" and "no class labeled" in below["why"]
     assert D.shift_type({"intensity": None})["value"] == "unknown"
+
+
+def test_the_shift_diagnosis_says_in_words_what_its_numbers_mean():
+    """"label prevalence JS 0.056 (the map's cells: 0.108)" said nothing to a user: the why names each distance,
+    its scale and how it compares with the map's own targets."""
+    why = D.shift_type({"intensity": 0.0123, "labels": 0.056})["why"]
+    assert "Wasserstein-1 distance 0.0123" in why and f"below {D.PIXEL_SHIFT_W1}" in why
+    assert "Jensen–Shannon distance 0.056" in why and "0 = the same rates, 1 = nothing in common" in why
+    assert f"less different from its sources than the map's targets were from theirs ({D.MAP_PREVALENCE_JS})" in why
+    assert "does not choose the map's cell" in why
+    assert "about as different" in D.shift_type({"intensity": 0.1, "labels": 0.11})["why"]
+    assert "more different" in D.shift_type({"intensity": 0.1, "labels": 0.3})["why"]

@@ -56,6 +56,8 @@ DEFAULT_METHOD = "FedAvg"
 def unknown_method(name: object) -> str:
     """The message for a method name that is not in :data:`METHODS` (listing the known ones); the
     name is user input: shown bounded."""
+    from fedcxr.suggest import did_you_mean  # a leaf: this table still imports no protocol
+
     shown = repr(name) if isinstance(name, str) else f"of type {type(name).__name__}"
     shown = shown if len(shown) <= 80 else shown[:77] + "..."
-    return f"unknown method {shown}; known: {', '.join(METHODS)}"
+    return f"unknown method {shown}{did_you_mean(name, METHODS)}; known: {', '.join(METHODS)}"
