@@ -396,8 +396,8 @@ def small_sample_mark(cell: dict, name: str = "auroc") -> str:
 #: the footnote of a table holding :func:`small_sample_mark` marks
 SMALL_SAMPLE_FOOTNOTE = (f"†k/K: k of the K classes behind the mean have too few cases (fewer than "
                          f"{small_sample.MIN_CASES} positive or {small_sample.MIN_CASES} negative patients): their "
-                         f"intervals are Newcombe score intervals and the mean's is the mean of the class "
-                         f"intervals; † after an accuracy: fewer than {small_sample.MIN_CASES} patients "
+                         f"intervals are Newcombe score intervals, combined with the other classes' into the "
+                         f"mean's interval; † after an accuracy: fewer than {small_sample.MIN_CASES} patients "
                          "(Wilson score interval). See each run's report.md.")
 
 

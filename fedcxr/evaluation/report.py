@@ -100,28 +100,44 @@ def evaluate_rows(
 
 def _mean_interval(table: pd.DataFrame, boot: Optional[np.ndarray], defined: np.ndarray, n_patients: int,
                    alpha: float) -> dict[str, Any]:
-    """The mean AUROC's interval under the small-sample rule (:mod:`fedcxr.evaluation.small_sample`):
-    the patient bootstrap of the mean when every class behind it was bootstrapped, else the mean of
-    the classes' bounds; none for one patient, without the bootstrap, or when a class has none."""
+    """The mean AUROC's interval under the small-sample rule (:mod:`fedcxr.evaluation.small_sample`).
+
+    Every class behind the mean bootstrapped: the patient bootstrap of the mean. Otherwise the
+    bootstrapped classes' mean keeps its bootstrap interval (it knows how they co-vary) and is
+    combined with the other classes' own intervals as a class-weighted mean of bounds, which is
+    conservative (:func:`~fedcxr.evaluation.small_sample.mean_of_bounds`); with none bootstrapped, the
+    mean of the classes' bounds. None for one patient, without the bootstrap, or when a class has none.
+    """
     if not defined.any():
         return {"mean_auroc_reason": "no class has a defined AUROC"}
     if n_patients <= 1:
         return {"mean_auroc_reason": small_sample.ONE_PATIENT}
     if boot is None:
         return {"mean_auroc_reason": "CI of the mean needs the patient bootstrap (n_boot > 0)"}
-    used = table[defined]
-    if (used["ci_method"] == small_sample.BOOTSTRAP).all():
-        ci = metrics.bootstrap_mean_ci(boot[:, defined], alpha)
-        out: dict[str, Any] = {"mean_auroc_ci_skipped": ci.n_skipped}
-        if ci.n_used == 0:
+    booted = defined & (table["ci_method"] == small_sample.BOOTSTRAP).to_numpy()
+    out: dict[str, Any] = {}
+    lows, highs, weights = [], [], []
+    if booted.any():
+        ci = metrics.bootstrap_mean_ci(boot[:, booted], alpha)
+        out["mean_auroc_ci_skipped"] = ci.n_skipped
+        if booted.sum() == defined.sum() and ci.n_used == 0:
             return {**out, "mean_auroc_reason": "CI undefined: every bootstrap resample lost a class"}
         if small_sample.has_width(ci.low, ci.high):
-            return {**out, "mean_auroc_ci_low": ci.low, "mean_auroc_ci_high": ci.high,
-                    "mean_auroc_ci_method": small_sample.BOOTSTRAP}
-    low, high = small_sample.mean_of_bounds(used["ci_low"], used["ci_high"])
+            if booted.sum() == defined.sum():
+                return {**out, "mean_auroc_ci_low": ci.low, "mean_auroc_ci_high": ci.high,
+                        "mean_auroc_ci_method": small_sample.BOOTSTRAP}
+            lows, highs, weights = [ci.low], [ci.high], [float(booted.sum())]
+        else:
+            booted[:] = False  # the block's interval collapsed: every class by its own interval
+    rest = table[defined & ~booted]
+    lows += rest["ci_low"].tolist()
+    highs += rest["ci_high"].tolist()
+    weights += [1.0] * len(rest)
+    low, high = small_sample.mean_of_bounds(lows, highs, weights)
     if not np.isfinite(low):
-        return {"mean_auroc_reason": small_sample.MEAN_WITHOUT_INTERVAL}
-    return {"mean_auroc_ci_low": low, "mean_auroc_ci_high": high, "mean_auroc_ci_method": small_sample.MEAN_OF_BOUNDS}
+        return {**out, "mean_auroc_reason": small_sample.MEAN_WITHOUT_INTERVAL}
+    method = small_sample.MEAN_COMBINED if booted.any() else small_sample.MEAN_OF_BOUNDS
+    return {**out, "mean_auroc_ci_low": low, "mean_auroc_ci_high": high, "mean_auroc_ci_method": method}
 
 
 def _accuracy(frame, cls, *, n_boot, seed, alpha) -> dict[str, Any]:

@@ -106,7 +106,7 @@ def headline(entry: dict, n_classes: int) -> str:
     scope = f"{used} of {n_classes} classes" + (f"; {small} of them with too few cases" if small else "")
     value = fmt_ci(entry["mean_auroc"], entry["mean_auroc_ci_low"], entry["mean_auroc_ci_high"])
     method = entry.get("mean_auroc_ci_method")
-    if method == small_sample.MEAN_OF_BOUNDS and value.endswith(")"):
+    if method in (small_sample.MEAN_OF_BOUNDS, small_sample.MEAN_COMBINED) and value.endswith(")"):
         value = f"{value[:-1]}; {method})"
     reason = f" ({md(entry['mean_auroc_reason'])})" if entry.get("mean_auroc_reason") else ""
     return f"({scope}): {value}{reason}"

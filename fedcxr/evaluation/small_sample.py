@@ -26,9 +26,11 @@ FLARE cross-site summaries):
 * A bootstrap or DeLong interval of a class that is not small-sample but has **no width** (perfect
   separation) is replaced by the same score interval, and the report says so.
 * Labeled rows from **one patient**: no interval at all (``null``) and :data:`ONE_PATIENT`.
-* The **mean over classes** keeps the patient bootstrap when every class behind it used it;
-  otherwise its interval is the mean of the classes' bounds (:func:`mean_of_bounds`), and the
-  report says how many classes behind it are small-sample.
+* The **mean over classes** keeps the patient bootstrap when every class behind it used it.
+  Otherwise the bootstrapped classes keep the bootstrap interval of their own mean, and it is
+  combined with the other classes' intervals as a class-weighted mean of bounds
+  (:func:`mean_of_bounds`; with no bootstrapped class, simply the mean of the classes' bounds).
+  The report says how many classes behind the mean are small-sample.
 * **Proportions** (sensitivity, specificity, PPV, NPV, accuracy) whose denominator holds fewer
   than 10 cases, or whose bootstrap interval has no width, get the **Wilson score interval**
   (:func:`wilson_interval`; Wilson 1927, recommended for small n by Brown, Cai & DasGupta 2001).
@@ -56,7 +58,8 @@ DELONG = "DeLong"
 NEWCOMBE = "Newcombe score"
 WILSON = "Wilson score"
 MEAN_OF_BOUNDS = "mean of the class intervals"
-CI_METHODS = (BOOTSTRAP, DELONG, NEWCOMBE, WILSON, MEAN_OF_BOUNDS)
+MEAN_COMBINED = "bootstrap combined with class intervals"
+CI_METHODS = (BOOTSTRAP, DELONG, NEWCOMBE, WILSON, MEAN_OF_BOUNDS, MEAN_COMBINED)
 
 #: the reason of a missing interval when every labeled row is one patient's
 ONE_PATIENT = "one patient: no interval (an interval needs several independent patients)"
@@ -73,8 +76,9 @@ def collapsed(method: str, replacement: str) -> str:
 RULE = (f"An AUROC from fewer than {MIN_CASES} positive or {MIN_CASES} negative cases (patients) is marked "
         "'too few cases' (small_sample); its 95% interval is Newcombe's score interval (Stat Med 2006, "
         "Method 5), never a bootstrap over a handful of patients, and a bootstrap interval without width "
-        "is replaced by it; one patient gets no interval. Sensitivity, specificity, PPV, NPV and accuracy "
-        f"from fewer than {MIN_CASES} cases get the Wilson score interval.")
+        "is replaced by it; one patient gets no interval. The mean's interval then combines the bootstrap "
+        "of the other classes' mean with these intervals (conservatively). Sensitivity, specificity, PPV, "
+        f"NPV and accuracy from fewer than {MIN_CASES} cases get the Wilson score interval.")
 
 
 def rule_info() -> dict[str, Any]:
@@ -83,7 +87,8 @@ def rule_info() -> dict[str, Any]:
             "cases": "patients with a positive (negative) labeled image; images without patient keys",
             "auroc_interval": f"{NEWCOMBE}: Newcombe (2006, Stat Med 25:559-573), Method 5",
             "proportion_interval": f"{WILSON}: Wilson (1927)",
-            "mean_interval": f"{MEAN_OF_BOUNDS} when a class behind the mean is not bootstrapped",
+            "mean_interval": (f"{MEAN_COMBINED} (or the {MEAN_OF_BOUNDS} when none is bootstrapped) when a "
+                              "class behind the mean is not bootstrapped"),
             "rule": RULE}
 
 
@@ -198,18 +203,22 @@ def wilson_interval(p_hat: float, n: float, alpha: float = 0.05) -> tuple[float,
     return float(low), float(high)
 
 
-def mean_of_bounds(lows: Sequence[float], highs: Sequence[float]) -> tuple[float, float]:
-    """The interval of a mean over classes as the mean of the classes' bounds (NaN if a bound is missing).
+def mean_of_bounds(lows: Sequence[float], highs: Sequence[float],
+                   weights: Optional[Sequence[float]] = None) -> tuple[float, float]:
+    """The interval of a mean over parts as the (``weights``-weighted) mean of the parts' bounds (NaN if
+    a bound is missing).
 
-    Why it is safe: SD(mean of K estimates) ≤ mean of their SDs (Cauchy–Schwarz; equality when the
-    classes' errors are perfectly correlated), so averaging the bounds gives the interval under
-    the least favourable correlation between classes — conservative, and valid wherever each
-    class's own interval is.
+    Why it is safe: SD(Σ w_i X_i) ≤ Σ w_i SD(X_i) (Cauchy–Schwarz; equality when the parts' errors
+    are perfectly correlated), so averaging the bounds gives the interval under the least
+    favourable correlation between the parts — conservative, and valid wherever each part's own
+    interval is. A part may be a block of classes whose mean has its own (bootstrap) interval,
+    weighted by its number of classes.
     """
     lows, highs = np.asarray(lows, dtype=float), np.asarray(highs, dtype=float)
     if lows.size == 0 or not (np.isfinite(lows).all() and np.isfinite(highs).all()):
         return float("nan"), float("nan")
-    return float(lows.mean()), float(highs.mean())
+    w = np.ones(lows.size) if weights is None else np.asarray(weights, dtype=float)
+    return float(lows @ w / w.sum()), float(highs @ w / w.sum())
 
 
 class Interval(NamedTuple):
@@ -275,7 +284,7 @@ def fill_row(row: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["BOOTSTRAP", "CI_METHODS", "Cases", "DELONG", "Interval", "MEAN_OF_BOUNDS", "MEAN_WITHOUT_INTERVAL",
+__all__ = ["BOOTSTRAP", "CI_METHODS", "Cases", "DELONG", "Interval", "MEAN_COMBINED", "MEAN_OF_BOUNDS", "MEAN_WITHOUT_INTERVAL",
            "MIN_CASES", "NEWCOMBE", "NO_INTERVAL", "ONE_PATIENT", "RULE", "WILSON", "auroc_interval", "collapsed",
            "count_cases", "fill_row", "has_width", "is_small", "mean_of_bounds", "newcombe_interval",
            "proportion_interval", "row_words", "rule_info", "too_few_words", "wilson_interval"]

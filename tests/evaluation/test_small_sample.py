@@ -81,6 +81,7 @@ def test_wilson_interval_equals_scipys(k, n):
 
 def test_mean_of_bounds_is_the_mean_of_each_bound_and_needs_all_of_them():
     assert small_sample.mean_of_bounds([0.2, 0.6], [0.8, 1.0]) == pytest.approx((0.4, 0.9))
+    assert small_sample.mean_of_bounds([0.2, 0.6], [0.8, 1.0], [3, 1]) == pytest.approx((0.3, 0.85))
     assert np.isnan(small_sample.mean_of_bounds([0.2, np.nan], [0.8, 1.0])[0])
 
 
@@ -180,7 +181,8 @@ def test_report_json_schema_3_carries_the_flags(tmp_path):
     assert edema["small_sample"] is True and edema["ci_method"] == NEWCOMBE and edema["ci_low"] < edema["ci_high"]
     assert effusion["small_sample"] is False and effusion["ci_method"] == "patient bootstrap"
     assert site["mean_auroc_small_sample_classes"] == ["edema"]
-    assert site["mean_auroc_ci_method"] == small_sample.MEAN_OF_BOUNDS
+    # the bootstrapped block (effusion alone: its own bootstrap interval) combined with edema's interval
+    assert site["mean_auroc_ci_method"] == small_sample.MEAN_COMBINED
     assert site["mean_auroc_ci_low"] == pytest.approx((edema["ci_low"] + effusion["ci_low"]) / 2)
     assert site["mean_auroc_ci_high"] == pytest.approx((edema["ci_high"] + effusion["ci_high"]) / 2)
 
@@ -202,7 +204,7 @@ def test_report_md_says_too_few_cases_in_words_and_the_headline_counts_them(tmp_
     assert "too few cases: 2 positive, 4 negative; Newcombe score interval |" in text
     assert "1.000 (1.000–1.000)" not in text
     assert "**Mean AUROC** (2 of 2 classes; 1 of them with too few cases): " in text
-    assert "; mean of the class intervals)" in text
+    assert "; bootstrap combined with class intervals)" in text
     assert "Small samples: An AUROC from fewer than 10 positive or 10 negative cases" in text
 
 
@@ -293,3 +295,27 @@ def test_a_class_without_an_interval_has_a_null_method_beside_one_with(tmp_path)
     assert edema["ci_method"] == NEWCOMBE and effusion["ci_method"] is None  # None, not NaN (pandas' mixing)
     from fedcxr.evaluation.summary_check import summary_problem
     assert summary_problem({**report["sites"]["site-a"], "subgroups": {}}, INFO["classes"]) is None
+
+
+def test_the_mean_keeps_the_bootstrap_of_its_large_classes_and_adds_the_small_ones_intervals():
+    """Three large classes and one with 3 positives: the large classes' mean keeps its bootstrap
+    interval, weighted 3 of 4, the small class its Newcombe interval, weighted 1 of 4."""
+    rng = np.random.default_rng(5)
+    n = 80
+    classes = ["a", "b", "c", "small"]
+    labels = {c: (rng.random(n) < 0.4).astype(float) for c in classes[:3]}
+    labels["small"] = np.r_[np.ones(3), np.zeros(n - 3)]
+    probs = {c: np.clip(0.3 * labels[c] + rng.uniform(0, 0.7, n), 0, 1) for c in classes}
+    frame = _frame(labels, probs)
+    report = build_report(frame, {**INFO, "classes": classes}, split="test", n_boot=300, seed=0)
+    site = report["sites"]["site-a"]
+    small = site["per_class"][3]
+    assert small["small_sample"] and site["mean_auroc_small_sample_classes"] == ["small"]
+    table, boot = metrics.per_class_auroc(frame, classes, n_boot=300, seed=0, return_bootstrap=True)
+    block = metrics.bootstrap_mean_ci(boot[:, :3])
+    assert site["mean_auroc_ci_method"] == small_sample.MEAN_COMBINED
+    assert site["mean_auroc_ci_low"] == pytest.approx((3 * block.low + small["ci_low"]) / 4)
+    assert site["mean_auroc_ci_high"] == pytest.approx((3 * block.high + small["ci_high"]) / 4)
+    # narrower than averaging all four classes' own bounds, wider than the bootstrap of the four
+    own = small_sample.mean_of_bounds(table["ci_low"], table["ci_high"])
+    assert own[0] < site["mean_auroc_ci_low"] and site["mean_auroc_ci_high"] < own[1]
