@@ -98,9 +98,9 @@ def _site_section(report, site, entry, figures: dict[str, str]) -> list[str]:
 
 
 def headline(entry: dict, n_classes: int) -> str:
-    """``(3 of 3 classes; 2 of them with too few cases): 0.765 (0.590–0.889; mean of the class intervals)``:
+    """``(3 of 3 classes; 2 of them with too few cases): 0.765 (0.330–0.928; mean of the class intervals)``:
     the mean AUROC of a site entry, how many classes behind it are small-sample, and which method
-    made its interval (or why there is none). ``fedcxr evaluate`` prints it too."""
+    made its interval (or why there is none)."""
     used = len(entry["mean_auroc_classes"])
     small = len(entry.get("mean_auroc_small_sample_classes") or [])
     scope = f"{used} of {n_classes} classes" + (f"; {small} of them with too few cases" if small else "")
