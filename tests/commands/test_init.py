@@ -66,7 +66,7 @@ def test_readme_own_data_in_three_steps_runs_as_written(tmp_path, monkeypatch, c
     monkeypatch.chdir(tmp_path)
     for argv in commands:
         assert main(argv[1:]) == 0, argv
-    capsys.readouterr()
+    out = capsys.readouterr().out
     run = tmp_path / "mystudy" / "run"
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "finished" and info["sites"] == ["hospital_a", "hospital_b", "hospital_c"]
@@ -86,6 +86,7 @@ def test_readme_own_data_in_three_steps_runs_as_written(tmp_path, monkeypatch, c
     assert site["mean_auroc_ci_high"] - site["mean_auroc_ci_low"] > 0.1
     assert f"{len(site['mean_auroc_small_sample_classes'])} of them with too few cases" in text
     assert "(1.000–1.000)" not in text
+    assert f"({len(site['mean_auroc_small_sample_classes'])} with too few cases, see report.md)" in out  # console
     assert list(pd.read_csv(run / "per_class.csv").columns[9:11]) == ["small_sample", "ci_method"]
     rounds = yaml.safe_load((run / "config.yaml").read_text())["rounds"]
     log = (run / "train.log").read_text()
