@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import textwrap
 import time
 from pathlib import Path
 
@@ -110,24 +111,31 @@ def quick_warning(n_test: int, target: str, rounds: int) -> str:
 
 
 def print_table(comparison: dict, target: str) -> dict[str, float]:
-    """The side-by-side table on the console; returns each method's mean AUROC at the target."""
+    """The side-by-side table on the console, small-sample means marked ``†k/K`` with the footnote;
+    returns each method's mean AUROC at the target."""
+    from fedcxr.evaluation.compare import SMALL_SAMPLE_FOOTNOTE, small_sample_mark
+    from fedcxr.evaluation.report_markdown import fmt_ci
+
     column = next(c["label"] for c in comparison["columns"] if c["site"] == target)
     tests = {t["method"]: t for t in comparison["tests"] if t["column"] == column}
     baseline = comparison["baseline"]
-    print(f"\n  {target}: mean test AUROC over its classes, 95% CI (patient bootstrap)")
-    print(f"  {'method':<28} {'mean AUROC':<22} vs {baseline} (paired t over classes)")
-    means = {}
+    print(f"\n  {target}: mean test AUROC over its classes, 95% CI (patient bootstrap unless marked †)")
+    print(f"  {'method':<28} {'mean AUROC':<28} vs {baseline} (paired t over classes)")
+    means, marked = {}, False
     for row in comparison["table"]:
         cell = row["cells"].get(column, {})
         mean, low, high = cell.get("auroc_mean"), cell.get("auroc_ci_low"), cell.get("auroc_ci_high")
         means[row["method"]] = mean
-        shown = f"{mean:.3f} ({low:.3f}–{high:.3f})" if mean is not None else "n/a"
+        shown = fmt_ci(mean, low, high) + small_sample_mark(cell)
+        marked = marked or bool(small_sample_mark(cell))
         test = tests.get(row["method"])
         versus = "—"
         if test:
             diff, p = test["ttest"]["mean_difference"], test["ttest"]["p_value"]
             versus = f"{diff:+.3f}, p = {p:.3g}" if p == p else f"{diff:+.3f}"
-        print(f"  {row['method']:<28} {shown:<22} {versus}")
+        print(f"  {row['method']:<28} {shown:<28} {versus}")
+    if marked:
+        print(textwrap.fill(SMALL_SAMPLE_FOOTNOTE, width=100, initial_indent="  ", subsequent_indent="  "))
     print()
     return means
 

@@ -104,7 +104,9 @@ def cli_evaluate(args: argparse.Namespace) -> int:
     print(f"report: {RunDir(args.run_dir).report_md}")
     for site, entry in report["sites"].items():
         line = (f"  {site}: mean AUROC {fmt_ci(entry['mean_auroc'], entry['mean_auroc_ci_low'], entry['mean_auroc_ci_high'])}"
-                f" over {len(entry['mean_auroc_classes'])}/{len(report['classes'])} classes, {entry['n_rows']} images")
+                f" over {len(entry['mean_auroc_classes'])}/{len(report['classes'])} classes"
+                + (f" ({len(entry['mean_auroc_small_sample_classes'])} with too few cases, see report.md)"
+                   if entry.get("mean_auroc_small_sample_classes") else "") + f", {entry['n_rows']} images")
         if "accuracy" in entry:
             line += f", accuracy {fmt(entry['accuracy'])}"
         print(line)

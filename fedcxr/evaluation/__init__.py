@@ -3,13 +3,16 @@
 * ``metrics``      AUROC on labeled rows (NaN + reason when undefined), patient-level bootstrap,
                    fast DeLong and patient-clustered DeLong (Obuchowski 1997), paired tests;
                    pure numpy/scipy/scikit-learn.
+* ``small_sample`` the rule for numbers resting on few cases (fewer than 10 positive or negative
+                   patients): the ``small_sample`` flag, its words, Newcombe's score interval for
+                   AUROC, Wilson's for proportions, none for one patient.
 * ``operating``    decision thresholds chosen on the val split (Youden, target sensitivity,
                    target specificity) and sensitivity/specificity/PPV/NPV with bootstrap CIs.
 * ``calibration``  Brier score, expected calibration error (10 equal-width bins), reliability bins.
 * ``runs``         reading ``run.json``, ``predictions/<split>.parquet`` (site, row_key,
                    patient_key, label__/prob__/aux__ columns) and the stored operating points
                    (``operating_points.json``: ``fedcxr predict``, the bundle) with clear user errors.
-* ``report``       one run's predictions → the report dict (``report.json``'s content, schema 2);
+* ``report``       one run's predictions → the report dict (``report.json``'s content, schema 3);
                    ``report_files``: writing it (``report.json``, ``per_class.csv``, figures, file
                    names of sites); ``report_markdown``: ``report.md`` and the number formats;
                    ``plots``: ROC and reliability PNGs.

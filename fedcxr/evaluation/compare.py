@@ -24,6 +24,11 @@ Federated runs whose predictions never left the sites (FLARE cross-site evaluati
 ``predictions/<split>.parquet``; their cells come from the site summaries in ``report.json``
 (:func:`fedcxr.evaluation.report_table.load_summary_results`), and their DeLong rows are
 empty (no rows to pair) while the t-test over class AUROCs still runs.
+
+Small samples (:mod:`fedcxr.evaluation.small_sample`): a cell says how many of the classes behind
+its mean are small-sample (fewer than 10 positive or 10 negative patients; the most over its
+seeds) and which method made its interval; DeLong rows and t-test pairs of such classes are
+flagged, and the Markdown marks them (``†k/K``, "too few cases").
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from scipy.sparse.csgraph import connected_components
 
 from fedcxr.errors import UserError
 from fedcxr.escape import md, to_csv_text
-from fedcxr.evaluation import metrics
+from fedcxr.evaluation import metrics, small_sample
 from fedcxr.evaluation.report import evaluate_rows, is_binary_task
 from fedcxr.evaluation.report_files import write_json, write_text
 from fedcxr.evaluation.report_markdown import fmt, fmt_ci
@@ -47,7 +52,9 @@ from fedcxr.evaluation.report_table import load_summary_results
 from fedcxr.evaluation.runs import ID_COLUMNS, load_predictions, load_run_info, predictions_path
 
 #: 2: DeLong clustered by patient_key; per-class q_value (BH), significant, n_patients.
-SCHEMA_VERSION = 2
+#: 3: the small-sample rule: cells' auroc_small_sample_classes, auroc_classes, auroc_ci_method, acc_small_sample;
+#: DeLong rows' small_sample; the t-test's n_small_sample_pairs; ci.small_sample states the rule.
+SCHEMA_VERSION = 3
 SIGNIFICANCE_LEVEL = 0.05
 DELONG_METHOD = "patient-clustered DeLong (Obuchowski 1997), clusters = patient_key"
 FDR_METHOD = "Benjamini-Hochberg over the classes of one (method, column) comparison"
@@ -148,7 +155,7 @@ def compare_runs(
         "split": split,
         "baseline": baseline,
         "ci": {"level": 0.95, "method": "patient-level bootstrap (percentile), one run per cell",
-               "n_boot": int(n_boot), "seed": int(seed)},
+               "n_boot": int(n_boot), "seed": int(seed), "small_sample": small_sample.rule_info()},
         "spread": "mean ± SD (ddof=1) over seeds when several runs share (method, target)",
         "delong": {"method": DELONG_METHOD, "fdr": FDR_METHOD, "significance_level": SIGNIFICANCE_LEVEL},
         "runs": [{"run_dir": str(r.path), "method": r.method, "seed": r.seed, "target": r.target,
@@ -191,9 +198,14 @@ def _cell(groups, method: str, column: dict) -> Optional[dict[str, Any]]:
                             "per_seed_auroc": [res["mean_auroc"] for res in results]}
     cell.update(_summary("auroc", [res["mean_auroc"] for res in results],
                          results[0]["mean_auroc_ci_low"], results[0]["mean_auroc_ci_high"]))
+    cell.update(auroc_classes=max(len(res["mean_auroc_classes"]) for res in results),
+                auroc_small_sample_classes=max(len(res.get("mean_auroc_small_sample_classes") or [])
+                                               for res in results),
+                auroc_ci_method=results[0].get("mean_auroc_ci_method") if len(results) == 1 else None)
     if column["binary"]:
         cell.update(_summary("acc", [res["accuracy"] for res in results],
                              results[0]["accuracy_ci_low"], results[0]["accuracy_ci_high"]))
+        cell["acc_small_sample"] = any(bool(res.get("accuracy_small_sample")) for res in results)
     return cell
 
 
@@ -236,19 +248,25 @@ def _class_aurocs(run: _Run, site: str) -> dict[str, float]:
     return {r["class"]: r["auroc"] for r in run.results[site]["per_class"]}
 
 
+def _small_classes(run: _Run, site: str) -> set[str]:
+    return {r["class"] for r in run.results[site]["per_class"] if r.get("small_sample")}
+
+
 def _tests(groups, method: str, baseline: str, column: dict) -> Optional[dict[str, Any]]:
     runs_m, runs_b = _runs_for(groups, method, column), _runs_for(groups, baseline, column)
     if not runs_m or not runs_b:
         return None
     site = column["site"]
     pairs, paired_by = _seed_pairs(runs_m, runs_b)
-    a_vals, b_vals = [], []
+    a_vals, b_vals, small = [], [], []
     for run_m, run_b in pairs:
         am, ab = _class_aurocs(run_m, site), _class_aurocs(run_b, site)
+        small_m, small_b = _small_classes(run_m, site), _small_classes(run_b, site)
         for cls in am:
             if cls in ab:
                 a_vals.append(am[cls])
                 b_vals.append(ab[cls])
+                small.append(cls in small_m or cls in small_b)
     t, p = metrics.paired_ttest(a_vals, b_vals)
     n_pairs = int(np.sum(np.isfinite(a_vals) & np.isfinite(b_vals))) if a_vals else 0
     delong = _delong_per_class(pairs[0][0], pairs[0][1], site)
@@ -256,6 +274,8 @@ def _tests(groups, method: str, baseline: str, column: dict) -> Optional[dict[st
             "target": column["target"], "paired_by": paired_by,
             "seed_pairs": [[a.seed, b.seed] for a, b in pairs],
             "ttest": {"t": t, "p_value": p, "n_pairs": n_pairs,
+                      "n_small_sample_pairs": int(np.sum(np.isfinite(a_vals) & np.isfinite(b_vals) & np.array(small)))
+                      if a_vals else 0,
                       "mean_difference": float(np.nanmean(np.array(a_vals) - np.array(b_vals)))
                       if n_pairs else float("nan")},
             **delong}
@@ -293,9 +313,11 @@ def _delong_row(joined: pd.DataFrame, cls: str, clusters: np.ndarray) -> dict[st
     labeled = ~np.isnan(y)
     reason = metrics.auroc_reason(y) or (None if np.isfinite(p) else
                                          "fewer than 2 patients with a positive or 2 with a negative row")
+    cases = small_sample.count_cases(y, clusters)
     return {"class": cls, "auroc": auc1, "auroc_baseline": auc2, "z": z, "p_value": p,
             "n": int(labeled.sum()), "n_pos": int((y[labeled] == 1).sum()),
             "n_patients": int(np.unique(clusters[labeled]).size), "n_label_mismatch": int((~agree).sum()),
+            "small_sample": cases.small, "pos_patients": cases.pos_patients, "neg_patients": cases.neg_patients,
             "reason": reason}
 
 
@@ -358,7 +380,25 @@ def _cell_text(cell: Optional[dict], name: str) -> str:
             if np.isfinite(cell[f"{name}_sd"]) else f"{mean:.3f} (n={cell[f'{name}_n']})")
     else:
         text = fmt_ci(mean, cell[f"{name}_ci_low"], cell[f"{name}_ci_high"])
-    return f"**{text}**" if cell.get(f"best_{name}") else text
+    text = f"**{text}**" if cell.get(f"best_{name}") else text
+    return text + small_sample_mark(cell, name)
+
+
+def small_sample_mark(cell: dict, name: str = "auroc") -> str:
+    """`` †2/3`` after a mean AUROC when 2 of the 3 classes behind it are small-sample; `` †`` after an
+    accuracy from fewer than 10 patients; ``""`` otherwise (the demo prints it too)."""
+    if name == "acc":
+        return " †" if cell.get("acc_small_sample") else ""
+    small = cell.get("auroc_small_sample_classes") or 0
+    return f" †{small}/{cell.get('auroc_classes', '?')}" if small else ""
+
+
+#: the footnote of a table holding :func:`small_sample_mark` marks
+SMALL_SAMPLE_FOOTNOTE = (f"†k/K: k of the K classes behind the mean have too few cases (fewer than "
+                         f"{small_sample.MIN_CASES} positive or {small_sample.MIN_CASES} negative patients): their "
+                         f"intervals are Newcombe score intervals, combined with the other classes' into the "
+                         f"mean's interval; † after an accuracy: fewer than {small_sample.MIN_CASES} patients "
+                         "(Wilson score interval). See each run's report.md.")
 
 
 def comparison_frame(result: dict) -> pd.DataFrame:
@@ -374,7 +414,8 @@ def comparison_frame(result: dict) -> pd.DataFrame:
                          "seeds": ";".join(str(s) for s in cell["seeds"]),
                          **{k: cell.get(k, np.nan) for k in (
                              "auroc_mean", "auroc_sd", "auroc_ci_low", "auroc_ci_high", "best_auroc",
-                             "acc_mean", "acc_sd", "acc_ci_low", "acc_ci_high", "best_acc")}})
+                             "auroc_ci_method", "auroc_classes", "auroc_small_sample_classes",
+                             "acc_mean", "acc_sd", "acc_ci_low", "acc_ci_high", "best_acc", "acc_small_sample")}})
     return pd.DataFrame(rows)
 
 
@@ -389,12 +430,14 @@ def tests_frame(result: dict) -> pd.DataFrame:
                      "statistic": test["ttest"]["t"], "p_value": t_p, "q_value": np.nan,
                      "significant": bool(np.isfinite(t_p) and t_p < SIGNIFICANCE_LEVEL),
                      "n": test["ttest"]["n_pairs"], "difference": test["ttest"]["mean_difference"],
-                     "seeds": ";".join(f"{a}/{b}" for a, b in test["seed_pairs"]), "reason": None})
+                     "seeds": ";".join(f"{a}/{b}" for a, b in test["seed_pairs"]),
+                     "small_sample": bool(test["ttest"].get("n_small_sample_pairs")), "reason": None})
         for d in test["delong"]:
             rows.append({**base, "test": "DeLong", "class": d["class"], "statistic": d["z"],
                          "p_value": d["p_value"], "q_value": d["q_value"], "significant": d["significant"],
                          "n": d["n"], "difference": d["auroc"] - d["auroc_baseline"],
-                         "seeds": "{}/{}".format(*test["delong_seeds"]), "reason": d["reason"]})
+                         "seeds": "{}/{}".format(*test["delong_seeds"]), "small_sample": bool(d.get("small_sample")),
+                         "reason": d["reason"]})
     return pd.DataFrame(rows)
 
 
@@ -419,6 +462,9 @@ def render_markdown(result: dict) -> str:
     runs = "; ".join(f"{md(m)}" + (f" (target {md(t)})" if t else "") + f" seed{'s' if len(s) > 1 else ''} "
                      f"{md(', '.join(s))}" for (m, t), s in seeds.items())
     lines += ["", f"Runs ({len(result['runs'])}): {runs}.", ""]
+    if any(small_sample_mark(cell, name) for row in result["table"] for label, name in keys
+           if (cell := row["cells"].get(label))):
+        lines += [SMALL_SAMPLE_FOOTNOTE, ""]
     if result["baseline"] is not None:
         lines += _tests_markdown(result)
     return "\n".join(lines).rstrip() + "\n"
@@ -442,7 +488,9 @@ def _tests_markdown(result: dict) -> list[str]:
                 cells.append("—" if t is None else f"n/a ({t['ttest']['n_pairs']} class pair(s), needs 2)")
                 continue
             tt = t["ttest"]
-            cells.append(f"{tt['mean_difference']:+.3f}, {_fmt_p(tt['p_value'])} {stars(tt['p_value'])}")
+            small = tt.get("n_small_sample_pairs") or 0
+            cells.append(f"{tt['mean_difference']:+.3f}, {_fmt_p(tt['p_value'])} {stars(tt['p_value'])}"
+                         + (f" ({small} of {tt['n_pairs']} pairs with too few cases)" if small else ""))
         rows.append([m] + cells)
     lines += _md_table(["Method"] + labels, rows) + [""]
     lines += ["DeLong paired test per class on the same test images (first seed pair), clustered by "
@@ -464,7 +512,9 @@ def _tests_markdown(result: dict) -> list[str]:
                     cells.append(f"n/a ({d['reason']})")
                 else:
                     cells.append(f"{fmt(d['auroc'])} vs {fmt(d['auroc_baseline'])}, {_fmt_p(d['p_value'])}, "
-                                 f"{_fmt_p(d['q_value'], 'q')} {stars(d['q_value'])}".rstrip())
+                                 f"{_fmt_p(d['q_value'], 'q')} {stars(d['q_value'])}".rstrip()
+                                 + (f" ({small_sample.too_few_words(d['n_pos'], d['n'] - d['n_pos'], d['pos_patients'], d['neg_patients'])}: the z-test is unreliable)"
+                                    if d.get("small_sample") else ""))
             rows.append([m, cls] + cells)
     lines += _md_table(["Method", "Class"] + labels, rows) + [""]
     for t in tests:

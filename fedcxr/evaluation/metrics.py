@@ -14,6 +14,9 @@ Conventions shared by every function here (DESIGN §6):
   ``roc_auc_score``. The bootstrap computes it on integer row weights (a resample is a
   multiplicity per patient), which equals ``roc_auc_score`` on the replicated rows.
 
+Intervals of classes with few cases follow :mod:`fedcxr.evaluation.small_sample` (Newcombe's
+score interval, or none for one patient) instead of the bootstrap or DeLong.
+
 MONAI's ``ROCAUCMetric`` is not used: it returns NaN for every class as soon as one class
 column is single-valued and it cannot mask unlabeled entries (DESIGN §9).
 """
@@ -26,6 +29,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 from sklearn.metrics import roc_auc_score
+
+from fedcxr.evaluation import small_sample
 
 #: Bootstrap resamples are drawn in chunks so that a chunk's weight matrix stays this small.
 _CHUNK_CELLS = 4_000_000
@@ -454,7 +459,11 @@ def paired_ttest(aurocs_a, aurocs_b) -> tuple[float, float]:
 
 # --------------------------------------------------------------------------- per-class table
 
+#: the columns every per-class row has held since schema 1 (readers of old reports require only these)
 PER_CLASS_COLUMNS = ["class", "auroc", "ci_low", "ci_high", "n", "n_pos", "prevalence", "reason"]
+#: schema 3: is the AUROC small-sample, which method made its interval, cases counted in patients
+#: (:mod:`fedcxr.evaluation.small_sample`)
+SMALL_SAMPLE_COLUMNS = ["small_sample", "ci_method", "pos_patients", "neg_patients"]
 
 
 def per_class_auroc(
@@ -469,9 +478,11 @@ def per_class_auroc(
 ):
     """Per-class AUROC table of a prediction frame (``label__<c>``, ``prob__<c>``, ``patient_key``).
 
-    CIs: patient-level bootstrap (``n_boot`` > 0, needs ``patient_key``) or DeLong (``n_boot`` = 0).
-    Columns: :data:`PER_CLASS_COLUMNS` plus ``ci_skipped`` (bootstrap resamples left out).
-    ``reason`` explains a NaN AUROC or CI. With ``return_bootstrap`` also returns the
+    CIs: patient-level bootstrap (``n_boot`` > 0, needs ``patient_key``) or DeLong (``n_boot`` = 0),
+    except where the small-sample rule (:mod:`fedcxr.evaluation.small_sample`) gives Newcombe's
+    score interval or none. Columns: :data:`PER_CLASS_COLUMNS`, :data:`SMALL_SAMPLE_COLUMNS` and
+    ``ci_skipped`` (bootstrap resamples left out). ``reason`` explains a NaN AUROC or CI, or an
+    interval replaced because it had no width. With ``return_bootstrap`` also returns the
     (n_boot, C) bootstrap matrix (for the mean-AUROC CI), ``None`` under DeLong.
     """
     n = len(frame)
@@ -486,23 +497,25 @@ def per_class_auroc(
         else:
             y[:, j] = pd.to_numeric(frame[f"label__{cls}"], errors="raise").to_numpy(dtype=float, na_value=np.nan)
             p[:, j] = pd.to_numeric(frame[f"prob__{cls}"], errors="raise").to_numpy(dtype=float, na_value=np.nan)
+    groups = frame["patient_key"].to_numpy(dtype=object) if "patient_key" in frame else None
     boot = None
     if n_boot > 0:
-        if "patient_key" not in frame:
+        if groups is None:
             raise ValueError("a patient-level bootstrap needs a patient_key column")
-        boot = bootstrap_aurocs(y, p, frame["patient_key"].to_numpy(dtype=object), n_boot, seed)
-    rows = [_class_row(cls, y[:, j], p[:, j], missing.get(j), boot, j, alpha, split)
+        boot = bootstrap_aurocs(y, p, groups, n_boot, seed)
+    rows = [_class_row(cls, y[:, j], p[:, j], groups, missing.get(j), boot, j, alpha, split)
             for j, cls in enumerate(classes)]
-    table = pd.DataFrame(rows, columns=PER_CLASS_COLUMNS + ["ci_skipped"])
+    table = pd.DataFrame(rows, columns=PER_CLASS_COLUMNS + SMALL_SAMPLE_COLUMNS + ["ci_skipped"])
     return (table, boot) if return_bootstrap else table
 
 
-def _class_row(cls, y, p, missing, boot, j, alpha, split) -> dict:
-    labeled = ~np.isnan(y)
-    n = int(labeled.sum())
-    n_pos = int((y[labeled] == 1).sum())
+def _class_row(cls, y, p, groups, missing, boot, j, alpha, split) -> dict:
+    cases = small_sample.count_cases(y, groups)
+    n, n_pos = cases.pos + cases.neg, cases.pos
     row = {"class": cls, "auroc": np.nan, "ci_low": np.nan, "ci_high": np.nan, "n": n,
-           "n_pos": n_pos, "prevalence": n_pos / n if n else np.nan, "reason": None, "ci_skipped": 0}
+           "n_pos": n_pos, "prevalence": n_pos / n if n else np.nan, "reason": None,
+           "small_sample": cases.small, "ci_method": None, "pos_patients": cases.pos_patients,
+           "neg_patients": cases.neg_patients, "ci_skipped": 0}
     reason = missing or auroc_reason(y, split)
     if reason:
         row["reason"] = reason
@@ -510,11 +523,14 @@ def _class_row(cls, y, p, missing, boot, j, alpha, split) -> dict:
     row["auroc"] = auroc(y, p)
     if boot is not None:
         ci = percentile_ci(boot[:, j], alpha)
-        row.update(ci_low=ci.low, ci_high=ci.high, ci_skipped=ci.n_skipped)
-        if ci.n_used == 0:
-            row["reason"] = "CI undefined: every bootstrap resample had a single label value"
+        note = "CI undefined: every bootstrap resample had a single label value" if ci.n_used == 0 else None
+        default = small_sample.Interval(ci.low, ci.high, small_sample.BOOTSTRAP, note)
     else:
-        row["ci_low"], row["ci_high"] = delong_ci(y, p, alpha)
-        if not np.isfinite(row["ci_low"]):
-            row["reason"] = "DeLong CI undefined: fewer than 2 positive or 2 negative rows"
+        low, high = delong_ci(y, p, alpha)
+        note = None if np.isfinite(low) else "DeLong CI undefined: fewer than 2 positive or 2 negative rows"
+        default = small_sample.Interval(low, high, small_sample.DELONG, note)
+    chosen = small_sample.auroc_interval(row["auroc"], cases, default, alpha)
+    row.update(ci_low=chosen.low, ci_high=chosen.high, ci_method=chosen.method, reason=chosen.note)
+    if chosen.method == small_sample.BOOTSTRAP:
+        row["ci_skipped"] = ci.n_skipped
     return row

@@ -28,7 +28,10 @@ On the evaluated split's labeled rows, with TP, FP, TN, FN counted at the thresh
 PPV and NPV depend on the evaluated split's prevalence. A metric whose denominator is 0 is NaN
 with a reason. CIs: percentiles over patient-level bootstrap resamples
 (:func:`~fedcxr.evaluation.metrics.resample_weights`, the same resamples as the AUROC CIs for the
-same seed); resamples with a zero denominator are skipped.
+same seed); resamples with a zero denominator are skipped. A metric whose denominator holds fewer
+than 10 cases (patients), or whose bootstrap interval has no width (every positive found), gets
+Wilson's score interval instead, and the record is flagged ``small_sample`` with the counts in
+words (:mod:`~fedcxr.evaluation.small_sample`).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from fedcxr.evaluation import metrics
+from fedcxr.evaluation import metrics, small_sample
 
 DEFAULT_TARGET_SENSITIVITY = 0.9
 DEFAULT_TARGET_SPECIFICITY = 0.9
@@ -296,11 +299,13 @@ def operating_point_rows(
             if missing is None and t.reason is None:
                 columns.append((len(records), _indicators(y, p, t.threshold)))
             records.append(_record(cls, rule, t, y, p, missing, split))
+    groups = rows["patient_key"].to_numpy(dtype=object) if "patient_key" in rows else None
     if n_boot > 0 and columns:
-        boot = bootstrap_rates(np.stack([c for _, c in columns], axis=1),
-                               rows["patient_key"].to_numpy(dtype=object), n_boot, seed)
+        boot = bootstrap_rates(np.stack([c for _, c in columns], axis=1), groups, n_boot, seed)
         for j, (i, _) in enumerate(columns):
             _add_cis(records[i], {m: boot[m][:, j] for m in METRICS}, alpha)
+    for i, indicators in columns:
+        _small_sample(records[i], indicators, groups, n_boot, alpha)
     return records
 
 
@@ -309,7 +314,9 @@ def _record(cls, rule, t: Threshold, y, p, missing, split) -> dict[str, Any]:
                               "val_sensitivity": t.sensitivity, "val_specificity": t.specificity,
                               "n": 0, "n_pos": 0, "tp": 0, "fp": 0, "tn": 0, "fn": 0}
     for m in METRICS:
-        record.update({m: float("nan"), f"{m}_ci_low": float("nan"), f"{m}_ci_high": float("nan")})
+        record.update({m: float("nan"), f"{m}_ci_low": float("nan"), f"{m}_ci_high": float("nan"),
+                       f"{m}_ci_method": None})
+    record["small_sample"] = False
     if t.reason is not None or missing is not None:
         record["reason"] = t.reason or missing
         return record
@@ -321,6 +328,52 @@ def _record(cls, rule, t: Threshold, y, p, missing, split) -> dict[str, Any]:
     gaps = [f"{_METRIC_LABELS[m]} undefined: {why[m]}" for m in METRICS if not np.isfinite(record[m])]
     record["reason"] = "; ".join(gaps) if gaps else None
     return record
+
+
+#: what each metric's denominator counts (the words of the small-sample note)
+_DENOMINATORS = {"sensitivity": "positive", "specificity": "negative", "ppv": "called positive",
+                 "npv": "called negative"}
+
+
+def _small_sample(record: dict[str, Any], indicators: np.ndarray, groups, n_boot: int, alpha: float) -> None:
+    """The small-sample rule (:mod:`~fedcxr.evaluation.small_sample`) on one operating point's metrics.
+
+    A metric whose denominator holds fewer than ``MIN_CASES`` cases (patients; images without
+    keys), or whose bootstrap interval has no width (e.g. every positive detected), gets the Wilson
+    score interval; one patient, none. ``small_sample`` is set when any denominator is small and the
+    reason says which, in words. Without the bootstrap (``n_boot`` = 0) there are no intervals, as before.
+    """
+    # indicators: (n, 4) TP, FP, TN, FN per row; a metric's denominator rows are two of them
+    tp, fp, tn, fn = (indicators[:, k] > 0 for k in range(4))
+    rows_of = {"sensitivity": tp | fn, "specificity": tn | fp, "ppv": tp | fp, "npv": tn | fn}
+    keys = None if groups is None else pd.Series(np.asarray(groups, dtype=object))
+
+    def cases(mask: np.ndarray) -> int:
+        return int(mask.sum()) if keys is None else int(keys[mask].nunique(dropna=False))
+
+    patients = cases(tp | fp | tn | fn)
+    small, notes = [], []
+    for m in METRICS:
+        if not np.isfinite(record[m]):
+            continue
+        n_cases = cases(rows_of[m])
+        if n_cases < small_sample.MIN_CASES:
+            small.append(f"{n_cases} {_DENOMINATORS[m]} ({_METRIC_LABELS[m]})")
+        bootstrapped = n_boot > 0 and np.isfinite(record[f"{m}_ci_low"])
+        default = small_sample.Interval(record[f"{m}_ci_low"], record[f"{m}_ci_high"],
+                                        small_sample.BOOTSTRAP if n_boot > 0 else None, None)
+        chosen = small_sample.proportion_interval(record[m], n_cases, patients, default, alpha)
+        record.update({f"{m}_ci_low": chosen.low, f"{m}_ci_high": chosen.high,
+                       f"{m}_ci_method": chosen.method if (bootstrapped or chosen.method == small_sample.WILSON)
+                       else None})
+        if chosen.note and chosen.note not in notes:
+            notes.append(chosen.note)
+    record["small_sample"] = bool(small)
+    if small:
+        notes.insert(0, f"too few cases: {', '.join(small)}; {small_sample.WILSON} intervals"
+                     if n_boot > 0 and patients > 1 else f"too few cases: {', '.join(small)}")
+    if notes:
+        record["reason"] = "; ".join(([record["reason"]] if record["reason"] else []) + notes)
 
 
 def _add_cis(record: dict[str, Any], samples: dict[str, np.ndarray], alpha: float) -> None:

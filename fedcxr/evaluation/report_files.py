@@ -21,7 +21,7 @@ import pandas as pd
 
 from fedcxr.atomic import atomic_write_bytes, json_bytes
 from fedcxr.escape import to_csv_text
-from fedcxr.evaluation import metrics, operating
+from fedcxr.evaluation import metrics, operating, small_sample
 from fedcxr.evaluation.report_markdown import render_markdown
 from fedcxr.rundir import CURVES_FIGURE, RunDir
 
@@ -72,21 +72,25 @@ def _hashed(base: str, digest: str, width: int) -> str:
 
 
 def per_class_frame(report: dict) -> pd.DataFrame:
-    """``per_class.csv``: one row per (site, class). With operating points, per rule ``<rule>_threshold``
-    and ``<rule>_<metric>``, ``<rule>_<metric>_ci_low``, ``<rule>_<metric>_ci_high`` for
-    sensitivity, specificity, ppv, npv follow the AUROC columns."""
-    columns = ["site"] + metrics.PER_CLASS_COLUMNS
+    """``per_class.csv``: one row per (site, class): the AUROC columns (:data:`~fedcxr.evaluation.metrics.
+    PER_CLASS_COLUMNS`, then ``small_sample``, ``ci_method``, ``pos_patients``, ``neg_patients``; rows of
+    reports older than schema 3 get them from :func:`~fedcxr.evaluation.small_sample.fill_row`). With
+    operating points, per rule ``<rule>_threshold``, ``<rule>_small_sample`` and ``<rule>_<metric>``,
+    ``<rule>_<metric>_ci_low``, ``<rule>_<metric>_ci_high`` for sensitivity, specificity, ppv, npv follow."""
+    auroc_columns = metrics.PER_CLASS_COLUMNS + metrics.SMALL_SAMPLE_COLUMNS
+    columns = ["site"] + auroc_columns
     rows = []
     for site, entry in report["sites"].items():
         points: dict[str, dict[str, Any]] = {}
         for op in entry.get("operating_points") or []:
-            fields = {f"{op['rule']}_threshold": op["threshold"]}
+            fields = {f"{op['rule']}_threshold": op["threshold"],
+                      f"{op['rule']}_small_sample": op.get("small_sample")}
             for m in operating.METRICS:
                 fields.update({f"{op['rule']}_{m}{suffix}": op[f"{m}{suffix}"] for suffix in ("", "_ci_low", "_ci_high")})
             points.setdefault(op["class"], {}).update(fields)
             columns += [c for c in fields if c not in columns]
-        rows += [{"site": site, **{k: r[k] for k in metrics.PER_CLASS_COLUMNS}, **points.get(r["class"], {})}
-                 for r in entry["per_class"]]
+        rows += [{"site": site, **{k: r[k] for k in auroc_columns}, **points.get(r["class"], {})}
+                 for r in map(small_sample.fill_row, entry["per_class"])]
     return pd.DataFrame(rows, columns=columns)
 
 

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import numpy as np
 
 from fedcxr.escape import md
-from fedcxr.evaluation import operating
+from fedcxr.evaluation import operating, small_sample
 
 SUBGROUP_TITLES = {"sex": "Sex", "age_bin": "Age bin (years)", "race": "Race/ethnicity"}
 
@@ -59,7 +59,8 @@ def render_markdown(report: dict, figures: Optional[dict[str, Any]] = None, *, c
              f"- Training sites: {md(', '.join(map(str, report['train_sites'])) or 'not recorded')}",
              f"- Classes ({len(report['classes'])}): {md(', '.join(map(str, report['classes'])))}",
              f"- AUROC with {ci_text}. Mean AUROC is over the classes with a defined AUROC; "
-             "an undefined AUROC (one label value in the test rows) is n/a, never 0.5.", ""]
+             "an undefined AUROC (one label value in the test rows) is n/a, never 0.5.",
+             f"- Small samples: {small_sample.RULE}", ""]
     for item in report.get("sites_without_predictions", []):
         lines += [f"- Site {md(item['site'])}: not evaluated ({md(item['reason'])})", ""]
     if curves or curves_note:
@@ -77,12 +78,11 @@ def render_markdown(report: dict, figures: Optional[dict[str, Any]] = None, *, c
 def _site_section(report, site, entry, figures: dict[str, str]) -> list[str]:
     lines = [f"## Site {md(site)}", "",
              f"{md(entry['n_rows'])} images of {md(entry['n_patients'])} patients.", "",
-             f"**Mean AUROC** ({len(entry['mean_auroc_classes'])} of {len(report['classes'])} classes): "
-             f"{fmt_ci(entry['mean_auroc'], entry['mean_auroc_ci_low'], entry['mean_auroc_ci_high'])}"
-             + (f" ({md(entry['mean_auroc_reason'])})" if entry.get("mean_auroc_reason") else ""), ""]
+             f"**Mean AUROC** {headline(entry, len(report['classes']))}", ""]
     if "accuracy" in entry:
         lines += [f"**Accuracy** (threshold {md(entry['accuracy_threshold'])}): "
-                  f"{fmt_ci(entry['accuracy'], entry['accuracy_ci_low'], entry['accuracy_ci_high'])}", ""]
+                  f"{fmt_ci(entry['accuracy'], entry['accuracy_ci_low'], entry['accuracy_ci_high'])}"
+                  + _accuracy_note(entry), ""]
     rows = [[r["class"], fmt_ci(r["auroc"], r["ci_low"], r["ci_high"]), str(r["n"]), str(r["n_pos"]),
              fmt(r["prevalence"]), _note(r, report["ci"]["n_boot"])] for r in entry["per_class"]]
     lines += md_table(["Class", "AUROC (95% CI)", "n", "Positives", "Prevalence", "Note"], rows) + [""]
@@ -97,13 +97,45 @@ def _site_section(report, site, entry, figures: dict[str, str]) -> list[str]:
     return lines
 
 
+def headline(entry: dict, n_classes: int) -> str:
+    """``(3 of 3 classes; 2 of them with too few cases): 0.765 (0.330–0.928; mean of the class intervals)``:
+    the mean AUROC of a site entry, how many classes behind it are small-sample, and which method
+    made its interval (or why there is none)."""
+    used = len(entry["mean_auroc_classes"])
+    small = len(entry.get("mean_auroc_small_sample_classes") or [])
+    scope = f"{used} of {n_classes} classes" + (f"; {small} of them with too few cases" if small else "")
+    value = fmt_ci(entry["mean_auroc"], entry["mean_auroc_ci_low"], entry["mean_auroc_ci_high"])
+    method = entry.get("mean_auroc_ci_method")
+    if method in (small_sample.MEAN_OF_BOUNDS, small_sample.MEAN_COMBINED) and value.endswith(")"):
+        value = f"{value[:-1]}; {method})"
+    reason = f" ({md(entry['mean_auroc_reason'])})" if entry.get("mean_auroc_reason") else ""
+    return f"({scope}): {value}{reason}"
+
+
+def _accuracy_note(entry: dict) -> str:
+    parts = []
+    if entry.get("accuracy_small_sample"):
+        parts.append(f"too few cases: fewer than {small_sample.MIN_CASES} patients")
+    if entry.get("accuracy_ci_method") == small_sample.WILSON:
+        parts.append("Wilson score interval")
+    if entry.get("accuracy_reason"):
+        parts.append(md(entry["accuracy_reason"]))
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 def _note(row: dict, n_boot: int) -> str:
-    """The reason a number is missing, or how many bootstrap resamples the CI had to skip."""
+    """Too few cases (in words), the reason a number is missing or an interval was replaced, the
+    interval's method where it is not the report's own, or how many bootstrap resamples it skipped."""
+    parts = []
+    if row.get("small_sample") and row.get("auroc") is not None and np.isfinite(row["auroc"]):
+        parts.append(small_sample.row_words(row))
     if row["reason"]:
-        return row["reason"]
+        parts.append(row["reason"])
+    if row.get("ci_method") == small_sample.NEWCOMBE and not row["reason"]:
+        parts.append(f"{small_sample.NEWCOMBE} interval")
     if row.get("ci_skipped"):
-        return f"CI from {n_boot - row['ci_skipped']} of {n_boot} resamples (rest had one label value)"
-    return ""
+        parts.append(f"CI from {n_boot - row['ci_skipped']} of {n_boot} resamples (rest had one label value)")
+    return "; ".join(parts)
 
 
 def _calibration_section(site: str, cal: dict, figure: Optional[str]) -> list[str]:
@@ -122,7 +154,9 @@ def _calibration_section(site: str, cal: dict, figure: Optional[str]) -> list[st
 
 
 def _operating_section(info: dict, points: list[dict], n_boot: int) -> list[str]:
-    ci = f"95% CI by patient-level bootstrap, {n_boot} resamples" if n_boot > 0 else "no CIs (n_boot = 0)"
+    ci = (f"95% CI by patient-level bootstrap, {n_boot} resamples; Wilson score interval where the Note says "
+          f"too few cases (under {small_sample.MIN_CASES}) or the bootstrap collapsed" if n_boot > 0
+          else "no CIs (n_boot = 0)")
     rules = "; ".join(f"**{md(name)}**: {md(text)}" for name, text in info["rules"].items())
     lines = ["### Operating points", "",
              f"Thresholds chosen per class on the {info['selected_on']} split, measured on the "
@@ -140,19 +174,34 @@ def _operating_section(info: dict, points: list[dict], n_boot: int) -> list[str]
     return lines + [""]
 
 
+def _marked(row: dict) -> str:
+    """A subgroup's class AUROC, with † when it is small-sample."""
+    value = fmt(row["auroc"])
+    return f"{value} †" if row.get("small_sample") and value != "n/a" else value
+
+
+def _marked_mean(entry: dict) -> str:
+    """A mean AUROC with its interval and ``†k`` when k classes behind it are small-sample."""
+    value = fmt_ci(entry["mean_auroc"], entry["mean_auroc_ci_low"], entry["mean_auroc_ci_high"])
+    small = len(entry.get("mean_auroc_small_sample_classes") or [])
+    return f"{value} †{small}" if small else value
+
+
 def _subgroup_section(report, task, sub) -> list[str]:
     lines = [f"### {md(SUBGROUP_TITLES.get(task, task))}", ""]
     groups = sub["groups"]
     if groups:
         names = list(groups)
         rows = [["n images"] + [str(groups[g]["n_rows"]) for g in names],
-                ["**Mean AUROC**"] + [fmt_ci(groups[g]["mean_auroc"], groups[g]["mean_auroc_ci_low"],
-                                             groups[g]["mean_auroc_ci_high"]) for g in names]]
+                ["**Mean AUROC**"] + [_marked_mean(groups[g]) for g in names]]
         if "accuracy" in groups[names[0]]:
             rows.append(["Accuracy"] + [fmt(groups[g]["accuracy"]) for g in names])
         for j, cls in enumerate(report["classes"]):
-            rows.append([cls] + [fmt(groups[g]["per_class"][j]["auroc"]) for g in names])
+            rows.append([cls] + [_marked(groups[g]["per_class"][j]) for g in names])
         lines += md_table(["AUROC"] + names, rows) + [""]
+        if any(groups[g].get("mean_auroc_small_sample_classes") for g in names):
+            lines += [f"† too few cases: fewer than {small_sample.MIN_CASES} positive or {small_sample.MIN_CASES} "
+                      "negative patients in the group; after a mean, how many of its classes are so.", ""]
     else:
         lines += ["No subgroup large enough to report.", ""]
     for item in sub["skipped"]:

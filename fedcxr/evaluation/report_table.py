@@ -25,7 +25,7 @@ from typing import Any, Mapping, Optional
 
 from fedcxr.errors import UserError
 from fedcxr.escape import md, to_csv_text
-from fedcxr.evaluation import metrics
+from fedcxr.evaluation import metrics, small_sample
 from fedcxr.evaluation.report import ALPHA, MIN_SUBGROUP_ROWS, report_header
 from fedcxr.evaluation.report_files import per_class_frame, write_json, write_text
 from fedcxr.evaluation.report_markdown import render_markdown
@@ -77,7 +77,7 @@ def build_summary_report(summaries: Mapping[str, Mapping], run_info: Mapping, *,
         if problem:
             missing[site] = f"unusable summary from the site: {problem}"
         else:
-            sites[site] = dict(summaries[site])
+            sites[site] = upgrade_entry(summaries[site])
     for site in wanted:
         if site not in sites and site not in missing:
             missing[site] = "no summary from the site"
@@ -87,7 +87,7 @@ def build_summary_report(summaries: Mapping[str, Mapping], run_info: Mapping, *,
         "ci": {"level": 1 - ALPHA,
                "method": ("patient-level bootstrap (percentile), at each site" if n_boot > 0
                           else "DeLong (normal approximation), at each site"),
-               "n_boot": int(n_boot), "seed": int(seed)},
+               "n_boot": int(n_boot), "seed": int(seed), "small_sample": small_sample.rule_info()},
         "min_subgroup_rows": MIN_SUBGROUP_ROWS,
         "calibration": {"n_bins": None, "binning": "per site (see each site's calibration)"},
         "operating_points": None,
@@ -95,6 +95,20 @@ def build_summary_report(summaries: Mapping[str, Mapping], run_info: Mapping, *,
         "sites_without_predictions": [{"site": s, "reason": r} for s, r in missing.items()],
         "cross_site": cross_site or {},
     }
+
+
+def upgrade_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A site entry with the schema-3 small-sample fields (:mod:`fedcxr.evaluation.small_sample`), filled in
+    where a site running an older fedcxr, or a report written before schema 3, lacks them: per class
+    ``small_sample`` from the image counts, the methods unknown (None); the mean's small-sample classes
+    from its rows. Entries that have them are returned as they are (copied)."""
+    out = dict(entry)
+    out["per_class"] = [small_sample.fill_row(r) for r in entry["per_class"]]
+    if "mean_auroc_small_sample_classes" not in out:
+        small = {r["class"] for r in out["per_class"] if r["small_sample"]}
+        out["mean_auroc_small_sample_classes"] = [c for c in out["mean_auroc_classes"] if c in small]
+    out.setdefault("mean_auroc_ci_method", None)
+    return out
 
 
 def write_summary_report(run_dir: Path | str, report: dict) -> list[Path]:
@@ -119,13 +133,26 @@ def cross_site_markdown(report: dict) -> list[str]:
     lines = ["## Cross-site matrix", "", "Mean AUROC of each model (rows) on each site's "
              f"{report['split']} split (columns); `SRV_server` is the final global model.", "",
              "| Model | " + " | ".join(md(s) for s in sites) + " |", "|---|" + "---|" * len(sites)]
+    marked = False
     for owner, cells in models.items():
         values = []
         for site in sites:
-            value = (cells.get(site) or {}).get("mean_auroc")
-            values.append(f"{value:.3f}" if isinstance(value, (int, float)) and value == value else "n/a")
+            cell = cells.get(site) or {}
+            value, small = cell.get("mean_auroc"), cell.get("small_sample_classes") or 0
+            text = f"{value:.3f}" if isinstance(value, (int, float)) and value == value else "n/a"
+            if small and text != "n/a":
+                text += f" †{small}/{cell.get('n_classes', '?')}"
+                marked = True
+            values.append(text)
         lines.append(f"| {md(owner)} | " + " | ".join(values) + " |")
+    if marked:
+        lines += ["", f"†k/K: k of the K classes behind the mean have too few cases (fewer than "
+                  f"{small_sample.MIN_CASES} positive or {small_sample.MIN_CASES} negative patients at that site)."]
     return lines
+
+
+#: the entry's numbers that JSON stores as null when undefined (NaN again when read back)
+_NUMBERS = ("mean_auroc", "mean_auroc_ci_low", "mean_auroc_ci_high", "accuracy", "accuracy_ci_low", "accuracy_ci_high")
 
 
 def load_summary_results(run_dir: Path | str, split: str) -> Optional[dict[str, dict]]:
@@ -147,8 +174,7 @@ def load_summary_results(run_dir: Path | str, split: str) -> Optional[dict[str, 
         problem = entry_problem(entry, list(report.get("classes") or []))
         if problem:
             raise UserError(f"{path}: site {site!r}: {problem}")
-        out[site] = {k: (float("nan") if v is None and k.startswith(("mean_auroc", "accuracy")) else v)
-                     for k, v in entry.items()}
+        out[site] = {k: (float("nan") if v is None and k in _NUMBERS else v) for k, v in upgrade_entry(entry).items()}
         for row in out[site]["per_class"]:
             for key in ("auroc", "ci_low", "ci_high", "prevalence"):
                 if row.get(key) is None:

@@ -10,8 +10,11 @@ accepts a summary only when it has exactly the shape :func:`fedcxr.evaluation.re
 * every key is a known field at its place (anything else is refused);
 * AUROCs, CIs, prevalences, accuracies, Brier scores, ECEs and bin edges are numbers in [0, 1]
   (or null/NaN where undefined); counts are non-negative integers, positives ≤ labeled rows;
-* every text is a class of the run, a subgroup value of fedcxr's vocabularies, or one of the
-  reason texts fedcxr itself writes (:data:`REASONS`); nothing else.
+* every text is a class of the run, a subgroup value of fedcxr's vocabularies, one of the
+  reason texts fedcxr itself writes (:data:`REASONS`) or one of its interval methods; nothing else;
+* the small-sample flag (schema 3, :mod:`fedcxr.evaluation.small_sample`) is true or false and
+  agrees with the row's counts (a class with 2 positives cannot be sent as a large sample), and
+  patient counts never exceed image counts.
 
 The server escapes every text it writes anyway (:mod:`fedcxr.escape`); this check makes sure
 the numbers in a consortium's report are at least possible ones. A site can still lie within
@@ -27,6 +30,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from fedcxr.escape import short
+from fedcxr.evaluation import small_sample
 from fedcxr.vocab import AUX_VOCAB
 
 #: the reason texts fedcxr's evaluation writes (``{class}`` is a class of the run, ``{split}`` a split)
@@ -39,6 +43,10 @@ REASONS = (
     r"CI undefined: every bootstrap resample lost a class", r"no labeled rows of {class}",
     r"no aux__(?:sex|age_bin|race) column in predictions", r"value not recorded \(null\)", r"fewer than \d{1,6} rows",
     r"no label__{class} or prob__{class} column",
+    # schema 3: the small-sample rule (fedcxr.evaluation.small_sample)
+    re.escape(small_sample.ONE_PATIENT), re.escape(small_sample.MEAN_WITHOUT_INTERVAL),
+    "(?:" + "|".join(re.escape(small_sample.collapsed(m, r)) for m in (small_sample.BOOTSTRAP, small_sample.DELONG)
+                     for r in (small_sample.NEWCOMBE, small_sample.WILSON)) + ")",
 )
 SUBGROUP_TASKS = ("sex", "age_bin", "race")
 BINNING = "equal-width on [0, 1]"
@@ -50,9 +58,13 @@ _PROB_ENTRY = ("mean_auroc", "mean_auroc_ci_low", "mean_auroc_ci_high", "accurac
 _ENTRY_REQUIRED = ("n_rows", "n_patients", "per_class", "mean_auroc", "mean_auroc_ci_low", "mean_auroc_ci_high",
                    "mean_auroc_classes", "mean_auroc_reason")
 _ENTRY_OPTIONAL = ("mean_auroc_ci_skipped", "accuracy", "accuracy_threshold", "accuracy_ci_low", "accuracy_ci_high",
-                   "accuracy_reason")
+                   "accuracy_reason", "mean_auroc_small_sample_classes", "mean_auroc_ci_method",
+                   "accuracy_small_sample", "accuracy_ci_method")
 _CLASS_ROW = {"class": "cls", "auroc": "prob", "ci_low": "prob", "ci_high": "prob", "n": "count",
               "n_pos": "count", "prevalence": "prob", "reason": "reason"}
+#: schema 3 (optional: a site running an older fedcxr does not send them; the server fills them in)
+_CLASS_ROW_OPTIONAL = {"ci_skipped": "count", "small_sample": "flag", "ci_method": "method",
+                       "pos_patients": "count", "neg_patients": "count"}
 _CAL_ROW = {"class": "cls", "n": "count", "n_pos": "count", "brier": "prob", "ece": "prob", "reason": "reason"}
 _BIN = {"low": "prob", "high": "prob", "n": "count", "mean_predicted": "prob", "observed": "prob"}
 
@@ -93,14 +105,25 @@ class _Checker:
         for key in ("mean_auroc_reason", "accuracy_reason"):
             if key in record:
                 self.reason(record[key], f"{where}.{key}")
+        for key in ("mean_auroc_ci_method", "accuracy_ci_method"):
+            if key in record:
+                self.method(record[key], f"{where}.{key}")
+        if "accuracy_small_sample" in record:
+            self.flag(record["accuracy_small_sample"], f"{where}.accuracy_small_sample")
         used = self.sequence(record["mean_auroc_classes"], f"{where}.mean_auroc_classes")
         for i, cls in enumerate(used):
             self.cls(cls, f"{where}.mean_auroc_classes[{i}]")
+        small = self.sequence(record.get("mean_auroc_small_sample_classes", []),
+                              f"{where}.mean_auroc_small_sample_classes")
+        for i, cls in enumerate(small):
+            if cls not in used:
+                raise _Refused(f"{where}.mean_auroc_small_sample_classes[{i}]: {short(cls)} is not behind the mean")
         rows = self.sequence(record["per_class"], f"{where}.per_class")
         if [r.get("class") if isinstance(r, Mapping) else None for r in rows] != self.classes:
             raise _Refused(f"{where}.per_class: rows are not the run's classes in order")
         for i, row in enumerate(rows):
-            self.row(row, f"{where}.per_class[{i}]", _CLASS_ROW, optional={"ci_skipped": "count"})
+            self.row(row, f"{where}.per_class[{i}]", _CLASS_ROW, optional=_CLASS_ROW_OPTIONAL)
+            self.small_flag(row, f"{where}.per_class[{i}]")
         if top:
             self.subgroups(record["subgroups"], f"{where}.subgroups")
             if "calibration" in record:
@@ -162,6 +185,17 @@ class _Checker:
         if "n_pos" in record and record["n_pos"] > record["n"]:
             raise _Refused(f"{where}: more positives ({short(record['n_pos'])}) than labeled rows ({short(record['n'])})")
 
+    def small_flag(self, row: Mapping, where: str) -> None:
+        """The flag and patient counts must agree with the row's own counts: a site cannot call 2
+        positives a large sample (cases in patients are never more than images)."""
+        n_pos, n_neg = row["n_pos"], row["n"] - row["n_pos"]
+        for key, images in (("pos_patients", n_pos), ("neg_patients", n_neg)):
+            if key in row and row[key] > images:
+                raise _Refused(f"{where}.{key}: {short(row[key])} patients but {images} images")
+        if row.get("small_sample") is False and small_sample.is_small(n_pos, n_neg):
+            raise _Refused(f"{where}.small_sample: false with {n_pos} positive and {n_neg} negative images "
+                           f"(fewer than {small_sample.MIN_CASES} is small-sample)")
+
     # ------------------------------------------------------------------ values
     def mapping(self, value: Any, where: str) -> Mapping:
         if not isinstance(value, Mapping):
@@ -197,6 +231,14 @@ class _Checker:
         if not 0 <= int(value) <= MAX_COUNT:
             raise _Refused(f"{where}: {short(value)} is not a count (0 to {MAX_COUNT:,})")
         return int(value)
+
+    def flag(self, value: Any, where: str) -> None:
+        if not isinstance(value, (bool, np.bool_)):
+            raise _Refused(f"{where}: {short(value)} is not true or false")
+
+    def method(self, value: Any, where: str) -> None:
+        if value is not None and value not in small_sample.CI_METHODS:
+            raise _Refused(f"{where}: {short(value)} is not an interval method fedcxr uses")
 
     def cls(self, value: Any, where: str) -> None:
         if value not in self.classes:

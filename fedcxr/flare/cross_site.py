@@ -18,7 +18,8 @@ on its own label space. So the controller sends each site its deployed model (th
 parameters ``fedcxr evaluate`` scores it with), and for per-site methods the global model too.
 
 Each site answers with a summary (:mod:`fedcxr.flare.site_evaluation`), checked by
-:func:`fedcxr.flare.wire.check_summary`; the server writes ``report.json``, ``per_class.csv`` and
+:func:`fedcxr.flare.wire.check_summary` and :func:`fedcxr.evaluation.summary_check.summary_problem`
+(which also checks the small-sample flags against the counts); the server writes ``report.json``, ``per_class.csv`` and
 ``report.md`` with :mod:`fedcxr.evaluation.report_table`. A site that fails, does not answer or
 sends a refused reply is named in the report (``sites_without_predictions``) with the reason;
 the others are reported.
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fedcxr.atomic import atomic_write_json
-from fedcxr.evaluation.report_table import build_summary_report, write_summary_report
+from fedcxr.evaluation.report_table import build_summary_report, upgrade_entry, write_summary_report
 from fedcxr.evaluation.runs import load_run_info
 from fedcxr.evaluation.summary_check import summary_problem
 from fedcxr.flare.site_evaluation import VALIDATE_TASK
@@ -131,9 +132,13 @@ def _ask(transport: Transport, sites: list[str], params, config: ValidateTask,
 
 
 def _cell(metrics: dict) -> dict:
+    """One model × site cell: mean AUROC, rows, class AUROCs and how many classes behind the mean are
+    small-sample (:mod:`fedcxr.evaluation.small_sample`; from the flags the site sent, or its counts)."""
     summary = metrics["summary"]
+    small = upgrade_entry(summary)["mean_auroc_small_sample_classes"] if "per_class" in summary else []
     return {"mean_auroc": summary.get("mean_auroc"), "n_rows": summary.get("n_rows"),
-            "auroc": {r["class"]: r.get("auroc") for r in summary.get("per_class", [])}}
+            "auroc": {r["class"]: r.get("auroc") for r in summary.get("per_class", [])},
+            "n_classes": len(summary.get("mean_auroc_classes") or []), "small_sample_classes": len(small)}
 
 
 def write_cross_val_results(run_dir: Path, matrix: dict[str, dict[str, Any]]) -> Path:
@@ -142,6 +147,7 @@ def write_cross_val_results(run_dir: Path, matrix: dict[str, dict[str, Any]]) ->
     for owner, cells in matrix.items():
         for site, cell in cells.items():
             by_site.setdefault(site, {})[owner] = {"val_mean_auroc": cell["mean_auroc"], "n": cell["n_rows"],
+                                                   "val_small_sample_classes": cell.get("small_sample_classes", 0),
                                                    **{f"val_auroc_{c}": v for c, v in cell["auroc"].items()}}
     path = Path(run_dir) / CROSS_VAL_DIR / CROSS_VAL_FILE
     atomic_write_json(path, _nan_to_none(by_site))

@@ -3,7 +3,8 @@
 After the last round the server sends each site the model to evaluate (the final global model,
 and for per-site methods — PFL heads, FedBN statistics — the site's own model). The site scores
 its own ``split`` (default ``test``) where its images are and answers with **summaries only**:
-per class AUROC with patient-bootstrap CI, n, positives, prevalence; the mean AUROC; subgroup
+per class AUROC with patient-bootstrap CI, n, positives, prevalence, the small-sample flag and the
+interval's method (:mod:`fedcxr.evaluation.small_sample`: counts only); the mean AUROC; subgroup
 AUROCs (sex, age bin, race; groups under :data:`~fedcxr.evaluation.report.MIN_SUBGROUP_ROWS`
 rows are named as skipped) and calibration summaries — the ``sites`` entry of ``report.json``,
 computed by the same :mod:`fedcxr.evaluation.report` functions ``fedcxr evaluate`` uses.

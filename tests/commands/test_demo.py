@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from fedcxr.commands.demo import METHODS
+from fedcxr.commands.demo import METHODS, print_table
 
 
 def test_demo_quick_compares_three_ways_side_by_side(quick_demo):
@@ -20,6 +20,9 @@ def test_demo_quick_compares_three_ways_side_by_side(quick_demo):
             assert mean > 0.55, mean
         assert (run / "roc_dicom_style.png").stat().st_size > 10_000
         assert f"  {method:<28} {mean:.3f} (" in out  # the console table shows each method's mean and CI
+        small = report["sites"]["dicom_style"]["mean_auroc_small_sample_classes"]
+        if small:  # the quick demo's tiny test split: the console marks it, never a bare 1.000 (1.000–1.000)
+            assert f" †{len(small)}/{len(report['sites']['dicom_style']['mean_auroc_classes'])}" in out
     comparison = json.loads((out_dir / "comparison.json").read_text())
     assert [row["method"] for row in comparison["table"]] == [m for m, _ in METHODS]
     assert comparison["baseline"] == "Target_Only" and len(comparison["tests"]) == 2
@@ -30,3 +33,18 @@ def test_demo_quick_compares_three_ways_side_by_side(quick_demo):
     # the quick numbers come from a tiny test set: the demo says they mean nothing
     n_test = json.loads((out_dir / "runs" / "Target_Only" / "report.json").read_text())["sites"]["dicom_style"]["n_rows"]
     assert f"dicom_style's test split holds only {n_test} images, so these AUROCs and p-values mean nothing" in out
+
+
+def test_the_console_table_marks_means_resting_on_too_few_cases(capsys):
+    column = {"label": "dicom_style", "site": "dicom_style", "target": "dicom_style", "binary": False}
+    cells = {"Target_Only": {"auroc_mean": 0.7, "auroc_ci_low": 0.4, "auroc_ci_high": 0.9, "auroc_classes": 3,
+                             "auroc_small_sample_classes": 2},
+             "FedAvg_Finetune": {"auroc_mean": 0.8, "auroc_ci_low": 0.75, "auroc_ci_high": 0.85, "auroc_classes": 3,
+                                 "auroc_small_sample_classes": 0}}
+    comparison = {"columns": [column], "baseline": "Target_Only", "tests": [],
+                  "table": [{"method": m, "cells": {"dicom_style": c}} for m, c in cells.items()]}
+    assert print_table(comparison, "dicom_style") == {"Target_Only": 0.7, "FedAvg_Finetune": 0.8}
+    out = capsys.readouterr().out
+    assert "  Target_Only                  0.700 (0.400–0.900) †2/3" in out
+    assert "  FedAvg_Finetune              0.800 (0.750–0.850) " in out and "0.850) †" not in out
+    assert "†k/K: k of the K classes behind the mean have too few cases" in out

@@ -66,14 +66,28 @@ def test_readme_own_data_in_three_steps_runs_as_written(tmp_path, monkeypatch, c
     monkeypatch.chdir(tmp_path)
     for argv in commands:
         assert main(argv[1:]) == 0, argv
-    capsys.readouterr()
+    out = capsys.readouterr().out
     run = tmp_path / "mystudy" / "run"
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "finished" and info["sites"] == ["hospital_a", "hospital_b", "hospital_c"]
     report = json.loads((run / "report.json").read_text())
     assert report["sites"]["hospital_c"]["n_rows"] > 0
     assert sorted(report["classes"]) == ["cardiomegaly", "edema", "pleural_effusion"]
-    assert "![Training loss and validation AUROC per round](training_curves.png)" in (run / "report.md").read_text()
+    text = (run / "report.md").read_text()
+    assert "![Training loss and validation AUROC per round](training_curves.png)" in text
+    # the target's test split is tiny: every class is marked, no interval pretends to certainty (issue 28)
+    site = report["sites"]["hospital_c"]
+    assert report["schema_version"] == 3 and site["mean_auroc_small_sample_classes"]
+    for row in site["per_class"]:
+        if row["auroc"] is not None:
+            assert row["small_sample"] is True and row["ci_method"] == "Newcombe score"
+            assert row["ci_high"] - row["ci_low"] > 0.1, row
+            assert f"too few cases: {row['n_pos']} positive" in text
+    assert site["mean_auroc_ci_high"] - site["mean_auroc_ci_low"] > 0.1
+    assert f"{len(site['mean_auroc_small_sample_classes'])} of them with too few cases" in text
+    assert "(1.000–1.000)" not in text
+    assert f"({len(site['mean_auroc_small_sample_classes'])} with too few cases, see report.md)" in out  # console
+    assert list(pd.read_csv(run / "per_class.csv").columns[9:11]) == ["small_sample", "ci_method"]
     rounds = yaml.safe_load((run / "config.yaml").read_text())["rounds"]
     log = (run / "train.log").read_text()
     assert [int(m) for m in re.findall(rf"round (\d+)/{rounds} ", log)] == list(range(1, rounds + 1))

@@ -90,7 +90,7 @@ def test_written_comparison(tmp_path, result):
     csv = pd.read_csv(tmp_path / "cmp" / "comparison.csv")
     assert csv.loc[csv["best_auroc"], "method"].tolist() == ["Surgical", "Surgical"]
     saved = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
-    assert saved["baseline"] == "FedAvg" and saved["schema_version"] == 2  # 2: clustered DeLong, q-values
+    assert saved["baseline"] == "FedAvg" and saved["schema_version"] == 3  # 2: clustered DeLong, q-values; 3: small samples
     assert saved["table"][0]["cells"]["site-a"]["auroc_ci_low"] is None
     tests_csv = pd.read_csv(tmp_path / "cmp" / "comparison_tests.csv")
     assert set(tests_csv["test"]) == {"paired t-test over class AUROCs", "DeLong"}
@@ -215,3 +215,35 @@ def test_runs_with_and_without_a_target_get_distinct_columns(tmp_path, make_pred
     labels = [c["label"] for c in compare_runs(dirs, n_boot=0)["columns"]]
     assert len(labels) == len(set(labels))
     assert "site-a (no target)" in labels and "site-a" in labels
+
+
+# --------------------------------------------------------------------------- small samples
+
+
+def test_comparison_marks_means_and_tests_resting_on_too_few_cases(tmp_path, make_predictions, make_run, result):
+    dirs = []
+    for method, skill in (("Local", 0.5), ("FedAvg", 2.5)):  # 12 test patients, one image each
+        frame = make_predictions(sites=("site-a",), patients_per_site=12, images_per_patient=1, skill=skill,
+                                 all_negative=(), prevalence=0.4)
+        dirs.append(make_run(tmp_path / method, frame, method=method))
+    small = compare_runs(dirs, baseline="Local", n_boot=100)
+    cell = _cell(small, "FedAvg", "site-a")
+    assert cell["auroc_classes"] >= 2 and cell["auroc_small_sample_classes"] == cell["auroc_classes"]
+    assert cell["auroc_ci_method"] == "mean of the class intervals"
+    assert cell["auroc_ci_low"] < cell["auroc_mean"] < cell["auroc_ci_high"]
+    assert small["ci"]["small_sample"]["min_cases"] == 10
+    delong = small["tests"][0]["delong"]
+    assert all(d["small_sample"] for d in delong)
+    assert small["tests"][0]["ttest"]["n_small_sample_pairs"] == small["tests"][0]["ttest"]["n_pairs"]
+    paths = write_comparison(small, tmp_path / "out")
+    md = paths[0].read_text()
+    k = cell["auroc_small_sample_classes"]
+    assert f" †{k}/{k} |" in md and "†k/K: k of the K classes behind the mean have too few cases" in md
+    assert "the z-test is unreliable" in md and "too few cases: " in md
+    assert f"({k} of {k} pairs with too few cases)" in md
+    csv = pd.read_csv(paths[1])
+    assert csv["auroc_small_sample_classes"].tolist() == [k, k]
+    assert pd.read_csv(paths[3])["small_sample"].all()
+    # runs with enough cases carry no mark
+    assert all(c["auroc_small_sample_classes"] == 0 for row in result["table"] for c in row["cells"].values())
+    assert "†" not in render_markdown(result)

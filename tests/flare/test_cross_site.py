@@ -225,3 +225,30 @@ def test_real_pneumoniamnist_sites_report_the_same_aurocs_as_fedcxr_evaluate(sha
         assert ours["per_class"][0]["auroc"] == pytest.approx(theirs["per_class"][0]["auroc"], abs=1e-6)
         assert ours["per_class"][0]["ci_low"] < ours["per_class"][0]["auroc"] < ours["per_class"][0]["ci_high"]
         assert ours["accuracy"] == pytest.approx(theirs["accuracy"], abs=1e-9)
+
+
+def test_a_site_summary_carries_the_small_sample_flag_through_the_wire_and_into_the_matrix(tmp_path):
+    """Pure functions, no training: a site with 2 positives summarises, the wire and the server accept
+    the flag, and the cross-site matrix and FLARE's cross_val_results.json count the small classes."""
+    from fedcxr.evaluation.summary_check import summary_problem
+    from fedcxr.flare.cross_site import _cell, write_cross_val_results
+    from fedcxr.flare.site_evaluation import summarize
+    from fedcxr.flare.wire import check_summary, plain
+
+    rng = np.random.default_rng(0)
+    n = 40
+    frame = pd.DataFrame({"site": "nih_style", "row_key": [f"r{i}" for i in range(n)],
+                          "patient_key": [f"p{i // 2}" for i in range(n)],
+                          "label__edema": np.r_[np.ones(2), np.zeros(n - 2)], "prob__edema": rng.uniform(size=n),
+                          "label__effusion": np.tile([1.0, 0.0], n // 2), "prob__effusion": rng.uniform(size=n)})
+    summary = summarize(frame, ["edema", "effusion"], split="test", n_boot=50, seed=0)
+    metrics = plain({"split": "test", "model_owner": SERVER_MODEL, "n": n, "summary": summary})
+    check_summary(metrics)  # the wire lets the flag and the method through
+    assert summary_problem(metrics["summary"], ["edema", "effusion"]) is None
+    edema, effusion = metrics["summary"]["per_class"]
+    assert edema["small_sample"] is True and edema["ci_method"] == "Newcombe score"
+    assert effusion["small_sample"] is False and (effusion["pos_patients"], effusion["neg_patients"]) == (20, 20)
+    cell = _cell(metrics)
+    assert (cell["small_sample_classes"], cell["n_classes"]) == (1, 2)
+    path = write_cross_val_results(tmp_path, {SERVER_MODEL: {"nih_style": cell}})
+    assert json.loads(path.read_text())["nih_style"][SERVER_MODEL]["val_small_sample_classes"] == 1
