@@ -124,8 +124,10 @@ def assemble(cfg: ExperimentConfig, payloads: dict[str, dict], options: StatsOpt
 
 
 def _mechanism(options: StatsOptions) -> str:
-    text = (f"every cell below {options.min_count} suppressed at the site (null), then the smallest shown cells of "
-            "a group until its suppressed cells sum to 0 or at least the min count (complementary suppression)")
+    text = (f"every cell below {options.min_count} suppressed at the site (null), then more cells (the smallest "
+            "shown, ties together) until no suppressed count from 1 to the min count minus 1 can be worked out from "
+            "the cells shown, the group totals and the site's linked groups (secondary suppression, audited by "
+            "linear programming across the age/sex pyramid and its margins, the acquisition groups and the splits)")
     if options.epsilon is None:
         return text + "; no noise"
     return (f"Laplace noise first: each site's ε = {options.epsilon:g} split evenly over its G groups, cell noise "
