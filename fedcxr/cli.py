@@ -346,7 +346,21 @@ DISK_FULL_ADVICE = {
     "predict": "no half-written CSV is kept (atomic writes); run `fedcxr predict` again",
     "export-bundle": "remove the half-made bundle folder and export again",
     "report": "files written before are kept whole (atomic writes); run `fedcxr report` again",
+    "sweep": "checkpoints of the completed rounds are kept; free disk space and run the same `fedcxr sweep` "
+             "again (it resumes the interrupted run)",
+    "stats": "nothing was replaced: the previous stats.json, stats.md and figures are kept as they were "
+             "(all or nothing); free disk space and run `fedcxr stats` again",
 }
+
+
+def disk_full_advice(args: argparse.Namespace) -> str:
+    """What to do after a full disk, for this command: its own advice, ``--resume`` only where the
+    command has it, else run it again."""
+    if args.command in DISK_FULL_ADVICE:
+        return DISK_FULL_ADVICE[args.command]
+    if hasattr(args, "resume"):
+        return RunFailed.ADVICE
+    return f"files written before are kept whole (atomic writes); free disk space and run `fedcxr {args.command}` again"
 
 
 def _run_command(args: argparse.Namespace) -> int:
@@ -359,7 +373,7 @@ def _run_command(args: argparse.Namespace) -> int:
         full = disk_full(exc)
         if full is None:
             raise
-        raise RunFailed(disk_full_message(full), advice=DISK_FULL_ADVICE.get(args.command)) from exc
+        raise RunFailed(disk_full_message(full), advice=disk_full_advice(args)) from exc
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
