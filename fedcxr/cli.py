@@ -28,6 +28,7 @@ HANDLERS: dict[str, str] = {
     "evaluate": "fedcxr.commands.evaluate:cli_evaluate",
     "predict": "fedcxr.commands.predict:cli_predict",
     "export-bundle": "fedcxr.commands.export_bundle:cli_export_bundle",
+    "verify-bundle": "fedcxr.commands.export_bundle:cli_verify_bundle",
     "report": "fedcxr.commands.report:cli_report",
     "demo": "fedcxr.commands.demo:cli_demo",
     "sweep": "fedcxr.commands.sweep:cli_sweep",
@@ -242,6 +243,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path, help="a finished run directory")
     p.add_argument("--out", required=True, type=Path, help="bundle folder to create (new or empty)")
     p.add_argument("--site", default=None, help="export this site's own model (PFL, FedBN, Individual); unset: global")
+    p.add_argument("--sign-key", type=Path, default=None, metavar="KEY.pem",
+                   help="sign the bundle's checksums with this Ed25519 private key (PEM, readable by you only)")
+    p.add_argument("--new-key", action="store_true",
+                   help="create the --sign-key file first (never over an existing one), its public key as KEY.pub.pem")
+
+    p = command("verify-bundle", "check a bundle's signature with the signer's public key, then every file")
+    p.add_argument("bundle", type=Path, help="an exported bundle folder")
+    p.add_argument("--key", required=True, type=Path, metavar="PUB.pem", help="the signer's Ed25519 public key (PEM)")
 
     p = command("report", "method-comparison table across runs")
     p.add_argument("run_dirs", nargs="+", type=Path, help="evaluated run directories")
