@@ -45,6 +45,7 @@ _SKIP_NAMES = frozenset({"DICOMDIR", "Thumbs.db", "desktop.ini"})
 
 
 CHECKSUMS = "checksums.sha256"
+MAX_LISTING_BYTES = 4 << 20
 #: folders of a bundle whose every file is listed in :data:`CHECKSUMS`
 SHIPPED = ("models", "configs", "scripts", "docs")
 
@@ -80,8 +81,12 @@ def verify_bundle(bundle_root: str | os.PathLike) -> None:
     if not listing.is_file():
         raise RuntimeError(f"{listing}: missing; this bundle cannot be verified (export it again with "
                            "`fedcxr export-bundle`)")
+    with open(listing, "rb") as handle:  # a regular file (is_file above); bounded: a listing is a few kB
+        data = handle.read(MAX_LISTING_BYTES + 1)
+    if len(data) > MAX_LISTING_BYTES:
+        raise RuntimeError(f"{listing}: over {MAX_LISTING_BYTES} bytes; not a bundle's checksum listing")
     expected: dict[str, str] = {}
-    for number, line in enumerate(listing.read_text(encoding="utf-8", errors="replace").splitlines()[:10000], 1):
+    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines()[:10000], 1):
         digest, _, name = line.partition("  ")
         if not re.fullmatch(r"[0-9a-f]{64}", digest) or not name or name.startswith("/") or ".." in name.split("/"):
             raise RuntimeError(f"{listing} line {number}: not '<sha256>  <relative path>'")

@@ -37,6 +37,8 @@ CHECKSUMS = "checksums.sha256"
 ALGORITHM = "Ed25519"
 #: a PEM key file is a few hundred bytes; anything far larger is not one
 MAX_KEY_BYTES = 64 * 1024
+#: the longest checksum manifest read (the runtime refuses a longer one too)
+MAX_MANIFEST_BYTES = 4 << 20
 
 
 class SignatureError(UserError):
@@ -162,15 +164,18 @@ def verify_signature(bundle: Path | str, public_key: Path | str) -> str:
     if not manifest_path.is_file():
         raise SignatureError(f"bundle {bundle}: {CHECKSUMS} missing; nothing to verify the signature over")
     try:
-        record = json.loads(sig_path.read_bytes()[:MAX_KEY_BYTES])
+        with open(sig_path, "rb") as handle:  # a regular file (is_file above), read within a bound
+            record = json.loads(handle.read(MAX_KEY_BYTES))
         signature = base64.b64decode(record["signature"], validate=True)
         algorithm, signer = record["algorithm"], str(record.get("key_id", ""))[:64]
     except (ValueError, KeyError, TypeError) as exc:
         raise SignatureError(f"{sig_path}: not a fedcxr signature ({type(exc).__name__}); refused") from None
     if algorithm != ALGORITHM:
         raise SignatureError(f"{sig_path}: algorithm {str(algorithm)[:40]!r}, expected {ALGORITHM}; refused")
+    with open(manifest_path, "rb") as handle:
+        manifest = handle.read(MAX_MANIFEST_BYTES + 1)
     try:
-        key.verify(signature, manifest_path.read_bytes())
+        key.verify(signature, manifest)
     except InvalidSignature:
         if signer != expected:
             raise SignatureError(f"bundle {bundle} is signed by another key (key id {signer!r}), not by "
