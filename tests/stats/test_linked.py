@@ -176,3 +176,38 @@ def test_the_release_leaves_no_hidden_cell_exact_across_linked_groups(case):
     payload = release(site, min_count=K)
     assert payload["status"] == "ok"
     assert exact_cells(make(), payload, true) == []
+
+
+def random_site(rng: np.random.Generator, n: int) -> dict[str, list[int]]:
+    """The linked groups of ``n`` random rows, counted from the rows, so every link holds exactly."""
+    sex, age = rng.choice(3, n, p=[.45, .45, .1]), rng.choice(6, n, p=[.05, .2, .3, .3, .1, .05])
+    split, labeled = rng.choice(3, n, p=[.7, .15, .15]), rng.random(n) < .8
+    kind = rng.choice(4, n, p=[.6, .3, .08, .02])  # dicom, png, jpeg, unreadable
+    dicom, readable = kind == 0, kind != 3
+    g = {"split": np.bincount(split, minlength=3),
+         "train_labels": np.array([((split == 0) & labeled).sum(), ((split == 0) & ~labeled).sum()]),
+         "sex": np.bincount(sex, minlength=3), "age_bin": np.bincount(age, minlength=6),
+         G.PYRAMID: np.bincount(np.where((sex < 2) & (age < 5), sex * 5 + age, 10), minlength=11),
+         "file_format": np.bincount(kind, minlength=4)}
+    for name in ("modality", "photometric", "manufacturer"):
+        own = len(G.categories(name)) - 2  # + not DICOM, unknown
+        cat = rng.choice(own + 1, n, p=np.r_[rng.dirichlet(np.ones(own)) * .95, .05])  # own + 'dicom without it'
+        g[name] = np.r_[[((cat == c) & dicom).sum() for c in range(own)], (kind == 1).sum() + (kind == 2).sum(),
+                        ((cat == own) & dicom).sum() + (kind == 3).sum()]
+    for name in ("image_rows", "image_cols"):
+        size = rng.choice(12, n, p=np.r_[rng.dirichlet(np.ones(11)) * .97, .03])
+        g[name] = np.r_[[((size == c) & readable).sum() for c in range(11)],
+                        ((size == 11) & readable).sum() + (kind == 3).sum()]
+    return {k: [int(x) for x in v] for k, v in g.items()}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_small_sites_leave_no_hidden_cell_exact(seed):
+    rng = np.random.default_rng(seed)
+    true = random_site(rng, int(rng.choice([20, 40, 80])))
+    site = SiteCounts(site="a", groups={g: np.array(v, dtype=np.int64) for g, v in true.items()}, image_size=4)
+    payload = release(site, min_count=K)
+    if payload["status"] == "suppressed":  # nothing sent: nothing to recover
+        return
+    for make in (split_cluster, demographics_cluster, acquisition_cluster):
+        assert exact_cells(make(), payload, true) == [], make.__name__
