@@ -30,6 +30,7 @@ HANDLERS: dict[str, str] = {
     "evaluate": "fedcxr.commands.evaluate:cli_evaluate",
     "predict": "fedcxr.commands.predict:cli_predict",
     "export-bundle": "fedcxr.commands.export_bundle:cli_export_bundle",
+    "verify-bundle": "fedcxr.commands.export_bundle:cli_verify_bundle",
     "report": "fedcxr.commands.report:cli_report",
     "demo": "fedcxr.commands.demo:cli_demo",
     "sweep": "fedcxr.commands.sweep:cli_sweep",
@@ -247,6 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path, help="a finished run directory")
     p.add_argument("--out", required=True, type=Path, help="bundle folder to create (new or empty)")
     p.add_argument("--site", default=None, help="export this site's own model (PFL, FedBN, Individual); unset: global")
+    p.add_argument("--sign-key", type=Path, default=None, metavar="KEY.pem",
+                   help="sign the bundle's checksums with this Ed25519 private key (PEM, readable by you only)")
+    p.add_argument("--new-key", action="store_true",
+                   help="create the --sign-key file first (never over an existing one), its public key as KEY.pub.pem")
+
+    p = command("verify-bundle", "check a bundle's signature with the signer's public key, then every file")
+    p.add_argument("bundle", type=Path, help="an exported bundle folder")
+    p.add_argument("--key", required=True, type=Path, metavar="PUB.pem", help="the signer's Ed25519 public key (PEM)")
 
     p = command("report", "method-comparison table across runs")
     p.add_argument("run_dirs", nargs="+", type=Path, help="evaluated run directories")
@@ -351,7 +360,21 @@ DISK_FULL_ADVICE = {
     "predict": "no half-written CSV is kept (atomic writes); run `fedcxr predict` again",
     "export-bundle": "remove the half-made bundle folder and export again",
     "report": "files written before are kept whole (atomic writes); run `fedcxr report` again",
+    "sweep": "checkpoints of the completed rounds are kept; free disk space and run the same `fedcxr sweep` "
+             "again (it resumes the interrupted run)",
+    "stats": "nothing was replaced: the previous stats.json, stats.md and figures are kept as they were "
+             "(all or nothing); free disk space and run `fedcxr stats` again",
 }
+
+
+def disk_full_advice(args: argparse.Namespace) -> str:
+    """What to do after a full disk, for this command: its own advice, ``--resume`` only where the
+    command has it, else run it again."""
+    if args.command in DISK_FULL_ADVICE:
+        return DISK_FULL_ADVICE[args.command]
+    if hasattr(args, "resume"):
+        return RunFailed.ADVICE
+    return f"files written before are kept whole (atomic writes); free disk space and run `fedcxr {args.command}` again"
 
 
 def _run_command(args: argparse.Namespace) -> int:
@@ -364,7 +387,7 @@ def _run_command(args: argparse.Namespace) -> int:
         full = disk_full(exc)
         if full is None:
             raise
-        raise RunFailed(disk_full_message(full), advice=DISK_FULL_ADVICE.get(args.command)) from exc
+        raise RunFailed(disk_full_message(full), advice=disk_full_advice(args)) from exc
 
 
 #: exit status when the reader of fedcxr's output went away (``fedcxr ... | head -1``): 128 + SIGPIPE,

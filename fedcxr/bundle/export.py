@@ -14,6 +14,10 @@ Layout (MONAI's bundle specification)::
     BUNDLE/docs/README.md            how to run it
     BUNDLE/checksums.sha256          SHA-256 of every file above (``sha256sum -c`` format), checked
                                      by the runtime before the model is loaded
+    BUNDLE/checksums.sha256.sig      with ``--sign-key KEY.pem``: an Ed25519 signature over the
+                                     checksums (:mod:`fedcxr.bundle.signing`); checked with the
+                                     public key the user names (``fedcxr verify-bundle``,
+                                     ``--verify_key`` on MONAI's runner, ``$FEDCXR_BUNDLE_KEY``)
 
 Run it with MONAI's runner::
 
@@ -132,8 +136,9 @@ def _inference_config(classes: list[str], size: int) -> dict:
         "image_size": size,
         "device": "$torch.device('cuda' if torch.cuda.is_available() else 'cpu')",
         "datalist": {"_target_": f"scripts.{RUNTIME}.list_images", "dataset_dir": "@dataset_dir"},
+        "verify_key": "",
         "network": {"_target_": f"scripts.{RUNTIME}.load_network", "bundle_root": "@bundle_root",
-                    "device": "@device"},
+                    "device": "@device", "verify_key": "@verify_key"},
         "preprocessing": {"_target_": "Compose", "transforms": [
             {"_target_": f"scripts.{RUNTIME}.LoadFedcxrImaged", "keys": "image", "size": "@image_size"},
         ]},
@@ -192,24 +197,42 @@ DIR: a folder of DICOM/PNG/JPEG files (searched recursively). OUT/predictions.cs
 image (its path relative to DIR: keep the file local) and `prob__<class>`; OUT/unread.csv: every
 file not scored (a link out of DIR, not a regular file, not decodable) and why. The runner first
 checks every file of the bundle against checksums.sha256 (`sha256sum -c checksums.sha256` does the
-same). Needs MONAI,
+same): that catches damage, not a deliberate change. {signed}Needs MONAI,
 pytorch-ignite, pandas and fedcxr (its decoder preprocesses the images exactly as in training).
 Operating points chosen on validation data, if the run was evaluated: configs/metadata.json,
 key `fedcxr.operating_points` (call a class positive when prob >= threshold).
 """
 
 
-def export_bundle(run_dir: Path | str, out: Path | str, *, site: Optional[str] = None) -> Path:
-    """Write the bundle for ``run_dir``'s global model (or ``site``'s own) into ``out``."""
+SIGNED = """This bundle is signed (checksums.sha256.sig, Ed25519, key id {key_id}). Check it with the
+signer's public key before running it, with the installed fedcxr: `fedcxr verify-bundle BUNDLE --key
+PUB.pem`; the runner checks it too when given `--verify_key PUB.pem` (or $FEDCXR_BUNDLE_KEY). """
+
+
+def export_bundle(run_dir: Path | str, out: Path | str, *, site: Optional[str] = None,
+                  sign_key: Optional[Path | str] = None, new_key: bool = False) -> Path:
+    """Write the bundle for ``run_dir``'s global model (or ``site``'s own) into ``out``.
+
+    ``sign_key``: sign the checksum manifest with this Ed25519 private key (PEM); ``new_key``:
+    create that key first (with its public half ``KEY.pub.pem``). The key is checked before
+    anything is written."""
+    from fedcxr.bundle.signing import key_id, load_private_key, new_key_pair, sign_bundle
     from fedcxr.evaluation.runs import thresholds_for
     from fedcxr.pipeline.inference import load_run_model
 
     run_dir, out = Path(run_dir), Path(out)
+    if new_key and sign_key is None:
+        raise UserError("--new-key needs --sign-key KEY.pem: the file to create the private key in")
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {out}: exists and is not empty; choose a new bundle folder")
     if out.resolve().is_relative_to(run_dir.resolve()):
         raise UserError(f"--out {out}: lies inside the run directory {run_dir}; choose a folder outside it")
+    if sign_key is not None and not new_key:
+        load_private_key(sign_key)
     loaded = load_run_model(run_dir, site)
+    if new_key:
+        new_key_pair(sign_key)
+    signer = key_id(load_private_key(sign_key).public_key()) if sign_key is not None else None
     threshold_site, thresholds = thresholds_for(run_dir, loaded.run, site)
     atomic_write_bytes(out / "models" / "model.ts", _trace(loaded.model.cpu(), loaded.image_size))
     atomic_write_json(out / "configs" / "metadata.json", _metadata(loaded, thresholds, threshold_site))
@@ -221,6 +244,8 @@ def export_bundle(run_dir: Path | str, out: Path | str, *, site: Optional[str] =
     (out / "docs").mkdir(exist_ok=True)
     (out / "docs" / "README.md").write_text(README.format(
         method=loaded.run.get("method"), model=site or "global", classes=", ".join(loaded.classes),
-        size=loaded.image_size))
+        size=loaded.image_size, signed=SIGNED.format(key_id=signer) if signer else ""))
     write_checksums(out)
+    if sign_key is not None:
+        sign_bundle(out, sign_key)
     return out

@@ -3,9 +3,13 @@
 MONAI's runner (``python -m monai.bundle run``) instantiates these from
 ``configs/inference.json``:
 
-* :func:`load_network` — checks every shipped file against ``BUNDLE/checksums.sha256``
-  (:func:`verify_bundle`: a changed, missing or added file stops the run naming it), then loads
-  ``models/model.ts``;
+* :func:`load_network` — with a public key named by the user (``--verify_key PUB.pem`` on MONAI's
+  command line, or ``$FEDCXR_BUNDLE_KEY``) first checks the Ed25519 signature over
+  ``checksums.sha256`` with the *installed* fedcxr (:func:`fedcxr.bundle.signing.verify_signature`:
+  an unsigned bundle, another signer or a change after signing stops the run); then checks every
+  shipped file against ``BUNDLE/checksums.sha256`` (:func:`verify_bundle`: a changed, missing or
+  added file stops the run naming it), then loads ``models/model.ts``. Without a key only the
+  checksums are checked, and the log says that they catch damage, not a deliberate change;
 * :func:`list_images` — the files under ``dataset_dir`` (DICOM with or without ``.dcm``, PNG, JPEG;
   hidden files and obvious metadata skipped), sorted by relative path. A file is never opened when
   its path leads out of ``dataset_dir`` (a symbolic link: ``fedcxr predict``'s containment) or when
@@ -41,6 +45,7 @@ _SKIP_NAMES = frozenset({"DICOMDIR", "Thumbs.db", "desktop.ini"})
 
 
 CHECKSUMS = "checksums.sha256"
+MAX_LISTING_BYTES = 4 << 20
 #: folders of a bundle whose every file is listed in :data:`CHECKSUMS`
 SHIPPED = ("models", "configs", "scripts", "docs")
 
@@ -76,8 +81,12 @@ def verify_bundle(bundle_root: str | os.PathLike) -> None:
     if not listing.is_file():
         raise RuntimeError(f"{listing}: missing; this bundle cannot be verified (export it again with "
                            "`fedcxr export-bundle`)")
+    with open(listing, "rb") as handle:  # a regular file (is_file above); bounded: a listing is a few kB
+        data = handle.read(MAX_LISTING_BYTES + 1)
+    if len(data) > MAX_LISTING_BYTES:
+        raise RuntimeError(f"{listing}: over {MAX_LISTING_BYTES} bytes; not a bundle's checksum listing")
     expected: dict[str, str] = {}
-    for number, line in enumerate(listing.read_text(encoding="utf-8", errors="replace").splitlines()[:10000], 1):
+    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines()[:10000], 1):
         digest, _, name = line.partition("  ")
         if not re.fullmatch(r"[0-9a-f]{64}", digest) or not name or name.startswith("/") or ".." in name.split("/"):
             raise RuntimeError(f"{listing} line {number}: not '<sha256>  <relative path>'")
@@ -91,8 +100,26 @@ def verify_bundle(bundle_root: str | os.PathLike) -> None:
                            + ("" if len(problems) <= 10 else f"; and {len(problems) - 10} more"))
 
 
-def load_network(bundle_root: str, device: Any = "cpu") -> torch.jit.ScriptModule:
-    """``models/model.ts``, after :func:`verify_bundle`: a tampered or damaged bundle never runs."""
+#: environment variable naming the public key a bundle's signature must verify with
+KEY_ENV = "FEDCXR_BUNDLE_KEY"
+
+
+def load_network(bundle_root: str, device: Any = "cpu", verify_key: str = "") -> torch.jit.ScriptModule:
+    """``models/model.ts``, after the signature check (when a key is named: ``verify_key``, else
+    ``$FEDCXR_BUNDLE_KEY``) and :func:`verify_bundle`: a damaged bundle never runs, nor, with a
+    key, one changed after it was signed."""
+    import logging
+
+    log = logging.getLogger("fedcxr.bundle")
+    key = str(verify_key or os.environ.get(KEY_ENV, "") or "")
+    if key:
+        from fedcxr.bundle.signing import verify_signature
+
+        signer = verify_signature(bundle_root, key)
+        log.info("bundle signature verified with %s (key id %s)", key, signer)
+    else:
+        log.warning("bundle checked against its checksums only: they catch damage, not a deliberate change; "
+                    "name the signer's public key (--verify_key PUB.pem or $%s) to check its signature", KEY_ENV)
     verify_bundle(bundle_root)
     return torch.jit.load(str(Path(bundle_root) / "models" / "model.ts"), map_location=device)
 

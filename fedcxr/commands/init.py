@@ -15,6 +15,7 @@ edits the column names. Nothing is overwritten: a ``DIR`` that holds files is re
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 from pathlib import Path
 
@@ -30,13 +31,20 @@ def init_study(folder: Path | str) -> dict:
     from fedcxr.synth.csv_example import write_csv_example
 
     folder = Path(folder)
+    if folder.is_symlink() and not folder.exists():
+        raise UserError(f"{folder}: a symbolic link to {os.readlink(folder)}, which does not exist; "
+                        "remove the link or choose a new folder")
     if folder.exists() and not folder.is_dir():
         raise UserError(f"{folder}: exists and is not a folder")
     present = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
     if present:
         shown = ", ".join(present[:5]) + (" ..." if len(present) > 5 else "")
         raise UserError(f"{folder}: not empty ({shown}); fedcxr init never overwrites: choose a new folder")
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError, PermissionError) as exc:  # a file or a dangling link on the way
+        raise UserError(f"{folder}: cannot create it ({exc.strerror or type(exc).__name__}"
+                        f"{': ' + str(exc.filename) if exc.filename else ''}); choose another folder") from None
     for name in FILES:
         shutil.copyfile(TEMPLATES / name, folder / name)
     counts = write_csv_example(folder / EXPORT)

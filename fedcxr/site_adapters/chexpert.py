@@ -54,6 +54,7 @@ Semantics (``../shared/data/SCHEMAS.md`` §1):
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from pathlib import Path
@@ -63,6 +64,7 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, require_columns
+from fedcxr.site_adapters.inputs import open_input
 from fedcxr.site_adapters.tables import (
     code_names,
     failed_note,
@@ -184,10 +186,10 @@ def _export_root(csv: Path) -> Path:
     (one level up) points into it, so the release folder is taken when it is there.
     """
     try:
-        with open(csv, encoding="utf-8", errors="replace") as handle:
+        with open_input(csv) as raw, io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as handle:
             handle.readline()
             first = handle.readline().split(",", 1)[0].strip().strip('"').replace("\\", "/")
-    except OSError:
+    except (OSError, IngestError):  # read_table names the problem when the rows are read
         return csv.parent
     head = first.split("/", 1)[0]
     if head.lower().startswith("chexpert") and (csv.parent / head).is_dir():

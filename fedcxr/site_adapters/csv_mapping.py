@@ -93,7 +93,8 @@ from fedcxr.site_adapters.csv_mapping_schema import (
 from fedcxr.site_adapters.image_checks import read_headers
 from fedcxr.site_adapters.image_headers import KIND_DICOM, MAX_PIXELS
 from fedcxr.site_adapters.paths import OUTSIDE, Container, lexical
-from fedcxr.site_adapters.tables import check_csv_header, deeper_hint, failed_note, map_distinct, to_codes
+from fedcxr.site_adapters.inputs import open_input
+from fedcxr.site_adapters.tables import READ_ERRORS, check_csv_header, deeper_hint, failed_note, map_distinct, to_codes
 from fedcxr.vocab import (
     AGE_BIN_EDGES,
     AUX_VOCAB,
@@ -143,7 +144,7 @@ def read_csv_mapping(input_dir: Path, options: AdapterOptions) -> SourceTable:
     if not input_dir.is_dir():
         raise IngestError(f"--input {input_dir}: not a directory (csv source reads DIR/{mapping.csv})")
     csv_path = input_dir / mapping.csv
-    table = _read_table(csv_path, mapping)
+    table = _read_table(csv_path, mapping, input_dir)
     require_columns(table, _columns_needed(mapping), csv_path)
     rows = _Rows(len(table))
     kept = _apply_filters(table, mapping, rows)
@@ -177,14 +178,15 @@ def read_csv_mapping(input_dir: Path, options: AdapterOptions) -> SourceTable:
     )
 
 
-def _read_table(path: Path, mapping: CsvMapping) -> pd.DataFrame:
+def _read_table(path: Path, mapping: CsvMapping, root: Path) -> pd.DataFrame:
     if not path.is_file():
         raise IngestError(f"{path}: no such file (mapping key 'csv')" + deeper_hint(path))
-    check_csv_header(path, str(path), sep=mapping.delimiter, encoding=mapping.encoding)
+    check_csv_header(path, str(path), sep=mapping.delimiter, encoding=mapping.encoding, root=root)
     try:
-        table = pd.read_csv(path, sep=mapping.delimiter, dtype=str, keep_default_na=False,
-                            encoding=mapping.encoding)
-    except (UnicodeDecodeError, pd.errors.ParserError, LookupError) as exc:
+        with open_input(path, root=root, name=str(path)) as handle:  # regular, inside the export, bounded
+            table = pd.read_csv(handle, sep=mapping.delimiter, dtype=str, keep_default_na=False,
+                                encoding=mapping.encoding)
+    except (LookupError, *READ_ERRORS) as exc:
         raise IngestError(f"{path}: cannot read as CSV ({exc})") from None
     if table.empty:
         raise IngestError(f"{path}: header row only, no data rows")

@@ -309,7 +309,7 @@ def read_label_csv(path: Path, key: Optional[str] = None) -> LabelTable:
     """
     if not path.is_file():
         raise IngestError(f"--labels {path}: no such file" + deeper_hint(path))
-    table = read_table(path, base=path.parent, dtype=str)
+    table = read_table(path, base=path.parent, dtype=str, root=None)  # the user named it: no export to stay in
     name = path.name
     by_norm = {_norm(c): c for c in table.columns}
     key_kind, key_column, key_tag = None, None, None

@@ -53,6 +53,7 @@ from fedcxr.parallel import map_chunks
 from fedcxr.suggest import did_you_mean
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, ensure_columns
 from fedcxr.site_adapters.image_headers import MAX_PIXELS
+from fedcxr.site_adapters.inputs import following_links, read_input_bytes
 from fedcxr.site_adapters.manifest import (
     apply_implied_negatives,
     apply_uncertain_policy,
@@ -199,7 +200,8 @@ def run_ingest(
         extra={"out_dir": out_dir, "follow_links": follow_links, "progress": progress,
                "max_pixels": int(max_pixels), "readers": readers},
     )
-    table: SourceTable = adapter(input_dir, options)
+    with following_links(follow_links):  # metadata files too: a link out of the export needs --follow-links
+        table: SourceTable = adapter(input_dir, options)
     frame = ensure_columns(table.frame, table.classes)
     set_aside: list[SetAside] = list(table.set_aside)
     if len(frame) + len(set_aside) != table.rows_read:
@@ -318,6 +320,7 @@ def run_ingest(
 #: each site's folder holds its own rows only (``site_report``)
 REPORT_VERSION = 3
 REPORT_NAME, SET_ASIDE_NAME = "ingest_report.json", "set_aside.csv"
+MAX_REPORT_BYTES = 256 << 20  # a report lists set-aside rows: megabytes, not gigabytes
 PLAN_NAME, PLAN_SET_ASIDE_NAME = "ingest_plan.json", "ingest_plan_set_aside.csv"
 
 
@@ -333,7 +336,7 @@ def read_ingest_report(out_dir: Path | str, site: str) -> dict:
         if not path.is_file():
             continue
         try:
-            report = json.loads(path.read_text(encoding="utf-8"))
+            report = json.loads(read_input_bytes(path, name=str(path), limit=MAX_REPORT_BYTES, decompress=False).decode("utf-8"))
         except (ValueError, UnicodeDecodeError) as exc:
             raise IngestError(f"{path}: not valid JSON ({exc})") from None
         if isinstance(report, dict) and site in (report.get("sites") or {}):

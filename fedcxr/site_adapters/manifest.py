@@ -189,6 +189,8 @@ MANIFEST_COLUMNS_HEAD = ["image_path", "patient_id", "study_id", "site", "split"
 #: Oldest ``manifest_version`` this fedcxr reads: version 1 manifests kept the export's own
 #: patient/study ids (csv, NIH, CheXpert, MIMIC) and a publicly salted hash (DICOM, MIDRC).
 OLDEST_READABLE_VERSION = 2
+#: the most bytes a site.json may hold (it is a few kB)
+SITE_JSON_BYTES = 64 << 20
 
 
 def manifest_columns(frame: pd.DataFrame) -> list[str]:
@@ -352,7 +354,12 @@ def read_site_json(site_dir: Path | str) -> dict:
     path = Path(site_dir) / "site.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no site.json (run `fedcxr ingest` first)")
-    meta = json.loads(path.read_text())
+    from fedcxr.site_adapters.inputs import read_input_bytes
+
+    try:  # a regular file of bounded size: a pipe or a device in its place never hangs a run
+        meta = json.loads(read_input_bytes(path, name=str(path), limit=SITE_JSON_BYTES, decompress=False).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise IngestError(f"{path}: not valid JSON ({exc}); run `fedcxr ingest` again") from None
     version = meta.get("manifest_version") if isinstance(meta, dict) else None
     if not isinstance(version, int) or version < OLDEST_READABLE_VERSION:
         raise IngestError(

@@ -37,6 +37,7 @@ from PIL import Image
 
 from fedcxr.atomic import atomic_write_bytes
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SourceTable, empty_aux
+from fedcxr.site_adapters.inputs import check_npz
 from fedcxr.vocab import canonical_class, raw_column
 
 ADAPTER_VERSION = "1"
@@ -135,6 +136,7 @@ def _image_dir(npz_path: Path, extra: dict) -> Path:
 
 def _load(npz_path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``split → (images (N, H, W) uint8, labels (N, L) float)`` with the shapes checked."""
+    check_npz(npz_path, npz_path.name)  # a regular file whose arrays fit their bytes and the bound
     try:
         data = np.load(npz_path, allow_pickle=False)
     except (OSError, ValueError) as exc:

@@ -73,7 +73,8 @@ from fedcxr.site_adapters.dicom_folder import list_candidates, pseudonym, skippe
 from fedcxr.site_adapters.image_checks import read_headers
 from fedcxr.site_adapters.image_headers import KIND_DICOM, MAX_PIXELS
 from fedcxr.site_adapters.paths import Container
-from fedcxr.site_adapters.tables import check_csv_header, failed_note, map_distinct, relative_name
+from fedcxr.site_adapters.inputs import open_input
+from fedcxr.site_adapters.tables import READ_ERRORS, check_csv_header, failed_note, map_distinct, relative_name
 from fedcxr.site_adapters.zip3 import zip3_state
 from fedcxr.vocab import AUX_VOCAB, age_bin_code, aux_column, parse_age, race_code, raw_column, sex_code, view_code
 
@@ -111,7 +112,7 @@ def find_tsvs(input_dir: Path) -> dict[str, NodeTable]:
     found: dict[str, list[tuple[str, pd.DataFrame]]] = {}
     for path in _tsv_files(input_dir):
         name = relative_name(path, input_dir)
-        frame = _read_tsv(path, name)
+        frame = _read_tsv(path, name, input_dir)
         node = _node_of(frame, path)
         if node is None:
             continue
@@ -130,11 +131,12 @@ def _tsv_files(input_dir: Path) -> list[Path]:
     return out
 
 
-def _read_tsv(path: Path, name: str) -> pd.DataFrame:
-    check_csv_header(path, name, sep="\t")
+def _read_tsv(path: Path, name: str, root: Path) -> pd.DataFrame:
+    check_csv_header(path, name, sep="\t", root=root)
     try:
-        frame = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False, index_col=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as exc:
+        with open_input(path, root=root, name=name) as handle:  # regular, inside the export, bounded
+            frame = pd.read_csv(handle, sep="\t", dtype=str, keep_default_na=False, index_col=False, encoding="utf-8")
+    except READ_ERRORS as exc:
         raise IngestError(f"{name}: cannot read as a TSV ({type(exc).__name__}: {exc})") from None
     frame.columns = [str(c).strip().lstrip("*").strip() for c in frame.columns]
     # Gen3 templates carry a lone node-name line with no other values: drop all-blank rows

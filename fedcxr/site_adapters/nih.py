@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SourceTable, require_columns
+from fedcxr.site_adapters.inputs import max_decompressed, read_input_bytes
 from fedcxr.site_adapters.paths import is_utf8
 from fedcxr.site_adapters.tables import (
     failed_note,
@@ -163,7 +164,8 @@ def _official_splits(image: pd.Series, root: Path, input_dir: Path) -> tuple[pd.
     for split, filename in SPLIT_LISTS.items():
         path = root / filename if (root / filename).is_file() else find_file(input_dir, [filename], max_depth=2)
         if path is not None:
-            names = set(path.read_text().split())  # no trailing newline in the official files
+            data = read_input_bytes(path, root=input_dir, base=input_dir, limit=max_decompressed(), lines=True)
+            names = set(data.decode("utf-8", errors="replace").split())  # no trailing newline in the official files
             members[split] = member_of(image, names)
     if not members:
         return official, reasons, ["no train_val_list.txt/test_list.txt: splits by patient hash"]

@@ -38,8 +38,10 @@ table. PNG images carry none.
 
 from __future__ import annotations
 
+import lzma
 import os
 import tarfile
+import zlib
 import xml.etree.ElementTree as ET
 from collections import Counter
 from dataclasses import dataclass, field
@@ -52,6 +54,7 @@ import pandas as pd
 
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, require_columns
 from fedcxr.site_adapters.export_images import AMBIGUOUS, attach_dicom_tags, index_files
+from fedcxr.site_adapters.inputs import InputTooLarge, input_problem, open_input, read_input_bytes
 from fedcxr.site_adapters.tables import find_file, map_distinct, read_table, relative_name, to_codes
 from fedcxr.vocab import CLASSES, age_bin_code, aux_column, parse_age, raw_column, view_code
 
@@ -115,6 +118,7 @@ REPORT_DIR, REPORT_ARCHIVES = "ecgen-radiology", ["NLMCXR_reports.tgz", "NLMCXR_
 METADATA_FILES = ["nlmcxr_dicom_metadata.csv.gz", "nlmcxr_dicom_metadata.csv"]
 PNG_DIR = "NLMCXR_png"
 MAX_REPORT_BYTES = 1 << 20  # a report is a few kB; a larger "report" is not parsed
+MAX_ARCHIVE_MEMBERS = 1_000_000  # the collection has 3,955 reports
 
 
 @dataclass
@@ -166,34 +170,62 @@ def parse_report(data: bytes, file: str) -> Report:
 
 
 def iter_reports(input_dir: Path) -> Iterator[Report]:
-    """Every report under INPUT: ``*.xml`` files (sorted by name), else the packed archive."""
+    """Every report under INPUT: ``*.xml`` files (sorted by name), else the packed archive.
+
+    A report file is read only when it is a regular file inside the export (a link out needs
+    ``--follow-links``: :func:`fedcxr.site_adapters.inputs.following_links`) and at most
+    :data:`MAX_REPORT_BYTES` long, checked on the open descriptor (:mod:`fedcxr.site_adapters.inputs`);
+    otherwise it is set aside with the reason — a named pipe never blocks the ingest, a link to
+    ``/dev/zero`` is never read."""
     files = sorted(_xml_files(input_dir), key=lambda p: _natural(p.name))
     if files:
         for path in files:
-            name = relative_name(path, input_dir)
-            try:
-                size = path.stat().st_size
-                yield _too_large(name, size) if size > MAX_REPORT_BYTES else parse_report(path.read_bytes(), name)
-            except OSError as exc:
-                yield Report(name, problem=f"unreadable report: {exc.strerror or type(exc).__name__}")
+            yield _read_report_file(path, input_dir)
         return
     archive = find_file(input_dir, REPORT_ARCHIVES, max_depth=2)
     if archive is None:
         raise IngestError(f"{input_dir}: no Open-i reports (looked for {REPORT_DIR}/*.xml and "
                           f"{', '.join(REPORT_ARCHIVES)})")
-    name = relative_name(archive, input_dir)
+    yield from _archive_reports(archive, input_dir)
+
+
+def _read_report_file(path: Path, input_dir: Path) -> Report:
+    name = relative_name(path, input_dir)
+    problem = input_problem(path, input_dir)
+    if problem is not None:
+        return Report(name, problem=f"unreadable report: {problem}")
     try:
-        with tarfile.open(archive, "r:*") as tar:
-            members = sorted((m for m in tar.getmembers() if m.isfile() and m.name.endswith(".xml")),
-                             key=lambda m: _natural(m.name))
-            for member in members:
+        data = read_input_bytes(path, root=input_dir, name=name, limit=MAX_REPORT_BYTES + 1, decompress=False)
+    except InputTooLarge:
+        return _too_large(name, path.stat().st_size)
+    except IngestError as exc:  # replaced by a pipe or a link since the check: the reason, set aside
+        return Report(name, problem=f"unreadable report: {str(exc).split(': ', 1)[-1]}")
+    return parse_report(data, name)
+
+
+def _archive_reports(archive: Path, input_dir: Path) -> list[Report]:
+    """The reports of a packed archive, read as one bounded stream (never extracted, never seeked):
+    decompressed at most :func:`~fedcxr.site_adapters.inputs.max_decompressed` bytes, at most
+    :data:`MAX_ARCHIVE_MEMBERS` members; sorted by name afterwards."""
+    name = relative_name(archive, input_dir)
+    reports = []
+    try:
+        with open_input(archive, root=input_dir, name=name, lines=False) as stream, \
+                tarfile.open(fileobj=stream, mode="r|") as tar:
+            for count, member in enumerate(tar, 1):
+                if count > MAX_ARCHIVE_MEMBERS:
+                    raise IngestError(f"{name}: more than {MAX_ARCHIVE_MEMBERS} members; not an Open-i report archive")
+                if not (member.isfile() and member.name.endswith(".xml")):
+                    continue
+                label = f"{name}:{member.name}"
                 if member.size > MAX_REPORT_BYTES:
-                    yield _too_large(f"{name}:{member.name}", member.size)
+                    reports.append(_too_large(label, member.size))
                     continue
                 handle = tar.extractfile(member)  # read in memory: nothing is written to disk
-                yield parse_report(handle.read() if handle else b"", f"{name}:{member.name}")
-    except (tarfile.TarError, OSError, EOFError) as exc:
+                reports.append(parse_report(handle.read() if handle else b"", label))
+    except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
         raise IngestError(f"{name}: cannot read the report archive ({type(exc).__name__}: {exc})") from None
+    return sorted(reports, key=lambda r: _natural(r.file.rsplit(":", 1)[-1]))
 
 
 def _xml_files(input_dir: Path) -> list[Path]:

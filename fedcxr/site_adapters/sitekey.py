@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 KEY_FILE_NAME = ".fedcxr_site_key"
 ENV_VAR = "FEDCXR_SITE_KEY"
 MIN_KEY_BYTES = 16
+MAX_KEY_FILE_BYTES = 4096
 #: Hex digits kept of each pseudonym: 80 bits, so a collision among 10^7 patients has
 #: probability ~4e-11.
 PSEUDONYM_HEX = 20
@@ -105,6 +106,8 @@ def _read_key(path: Path, what: str) -> bytes:
         raise UserError(f"{what} {path}: no such file") from None
     if not stat.S_ISREG(info.st_mode):
         raise UserError(f"{what} {path}: not a regular file")
+    if info.st_size > MAX_KEY_FILE_BYTES:
+        raise UserError(f"{what} {path}: {info.st_size} bytes; a site key file holds 32 bytes (or their hex)")
     if os.name == "posix" and info.st_mode & 0o077:
         raise UserError(
             f"{what} {path}: readable by group or others (mode {stat.S_IMODE(info.st_mode):04o}); "

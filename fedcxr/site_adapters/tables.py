@@ -17,8 +17,11 @@ Conventions shared by the adapters:
 from __future__ import annotations
 
 import csv
-import gzip
+import io
+import lzma
 import os
+import zipfile
+import zlib
 from collections import deque
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
@@ -27,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from fedcxr.site_adapters.base import IngestError, SetAside
+from fedcxr.site_adapters.inputs import MAX_COLUMNS, check_zip, open_input, text_stream
 from fedcxr.vocab import AUX_VOCAB, raw_column
 
 #: Label values a vendor may use: positive, negative, uncertain (blank = not mentioned).
@@ -115,21 +119,29 @@ def relative_name(path: Path, base: Path) -> str:
         return path.as_posix()
 
 
-def check_csv_header(path: Path, name: str, *, sep: str = ",", encoding: str = "utf-8") -> list[str]:
+def check_csv_header(path: Path, name: str, *, sep: str = ",", encoding: str = "utf-8",
+                     root: Optional[Path] = None) -> list[str]:
     """The header row's column names; :class:`IngestError` for an empty file or repeated names.
 
     pandas would silently rename a repeated column (``Edema`` → ``Edema.1``), so a second
     label column with the same name would be read as something else; an empty file would
-    surface as a parser traceback. Both are the export's problem and are named here.
+    surface as a parser traceback. Both are the export's problem and are named here. The file
+    is read through :func:`fedcxr.site_adapters.inputs.open_input` (a regular file inside
+    ``root``, decompressed within bounds, no line over 1 MiB), and a header of more than
+    :data:`~fedcxr.site_adapters.inputs.MAX_COLUMNS` columns is refused before pandas sees it.
     """
-    opener = gzip.open if path.suffix.lower() == ".gz" else open
     try:
-        with opener(path, "rt", encoding=encoding, newline="") as handle:
+        with open_input(path, root=root, name=name) as raw, text_stream(raw, encoding) as handle:
             first = next(csv.reader(handle, delimiter=sep), None)
-    except (OSError, UnicodeDecodeError, csv.Error, LookupError, EOFError) as exc:
+    except IngestError:
+        raise
+    except (OSError, UnicodeDecodeError, csv.Error, LookupError, EOFError, zlib.error, lzma.LZMAError) as exc:
         raise IngestError(f"{name}: cannot read ({type(exc).__name__}: {exc})") from None
     if first is None or not any(cell.strip() for cell in first):
         raise IngestError(f"{name}: empty file: no header row")
+    if len(first) > MAX_COLUMNS:
+        raise IngestError(f"{name}: {len(first)} columns in the header row, more than the {MAX_COLUMNS} a metadata "
+                          "table may have")
     names = [cell.strip().lstrip("\ufeff") for cell in first]
     repeated = sorted({c for c in names if c and names.count(c) > 1})
     if repeated:
@@ -138,25 +150,41 @@ def check_csv_header(path: Path, name: str, *, sep: str = ",", encoding: str = "
     return names
 
 
-def read_table(path: Path, *, base: Path, usecols=None, dtype=None) -> pd.DataFrame:
-    """Read a CSV (optionally gzipped) or an Excel sheet; errors name the file.
+#: what reading a compressed or malformed table can raise besides pandas' own errors
+READ_ERRORS = (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError, OSError, EOFError,
+               zlib.error, lzma.LZMAError, zipfile.BadZipFile, KeyError)
+_INHERIT = object()
+
+
+def read_table(path: Path, *, base: Path, usecols=None, dtype=None, root=_INHERIT) -> pd.DataFrame:
+    """Read a CSV (plain or compressed) or an Excel sheet; errors name the file.
 
     Only an empty cell is missing (``keep_default_na=False``): vendor strings such as
     ``NA`` or ``None`` stay strings, so an odd label value is reported instead of silently
     becoming "not labeled". ``index_col=False`` keeps pandas from turning the first column
     into the index when rows have a trailing comma (NIH's 2017 Data_Entry).
+
+    Every table goes through :mod:`fedcxr.site_adapters.inputs`: a regular file, inside ``root``
+    (default ``base``, the export; ``None`` for a file the user named), decompressed as a bounded
+    stream with bounded lines; an ``.xlsx`` (a zip) is refused when its parts declare more than
+    the bound.
     """
     name = relative_name(path, base)
+    root = base if root is _INHERIT else root
     try:
         if path.suffix.lower() in {".xlsx", ".xls"}:
-            frame = pd.read_excel(path, dtype=dtype)
+            if path.suffix.lower() == ".xlsx":
+                check_zip(path, name)
+            with open_input(path, root=root, name=name, lines=False) as handle:
+                frame = pd.read_excel(io.BytesIO(handle.read()), dtype=dtype)
             return frame if usecols is None else frame[[c for c in frame.columns if usecols(c)]]
-        check_csv_header(path, name)
-        return pd.read_csv(
-            path, usecols=usecols, dtype=dtype, keep_default_na=False, na_values=[""],
-            index_col=False, low_memory=False,
-        )
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError, OSError) as exc:
+        check_csv_header(path, name, root=root)
+        with open_input(path, root=root, name=name) as handle:
+            return pd.read_csv(
+                handle, usecols=usecols, dtype=dtype, keep_default_na=False, na_values=[""],
+                index_col=False, low_memory=False, encoding="utf-8",
+            )
+    except READ_ERRORS as exc:
         raise IngestError(f"{name}: cannot read ({type(exc).__name__}: {exc})") from None
 
 

@@ -40,13 +40,16 @@ def plain(text: Any) -> str:
     return "".join(ch for ch in str(text) if ch.isprintable())[:60]
 
 
+#: the figures ``fedcxr stats`` may draw (``<name>.png``), in the order of the report
+FIGURES = ("prevalence", "pyramids", "intensity", "distances")
+
+
 def write_figures(out: Path, stats: dict) -> dict[str, Path]:
     """Every figure that has something to show; name → path."""
     out = Path(out)
     sites = {name: entry for name, entry in stats["sites"].items() if entry.get("groups")}
     made = {}
-    for name, fn in (("prevalence", _prevalence), ("pyramids", _pyramids), ("intensity", _intensity),
-                     ("distances", _distances)):
+    for name, fn in zip(FIGURES, (_prevalence, _pyramids, _intensity, _distances)):
         with plt.rc_context({"text.parse_math": False}):
             fig = fn(sites, stats)
             if fig is not None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fedcxr.advice import regime
+from fedcxr.errors import UserError
 from fedcxr.pipeline.config import ExperimentConfig
 
 
@@ -64,12 +65,29 @@ def target_labels(cfg: ExperimentConfig, payload: Optional[dict]) -> dict[str, A
                                        "suppressed at the site)"}
 
 
+#: a regime map is a few kB of CSV; a file far larger is not one
+MAX_MAP_BYTES = 16 << 20
+
+
+def _map_bytes(path: Path) -> bytes:
+    """The map's bytes, only from a regular file of bounded size (a pipe named as the map never hangs)."""
+    from fedcxr.site_adapters.paths import regular_file_problem
+
+    problem = regular_file_problem(path)
+    if problem is not None:
+        raise UserError(f"--regime-map {path}: {problem}")
+    if path.stat().st_size > MAX_MAP_BYTES:
+        raise UserError(f"--regime-map {path}: {path.stat().st_size} bytes, not a regime map (at most {MAX_MAP_BYTES})")
+    return path.read_bytes()
+
+
 def advise(cfg: ExperimentConfig, payloads: dict[str, dict], shift: dict[str, Any],
            map_path: Optional[Path] = None) -> dict[str, Any]:
     """``stats.json`` ``advice``: the recommendation (or why none), the cell, and every input."""
     path = Path(map_path) if map_path else regime.map_path()
+    data = _map_bytes(path)
     cells = regime.load_regime_map(path)
-    about_map = {"path": _shown(path), "cells": len(cells), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    about_map = {"path": _shown(path), "cells": len(cells), "sha256": hashlib.sha256(data).hexdigest()}
     if not cfg.target:
         return {"target": None, "recommendation": None, "verdict": "no target",
                 "why": "the config names no target site: the map's advice is for a target hospital", "map": about_map}

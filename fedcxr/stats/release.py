@@ -15,11 +15,17 @@
    choice of 5 follows common small-cell rules for health statistics (publication rules of
    national statistics offices use 5–11; NVIDIA FLARE's example jobs use a min count of 10
    for the whole feature); a consortium raises it, never lowers it below 1.
-3. **Complementary suppression.** Each group's total (``count``) is sent, so one suppressed
-   cell could be recovered as total − the others. While the suppressed cells of a group sum
-   to more than 0 and less than K, the smallest cell still shown is suppressed too.
+3. **Secondary (complementary) suppression.** Each group's total (``count``) is sent, and a
+   site's row groups all share one total (its row count), so a hidden cell could be worked out
+   from the total and the cells shown. Each group is protected by :func:`fedcxr.stats.suppression.protect`
+   (more cells hidden until every hidden non-zero cell has more than one possible value, for an
+   attacker who knows this rule), then the groups that count the same rows two ways (the age/sex
+   pyramid and its margins, the acquisition groups, ``split`` and ``train_labels``) are audited
+   together by :func:`fedcxr.stats.linked.audit`.
 4. **Small groups and small sites.** A group whose total is below K sends only nulls; a site
-   whose (noisy) row count is below K sends nothing but its status.
+   whose (noisy) row count is below K sends nothing but its status, and so does a site where
+   even hiding every cell of a group would leave one exact (every cell of a group at K − 1, or
+   a linked cell that no further suppression frees: :data:`UNPROTECTABLE`).
 
 Suppression is decided on the noisy values when ε is set (deciding on the true ones would
 leak through the decision). Every count in a payload sits under a key ``count`` or
@@ -37,10 +43,14 @@ import numpy as np
 
 from fedcxr.errors import UserError
 from fedcxr.stats import groups as G
+from fedcxr.stats.linked import Unprotectable, audit
 from fedcxr.stats.site import SiteCounts
+from fedcxr.stats.suppression import STUCK, protect
 
 DEFAULT_MIN_COUNT = 5
 PAYLOAD_VERSION = 1
+#: the public reason of a site whose counts cannot be released without an exact small count
+UNPROTECTABLE = "too few rows to release any count without a small one being recoverable: nothing but this status is sent"
 
 
 def check_privacy_options(min_count: int, epsilon: Optional[float]) -> None:
@@ -63,13 +73,19 @@ def noise_scales(names: list[str], image_size: int, epsilon: Optional[float]) ->
 
 
 def suppress(cells: np.ndarray, min_count: int) -> list[Optional[int]]:
-    """Primary then complementary suppression of one group's cells (``None`` = suppressed)."""
+    """One group's cells after primary and secondary suppression (``None`` = hidden), on its own
+    (:func:`fedcxr.stats.suppression.protect`; :func:`release` also audits linked groups)."""
+    hidden, _ = protect(cells, min_count)
+    return [None if h else int(v) for v, h in zip(np.asarray(cells, dtype=np.int64), hidden)]
+
+
+def release_group(cells: np.ndarray, min_count: int) -> dict[str, Any]:
+    """One group as a payload sends it, ``{"count": total or None, "counts": [...]}`` — on its own,
+    as :func:`release` treats a group that is linked to no other."""
+    hidden, total = protect(cells, min_count)
     values = np.asarray(cells, dtype=np.int64)
-    hidden = values < min_count
-    while hidden.any() and not hidden.all() and 0 < int(values[hidden].sum()) < min_count:
-        shown = np.flatnonzero(~hidden)
-        hidden[shown[np.argmin(values[shown])]] = True
-    return [None if h else int(v) for v, h in zip(values, hidden)]
+    return {"count": int(values.sum()) if total is True else None,
+            "counts": [None if h else int(v) for v, h in zip(values, hidden)]}
 
 
 def release(counts: SiteCounts, *, min_count: int = DEFAULT_MIN_COUNT, epsilon: Optional[float] = None,
@@ -94,16 +110,23 @@ def release(counts: SiteCounts, *, min_count: int = DEFAULT_MIN_COUNT, epsilon: 
         "image_size": counts.image_size, "unavailable": dict(counts.unavailable), "groups": {},
     }
     if rows < min_count:
-        payload["status"] = "suppressed"
-        payload["message"] = f"fewer than {min_count} rows: nothing but this status is sent"
-        return payload
+        return _withheld(payload, f"fewer than {min_count} rows: nothing but this status is sent")
+    decided = {name: protect(noisy[name], min_count) for name in names}
+    hidden = {name: h for name, (h, _) in decided.items()}
+    totals = {name: t for name, (_, t) in decided.items()}
+    if any(t == STUCK for t in totals.values()):  # its row count is known from the site's other groups
+        return _withheld(payload, UNPROTECTABLE)
+    if epsilon is None:  # with noise the links between groups no longer hold exactly; Laplace protects them
+        try:
+            hidden = audit({n: noisy[n].tolist() for n in names}, hidden, totals, min_count, rows)
+        except Unprotectable:
+            return _withheld(payload, UNPROTECTABLE)
     suppressed = 0
     for name in names:
         cells = noisy[name]
-        total = int(cells.sum())
-        shown = suppress(cells, min_count) if total >= min_count else [None] * len(cells)
+        shown = [None if h else int(v) for v, h in zip(cells, hidden[name])]
         suppressed += sum(v is None for v in shown)
-        payload["groups"][name] = {"count": total if total >= min_count else None, "counts": shown}
+        payload["groups"][name] = {"count": int(cells.sum()) if totals[name] is True else None, "counts": shown}
     payload["status"] = "partial" if counts.unavailable else "ok"
     total_cells = sum(len(noisy[n]) for n in names)
     if suppressed == total_cells:
@@ -111,6 +134,12 @@ def release(counts: SiteCounts, *, min_count: int = DEFAULT_MIN_COUNT, epsilon: 
     else:
         text = f"{suppressed} of {total_cells} cells suppressed (below {min_count} or beside one)"
     payload["message"] = text + (f"; unavailable: {', '.join(sorted(counts.unavailable))}" if counts.unavailable else "")
+    return payload
+
+
+def _withheld(payload: dict[str, Any], reason: str) -> dict[str, Any]:
+    payload["status"] = "suppressed"
+    payload["message"] = reason
     return payload
 
 

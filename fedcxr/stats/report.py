@@ -39,8 +39,8 @@ def render_markdown(stats: dict, figures: Optional[dict[str, Path]] = None) -> s
              f"sources: {text(', '.join(stats['sources']) or 'none')}",
              f"- Privacy: {text(stats['privacy']['mechanism'])}.",
              f"- `supp`: suppressed at its site and never sent — below {k}, or hidden beside a cell below {k} so "
-             "that it cannot be recovered from the total. Global sums add the released counts only, so a global "
-             "cell is a lower bound wherever a site suppressed it.", ""]
+             "that it cannot be worked out from the totals and the site's other groups. Global sums add the "
+             "released counts only, so a global cell is a lower bound wherever a site suppressed it.", ""]
     lines += _advice(stats)
     lines += _sites(stats, k)
     lines += _prevalence(stats, figures)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -124,8 +126,10 @@ def assemble(cfg: ExperimentConfig, payloads: dict[str, dict], options: StatsOpt
 
 
 def _mechanism(options: StatsOptions) -> str:
-    text = (f"every cell below {options.min_count} suppressed at the site (null), then the smallest shown cells of "
-            "a group until its suppressed cells sum to 0 or at least the min count (complementary suppression)")
+    text = (f"every cell below {options.min_count} suppressed at the site (null), then more cells (the smallest "
+            "shown, ties together) until no suppressed count from 1 to the min count minus 1 can be worked out from "
+            "the cells shown, the group totals and the site's linked groups (secondary suppression, audited by "
+            "linear programming across the age/sex pyramid and its margins, the acquisition groups and the splits)")
     if options.epsilon is None:
         return text + "; no noise"
     return (f"Laplace noise first: each site's ε = {options.epsilon:g} split evenly over its G groups, cell noise "
@@ -160,11 +164,28 @@ def run_stats(cfg: ExperimentConfig, out: Path, options: StatsOptions, *,
 
 
 def write_outputs(out: Path, stats: dict[str, Any]) -> list[Path]:
-    from fedcxr.stats.figures import write_figures
+    """``stats.json``, ``stats.md`` and the figures, all or nothing.
+
+    Everything is written into a staging folder inside ``out`` first (same file system), then
+    renamed into place, ``stats.json`` last; a figure of an earlier run that this one does not
+    draw is removed. A full disk or any failure while writing therefore leaves the previous
+    outputs as they were — never a new ``prevalence.png`` beside an old ``stats.json`` — and the
+    renames need no space."""
+    from fedcxr.stats.figures import FIGURES, write_figures
     from fedcxr.stats.report import render_markdown
 
     out = Path(out)
-    figures = write_figures(out, stats)
-    atomic_write_json(out / "stats.json", stats)
-    atomic_write_bytes(out / "stats.md", render_markdown(stats, figures).encode())
-    return [out / "stats.json", out / "stats.md", *figures.values()]
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".stats-", dir=out))
+    try:
+        figures = write_figures(staging, stats)
+        atomic_write_bytes(staging / "stats.md", render_markdown(stats, figures).encode())
+        atomic_write_json(staging / "stats.json", stats)
+        names = [p.name for p in figures.values()] + ["stats.md", "stats.json"]
+        for name in names:
+            os.replace(staging / name, out / name)
+        for name in set(FIGURES) - set(figures):
+            (out / f"{name}.png").unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [out / "stats.json", out / "stats.md", *(out / p.name for p in figures.values())]

@@ -57,6 +57,19 @@ def test_init_never_overwrites(tmp_path, capsys):
         init_study(tmp_path / "file")
 
 
+def test_init_on_a_dangling_link_or_under_a_file_is_a_clear_error(tmp_path, capsys):
+    link = tmp_path / "study"
+    link.symlink_to(tmp_path / "gone")
+    assert main(["init", str(link)]) == 2
+    err = capsys.readouterr().err
+    assert "symbolic link" in err and str(tmp_path / "gone") in err and "Traceback" not in err
+    assert not (tmp_path / "gone").exists(), "nothing created behind the link"
+    (tmp_path / "file").write_text("x")
+    assert main(["init", str(tmp_path / "file" / "study")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot create" in err and "Traceback" not in err
+
+
 @pytest.mark.slow  # ingest + 5 rounds + evaluate: ~20 s on 2 cores
 def test_readme_own_data_in_three_steps_runs_as_written(tmp_path, monkeypatch, capsys):
     commands = readme_commands()

@@ -164,3 +164,25 @@ def test_a_bad_min_count_is_a_usage_error(tiny_manifests, tmp_path, capsys):
     config = write_config(tmp_path, tiny_manifests)
     assert main(["stats", str(config), "--out", str(tmp_path / "o"), "--min-count", "0"]) == 2
     assert "--min-count" in capsys.readouterr().err
+
+
+def test_a_full_disk_replaces_nothing_and_advises_what_stats_can_do(tiny_manifests, tmp_path, capsys):
+    from ..hostile.test_run_directories import file_size_limit
+
+    config = write_config(tmp_path, tiny_manifests, sites=["nih_style", "chexpert_style"], target=None)
+    out = tmp_path / "out"
+    args = ["stats", str(config), "--out", str(out), "--no-pilot", "--no-headers"]
+    assert main(["-q", *args]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert {"stats.json", "stats.md", "prevalence.png"} <= set(before)
+    limit = len(before["prevalence.png"]) + 2_000  # the first file written fits, a later one does not
+    assert limit < max(len(data) for name, data in before.items() if name != "prevalence.png")
+    with file_size_limit(limit):
+        code = main(["-q", *args, "--min-count", "6"])  # other numbers: any replaced file would differ
+    err = capsys.readouterr().err
+    assert code == 1 and "no space left writing" in err and "Traceback" not in err
+    assert "--resume" not in err and "checkpoints" not in err and "run `fedcxr stats` again" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before, "all or nothing: the old outputs, whole"
+    assert main(["-q", *args, "--min-count", "6"]) == 0
+    assert json.loads((out / "stats.json").read_text())["min_count"] == 6
+    assert not list(out.glob(".stats-*")), "no staging folder left behind"

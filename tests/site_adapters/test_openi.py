@@ -127,3 +127,39 @@ def test_a_metadata_table_without_imageid_stops_naming_it(tmp_path):
     write_csv(export / "nlmcxr_dicom_metadata.csv", [{"image": "CXR1_1_IM-0001-3001", "View Position": "PA"}])
     with pytest.raises(IngestError, match=r"nlmcxr_dicom_metadata.csv: missing required column\(s\) 'imageid'"):
         read_openi(export, AdapterOptions(extra={"progress": False}))
+
+
+@pytest.mark.timeout(120)
+def test_a_pipe_or_a_device_among_the_reports_is_set_aside_never_read(tmp_path):
+    import os
+
+    from fedcxr.site_adapters.inputs import following_links
+
+    export = _export(tmp_path / "export")
+    os.mkfifo(export / "ecgen-radiology" / "6.xml")  # reading it would wait for a writer forever
+    (export / "ecgen-radiology" / "7.xml").symlink_to("/dev/zero")  # reading it would never end
+    frame, aside, _, rows_read = read_openi_labels(export)
+    reasons = {a.file: a.reason for a in aside}
+    assert reasons["ecgen-radiology/6.xml"] == "unreadable report: not a regular file (a named pipe)"
+    assert "leads out of the export folder" in reasons["ecgen-radiology/7.xml"]
+    assert rows_read == len(frame) + len(aside) and len(frame) == 4
+    with following_links(True):  # links out allowed: the device is still never read
+        frame, aside, _, _ = read_openi_labels(export)
+    reasons = {a.file: a.reason for a in aside}
+    assert reasons["ecgen-radiology/7.xml"] == "unreadable report: not a regular file (a character device)"
+    assert len(frame) == 4
+
+
+def test_a_report_linked_out_of_the_export_needs_follow_links(tmp_path):
+    from fedcxr.site_adapters.inputs import following_links
+
+    export = _export(tmp_path / "export")
+    (tmp_path / "elsewhere.xml").write_text(openi_report(8, ["CXR8_1"], ["pneumonia"], ["Pneumonia"]))
+    (export / "ecgen-radiology" / "8.xml").symlink_to(tmp_path / "elsewhere.xml")
+    frame, aside, _, _ = read_openi_labels(export)
+    reason = {a.file: a.reason for a in aside}["ecgen-radiology/8.xml"]
+    assert "leads out of the export folder" in reason and "--follow-links" in reason
+    assert "CXR8" not in set(frame["patient_id"])
+    with following_links(True):
+        frame, aside, _, _ = read_openi_labels(export)
+    assert "ecgen-radiology/8.xml" not in {a.file for a in aside} and "CXR8" in set(frame["patient_id"])

@@ -24,14 +24,16 @@ def test_one_small_cell_hides_the_smallest_shown_cell_so_the_total_cannot_give_i
     assert suppress(np.array([40, 38, 2]), 5) == [40, None, None]
 
 
-def test_complementary_suppression_stops_once_the_hidden_cells_reach_k():
-    assert suppress(np.array([50, 3, 1, 9, 6]), 5) == [50, None, None, 9, None]  # hidden 3 + 1 + 6 = 10 ≥ 5
+def test_two_small_cells_that_can_trade_values_need_no_partner():
+    # hidden 3 + 1 = 4: (0, 4), (1, 3), (2, 2), (3, 1), (4, 0) all give this release
+    assert suppress(np.array([50, 3, 1, 9, 6]), 5) == [50, None, None, 9, 6]
 
 
 def test_release_sends_only_counts_of_at_least_k_or_null():
     payload = release(counts(split=[30, 3, 7], **{"label.pneumonia": [4, 36, 0, 0]}), min_count=5)
     assert payload["groups"]["split"] == {"count": 40, "counts": [30, None, None]}
-    assert payload["groups"]["label.pneumonia"] == {"count": 40, "counts": [None, None, None, None]}
+    # positive 4 with two zeros: the three hidden cells hold 4 between them, in many ways
+    assert payload["groups"]["label.pneumonia"] == {"count": 40, "counts": [None, 36, None, None]}
     assert payload["status"] == "ok"
     check_payload(payload, 5)
 
