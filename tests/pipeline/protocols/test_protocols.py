@@ -137,3 +137,12 @@ def test_a_target_update_with_nan_fails_the_round(tiny_manifests, tmp_path):
 
     with pytest.raises(RoundFailed, match="dicom_style"):
         _poisoned_run(tiny_manifests, tmp_path, "dicom_style", strategy="FedAvg_Finetune")
+
+
+def test_every_protocol_module_has_a_test_module_named_after_it():
+    """Tests mirror the package layout: ``protocols/<module>.py`` is tested in ``test_<module>.py`` here
+    (a new method's module comes with its own tests)."""
+    package = Path(__file__).resolve().parents[3] / "fedcxr" / "pipeline" / "protocols"
+    modules = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+    tested = {p.stem[len("test_"):] for p in Path(__file__).parent.glob("test_*.py")}
+    assert sorted(modules - tested) == []
