@@ -91,12 +91,11 @@ def csv_export(tmp_path):
 SLOW_FIXTURES = {"flare_runs"}
 
 
-#: the files that take longest on 2 idle cores (``--durations``), handed out first under
-#: ``pytest -n 2`` so that no worker ends the run alone with one of them; a stale entry costs
-#: time, never a result
+#: the files that take longest on 2 idle cores (``--durations``), run first under ``pytest -n 2``
+#: so that no worker ends the run alone with one of them; a stale entry costs time, never a result
 LONGEST_FIRST = (
     "tests/flare/test_readme_flare.py",
-    "flare_runs",
+    "tests/flare/test_controller.py",  # the shared FLARE simulator jobs (tests/flare/shared_job.py)
     "tests/flare/test_job.py",
     "tests/commands/test_use_the_model.py",
     "tests/flare/test_stats.py",
@@ -107,53 +106,23 @@ LONGEST_FIRST = (
 )
 
 
-def _files_using(names: set[str]) -> frozenset[str]:
-    """Test files (paths as in node ids) whose source names one of ``names``."""
-    return frozenset(
-        path.relative_to(REPO).as_posix()
-        for path in (REPO / "tests").rglob("test_*.py")
-        if any(name in path.read_text(encoding="utf-8") for name in names)
-    )
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """``pytest -n N`` hands out whole test files, the files of the shared FLARE job as one unit.
-
-    pytest-xdist's ``loadgroup`` would do this with ``xdist_group`` marks, but it renames node
-    ids through an attribute pytest 9 no longer reads, so groups are silently ignored and each
-    worker would start its own ``flare_runs`` job (2 min). Files, not single tests, are the unit
-    because module fixtures are built once per worker that runs a file."""
-    if config.getvalue("dist") not in ("load", "loadfile", "loadgroup"):
-        return None  # the user chose another distribution: theirs
-    from xdist.scheduler import LoadScopeScheduling
-
-    shared_job = _files_using({"flare_runs", "in_process_refs"})
-    rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
-
-    class FileScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "flare_runs" if path in shared_job else path
-
-        def _assign_work_unit(self, node) -> None:
-            # the next unit handed out: the first of LONGEST_FIRST still queued, else the queue's
-            # head (the workers' collections must keep their order: they index into them)
-            scope = min(self.workqueue, key=lambda unit: rank.get(unit, len(rank)))
-            self.workqueue.move_to_end(scope, last=False)
-            super()._assign_work_unit(node)
-
-    return FileScheduling(config, log)
-
-
 def pytest_collection_modifyitems(config, items):
-    """Mark ``slow`` every test that uses a fixture of :data:`SLOW_FIXTURES`.
+    """Mark ``slow`` every test that uses a fixture of :data:`SLOW_FIXTURES`; on an xdist worker,
+    put the files of :data:`LONGEST_FIRST` first.
 
     The fast tier, ``pytest -m "not slow"``, is for everyday work; the whole suite (the README's
-    test command, run by CI) still runs every slow test."""
+    test command, run by CI) still runs every slow test.
+
+    ``pytest -n 2`` hands out whole files in the order the workers collected them (``--dist
+    loadfile --no-loadscope-reorder`` in pyproject.toml), so sorting the collection here decides
+    which files start first. Every worker sorts the same collection the same way (a stable sort
+    by file), as xdist requires; one process (``-n 0``) keeps the files' own order."""
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
 @pytest.fixture(autouse=True)

@@ -27,7 +27,8 @@ site side             ``site_runner`` (one site: its data, model, local state, a
                       kept state), ``forward`` (probabilities over a loader, the quick AUROC),
                       ``devices`` (``--device``), ``dp`` (DP-SGD with Opacus, ε accounting),
                       ``data`` (decode-once cache, datasets, loaders), ``augment``
-rules and helpers     ``aggregate`` (pure aggregation rules, robust ones too), ``screening``
+rules and helpers     ``aggregate/`` (pure aggregation rules, one module per family: mean,
+                      surgical, projection, auto_weighting, fact, robust, server_opt), ``screening``
                       (pure checks of a reply's counts and update norm), ``state`` (state-dict
                       plumbing, the one flatten), ``messages`` (a leaf: the typed task configs,
                       the reply with its weight type, the payload layouts), ``config`` (the

@@ -1,10 +1,19 @@
 """The same protocols on NVIDIA FLARE (the simulator) as in-process (DESIGN §8); POC mode is
 checked on the README's own POC run (``test_readme_flare.py``: one POC system per suite).
 
-The experiments E1–E4 run in the simulator job this folder's tests share (``flare_runs`` in
-``conftest.py``: E2 FL_Surgical, E3 FedAvg_Finetune_GP, E1 FedAvg with faulty sites, E4 FedAvg +
-FedBN killed after its first checkpoint and resumed by a second job); the in-process runs of the
-same configs are the references.
+The experiments run in the simulator jobs of ``shared_job.py`` (the ``flare_runs`` fixture below;
+every test of those jobs is in this file, so ``pytest -n 2 --dist loadfile`` runs them once): E2
+FL_Surgical, E3 FedAvg_Finetune_GP, E1 FedAvg with faulty sites, E4 FedAvg + FedBN killed after
+its first checkpoint and resumed by a second job, SCAFFOLD, FedAdam and a hostile site; the
+in-process runs of the same configs are the references.
+
+SCAFFOLD's round 1 uses the control variates of round 0: the server's c travels in the task,
+each site's c_i stays in the site's own state folder (never in the server's run directory), and
+Δc_i comes back in the reply. FedAdam's moments live in the server's checkpoints. The hostile
+experiment is FedAvg over three sources with ``aggregation: median``; the job's test client
+script, with the very function the in-process tests use (``benchmarks/hostile_sites.py``'s
+``corrupt``), makes one site send a 1e30 update in round 0 and another claim 10¹² samples in
+round 1; the in-process run through ``HostileTransport`` with the same faults is the reference.
 """
 
 from __future__ import annotations
@@ -22,19 +31,36 @@ pytest.importorskip("nvflare")
 import fedcxr  # noqa: E402
 from fedcxr.cli import main  # noqa: E402
 from fedcxr.flare.wire import EXTRA_PREFIX, REPLY_KEYS, check_summary  # noqa: E402
+from fedcxr.pipeline.checkpoints import load_checkpoint, load_tensors  # noqa: E402
+from fedcxr.pipeline.config import config_fingerprint  # noqa: E402
+from fedcxr.pipeline.keys import CONTROL_PREFIX  # noqa: E402
 from fedcxr.pipeline.messages import CONTROL_DELTA_PREFIX, WEIGHT_TYPES  # noqa: E402
 from fedcxr.vocab import CLASSES  # noqa: E402
 
+from ..benchmarks.conftest import load_bench  # noqa: E402
 from ..conftest import tiny_config  # noqa: E402
-from .conftest import ALL, ORDER  # noqa: E402
 from .conftest import final_model as _final  # noqa: E402
 from .conftest import max_diff as _max_diff  # noqa: E402
+from .shared_job import ALL, HOSTILE_FAULTS, ORDER, in_process_runs, run_jobs  # noqa: E402
 
 
 def _logs(run_dir: Path) -> str:
     """Every FLARE log of every attempt (server, sites, simulator output)."""
     return "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "flare" / "logs").rglob("*"))
                      if p.is_file())
+
+
+@pytest.fixture(scope="module")
+def flare_runs(tiny_manifests, tmp_path_factory):
+    """The shared simulator jobs (``shared_job.py``); defined here, not in a conftest, so that no
+    other test file can make a second xdist worker run them again."""
+    return run_jobs(tiny_manifests, tmp_path_factory.mktemp("flare"))
+
+
+@pytest.fixture(scope="module")
+def in_process_refs(flare_runs):
+    """The in-process runs of the shared jobs' configs (as ``fedcxr train`` runs them), by name."""
+    return in_process_runs(flare_runs)
 
 
 # --------------------------------------------------------------------------- same results as in-process
@@ -156,6 +182,51 @@ def test_flares_persistor_holds_the_last_experiments_global_model(flare_runs):
 def test_fedcxr_evaluate_works_on_a_flare_run_directory(flare_runs):
     assert main(["evaluate", str(flare_runs.dirs["E2"]), "--bootstrap", "0", "--split", "val"]) == 0
     assert (flare_runs.dirs["E2"] / "report.json").is_file()
+
+
+# --------------------------------------------------------------------------- the reviewers' baselines: SCAFFOLD, FedAdam
+
+
+@pytest.mark.parametrize("name", ["SCAFFOLD", "FedAdam"])
+def test_flare_simulator_ends_with_the_in_process_weights(flare_runs, in_process_refs, name):
+    assert flare_runs.payloads[name]["missed"] == [], "a site that timed out changes the weights: say so first"
+    assert _max_diff(_final(flare_runs.dirs[name])["global"], _final(in_process_refs(name))["global"]) <= 1e-5
+
+
+def test_server_state_is_checkpointed_and_each_sites_c_i_stays_at_the_site(flare_runs, in_process_refs):
+    run_dir, flare_dir = flare_runs.dirs["SCAFFOLD"], flare_runs.flare_dir
+    server = load_checkpoint(run_dir / "checkpoints" / "round_0001.pt")
+    reference = load_checkpoint(in_process_refs("SCAFFOLD") / "checkpoints" / "round_0001.pt")
+    assert _max_diff(server["state"]["control"], reference["state"]["control"]) <= 1e-5
+    assert server["local_states"] == {}, "FLARE sites keep their own state: none of it reaches the server"
+    run = config_fingerprint(flare_runs.exps["SCAFFOLD"])
+    for site in ("nih_style", "chexpert_style"):
+        saved = load_tensors(flare_dir / "state" / site / run / "round_0001.pt")
+        c_i = {k: v for k, v in saved.items() if k.startswith(CONTROL_PREFIX)}
+        expected = {k: v for k, v in reference["local_states"][site].items() if k.startswith(CONTROL_PREFIX)}
+        assert c_i and _max_diff(c_i, expected) <= 1e-5, site
+    adam = load_checkpoint(flare_runs.dirs["FedAdam"] / "checkpoints" / "round_0001.pt")["state"]["server_opt"]
+    assert set(adam) == {"m", "v"} and adam["m"]
+
+
+# --------------------------------------------------------------------------- a hostile site: the same defences and robust rule
+
+
+def test_flare_refuses_the_hostile_replies_and_ends_with_the_in_process_median_model(flare_runs):
+    cfg, run_dir = flare_runs.exps["hostile"], flare_runs.dirs["hostile"]
+    reference = load_bench("hostile_sites").hostile_run(cfg, flare_runs.root / "hostile-in-process", HOSTILE_FAULTS)
+    flare = flare_runs.payloads["hostile"]
+
+    expected = [(0, "chexpert_style", "train", "norm"), (1, "midrc_style", "train", "counts")]
+    for run in (reference, flare):
+        assert run["status"] == "finished"
+        assert [(e["round"], e["site"], e["task"], e["check"]) for e in run["refused"]] == expected
+    assert [e["reason"] for e in flare["refused"]] == [e["reason"] for e in reference["refused"]]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [[e["site"] for e in row["refused"]] for row in rows] == [["chexpert_style"], ["midrc_style"]]
+    assert [row["aggregation"][0]["rule"] for row in rows] == ["median", "median"]
+    got, want = _final(run_dir)["global"], _final(flare_runs.root / "hostile-in-process")["global"]
+    assert _max_diff(got, want) <= 1e-5
 
 
 # --------------------------------------------------------------------------- failures

@@ -186,23 +186,6 @@ def test_finetune_offline_defaults_to_fifty_passes_as_the_fedgp_paper():
 # --------------------------------------------------------------------------- FACT
 
 
-def test_fact_draws_random_pairs_from_the_runs_seed():
-    """random.sample of two sources per round (FACT server.py), the same for the same seed and round."""
-    from fedcxr.pipeline.config import ExperimentConfig
-    from fedcxr.pipeline.protocols import Context, get_protocol
-
-    def pairs(seed):
-        cfg = ExperimentConfig(sites=["a", "b", "c", "d"], target="t", strategy="FACT", seed=seed)
-        ctx = Context(cfg=cfg, transport=None, meta={}, classes=["edema"], aux_tasks=[],
-                      sources=["a", "b", "c", "d"], target="t")
-        return [tuple(get_protocol("FACT").pair(ctx, r)) for r in range(12)]
-
-    assert pairs(0) == pairs(0)
-    assert pairs(0) != pairs(1)
-    assert len(set(pairs(0))) > 3  # not a fixed rotation: ordered pairs of 4 sources vary
-    assert all(a != b for a, b in pairs(0))
-
-
 def test_fact_fine_tunes_heads_with_g_in_train_mode_and_keeps_sgd_state(tiny_manifests, tmp_path):
     calls = []
 

@@ -1,4 +1,4 @@
-"""FedOpt and SCAFFOLD server rules of fedcxr.pipeline.aggregate, against the published update
+"""FedOpt and SCAFFOLD server rules (fedcxr.pipeline.aggregate.server_opt), against the published update
 equations (Reddi et al. 2021, Algorithm 2; Karimireddy et al. 2020, Algorithm 1) on tiny tensors
 whose results are worked out by hand in the comments."""
 
