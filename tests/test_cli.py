@@ -119,10 +119,13 @@ def _subcommands() -> dict:
 COMMANDS = list(_subcommands())  # every subcommand, so a new one is audited too
 
 
-def test_every_handler_has_a_subcommand():
-    from fedcxr.cli import HANDLERS
+def test_every_command_module_declares_its_options_beside_its_handler():
+    from fedcxr.cli import COMMANDS as MODULES
 
-    assert set(COMMANDS) == set(HANDLERS)
+    assert list(COMMANDS) == list(MODULES)
+    for name, module in MODULES.items():
+        assert module.__name__.startswith("fedcxr.commands."), name
+        assert module.HELP and callable(module.add_arguments) and callable(module.run), name
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -62,6 +62,8 @@ def render_markdown(report: dict, figures: Optional[dict[str, Any]] = None, *, c
              "an undefined AUROC (one label value in the test rows) is n/a, never 0.5.", ""]
     for item in report.get("sites_without_predictions", []):
         lines += [f"- Site {md(item['site'])}: not evaluated ({md(item['reason'])})", ""]
+    for item in report.get("sites_without_operating_points", []):  # fedcxr evaluate: a site with no val rows
+        lines += [f"- Site {md(item['site'])}: no operating points ({md(item['reason'])})", ""]
     if curves or curves_note:
         lines += ["## Training curves", ""]
         lines += ([f"![Training loss and validation AUROC per round]({curves})", "",

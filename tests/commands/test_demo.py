@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from fedcxr.commands.demo import METHODS
+from fedcxr.workflows.demo import METHODS
 
 
 def test_demo_quick_compares_three_ways_side_by_side(quick_demo):

@@ -26,7 +26,7 @@ pytest.importorskip("nvflare")
 pytest.importorskip("tensorboard")
 
 from fedcxr.cli import main  # noqa: E402
-from fedcxr.commands.demo import DEMO_TARGET, demo_config  # noqa: E402
+from fedcxr.workflows.demo import DEMO_TARGET, demo_config  # noqa: E402
 from fedcxr.pipeline.config import load_config  # noqa: E402
 from fedcxr.pipeline.run_driver import run_experiment  # noqa: E402
 
