@@ -33,6 +33,7 @@ package             what it holds
 The Python API — the functions the commands call, returning typed results instead of printing
 (README: Use fedcxr from Python); bad input raises :class:`fedcxr.errors.UserError`::
 
+    fedcxr.init_study(folder)                                                  -> dict (what was written)
     fedcxr.train(config, out=None, *, resume=False, device=None, **overrides) -> TrainResult
     fedcxr.evaluate(run_dir, *, split="test", bootstrap=1000, cam=0, ...)      -> EvaluateResult
     fedcxr.ingest(source, input_dir, out, *, plan=False, **options)            -> IngestResult
@@ -56,6 +57,7 @@ __version__ = "0.2.0"
 
 #: API name → the workflow module that defines it (fedcxr.workflows)
 _API = {
+    "init_study": "fedcxr.workflows.init",
     "train": "fedcxr.workflows.train", "TrainResult": "fedcxr.workflows.train",
     "evaluate": "fedcxr.workflows.evaluate", "EvaluateResult": "fedcxr.workflows.evaluate",
     "ingest": "fedcxr.workflows.ingest", "IngestResult": "fedcxr.workflows.ingest",
@@ -73,6 +75,7 @@ if TYPE_CHECKING:  # what static tools and IDEs follow; at run time __getattr__ 
     from fedcxr.rundir import RunDir
     from fedcxr.workflows.evaluate import EvaluateResult, evaluate
     from fedcxr.workflows.ingest import IngestResult, ingest
+    from fedcxr.workflows.init import init_study
     from fedcxr.workflows.predict import PredictResult, predict
     from fedcxr.workflows.report import ComparisonResult, report
     from fedcxr.workflows.stats import StatsResult, statistics

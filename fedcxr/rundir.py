@@ -181,6 +181,26 @@ class RunDir:
         except (OSError, UserError):
             return None
 
+    def mark_stopped(self) -> None:
+        """Record in ``run.json`` that a running run stopped (Ctrl-C, SIGTERM): its status says so, not
+        "running" (a finished run, or a folder without ``run.json``, is left as it is)."""
+        try:
+            info = read_run_info(self.root)
+        except (OSError, UserError):
+            return
+        if info.get("status") == "running":
+            write_run_info(self.root, {**info, "status": "stopped"})
+
+    def rounds_checkpointed(self) -> int:
+        """Rounds a resume continues after: the newest checkpoint's round + 1 (0 when there is none)."""
+        files = self.checkpoint_files()
+        if not files:
+            return 0
+        try:
+            return int(files[-1].stem.rsplit("_", 1)[-1]) + 1
+        except ValueError:
+            return 0
+
     def rounds_done(self) -> int:
         """Rounds recorded in ``metrics.jsonl`` so far (its non-empty lines; 0 when absent): the progress
         of a running run (FLARE's bar), and where a stopped one stopped."""

@@ -190,3 +190,32 @@ def test_third_party_info_lines_stay_off_the_console(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "openjpeg" not in proc.stderr and "pylibjpeg" not in proc.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_usage_line_starts_with_help_then_verbosity(command, capsys):
+    """One option order everywhere: `fedcxr ingest` listed `[-v | -q] [-h]`, the others `[-h] [-v | -q]`."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert usage.startswith(f"usage: fedcxr {command} [-h] [-v | -q]"), usage[:120]
+
+
+@pytest.mark.parametrize("command", ["evaluate", "predict", "export-bundle", "report"])
+def test_a_run_directory_argument_is_named_as_the_readme_names_it(command, capsys):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert re.search(rf"fedcxr {command} RUN_DIR", readme), command
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = capsys.readouterr().out
+    assert "RUN_DIR" in text.split("\n\n")[0] and "run_dir" not in text, command
+
+
+def test_the_readme_ingest_synopsis_names_every_ingest_option():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## `fedcxr ingest`", 1)[1]
+    synopsis = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    options = [s for a in _subcommands()["ingest"]._actions for s in a.option_strings
+               if s.startswith("--") and s not in ("--help", "--verbose", "--quiet")]
+    missing = [o for o in options if o not in synopsis]
+    assert not missing, f"README's `fedcxr ingest` synopsis lacks {missing}"

@@ -36,19 +36,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from fedcxr.logs import progress_wanted
-    from fedcxr.rundir import RunDir
-    from fedcxr.workflows.experiment import experiment_config
-    from fedcxr.workflows.train import train
+    from fedcxr.workflows.train import TrainingStopped, train
 
-    cfg = experiment_config(args.config, settings=args.overrides)
-    run_dir = RunDir(args.out) if args.out else RunDir.default_for(cfg)
     with stop_signals() as stopped:
         try:
-            result = train(cfg, run_dir, resume=args.resume, device=args.device, progress=progress_wanted(args))
-        except KeyboardInterrupt:
-            print(stopped_message(run_dir, cfg.rounds, stopped.get("signal", "Ctrl-C"), resume_command(args, run_dir)),
-                  file=sys.stderr)
+            result = train(args.config, args.out, resume=args.resume, device=args.device,
+                           progress=progress_wanted(args), settings=args.overrides)
+        except TrainingStopped as stop:
+            command = resume_command(args, stop.run_dir)
+            print(stopped_message(stop.run_dir, stop.rounds, stopped.get("signal", "Ctrl-C"), command), file=sys.stderr)
             return 143 if stopped.get("signal") == "SIGTERM" else 130
+    run_dir = result.run_dir
     if result.already_finished:
         print(f"{run_dir}: this run is already finished ({result.method}, {result.rounds} rounds); "
               "nothing to resume, no file changed")
@@ -57,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
                   f"({run_dir.config}); to train it, choose a new --out")
         print(f"  next: fedcxr evaluate {run_dir}")
         return 0
-    print(f"{result.method}: finished {cfg.rounds} rounds; run directory {run_dir} (log: {run_dir.train_log})")
+    print(f"{result.method}: finished {result.rounds} rounds; run directory {run_dir} (log: {run_dir.train_log})")
     if result.missed:
         print(f"  {len(result.missed)} site replies missing or rejected (see run.json 'missed')")
     print(f"  next: fedcxr evaluate {run_dir}")
@@ -96,11 +94,11 @@ def resume_command(args: argparse.Namespace, run_dir) -> str:
 
 
 def stopped_message(run_dir, rounds: int, what: str, command: str) -> str:
-    """Where a stopped run stopped (the rounds its ``metrics.jsonl`` and checkpoints hold) and how to go on."""
-    done = run_dir.rounds_done()
-    checkpoints = run_dir.checkpoint_files()
-    if checkpoints:
-        where = (f"after round {done} of {rounds} (its last checkpoint: {checkpoints[-1]}; "
+    """Where a stopped run stopped — the rounds its checkpoints hold, which a resume continues after
+    (a round finished but not yet checkpointed is trained again) — and how to go on."""
+    done = run_dir.rounds_checkpointed()
+    if done:
+        where = (f"after round {done} of {rounds} (its last checkpoint: {run_dir.checkpoint_files()[-1]}; "
                  f"the rounds so far: {run_dir.train_log})")
     else:
         where = f"before its first round finished (no checkpoint yet; {rounds} rounds to go)"

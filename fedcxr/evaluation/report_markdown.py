@@ -17,6 +17,7 @@ import numpy as np
 
 from fedcxr.escape import md
 from fedcxr.evaluation import operating
+from fedcxr.wording import count
 
 SUBGROUP_TITLES = {"sex": "Sex", "age_bin": "Age bin (years)", "race": "Race/ethnicity"}
 
@@ -78,7 +79,7 @@ def render_markdown(report: dict, figures: Optional[dict[str, Any]] = None, *, c
 
 def _site_section(report, site, entry, figures: dict[str, str]) -> list[str]:
     lines = [f"## Site {md(site)}", "",
-             f"{md(entry['n_rows'])} images of {md(entry['n_patients'])} patients.", "",
+             f"{count(int(entry['n_rows']), 'image')} of {count(int(entry['n_patients']), 'patient')}.", "",
              f"**Mean AUROC** ({len(entry['mean_auroc_classes'])} of {len(report['classes'])} classes): "
              f"{fmt_ci(entry['mean_auroc'], entry['mean_auroc_ci_low'], entry['mean_auroc_ci_high'])}"
              + (f" ({md(entry['mean_auroc_reason'])})" if entry.get("mean_auroc_reason") else ""), ""]

@@ -205,7 +205,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
         t0 = time.perf_counter()
         try:
             state, metrics = protocol.run_round(ctx, r, state)
-        except (RunFailed, KeyboardInterrupt):  # refusals, absences (or Ctrl-C/SIGTERM) stay on record in run.json
+        except RunFailed:  # the refusals and absences of the failed round stay on record in run.json
             _write_run_files(run_dir, cfg, ctx, protocol, status="stopped")
             raise
         metrics = {"round": r, **metrics, **_round_record(ctx, r), "val": _validate(ctx, protocol, state, r)}

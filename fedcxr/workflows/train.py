@@ -44,6 +44,16 @@ class TrainResult:
         return list(self.run.get("missed") or [])
 
 
+class TrainingStopped(KeyboardInterrupt):
+    """Training stopped by Ctrl-C (or SIGTERM where the caller turns it into one, as ``fedcxr train``
+    does): still a :class:`KeyboardInterrupt`, and it knows the run it stopped (``run_dir``) and how
+    many rounds the run was to train (``rounds``), so the caller can say where it stopped."""
+
+    def __init__(self, run_dir: RunDir, rounds: int):
+        super().__init__(f"{run_dir}: training stopped")
+        self.run_dir, self.rounds = run_dir, rounds
+
+
 def train(config: ConfigLike, out: "RunDir | str | None" = None, *, resume: bool = False,
           device: Optional[str] = None, progress: bool = True, settings: Sequence[str] = (),
           **overrides: Any) -> TrainResult:
@@ -56,7 +66,8 @@ def train(config: ConfigLike, out: "RunDir | str | None" = None, *, resume: bool
 
     Raises :class:`~fedcxr.errors.UserError` for a bad config or a run directory that holds a
     finished or interrupted run (without ``resume``), :class:`~fedcxr.errors.RunFailed` when a
-    round cannot complete (resume it).
+    round cannot complete (resume it); :class:`TrainingStopped` (a ``KeyboardInterrupt``) when it is
+    interrupted — its ``run.json`` then says ``stopped``.
     """
     from fedcxr.pipeline.config import config_fingerprint
     from fedcxr.pipeline.run_driver import run_experiment
@@ -67,8 +78,12 @@ def train(config: ConfigLike, out: "RunDir | str | None" = None, *, resume: bool
     if done is not None:
         differs = bool(done.get("fingerprint")) and done["fingerprint"] != config_fingerprint(cfg)
         return TrainResult(run, done, already_finished=True, config_differs=differs)
-    payload = run_experiment(cfg, run, resume=resume, device=device, progress=progress)
+    try:
+        payload = run_experiment(cfg, run, resume=resume, device=device, progress=progress)
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM where the caller turns it into one (`fedcxr train`)
+        run.mark_stopped()
+        raise TrainingStopped(run, cfg.rounds) from stop
     return TrainResult(run, payload)
 
 
-__all__ = ["TrainResult", "train"]
+__all__ = ["TrainResult", "TrainingStopped", "train"]

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 from fedcxr.workflows.demo import METHODS
 
 
 def test_demo_quick_compares_three_ways_side_by_side(quick_demo):
-    out_dir, out = quick_demo  # `fedcxr demo --out DIR --quick --device cpu`, shared with test_use_the_model
+    out_dir, out, logged = quick_demo  # `fedcxr demo --out DIR --quick --device cpu`, shared with test_use_the_model
     assert f"Comparison: {out_dir / 'comparison.md'}" in out
     for method, _ in METHODS:
         run = out_dir / "runs" / method
@@ -26,7 +27,15 @@ def test_demo_quick_compares_three_ways_side_by_side(quick_demo):
     # every hospital contributes: midrc_style (COVID-19 only) is aggregated, not skipped
     rows = [json.loads(line) for line in (out_dir / "runs" / "FedAvg_Finetune" / "metrics.jsonl").read_text().splitlines()]
     assert all("midrc_style" in row["train"] for row in rows)
-    assert "not aggregated" not in out
+    assert "not aggregated" not in out + logged
     # the quick numbers come from a tiny test set: the demo says they mean nothing
     n_test = json.loads((out_dir / "runs" / "Target_Only" / "report.json").read_text())["sites"]["dicom_style"]["n_rows"]
     assert f"dicom_style's test split holds only {n_test} images, so these AUROCs and p-values mean nothing" in out
+
+
+def test_the_demo_console_has_one_format(quick_demo):
+    """Its steps and the rounds' lines read alike: no `INFO fedcxr.rounds:` prefix among plain lines."""
+    _, out, logged = quick_demo
+    assert "[3/4] training for target dicom_style" in out
+    assert re.search(r"^round 1/2 \([\d.]+ s\): loss ", logged, re.M), logged[-2000:]
+    assert not re.search(r"^(INFO|DEBUG) fedcxr", out + logged, re.M), logged[-2000:]

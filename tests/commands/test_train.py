@@ -88,3 +88,36 @@ def test_a_finished_run_is_refused_at_once_and_resume_changes_no_file(evaluated_
     assert main(["train", str(config), "--out", str(run), "--resume", "--set", "rounds=5"]) == 0
     assert "differs from the config this run was trained with" in capsys.readouterr().out
     assert _snapshot(run) == before
+
+
+@pytest.mark.slow  # a training process started, stopped by SIGTERM after its first round, then resumed: ~20 s
+def test_sigterm_says_where_train_stopped_and_the_command_that_continues_it(tiny_manifests, tmp_path):
+    """A scheduler's SIGTERM used to end `fedcxr train` without a word: now it says after which round it
+    stopped and prints the `--resume` command, which continues the run to its end."""
+    import json
+    import shlex
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from fedcxr.rundir import RunDir
+
+    config = _config(tmp_path, tiny_manifests, rounds=8, eval_every=0)
+    run = RunDir(tmp_path / "run")
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from fedcxr.cli import main; sys.exit(main())",
+                             "train", str(config), "--out", str(run), "--set", "seed=1", "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while run.rounds_checkpointed() < 1 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    done = run.rounds_checkpointed()
+    assert proc.returncode == 143 and 1 <= done < 8, (proc.returncode, err[-2000:])
+    assert f"fedcxr train: stopped by SIGTERM after round {done} of 8 (its last checkpoint: " in err, err[-2000:]
+    command = f"fedcxr train {config} --out {run} --set seed=1 --resume"
+    assert f"continue it with: {command}" in err and "Traceback" not in err
+    assert json.loads(run.run_info.read_text())["status"] == "stopped" and run.status() == "stopped"
+    assert main(shlex.split(command)[1:] + ["-q"]) == 0
+    assert run.finished()["rounds"] == 8 and run.rounds_done() == 8
