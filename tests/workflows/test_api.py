@@ -61,26 +61,6 @@ def _config(**changes) -> dict:
             "rounds": 4, **changes}
 
 
-def test_a_config_is_a_path_a_mapping_or_a_validated_config_with_the_same_overrides(tmp_path):
-    import yaml
-
-    from fedcxr.pipeline.config import ExperimentConfig
-    from fedcxr.workflows.experiment import experiment_config, override_strings
-
-    path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump(_config()))
-    overrides = {"rounds": 2, "source": {"lr": 1e-3}, "seed": 7}
-    assert override_strings(overrides) == ["rounds=2", "source.lr=0.001", "seed=7"]
-    configs = [experiment_config(c, overrides=overrides, check_sites=False)
-               for c in (path, str(path), _config(), ExperimentConfig.model_validate(_config()))]
-    for cfg in configs:
-        assert (cfg.rounds, cfg.source.lr, cfg.seed, cfg.method) == (2, 1e-3, 7, "FedAvg_Finetune")
-    same = experiment_config(path, settings=["rounds=2", "source.lr=1e-3", "seed=7"], check_sites=False)
-    assert same == configs[0]  # keyword overrides are exactly the command line's --set
-    validated = configs[-1]
-    assert experiment_config(validated, check_sites=False) is validated
-
-
 def test_errors_are_exceptions_naming_the_problem_never_an_exit(tmp_path):
     with pytest.raises(UserError, match="roudns"):
         fedcxr.train(_config(roudns=2), out=tmp_path / "run")
