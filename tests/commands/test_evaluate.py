@@ -111,4 +111,3 @@ def test_a_flare_cross_site_report_is_never_replaced_silently(evaluated_run, tmp
     assert (kept / "report.md").read_text() == "# cross-site evaluation, as the sites sent it\n"
     assert json.loads((kept / "report.json").read_text())["source"] == SOURCE
     assert "source" not in json.loads((run / "report.json").read_text())  # the central report, from predictions
-    assert main(["evaluate", str(run), "--bootstrap", "0", "-q"]) == 0  # a central report is replaced as before
