@@ -26,4 +26,4 @@ fi
 # nvflare comes through fedcxr's `flare` extra, never nvflare[pt] (that pulls torchvision)
 step 4 "installing fedcxr with its extras [$EXTRAS] (MONAI, NVIDIA FLARE, Opacus, ...; a few minutes)"
 pip install -q -e ".[$EXTRAS]"
-echo "fedcxr installed in $(pwd)/.venv: try .venv/bin/fedcxr demo (under a minute on 2 idle cores) or .venv/bin/fedcxr --help"
+echo "fedcxr installed in $(pwd)/.venv: activate it (source .venv/bin/activate, once per shell; the README's commands assume it), then try fedcxr demo (under a minute on 2 idle cores) or fedcxr --help"

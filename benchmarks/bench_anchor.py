@@ -75,7 +75,7 @@ def anchor_config(site: Path, work: Path, *, epochs: int, seed: int, backbone: s
 
 def train_and_evaluate(config: dict, run_dir: Path, n_boot: int) -> dict:
     """Train (unless finished) and evaluate on the official test split; returns the result row."""
-    from fedcxr.commands.evaluate import evaluate_run
+    from fedcxr.workflows.evaluate import evaluate_run
     from fedcxr.pipeline.config import load_config
     from fedcxr.pipeline.run_driver import run_experiment
 

@@ -10,7 +10,7 @@ leave test splits of a handful of images per site; see BENCHMARKS.md.)
 
 Setting: the demo's (``fedcxr demo``): four hospitals of 500 images each at 64 px in their native
 formats, ingested with their real adapters; target ``dicom_style``, sources the other three; the
-demo's config (:func:`fedcxr.commands.demo.demo_config`: resnet_tiny, 10 rounds, sources lr 2e-3
+demo's config (:func:`fedcxr.workflows.demo.demo_config`: resnet_tiny, 10 rounds, sources lr 2e-3
 one pass a round, target lr 1e-3 two passes a round, augmentation on) with ``target_train.labeled``
 and ``rounds`` per setting (:data:`SETTINGS`). Scored: mean test AUROC over the target's classes.
 Per setting and seed, the paper's pairs are compared paired by seed (95 % t-interval):
@@ -64,7 +64,7 @@ def prepare(work: Path, images_per_site: int, image_size: int) -> Path:
 
 
 def setting_config(work: Path, manifests: Path, setting: str, overrides: Sequence[str]) -> Path:
-    from fedcxr.commands.demo import demo_config
+    from fedcxr.workflows.demo import demo_config
     from fedcxr.pipeline.config import apply_overrides
 
     sites = sorted(p.name for p in manifests.iterdir() if (p / "site.json").is_file())

@@ -101,12 +101,12 @@ def group_methods(group: str, only: Optional[Sequence[str]]) -> list[str]:
 
 def run_group(config: Path, group: str, seeds: int, only: Optional[Sequence[str]] = None,
               extra: Sequence[str] = ()) -> None:
-    from fedcxr.commands.sweep import run_sweep
+    from fedcxr.workflows.sweep import sweep
 
     methods = group_methods(group, only)
     if methods:
-        run_sweep(config, methods, seeds=seeds, out=config.parent, baseline="FedAvg" if "FedAvg" in methods else None,
-                  device="cpu", overrides=[*GROUPS[group][0], *extra], progress=False)
+        sweep(config, methods, seeds=seeds, out=config.parent, baseline="FedAvg" if "FedAvg" in methods else None,
+                  device="cpu", settings=[*GROUPS[group][0], *extra], progress=False, announce=print)
 
 
 def run_auroc(run_dir: Path) -> float:

@@ -176,7 +176,7 @@ def run_one(job: tuple) -> float:
     """One (method, seed) of a cell in a worker process (one torch thread); returns its wall time."""
     import torch
 
-    from fedcxr.commands.evaluate import evaluate_run
+    from fedcxr.workflows.evaluate import evaluate_run
     from fedcxr.pipeline.checkpoints import latest_checkpoint
     from fedcxr.pipeline.config import load_config
     from fedcxr.pipeline.run_driver import run_experiment

@@ -99,7 +99,7 @@ def run_one(job: tuple) -> dict:
     """One (rule, attack, seed) run in a worker: train through the hostile transport, score on test."""
     import torch
 
-    from fedcxr.commands.evaluate import evaluate_run
+    from fedcxr.workflows.evaluate import evaluate_run
     from fedcxr.errors import RunFailed, UserError
     from fedcxr.pipeline.config import load_config
 

@@ -182,10 +182,10 @@ def run_levels(jobs: list[tuple], workers: int, job_fn=None) -> None:
 
 
 def run_level(config: Path, methods: Sequence[str], seeds: int, out: Path, overrides: Sequence[str] = ()) -> None:
-    from fedcxr.commands.sweep import run_sweep
+    from fedcxr.workflows.sweep import sweep
 
-    run_sweep(config, methods, seeds=seeds, out=out, baseline="FedAvg_Finetune" if "FedAvg_Finetune" in methods else None,
-              device="cpu", overrides=list(overrides), progress=False)
+    sweep(config, methods, seeds=seeds, out=out, baseline="FedAvg_Finetune" if "FedAvg_Finetune" in methods else None,
+              device="cpu", settings=list(overrides), progress=False, announce=print)
 
 
 def run_auroc(run_dir: Path) -> float:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 def build(root: Path, args) -> dict:
     """Synthesise and ingest the demo's hospitals; the demo's FedAvg_Finetune config for them."""
-    from fedcxr.commands.demo import DEMO_TARGET, demo_config
+    from fedcxr.workflows.demo import DEMO_TARGET, demo_config
     from fedcxr.synth import ingest_synthetic, write_synthetic_export
 
     write_synthetic_export(root / "export", images_per_site=args.images_per_site, image_size=64, seed=0)

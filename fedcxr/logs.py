@@ -5,6 +5,9 @@ One call (:func:`configure`) from the command line sets it up:
 * ``fedcxr`` loggers print INFO and above (``-v``: DEBUG, ``--quiet``: WARNING); every other
   library (pydicom's decoders, openjpeg, nvflare, MONAI, ...) only WARNING and above — a
   newcomer's console shows what fedcxr is doing, not its dependencies' chatter;
+* fedcxr's own INFO records (a round's line, a run's header) print as plain lines, the same
+  format as what the commands print (``fedcxr demo`` interleaves both); warnings and debug
+  records keep their ``LEVEL name:`` prefix;
 * records are written through ``tqdm.write`` so a log line never tears a progress bar;
 * another library's record is **one line** (:class:`OneLineFormatter`): its first message line
   and, when it carries an exception, ``(ExceptionType: first line)`` — never a traceback.
@@ -47,13 +50,16 @@ DECODERS = ("pydicom", "pylibjpeg", "openjpeg", "libjpeg", "PIL")
 
 
 class OneLineFormatter(logging.Formatter):
-    """``LEVEL name: message``; records from outside fedcxr lose their traceback (one line)."""
+    """fedcxr's own INFO lines as plain text, like the lines a command prints (``round 3/10 ...``);
+    everything else ``LEVEL name: message``; records from outside fedcxr lose their traceback (one line)."""
 
     def __init__(self) -> None:
         super().__init__("%(levelname)s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
         if record.name == "fedcxr" or record.name.startswith("fedcxr."):
+            if record.levelno == logging.INFO and not record.exc_info:
+                return record.getMessage()
             return super().format(record)
         lines = record.getMessage().strip().splitlines() or [""]
         text = lines[0]

@@ -21,9 +21,16 @@ A run directory is what ``fedcxr train`` (or a FLARE server) writes and what ``e
     RUN_DIR/flare_status.json        FLARE_STATUS      a FLARE run's status (fedcxr.flare.controller)
     RUN_DIR/cross_site_val/          CROSS_SITE_DIR    FLARE's cross-site evaluation results
     RUN_DIR/flare/                   FLARE_WORKSPACE   the FLARE job, workspace and logs of ``fedcxr flare``
+    RUN_DIR/cross_site_report/       CROSS_SITE_REPORT a FLARE cross-site report moved aside by
+                                                       ``fedcxr evaluate --replace-cross-site``
 
 Every module that knows a run directory takes the names from here (:class:`RunDir` gives the
-paths), so the layout is written down once. This module knows JSON, YAML text and strict-JSON
+paths), so the layout is written down once. :class:`RunDir` also owns the run directory's
+**policy**: the default name of a new run (:meth:`RunDir.default_for`), what a new run or a
+resume may start in (:meth:`RunDir.check_start`), whether a folder to read is there at all
+(:meth:`RunDir.existing`), the run's status (:meth:`RunDir.status`, :meth:`RunDir.finished`) and
+how many rounds it recorded (:meth:`RunDir.rounds_done`). Callers pass a :class:`RunDir` around,
+not a path (it is a path-like: ``os.fspath`` and ``Path(run)`` give its root). This module knows JSON, YAML text and strict-JSON
 lines; the tensor files are :mod:`fedcxr.pipeline.checkpoints`' (torch, checksums), which only
 asks their paths from here. It imports the L1 leaves :mod:`fedcxr.atomic` and
 :mod:`fedcxr.errors` only, so ``evaluation/`` (which never imports ``pipeline/``) reads run
@@ -62,16 +69,52 @@ LOCK = ".fedcxr.lock"
 FLARE_STATUS = "flare_status.json"
 CROSS_SITE_DIR = "cross_site_val"
 FLARE_WORKSPACE = "flare"
+#: where ``fedcxr evaluate --replace-cross-site`` moves a FLARE run's cross-site report before writing its own
+CROSS_SITE_REPORT = "cross_site_report"
 
 
 class RunDir:
-    """The paths of one run directory's files (nothing is read or created here)."""
+    """One run directory: the paths of its files (nothing is read or created by the paths), and the
+    policy every command, the API and FLARE apply to it (the methods below)."""
 
-    def __init__(self, root: Path | str):
+    def __init__(self, root: "RunDir | Path | str"):
         self.root = Path(root)
+
+    @classmethod
+    def of(cls, where: "RunDir | Path | str") -> "RunDir":
+        """``where`` as a :class:`RunDir` (the same object when it already is one)."""
+        return where if isinstance(where, RunDir) else cls(where)
+
+    @classmethod
+    def default_for(cls, cfg: Any, *, flare: bool = False) -> "RunDir":
+        """Where a run goes when no ``--out`` is given: ``runs/<name>-<method>-seed<seed>`` (``-flare``
+        appended for a FLARE run, so the in-process and the FLARE run of one config sit side by side)."""
+        return cls(Path("runs") / f"{cfg.name}-{cfg.method}-seed{cfg.seed}{'-flare' if flare else ''}")
+
+    @classmethod
+    def existing(cls, where: "RunDir | Path | str") -> "RunDir":
+        """A run directory to read (evaluate, report, predict): :class:`UserError` when it is not a folder."""
+        run = cls.of(where)
+        if not run.root.exists():
+            raise UserError(f"{run.root}: no such run directory")
+        if not run.root.is_dir():
+            raise UserError(f"{run.root}: not a directory (expected a run directory)")
+        return run
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.root)!r})"
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    def __fspath__(self) -> str:
+        return str(self.root)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunDir) and other.root == self.root
+
+    def __hash__(self) -> int:
+        return hash(self.root)
 
     config = property(lambda self: self.root / CONFIG)
     run_info = property(lambda self: self.root / RUN_INFO)
@@ -89,6 +132,7 @@ class RunDir:
     flare_status = property(lambda self: self.root / FLARE_STATUS)
     cross_site = property(lambda self: self.root / CROSS_SITE_DIR)
     flare_workspace = property(lambda self: self.root / FLARE_WORKSPACE)
+    cross_site_report = property(lambda self: self.root / CROSS_SITE_REPORT)
 
     def checkpoint(self, r: int) -> Path:
         """``checkpoints/round_NNNN.pt`` of round ``r`` (0-based)."""
@@ -101,6 +145,69 @@ class RunDir:
     def predictions(self, split: str) -> Path:
         """``predictions/<split>.parquet``."""
         return self.root / PREDICTIONS / f"{split}.parquet"
+
+    # ----------------------------------------------------------------------- policy
+
+    def check_start(self, *, resume: bool) -> Optional[dict]:
+        """What this folder allows a training run (``fedcxr train``, ``fedcxr flare``, the API), decided
+        before any site is asked anything: a new run needs a folder without a finished run or
+        checkpoints (:class:`UserError` otherwise: nothing is overwritten by accident); ``resume`` on a
+        finished run gets its ``run.json`` back (nothing to do); anything else returns None (train,
+        or resume from the last checkpoint)."""
+        if resume:
+            return self.finished()
+        if self.final_model.exists():
+            raise UserError(f"{self.root} already holds a finished run; choose another --out (or evaluate it: "
+                            f"fedcxr evaluate {self.root})")
+        if self.checkpoint_files():
+            raise UserError(f"{self.root} holds checkpoints of an earlier run; pass --resume to continue it")
+        return None
+
+    def finished(self) -> Optional[dict]:
+        """``run.json`` of a run that ended (status finished, ``final_model.pt`` written), else None."""
+        if not self.final_model.is_file():
+            return None
+        try:
+            info = read_run_info(self.root)
+        except (OSError, UserError):
+            return None
+        return info if info.get("status") == "finished" else None
+
+    def status(self) -> Optional[str]:
+        """``run.json``'s status (``running``, ``stopped``, ``finished``); None when there is no readable
+        ``run.json`` (a new folder, or a run stopped before its first round)."""
+        try:
+            return read_run_info(self.root).get("status")
+        except (OSError, UserError):
+            return None
+
+    def mark_stopped(self) -> None:
+        """Record in ``run.json`` that a running run stopped (Ctrl-C, SIGTERM): its status says so, not
+        "running" (a finished run, or a folder without ``run.json``, is left as it is)."""
+        try:
+            info = read_run_info(self.root)
+        except (OSError, UserError):
+            return
+        if info.get("status") == "running":
+            write_run_info(self.root, {**info, "status": "stopped"})
+
+    def rounds_checkpointed(self) -> int:
+        """Rounds a resume continues after: the newest checkpoint's round + 1 (0 when there is none)."""
+        files = self.checkpoint_files()
+        if not files:
+            return 0
+        try:
+            return int(files[-1].stem.rsplit("_", 1)[-1]) + 1
+        except ValueError:
+            return 0
+
+    def rounds_done(self) -> int:
+        """Rounds recorded in ``metrics.jsonl`` so far (its non-empty lines; 0 when absent): the progress
+        of a running run (FLARE's bar), and where a stopped one stopped."""
+        if not self.metrics.is_file():
+            return 0
+        text = self.metrics.read_text(encoding="utf-8", errors="replace")
+        return sum(1 for line in text.splitlines() if line.strip())
 
 
 # --------------------------------------------------------------------------- config.yaml and run.json
@@ -136,16 +243,9 @@ def read_run_info(run_dir: Path | str) -> dict[str, Any]:
     return info
 
 
-def finished_run(run_dir: Path | str) -> Optional[dict]:
-    """``run.json`` of a run that ended (status finished, ``final_model.pt`` written), else None."""
-    paths = RunDir(run_dir)
-    if not paths.final_model.is_file():
-        return None
-    try:
-        info = read_run_info(run_dir)
-    except (OSError, UserError):
-        return None
-    return info if info.get("status") == "finished" else None
+def finished_run(run_dir: "RunDir | Path | str") -> Optional[dict]:
+    """``run.json`` of a run that ended, else None (:meth:`RunDir.finished`)."""
+    return RunDir.of(run_dir).finished()
 
 
 # --------------------------------------------------------------------------- metrics.jsonl
@@ -201,11 +301,3 @@ def read_metrics(run_dir: Path | str, *, skip_bad: bool = False) -> list[dict[st
         else:
             raise UserError(f"{path}: line {number} {problem}")
     return rows
-
-
-def count_metrics_rows(run_dir: Path | str) -> int:
-    """Rounds recorded in ``metrics.jsonl`` so far (its non-empty lines; 0 when absent): progress only."""
-    path = RunDir(run_dir).metrics
-    if not path.is_file():
-        return 0
-    return sum(1 for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip())

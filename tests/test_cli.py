@@ -119,10 +119,13 @@ def _subcommands() -> dict:
 COMMANDS = list(_subcommands())  # every subcommand, so a new one is audited too
 
 
-def test_every_handler_has_a_subcommand():
-    from fedcxr.cli import HANDLERS
+def test_every_command_module_declares_its_options_beside_its_handler():
+    from fedcxr.cli import COMMANDS as MODULES
 
-    assert set(COMMANDS) == set(HANDLERS)
+    assert list(COMMANDS) == list(MODULES)
+    for name, module in MODULES.items():
+        assert module.__name__.startswith("fedcxr.commands."), name
+        assert module.HELP and callable(module.add_arguments) and callable(module.run), name
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -238,3 +241,32 @@ def test_a_mistyped_command_or_choice_gets_the_nearest_one(argv, hint, capsys):
 def test_a_mistyped_source_gets_the_nearest_one(tmp_path, capsys):
     code, _, err = _run(["ingest", "chexpret", "--input", tmp_path, "--out", tmp_path / "o"], capsys)
     assert code == 2 and "unknown SOURCE 'chexpret' (did you mean `chexpert`?)" in err
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_usage_line_starts_with_help_then_verbosity(command, capsys):
+    """One option order everywhere: `fedcxr ingest` listed `[-v | -q] [-h]`, the others `[-h] [-v | -q]`."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert usage.startswith(f"usage: fedcxr {command} [-h] [-v | -q]"), usage[:120]
+
+
+@pytest.mark.parametrize("command", ["evaluate", "predict", "export-bundle", "report"])
+def test_a_run_directory_argument_is_named_as_the_readme_names_it(command, capsys):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert re.search(rf"fedcxr {command} RUN_DIR", readme), command
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = capsys.readouterr().out
+    assert "RUN_DIR" in text.split("\n\n")[0] and "run_dir" not in text, command
+
+
+def test_the_readme_ingest_synopsis_names_every_ingest_option():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## `fedcxr ingest`", 1)[1]
+    synopsis = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    options = [s for a in _subcommands()["ingest"]._actions for s in a.option_strings
+               if s.startswith("--") and s not in ("--help", "--verbose", "--quiet")]
+    missing = [o for o in options if o not in synopsis]
+    assert not missing, f"README's `fedcxr ingest` synopsis lacks {missing}"

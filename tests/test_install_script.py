@@ -62,6 +62,7 @@ def test_a_fresh_install_announces_each_step_before_it_runs(tmp_path):
     assert lines[3] == "[4/4] installing fedcxr with its extras [test,flare,dp] (MONAI, NVIDIA FLARE, Opacus, ...; " \
                        "a few minutes)"
     assert lines[-1].startswith("fedcxr installed in")
+    assert "source .venv/bin/activate" in lines[-1] and "try fedcxr demo" in lines[-1]  # as the README's commands
     pips = [c for c in calls if " install " in f" {c} "]
     assert pips == ["python -m pip install -q --upgrade pip", "pip install -q torch==2.13.0",
                     "pip install -q -e .[test,flare,dp]"]  # CPU torch first, then fedcxr

@@ -30,6 +30,17 @@ def test_other_libraries_records_lose_their_traceback():
     assert "Traceback" in own  # fedcxr's own bugs keep their traceback
 
 
+def test_fedcxr_info_lines_are_plain_like_printed_lines_and_warnings_keep_their_level():
+    """The console has one format for what fedcxr says: `fedcxr demo` printed `[3/4] training ...` and
+    then `INFO fedcxr.rounds: round 1/2 ...`; now both are plain lines."""
+    info = logging.LogRecord("fedcxr.rounds", logging.INFO, __file__, 1, "round %d/%d", (1, 2), None)
+    assert OneLineFormatter().format(info) == "round 1/2"
+    warning = logging.LogRecord("fedcxr.pipeline.x", logging.WARNING, __file__, 1, "careful", None, None)
+    assert OneLineFormatter().format(warning) == "WARNING fedcxr.pipeline.x: careful"
+    other = logging.LogRecord("nvflare.x", logging.INFO, __file__, 1, "chatter", None, None)
+    assert OneLineFormatter().format(other) == "INFO nvflare.x: chatter"
+
+
 def test_quiet_filter_drops_decoder_records_only():
     keep = SilenceDecoders()
     assert not keep.filter(_record("pydicom.pixels.decoders.base", "x"))

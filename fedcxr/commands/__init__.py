@@ -1,28 +1,32 @@
-"""The command layer: what ``fedcxr <command>`` runs, joining training and evaluation.
+"""The command layer: what ``fedcxr <command>`` parses and prints — one module per command.
 
-The packages below never import each other across the train/evaluate divide
-(``evaluation`` never imports ``pipeline``); the commands here are the only place both meet.
+Each module declares its command's options beside its handler: ``HELP`` (the one-line
+description), ``add_arguments(parser)`` and ``run(args) -> int`` — parse, call one library
+function of :mod:`fedcxr.workflows` (the Python API: ``fedcxr.train``, ``fedcxr.evaluate``, ...),
+print what it returned. ``cli.py`` assembles them (``cli.COMMANDS``) and is the only module that
+imports this package; a piece two commands share, or that a package below needs, moves down to
+the package it belongs to (options several commands declare: :mod:`~fedcxr.commands.options`).
+Libraries are imported inside ``run``, so building the parser never imports torch.
 
 =================  ===========================================================================
-module             command
+module             command (the library function it calls)
 =================  ===========================================================================
 ``init``           ``fedcxr init`` — a commented starter config, csv mapping and example export
-``ingest``         ``fedcxr ingest`` — an export → per-site manifests (:mod:`fedcxr.site_adapters`)
-``train``          ``fedcxr train`` — one experiment in-process (:mod:`fedcxr.pipeline.run_driver`)
-``evaluate``       ``fedcxr evaluate`` — predictions (pipeline) → per-class AUROC report (evaluation)
-``predict``        ``fedcxr predict`` — a trained model on new images (keys, probabilities, decisions)
-``report``         ``fedcxr report`` — method-comparison table across runs (evaluation only)
-``sweep``          ``fedcxr sweep`` — methods × seeds, each trained, evaluated, then compared
-``demo``           ``fedcxr demo`` — synth → ingest → train → evaluate on the embedded default
-``stats``          ``fedcxr stats`` — federated statistics, shift diagnosis, advice (:mod:`fedcxr.stats`)
+                   (:func:`fedcxr.workflows.init.init_study`)
+``ingest``         ``fedcxr ingest`` — an export → per-site manifests (:func:`fedcxr.workflows.ingest.ingest`;
+                   the sources: :data:`fedcxr.site_adapters.sources.SOURCES`)
+``train``          ``fedcxr train`` — one experiment in-process (:func:`fedcxr.workflows.train.train`)
+``evaluate``       ``fedcxr evaluate`` — the per-class AUROC report (:func:`fedcxr.workflows.evaluate.evaluate`)
+``predict``        ``fedcxr predict`` — a trained model on new images (:func:`fedcxr.workflows.predict.predict`)
+``report``         ``fedcxr report`` — method-comparison table across runs (:func:`fedcxr.workflows.report.report`)
+``sweep``          ``fedcxr sweep`` — methods × seeds, trained, evaluated, compared (:func:`fedcxr.workflows.sweep.sweep`)
+``demo``           ``fedcxr demo`` — the embedded default (:func:`fedcxr.workflows.demo.run_demo`) and its table
+``stats``          ``fedcxr stats`` — federated statistics, shift diagnosis, advice
+                   (:func:`fedcxr.workflows.stats.statistics`)
 ``synth``          ``fedcxr synth`` — the synthetic hospitals' exports (:mod:`fedcxr.synth`)
 ``shift``          ``fedcxr shift`` — a covariate-shifted copy of a site (:mod:`fedcxr.site_adapters.shift`)
 ``export_bundle``  ``fedcxr export-bundle`` — a run's model as a MONAI bundle (:mod:`fedcxr.bundle`)
 ``flare``          ``fedcxr flare export|simulate|poc`` — the same run on NVIDIA FLARE (:mod:`fedcxr.flare`)
+``options``        ``--device``, ``--set``, ``--bootstrap``: the options several commands declare
 =================  ===========================================================================
-
-Every ``fedcxr`` handler lives here (``cli.py`` names them in ``HANDLERS``) and nothing but
-``cli.py`` imports this package: a piece two commands share, or that a package below needs (the
-bundle reads a run's operating points: :func:`fedcxr.evaluation.runs.thresholds_for`), moves down
-to the package it belongs to.
 """

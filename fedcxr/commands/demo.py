@@ -1,106 +1,41 @@
 """``fedcxr demo``: the embedded default, end to end on a laptop CPU in about two minutes.
 
-It answers the question a hospital asks first — *does federating help my hospital, and does
-the papers' method help more?* — on four synthetic hospitals in their native export formats:
-
-synth → ingest (one manifest per hospital) → train the target hospital three ways on half of
-its labels → evaluate each on the target's test split → one side-by-side table with 95%
-intervals and paired tests against the hospital alone:
-
-* ``Target_Only`` — the hospital trains alone;
-* ``FedAvg_Finetune`` — the three other hospitals federate (FedAvg), the hospital fine-tunes;
-* ``FedAvg_Finetune_AuxInfo_GP`` — the AuxInfo+GP paper's method: every site also learns the
-  demographic auxiliary tasks, and the target projects the sources' updates onto its own.
-
-Every hospital contributes: ``midrc_style`` labels only COVID-19, which the target labels too.
-Everything lands under ``--out``; the comparison and each run's report are printed at the end.
+The work — synth → ingest → train three ways → evaluate → compare, and the demo's config — is
+:mod:`fedcxr.workflows.demo`; this prints its steps as they happen, then the side-by-side table
+with 95% intervals and paired tests against the hospital alone, and where each report is.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import textwrap
-import time
 from pathlib import Path
 
-import yaml
+from fedcxr.commands.options import add_device
 
-DEMO_TARGET = "dicom_style"
-#: (method, what it means to a hospital), in the order of the table
-METHODS = (
-    ("Target_Only", "the hospital alone"),
-    ("FedAvg_Finetune", "federated (FedAvg), then fine-tuned"),
-    ("FedAvg_Finetune_AuxInfo_GP", "the papers' method (AuxInfo + GP)"),
-)
+HELP = "synth → ingest → train → evaluate on the embedded default"
 
 
-def demo_config(manifests: Path, sites: list[str], target: str, *, quick: bool) -> dict:
-    """The demo's experiment config (a plain mapping, written next to the runs as YAML)."""
-    sources = [s for s in sites if s != target]
-    return {
-        "name": "demo",
-        "manifests": str(manifests.resolve()),
-        "sites": sources,
-        "target": target,
-        "method": "FedAvg_Finetune",
-        "rounds": 2 if quick else 10,
-        "source": {"lr": 2e-3, "batch_size": 32, "epochs": 1},
-        "target_train": {"lr": 1e-3, "batch_size": 32, "epochs": 1 if quick else 2, "labeled": 0.5},
-        "model": {"backbone": "resnet_tiny", "hidden": 64},
-        "image_size": 48 if quick else 64,
-        "augment": not quick,
-        "device": "auto",
-        "seed": 0,
-        "cache_dir": str((manifests.parent / "cache").resolve()),
-    }
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=Path("fedcxr-demo"), help="folder for everything the demo writes")
+    add_device(p, default="auto")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke check of the pipeline (tests, CI): 2 rounds on 80 images per hospital; its "
+                        "test set is tiny, so its numbers mean nothing")
 
 
-def run_demo(out: Path, *, device: str = "auto", quick: bool = False, progress: bool = True) -> dict:
-    """Run the whole demo into ``out``; returns the comparison and the target's mean AUROC per method."""
-    from fedcxr.commands.evaluate import evaluate_run
-    from fedcxr.evaluation.compare import compare_runs, write_comparison
-    from fedcxr.pipeline.config import load_config
-    from fedcxr.pipeline.run_driver import run_experiment
-    from fedcxr.synth import ingest_synthetic, write_synthetic_export
+def run(args: argparse.Namespace) -> int:
+    from fedcxr.logs import progress_wanted
+    from fedcxr.workflows.demo import run_demo
 
-    started = time.perf_counter()
-    out = Path(out)
-    export, manifests, runs = out / "export", out / "manifests", out / "runs"
-    n_images = 80 if quick else 500
-    print(f"[1/4] synthesising four hospital exports ({n_images} images each) in {export}")
-    write_synthetic_export(export, images_per_site=n_images, image_size=64, seed=0)
-    print(f"[2/4] ingesting them into per-site manifests in {manifests}")
-    site_dirs = ingest_synthetic(export, manifests, progress=progress)
-    sites = sorted(Path(d).name for d in site_dirs.values())
-    target = DEMO_TARGET if DEMO_TARGET in sites else sites[-1]
-    data = demo_config(manifests, sites, target, quick=quick)
-    data["device"] = device
-    (out / "demo.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    print(f"[3/4] training for target {target} (half of its training labels), sources "
-          f"{', '.join(s for s in sites if s != target)}:")
-    run_dirs = []
-    for method, meaning in METHODS:
-        cfg = load_config(data={**data, "method": method})
-        run_dir = runs / method
-        if run_dir.exists():
-            shutil.rmtree(run_dir)  # the demo always starts afresh
-        t0 = time.perf_counter()
-        run_experiment(cfg, run_dir, device=device, progress=progress)
-        report = evaluate_run(run_dir, split="test", n_boot=200 if quick else 500, device=device)
-        n_test = (report["sites"].get(target) or {}).get("n_rows", 0)
-        print(f"      {method:<28} {meaning:<38} {time.perf_counter() - t0:5.0f} s")
-        run_dirs.append(run_dir)
-    print(f"[4/4] comparing on {target}'s test split")
-    comparison = compare_runs(run_dirs, baseline=METHODS[0][0], n_boot=200 if quick else 500)
-    paths = write_comparison(comparison, out)
-    means = print_table(comparison, target)
-    if quick:
-        print(quick_warning(n_test, target, data["rounds"]))
-    print(f"done in {time.perf_counter() - started:.0f} s. Comparison: {paths[0]}")
-    print(f"  each run's report: {runs}/<method>/report.md (per class, subgroups, ROC curves)")
-    return {"comparison": paths[0], "runs": {m: runs / m for m, _ in METHODS}, "mean_auroc": means,
-            "seconds": time.perf_counter() - started}
+    result = run_demo(Path(args.out), device=args.device, quick=args.quick, progress=progress_wanted(args),
+                      announce=print)
+    print_table(result.comparison, result.target)
+    if args.quick:
+        print(quick_warning(result.n_test, result.target, result.rounds))
+    print(f"done in {result.seconds:.0f} s. Comparison: {result.files[0]}")
+    print(f"  each run's report: {result.out / 'runs'}/<method>/report.md (per class, subgroups, ROC curves)")
+    return 0
 
 
 def quick_warning(n_test: int, target: str, rounds: int) -> str:
@@ -138,10 +73,3 @@ def print_table(comparison: dict, target: str) -> dict[str, float]:
         print(textwrap.fill(SMALL_SAMPLE_FOOTNOTE, width=100, initial_indent="  ", subsequent_indent="  "))
     print()
     return means
-
-
-def cli_demo(args: argparse.Namespace) -> int:
-    from fedcxr.logs import progress_wanted
-
-    run_demo(Path(args.out), device=args.device, quick=args.quick, progress=progress_wanted(args))
-    return 0

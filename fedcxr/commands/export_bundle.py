@@ -1,6 +1,5 @@
-"""``fedcxr export-bundle RUN_DIR --out BUNDLE [--sign-key KEY.pem [--new-key]]`` and
-``fedcxr verify-bundle BUNDLE --key PUB.pem``: a finished run's model as a MONAI bundle, signed
-and checked.
+"""``fedcxr export-bundle RUN_DIR --out BUNDLE [--sign-key KEY.pem [--new-key]]``: a finished run's
+model as a MONAI bundle, optionally signed (``fedcxr verify-bundle`` checks it).
 
 The work is :func:`fedcxr.bundle.export.export_bundle` and :mod:`fedcxr.bundle.signing`; this
 prints how MONAI's runner runs the bundle.
@@ -9,14 +8,26 @@ prints how MONAI's runner runs the bundle.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from fedcxr.bundle.export import export_bundle
+HELP = "a trained model as a MONAI bundle (TorchScript + configs for MONAI's runner)"
 
 
-def cli_export_bundle(args: argparse.Namespace) -> int:
-    sign_key = getattr(args, "sign_key", None)
-    out = export_bundle(args.run_dir, args.out, site=args.site, sign_key=sign_key,
-                        new_key=bool(getattr(args, "new_key", False)))
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a finished run directory")
+    p.add_argument("--out", required=True, type=Path, help="bundle folder to create (new or empty)")
+    p.add_argument("--site", default=None, help="export this site's own model (PFL, FedBN, Individual); unset: global")
+    p.add_argument("--sign-key", type=Path, default=None, metavar="KEY.pem",
+                   help="sign the bundle's checksums with this Ed25519 private key (PEM, readable by you only)")
+    p.add_argument("--new-key", action="store_true",
+                   help="create the --sign-key file first (never over an existing one), its public key as KEY.pub.pem")
+
+
+def run(args: argparse.Namespace) -> int:
+    from fedcxr.bundle.export import export_bundle
+
+    sign_key = args.sign_key
+    out = export_bundle(args.run_dir, args.out, site=args.site, sign_key=sign_key, new_key=bool(args.new_key))
     print(f"MONAI bundle in {out}; run it with:\n  python -m monai.bundle run --bundle_root {out} "
           f"--config_file {out / 'configs' / 'inference.json'} --dataset_dir DIR --output_dir OUT")
     if sign_key is not None:
@@ -28,22 +39,4 @@ def cli_export_bundle(args: argparse.Namespace) -> int:
               "(and add --verify_key PUB.pem to the runner's command)")
     else:
         print("not signed: its checksums catch damage, not a deliberate change (--sign-key KEY.pem signs it)")
-    return 0
-
-
-def cli_verify_bundle(args: argparse.Namespace) -> int:
-    """Signature (with the user's public key), then every file against the signed checksums."""
-    from fedcxr.bundle.runtime import verify_bundle
-    from fedcxr.bundle.signing import SignatureError, verify_signature
-    from fedcxr.errors import UserError
-
-    signer = verify_signature(args.bundle, args.key)
-    try:
-        verify_bundle(args.bundle)
-    except RuntimeError as exc:
-        raise SignatureError(f"{exc}; refused") from None
-    except OSError as exc:
-        raise UserError(f"bundle {args.bundle}: cannot read ({exc})") from None
-    print(f"bundle {args.bundle}: signature verified (Ed25519, key id {signer}) and every file matches its "
-          "signed checksum")
     return 0

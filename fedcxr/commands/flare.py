@@ -4,50 +4,79 @@
 * ``simulate`` runs the job in FLARE's simulator on this machine;
 * ``poc`` runs it in a POC system on loopback (mTLS), started and stopped here.
 
-Both runs write the run directory of ``fedcxr train`` (so ``fedcxr evaluate RUN_DIR`` works) and,
-unless ``--no-cross-site``, the cross-site evaluation's ``report.json``/``report.md``/``per_class.csv``
-(each site scores the final model on its own test split; ``--bootstrap N`` resamples there).
+Both runs write the run directory of ``fedcxr train`` and, unless ``--no-cross-site``, the
+cross-site evaluation's ``report.json``/``report.md``/``per_class.csv`` (each site scores the
+final model on its own test split; ``--bootstrap N`` resamples there). ``fedcxr evaluate RUN_DIR``
+refuses to replace that report silently: ``--replace-cross-site`` moves it to
+``RUN_DIR/cross_site_report/`` first (:mod:`fedcxr.workflows.evaluate`).
 """
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
+from fedcxr.commands.options import add_bootstrap, add_device, add_set
 from fedcxr.errors import UserError
-from fedcxr.logs import progress_wanted
-from fedcxr.flare.controller import require_nvflare
-from fedcxr.flare.job import check_flare_sites, export_job
-from fedcxr.flare.poc import poc
-from fedcxr.flare.run import default_run_dir, load_flare_config
-from fedcxr.flare.simulator import simulate
-from fedcxr.rundir import FLARE_WORKSPACE, RunDir
+
+HELP = "the same run on NVIDIA FLARE (export | simulate | poc)"
 
 
-def cli_flare(args) -> int:
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("flare_command", choices=["export", "simulate", "poc"],
+                   help="export: write a job folder; simulate: FLARE simulator here; poc: POC system on loopback")
+    p.add_argument("config", type=Path, metavar="CONFIG.yaml", help="experiment YAML")
+    p.add_argument("--out", type=Path, default=None,
+                   help="run directory (simulate, poc; unset: runs/<name>-<method>-seed<seed>-flare) "
+                        "or job folder (export, required)")
+    add_set(p)
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run from its last complete round (a finished run is not trained again; "
+                        "its cross-site report is kept when every site answered with the same --bootstrap)")
+    p.add_argument("--timeout", type=int, default=0, metavar="SECONDS",
+                   help="how long a round waits for a site before going on without it (0: no limit)")
+    add_device(p, what="the config's `device`, at every site")
+    p.add_argument("--run-dir", default=None, metavar="RUN_DIR",
+                   help="export: the server's run directory (a stable path makes the run resumable); "
+                        "unset: a folder in the FLARE job workspace")
+    p.add_argument("--no-cross-site", dest="cross_site", action="store_false",
+                   help="skip the cross-site evaluation after the last round; unset: each site scores the final "
+                        "model on its own test split and sends back only the AUROC summary")
+    add_bootstrap(p, "patient-bootstrap resamples of the cross-site evaluation (0: DeLong CIs)")
+
+
+def run(args) -> int:
     """Dispatch ``fedcxr flare <command>``; FLARE's own INFO lines stay in RUN_DIR/flare/logs."""
+    from fedcxr.flare.controller import require_nvflare
+
     require_nvflare()
     handler = {"export": cli_export, "simulate": cli_simulate, "poc": cli_poc}
     return handler[args.flare_command](args)
 
 
-def _summary(payload: dict, run_dir: Path, what: str, cross_site: bool = False) -> None:
+def _summary(payload: dict, run_dir, what: str, cross_site: bool = False) -> None:
     print(f"{payload['method']} on {what}: finished {payload['rounds']} rounds; run directory {run_dir}")
     if payload.get("missed"):
         print(f"  {len(payload['missed'])} site replies missing or rejected (see run.json 'missed')")
-    files = RunDir(run_dir)
-    print(f"  FLARE job and logs: {files.root / FLARE_WORKSPACE}")
-    if cross_site and files.report_md.is_file():
-        print(f"  cross-site evaluation (each site on its own test split): {files.report_md}")
+    print(f"  FLARE job and logs: {run_dir.flare_workspace}")
+    if cross_site and run_dir.report_md.is_file():
+        print(f"  cross-site evaluation (each site on its own test split): {run_dir.report_md}")
+        print(f"  a central evaluation beside it: fedcxr evaluate {run_dir} --replace-cross-site (the cross-site "
+              "report is moved to cross_site_report/ first)")
     else:
         print(f"  next: fedcxr evaluate {run_dir}")
 
 
 def _cli_run(args, runner, what: str) -> int:
+    from fedcxr.flare.run import load_flare_config
+    from fedcxr.logs import progress_wanted
+    from fedcxr.rundir import RunDir
+
     cfg = load_flare_config(args.config, args.overrides, need_manifests=True)
-    run_dir = Path(args.out) if args.out else default_run_dir(cfg)
+    run_dir = RunDir(args.out) if args.out else RunDir.default_for(cfg, flare=True)
     if getattr(args, "bootstrap", 1000) < 0:
         raise UserError(f"--bootstrap must be 0 (DeLong CIs) or a positive number of resamples, got {args.bootstrap}")
-    payload = runner(cfg, run_dir, resume=args.resume, task_timeout=args.timeout, device=args.device,
+    payload = runner(cfg, run_dir.root, resume=args.resume, task_timeout=args.timeout, device=args.device,
                      progress=progress_wanted(args), evaluation=_evaluation(args))
     _summary(payload, run_dir, what, cross_site=bool(getattr(args, "cross_site", True)))
     return 0
@@ -58,14 +87,21 @@ def _evaluation(args) -> dict:
 
 
 def cli_simulate(args) -> int:
+    from fedcxr.flare.simulator import simulate
+
     return _cli_run(args, simulate, "the FLARE simulator")
 
 
 def cli_poc(args) -> int:
+    from fedcxr.flare.poc import poc
+
     return _cli_run(args, poc, "FLARE POC")
 
 
 def cli_export(args) -> int:
+    from fedcxr.flare.job import check_flare_sites, export_job
+    from fedcxr.flare.run import load_flare_config
+
     cfg = load_flare_config(args.config, args.overrides, need_manifests=False)  # a bad config is named first
     if not args.out:
         raise UserError("fedcxr flare export needs --out JOB_DIR (the job folder to write)")

@@ -1,62 +1,31 @@
 """``fedcxr init DIR``: start a study — a commented config, a csv mapping template, an example export.
 
-Writes into ``DIR`` (new, or empty):
-
-``mapping.yaml``     a csv mapping (:mod:`fedcxr.site_adapters.csv_mapping`) with every key
-                     explained in comments (``delimiter``, ``values``, ``unmentioned``, ...)
-``experiment.yaml``  a starter experiment config (:mod:`fedcxr.pipeline.config`), commented
-``export/``          an example export those two describe (:mod:`fedcxr.synth.csv_example`)
-
-Both files validate as they are, and the README's "Your own data in three steps" runs on them
-unchanged (init → ingest → train and evaluate); a user then swaps in their own export and
-edits the column names. Nothing is overwritten: a ``DIR`` that holds files is refused, naming them.
+The work is :func:`fedcxr.workflows.init.init_study`; this prints what was written and the next
+steps (README: Your own data in three steps).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 from pathlib import Path
 
-from fedcxr.errors import UserError
-
-TEMPLATES = Path(__file__).with_name("templates")
-FILES = ("mapping.yaml", "experiment.yaml")
-EXPORT = "export"
+HELP = "start a study: a commented experiment config, a csv mapping template and an example export"
 
 
-def init_study(folder: Path | str) -> dict:
-    """Write the templates and the example export into ``folder``; returns what was written."""
-    from fedcxr.synth.csv_example import write_csv_example
-
-    folder = Path(folder)
-    if folder.is_symlink() and not folder.exists():
-        raise UserError(f"{folder}: a symbolic link to {os.readlink(folder)}, which does not exist; "
-                        "remove the link or choose a new folder")
-    if folder.exists() and not folder.is_dir():
-        raise UserError(f"{folder}: exists and is not a folder")
-    present = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
-    if present:
-        shown = ", ".join(present[:5]) + (" ..." if len(present) > 5 else "")
-        raise UserError(f"{folder}: not empty ({shown}); fedcxr init never overwrites: choose a new folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError, PermissionError) as exc:  # a file or a dangling link on the way
-        raise UserError(f"{folder}: cannot create it ({exc.strerror or type(exc).__name__}"
-                        f"{': ' + str(exc.filename) if exc.filename else ''}); choose another folder") from None
-    for name in FILES:
-        shutil.copyfile(TEMPLATES / name, folder / name)
-    counts = write_csv_example(folder / EXPORT)
-    return {"folder": folder, "files": [folder / n for n in FILES], "export": folder / EXPORT, "images": counts}
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", type=Path, metavar="DIR",
+                   help="folder to write into (new or empty): experiment.yaml, mapping.yaml, export/ "
+                        "(README: Your own data in three steps)")
 
 
-def cli_init(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    from fedcxr.workflows.init import EXPORT, init_study
+
     done = init_study(args.dir)
     folder = done["folder"]
     print(f"wrote {folder}/:")
-    print(f"  mapping.yaml     how `fedcxr ingest csv` reads a spreadsheet export (commented; edit the column names)")
-    print(f"  experiment.yaml  a starter experiment config (commented)")
+    print("  mapping.yaml     how `fedcxr ingest csv` reads a spreadsheet export (commented; edit the column names)")
+    print("  experiment.yaml  a starter experiment config (commented)")
     print(f"  export/          an example export to try them on: {sum(done['images'].values())} images of "
           f"{len(done['images'])} hospitals, findings.csv + images/")
     print("next (README: Your own data in three steps):")

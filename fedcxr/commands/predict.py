@@ -1,211 +1,62 @@
 """``fedcxr predict RUN_DIR --input DIR --out FILE.csv``: a trained model on new images.
 
-``DIR`` is a site's manifest folder (written by ``fedcxr ingest``: every row of every split is
-scored) or a plain folder of DICOM/PNG/JPEG files, ingested on the fly as an unlabeled site
-(the ``images`` source) into a temporary folder that is deleted afterwards; nothing is ever
-written into ``DIR``.
-
-Two files come out:
-
-``FILE.csv``
-    one row per image: ``key`` (a pseudonymous key, the same ``row_key`` ``fedcxr evaluate``
-    uses for a manifest row), ``not_chest_radiograph`` (1 when the image's DICOM tags say it is
-    not a chest radiograph — a hip, teeth, a CT: :mod:`fedcxr.site_adapters.body_part`; it is
-    scored anyway, and its scores mean nothing), ``prob__<class>`` for every class of the model, and
-    ``<rule>__<class>`` (1/0) for every operating point stored in ``RUN_DIR/operating_points.json``
-    (thresholds chosen on validation data by ``fedcxr evaluate``: ``youden``, ``sens90``,
-    ``spec90``; empty where a threshold is undefined). No patient id, no file name, no path:
-    the CSV can be shared. When there are no thresholds to apply (the run was never evaluated,
-    or it has no ``target:`` and was evaluated at several sites without ``--site``) the CSV has
-    probabilities only and the command says why.
-``FILE.private-key-map.csv``
-    ``key, image_path, status, not_chest``: the only link from a key back to an image (paths
-    relative to DIR), plus every file that could not be scored and why (``status``), and why a
-    flagged image is not a chest radiograph (``not_chest``). It identifies images, so it stays
-    where the images are.
-
-Keys of a plain folder are stable from one ``fedcxr predict`` to the next only under the same
-site key (``--site-key FILE`` or ``$FEDCXR_SITE_KEY``, :mod:`fedcxr.site_adapters.sitekey`);
-without one, the on-the-fly ingest draws a fresh key and each run's keys are new (the key map
-of each run still links them to the images).
-
-The model is the run's global one; ``--site NAME`` takes that site's own model where the
-method keeps one (PFL heads, FedBN statistics, Individual) and that site's thresholds.
-Without ``--site``, thresholds come from the run's target (or its only evaluated site).
-``--cam N`` also writes Grad-CAM overlays of the N highest-scoring images per class
-(:mod:`fedcxr.pipeline.explain`) into ``FILE.cam/`` (derived from patient pixels: local use).
+The work — and what the two files hold — is :mod:`fedcxr.workflows.predict`; this prints how
+many images were scored by which model, whose thresholds decided (or why there are no
+decisions), and where the private key map is.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import secrets
-import tempfile
 from pathlib import Path
-from typing import Optional
 
-import numpy as np
-import pandas as pd
+from fedcxr.commands.options import add_device
+from fedcxr.wording import count
 
-from fedcxr.atomic import atomic_path
-from fedcxr.errors import UserError
-from fedcxr.escape import csv_frame
-from fedcxr.evaluation.runs import decision_thresholds
-from fedcxr.logs import progress_wanted
-
-#: 1 where the image's DICOM tags say it is not a chest radiograph (:mod:`fedcxr.site_adapters.body_part`).
-NOT_CHEST_COLUMN = "not_chest_radiograph"
+HELP = "score new images with a trained model (CSV of keys, probabilities, decisions)"
 
 
-
-def private_map_path(out: Path) -> Path:
-    """``FILE.private-key-map.csv`` beside ``FILE.csv``: key → image path (stays local)."""
-    out = Path(out)
-    return out.with_name(out.stem + ".private-key-map.csv")
-
-
-def cam_dir(out: Path) -> Path:
-    """``FILE.cam/`` beside ``FILE.csv``: Grad-CAM overlays named by key."""
-    out = Path(out)
-    return out.with_name(out.stem + ".cam")
-
-
-def _input_site(input_dir: Path, tmp: Path, progress: bool,
-                site_key: Optional[Path] = None) -> tuple[pd.DataFrame, Path, list[dict]]:
-    """``(manifest, export root, files set aside)`` of DIR: a manifest folder, or a folder ingested here."""
-    from fedcxr.pipeline.data import load_site
-    from fedcxr.site_adapters.ingest import run_ingest
-    from fedcxr.site_adapters.sitekey import ENV_VAR as KEY_ENV
-
-    if not input_dir.is_dir():
-        raise UserError(f"--input {input_dir}: no such directory")
-    if (input_dir / "manifest.parquet").is_file():
-        site = load_site(input_dir)
-        return site.manifest, site.export_root, []
-    if site_key is None and not os.environ.get(KEY_ENV):
-        site_key = _ephemeral_key(tmp)
-    report = run_ingest("images", input_dir, tmp / "manifests", site_name="input", progress=progress,
-                        site_key=site_key, keep_non_chest=True)  # scored, and flagged (not_chest)
-    aside = report["set_aside"]
-    if not report["sites"]:
-        reasons = "; ".join(f"{k}: {v}" for k, v in report["set_aside_by_reason"].items())
-        raise UserError(f"--input {input_dir}: no image could be read ({reasons or 'no image files'})")
-    site = load_site(tmp / "manifests" / "input")
-    return site.manifest, input_dir, aside
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR",
+                   help="a finished run directory (operating points: run `fedcxr evaluate` first)")
+    p.add_argument("--input", required=True, type=Path, metavar="DIR",
+                   help="a site's manifest folder, or a folder of DICOM/PNG/JPEG files (never written to)")
+    p.add_argument("--out", required=True, type=Path, metavar="FILE.csv",
+                   help="FILE.csv (no ids, no paths); FILE.private-key-map.csv beside it maps keys to images")
+    p.add_argument("--site", default=None, metavar="NAME",
+                   help="use this site's own model and thresholds (PFL, FedBN, Individual); unset: the global "
+                        "model, and the target's thresholds (or the only evaluated site's)")
+    add_device(p, default="auto")
+    p.add_argument("--cam", type=int, default=0, metavar="N",
+                   help="Grad-CAM overlays of the N top-scoring images per class into FILE.cam/ (patient pixels); "
+                        "unset: none")
+    p.add_argument("--batch-size", type=int, default=32, metavar="N", help="images per forward pass")
+    p.add_argument("--site-key", type=Path, default=None, metavar="FILE",
+                   help="site key file for a plain folder's pseudonyms (stable keys across runs); "
+                        "unset: $FEDCXR_SITE_KEY, else a fresh key per run")
 
 
-def _ephemeral_key(tmp: Path) -> Path:
-    """A one-run site key in the temporary folder (deleted with it): fresh keys, nothing to keep."""
-    path = tmp / "ephemeral_site_key"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(secrets.token_hex(32) + "\n")
-    return path
+def run(args: argparse.Namespace) -> int:
+    from fedcxr.logs import progress_wanted
+    from fedcxr.workflows.predict import NOT_CHEST_COLUMN, cam_dir, predict
 
-
-def _contained(root: Path, relative: str, row: int) -> Path:
-    """``root / relative``, refusing a path that leaves ``root`` (a tampered manifest)."""
-    path = (root / relative).resolve()
-    if not path.is_relative_to(root.resolve()):
-        raise UserError(f"manifest row {row}: image path {relative!r} leaves the export root {root}")
-    return path
-
-
-def _regular_files_only(relative: list[str], paths: list[Path]) -> tuple[list[int], list[dict]]:
-    """Set aside (never open) a manifest row whose file is gone or is a named pipe, socket or device:
-    reading a pipe would block forever. ``(kept row indices, set-aside rows)``."""
-    from fedcxr.site_adapters.paths import regular_file_problem
-
-    problems = [regular_file_problem(p) for p in paths]
-    keep = [i for i, problem in enumerate(problems) if problem is None]
-    if not keep:
-        raise UserError(f"no image could be read: {problems[0] if problems else 'no rows'}")
-    unread = [{"image_path": relative[i], "file": relative[i], "reason": problems[i]}
-              for i in range(len(paths)) if problems[i] is not None]
-    return keep, unread
-
-
-def predict_folder(run_dir: Path | str, input_dir: Path | str, out: Path | str, *, site: Optional[str] = None,
-                   device: Optional[str] = None, cam: int = 0, batch_size: int = 32,
-                   progress: bool = True, site_key: Optional[Path | str] = None) -> dict:
-    """Score every image of ``input_dir``; writes ``out`` and its private key map. Returns a summary."""
-    from fedcxr.pipeline.inference import load_run_model, score_files
-    from fedcxr.pipeline.devices import resolve_device
-    from fedcxr.pipeline.predictions import row_keys
-
-    run_dir, input_dir, out = Path(run_dir), Path(input_dir), Path(out)
-    if out.suffix.lower() != ".csv":
-        raise UserError(f"--out {out}: give a .csv file name")
-    if out.resolve().is_relative_to(input_dir.resolve()):
-        raise UserError(f"--out {out}: lies inside --input {input_dir}; predict never writes into the input")
-    loaded = load_run_model(run_dir, site)
-    dev = resolve_device(device or "auto")
-    with tempfile.TemporaryDirectory(prefix="fedcxr-predict-") as tmp:
-        manifest, root, aside = _input_site(input_dir, Path(tmp), progress, Path(site_key) if site_key else None)
-        keys = row_keys(manifest).to_numpy()
-        relative = manifest["image_path"].astype(str).tolist()
-        paths = [_contained(root, rel, i) for i, rel in enumerate(relative)]
-        not_chest = (manifest["not_chest"].where(manifest["not_chest"].notna(), "").astype(str).to_numpy()
-                     if "not_chest" in manifest else np.full(len(manifest), "", dtype=object))
-        keep, unread = _regular_files_only(relative, paths)
-        keys, not_chest = keys[keep], not_chest[keep]
-        relative, paths = [relative[i] for i in keep], [paths[i] for i in keep]
-        aside = aside + unread
-        probs = score_files(loaded.model, paths, size=loaded.image_size, device=dev, names=relative,
-                            batch_size=batch_size, progress=progress)
-    threshold_site, thresholds, no_decisions = decision_thresholds(run_dir, loaded.run, site)
-    frame = pd.DataFrame({"key": keys})
-    frame[NOT_CHEST_COLUMN] = [int(bool(reason)) for reason in not_chest]
-    for j, cls in enumerate(loaded.classes):
-        frame[f"prob__{cls}"] = probs[:, j]
-    for j, cls in enumerate(loaded.classes):
-        entry = thresholds.get(cls) or {}
-        for rule in (r for r in entry if r != "reason"):
-            t = entry[rule]
-            decided = (probs[:, j] >= t).astype(int) if t is not None else [pd.NA] * len(frame)
-            frame[f"{rule}__{cls}"] = pd.array(decided, dtype="Int64")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out) as tmp_out:
-        csv_frame(frame).to_csv(tmp_out, index=False)
-    mapping = pd.DataFrame({"key": keys, "image_path": relative, "status": "scored", "not_chest": not_chest})
-    if aside:
-        mapping = pd.concat([mapping, pd.DataFrame({
-            "key": "", "image_path": [a["image_path"] or a["file"] for a in aside],
-            "status": [f"not scored: {a['reason']}" for a in aside], "not_chest": ""})], ignore_index=True)
-    with atomic_path(private_map_path(out)) as tmp_map:
-        csv_frame(mapping).to_csv(tmp_map, index=False)
-    summary = {"scored": len(frame), "not_scored": len(aside), "not_chest": int(frame[NOT_CHEST_COLUMN].sum()),
-               "out": str(out),
-               "private_key_map": str(private_map_path(out)), "model": site or "global",
-               "thresholds_from": threshold_site, "no_decisions": no_decisions, "classes": loaded.classes,
-               "cam": []}
-    if cam:
-        from fedcxr.pipeline.explain import write_overlays
-
-        summary["cam"] = write_overlays(loaded.model, paths, keys, probs, loaded.classes, cam_dir(out),
-                                        size=loaded.image_size, top_n=int(cam), device=dev)
-    return summary
-
-
-def cli_predict(args: argparse.Namespace) -> int:
-    summary = predict_folder(args.run_dir, args.input, args.out, site=args.site, device=args.device,
-                             cam=int(args.cam or 0), batch_size=int(args.batch_size),
-                             progress=progress_wanted(args), site_key=getattr(args, "site_key", None))
-    print(f"scored {summary['scored']} image(s) with the {summary['model']} model "
-          f"({len(summary['classes'])} classes): {summary['out']}")
-    if summary["thresholds_from"]:
-        print(f"  decisions at the operating points chosen on {summary['thresholds_from']}'s validation split")
+    result = predict(args.run_dir, args.input, args.out, site=args.site, device=args.device,
+                     cam=int(args.cam or 0), batch_size=int(args.batch_size),
+                     progress=progress_wanted(args), site_key=getattr(args, "site_key", None))
+    print(f"scored {result.scored} image(s) with the {result.model} model "
+          f"({count(len(result.classes), 'class')}): {result.csv}")
+    if result.thresholds_from:
+        print(f"  decisions at the operating points chosen on {result.thresholds_from}'s validation split")
     else:
-        print(f"  no decisions, probabilities only: {summary['no_decisions']}")
-    if summary["not_chest"]:
-        print(f"  {summary['not_chest']} image(s) are not chest radiographs by their DICOM tags (Modality / "
+        print(f"  no decisions, probabilities only: {result.no_decisions}")
+    if result.not_chest:
+        print(f"  {result.not_chest} image(s) are not chest radiographs by their DICOM tags (Modality / "
               f"BodyPartExamined): their scores mean nothing; flagged 1 in column {NOT_CHEST_COLUMN}, the reason "
               "in the key map's not_chest column")
-    if summary["not_scored"]:
-        print(f"  {summary['not_scored']} file(s) not scored (unreadable, or a duplicate of a scored image): "
+    if result.not_scored:
+        print(f"  {result.not_scored} file(s) not scored (unreadable, or a duplicate of a scored image): "
               "see the status column of the key map")
-    print(f"  key → image path (identifies images: keep it local): {summary['private_key_map']}")
-    if summary["cam"]:
-        print(f"  {len(summary['cam'])} Grad-CAM overlay(s) in {cam_dir(Path(summary['out']))}")
+    print(f"  key → image path (identifies images: keep it local): {result.private_key_map}")
+    if result.cam:
+        print(f"  {len(result.cam)} Grad-CAM overlay(s) in {cam_dir(result.csv)}")
     return 0

@@ -1,17 +1,27 @@
-"""``fedcxr report RUN_DIR... --out DIR``: the method-comparison table of several runs."""
+"""``fedcxr report RUN_DIR... --out DIR``: the method-comparison table of several runs.
+
+The work is :func:`fedcxr.workflows.report.report`; this prints where comparison.md is.
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from fedcxr.evaluation.compare import compare_runs, write_comparison
+HELP = "method-comparison table across runs"
 
 
-def cli_report(args: argparse.Namespace) -> int:
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="evaluated run directories")
+    p.add_argument("--out", required=True, type=Path, help="folder for comparison.md/csv/json")
+    p.add_argument("--baseline", default=None, help="method the others are tested against; unset: no tests")
+
+
+def run(args: argparse.Namespace) -> int:
     """Compare runs; prints where comparison.md is."""
-    result = compare_runs(list(args.run_dirs), baseline=getattr(args, "baseline", None),
-                          split=getattr(args, "split", "test") or "test",
-                          n_boot=int(getattr(args, "bootstrap", 1000)))
-    paths = write_comparison(result, args.out)
-    print(f"comparison of {len(result['runs'])} runs, {len(result['table'])} methods: {paths[0]}")
+    from fedcxr.workflows.report import report
+
+    result = report(list(args.run_dirs), args.out, baseline=args.baseline)
+    comparison = result.comparison
+    print(f"comparison of {len(comparison['runs'])} runs, {len(comparison['table'])} methods: {result.files[0]}")
     return 0

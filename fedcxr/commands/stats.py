@@ -1,10 +1,9 @@
 """``fedcxr stats CONFIG.yaml --out DIR [--min-count K] [--epsilon E] [--flare simulate|poc]``.
 
-Before training: each site of the config counts its rows, labels, demographics, acquisition
-and pixel intensities where its data is, suppresses every count below K (optionally adds
-Laplace noise first) and sends only that; the federation's sums, the sites' distances, a
-one-round pilot of the FedGP theory's quantities and the regime map's advice for the target
-land in ``DIR/stats.json``, ``DIR/stats.md`` and four PNG figures (:mod:`fedcxr.stats`).
+The work is :func:`fedcxr.workflows.stats.statistics` (before training: each site counts where
+its data is and releases only counts of at least K; the federation's sums, the shift diagnosis,
+a one-round pilot and the regime map's advice land in ``DIR``); this prints each site's status,
+the shift type and the advice.
 """
 
 from __future__ import annotations
@@ -12,30 +11,43 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fedcxr.logs import progress_wanted
-from fedcxr.pipeline.config import load_config
-from fedcxr.stats.run import StatsOptions, run_stats
+from fedcxr.commands.options import add_device, add_set
+
+HELP = "before training: federated statistics, shift diagnosis, method advice"
 
 
-def cli_stats(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, overrides=args.overrides)
-    options = StatsOptions(min_count=args.min_count, epsilon=args.epsilon, build_cache=args.cache_build,
-                           headers=args.headers, pilot=args.pilot, device=args.device,
-                           progress=progress_wanted(args))
-    collect = None
-    if args.flare:
-        from fedcxr.flare.controller import require_nvflare
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", type=Path, metavar="CONFIG.yaml",
+                   help="experiment YAML (its sites, target, rounds and label budget)")
+    p.add_argument("--out", required=True, type=Path, help="folder for stats.json, stats.md and the figures")
+    p.add_argument("--min-count", type=int, default=5, metavar="K",
+                   help="a count below K is suppressed at its site (null, never sent)")
+    p.add_argument("--epsilon", type=float, default=None, metavar="E",
+                   help="Laplace noise on every count, budget E per site split over its groups; unset: no noise")
+    p.add_argument("--flare", choices=["simulate", "poc"], default=None,
+                   help="gather the statistics through NVIDIA FLARE's federated statistics workflow "
+                        "(simulator or POC system on loopback); unset: in-process")
+    p.add_argument("--no-pilot", dest="pilot", action="store_false",
+                   help="skip the one-round pilot estimate of σ², d², τ²d² (it trains one round)")
+    p.add_argument("--no-cache-build", dest="cache_build", action="store_false",
+                   help="report pixel intensities only where the decode-once cache exists (never decode images)")
+    p.add_argument("--no-headers", dest="headers", action="store_false",
+                   help="skip the acquisition section (reads every image file's header)")
+    p.add_argument("--regime-map", type=Path, default=None, metavar="CSV",
+                   help="regime map to advise from; unset: the map shipped with fedcxr")
+    add_device(p, what="the config's `device` (pilot round)")
+    add_set(p)
 
-        require_nvflare()
-        from fedcxr.flare.stats_run import run_flare_stats
 
-        def collect(cfg, options):
-            return run_flare_stats(cfg, Path(args.out) / "flare", options, mode=args.flare)
+def run(args: argparse.Namespace) -> int:
+    from fedcxr.logs import progress_wanted
+    from fedcxr.workflows.stats import statistics
 
-    stats = run_stats(cfg, Path(args.out), options, collect=collect,
-                      transport=f"NVIDIA FLARE {args.flare}" if args.flare else "in-process",
-                      map_path=args.regime_map)
-    print_summary(stats, Path(args.out))
+    result = statistics(args.config, args.out, min_count=args.min_count, epsilon=args.epsilon, flare=args.flare,
+                        pilot=args.pilot, cache_build=args.cache_build, headers=args.headers,
+                        regime_map=args.regime_map, device=args.device, progress=progress_wanted(args),
+                        settings=args.overrides)
+    print_summary(result.stats, Path(args.out))
     return 0
 
 

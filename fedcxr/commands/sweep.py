@@ -1,56 +1,35 @@
-"""``fedcxr sweep``: run methods × seeds from one config, evaluate each, write the table.
+"""``fedcxr sweep CONFIG.yaml --methods ... --seeds N --out DIR``: methods × seeds, then the table.
 
-Runs land in ``OUT/runs/<method>-seed<k>``; a finished run is skipped when the sweep is
-re-run (a killed one is resumed), so a long sweep can be continued after an interruption.
-The comparison table (``fedcxr report``'s) goes to ``OUT/``.
+The work is :func:`fedcxr.workflows.sweep.sweep` (a re-run skips finished runs and resumes a
+killed one); this prints each run it trains and where the comparison is.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
-from typing import Optional, Sequence
 
-from fedcxr.errors import UserError
-from fedcxr.rundir import RunDir
+from fedcxr.commands.options import add_device, add_set
 
-log = logging.getLogger(__name__)
+HELP = "run methods × seeds and write the comparison table"
 
 
-def run_sweep(config: Path, methods: Sequence[str], *, seeds: int, out: Path, baseline: Optional[str] = None,
-              device: Optional[str] = None, overrides: Sequence[str] = (), progress: bool = True) -> dict:
-    """Train and evaluate every (method, seed), then compare; returns the comparison result."""
-    from fedcxr.commands.evaluate import evaluate_run
-    from fedcxr.evaluation.compare import compare_runs, write_comparison
-    from fedcxr.pipeline.checkpoints import latest_checkpoint
-    from fedcxr.pipeline.config import load_config
-    from fedcxr.pipeline.run_driver import run_experiment
-    from fedcxr.pipeline.protocols import get_protocol
-
-    for method in methods:
-        get_protocol(method)  # fail fast on a typo, before hours of training
-    if baseline and baseline not in methods:
-        raise UserError(f"--baseline {baseline!r} is not among --methods")
-    run_dirs = []
-    for method in methods:
-        for seed in range(seeds):
-            cfg = load_config(config, overrides=[*overrides, f"method={method}", f"seed={seed}"])
-            run_dir = Path(out) / "runs" / f"{method}-seed{seed}"
-            if not RunDir(run_dir).final_model.exists():
-                resume = latest_checkpoint(run_dir) is not None
-                print(f"{method} seed {seed}: training{' (resuming)' if resume else ''}")
-                run_experiment(cfg, run_dir, resume=resume, device=device, progress=progress)
-            if not RunDir(run_dir).report_json.exists():
-                evaluate_run(run_dir, split="test", n_boot=200, device=device)
-            run_dirs.append(run_dir)
-    result = compare_runs(run_dirs, baseline=baseline)
-    paths = write_comparison(result, Path(out))
-    print("comparison: " + ", ".join(str(p) for p in paths))
-    return result
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", type=Path, metavar="CONFIG.yaml", help="experiment YAML shared by every run")
+    p.add_argument("--methods", nargs="+", required=True, metavar="METHOD",
+                   help="method names (README: `fedcxr train` — a federated experiment, table of methods)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per method")
+    p.add_argument("--out", type=Path, required=True, help="folder: runs/<method>-seed<k>, comparison files")
+    p.add_argument("--baseline", default=None, help="method the others are tested against; unset: no tests")
+    add_device(p)
+    add_set(p, "override a config key for every run; repeatable")
 
 
-def cli_sweep(args: argparse.Namespace) -> int:
-    run_sweep(args.config, args.methods, seeds=args.seeds, out=args.out, baseline=args.baseline,
-              device=args.device, overrides=args.overrides)
+def run(args: argparse.Namespace) -> int:
+    from fedcxr.logs import progress_wanted
+    from fedcxr.workflows.sweep import sweep
+
+    result = sweep(args.config, args.methods, seeds=args.seeds, out=args.out, baseline=args.baseline,
+                   device=args.device, settings=args.overrides, progress=progress_wanted(args), announce=print)
+    print("comparison: " + ", ".join(str(p) for p in result.files))
     return 0

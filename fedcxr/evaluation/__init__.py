@@ -22,8 +22,8 @@
 * ``compare``      several runs → the method-comparison table and tests against a baseline
                    (clustered DeLong per class with Benjamini–Hochberg q-values, paired t-test).
 
-``fedcxr evaluate`` and ``fedcxr report`` are :mod:`fedcxr.commands.evaluate` and
-:mod:`fedcxr.commands.report`.
+``fedcxr evaluate`` and ``fedcxr report`` are :mod:`fedcxr.workflows.evaluate` and
+:mod:`fedcxr.workflows.report` (the commands print what they return).
 
 No module here imports ``fedcxr.pipeline`` or torch.
 """

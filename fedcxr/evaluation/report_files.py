@@ -24,6 +24,7 @@ from fedcxr.escape import to_csv_text
 from fedcxr.evaluation import metrics, operating, small_sample
 from fedcxr.evaluation.report_markdown import render_markdown
 from fedcxr.rundir import CURVES_FIGURE, RunDir
+from fedcxr.wording import count
 
 
 def write_json(path: Path, payload: Any) -> None:
@@ -110,7 +111,7 @@ def write_report(run_dir: Path | str, report: dict, predictions: pd.DataFrame) -
     site_col = predictions["site"].astype(str).to_numpy()
     for site, entry in report["sites"].items():
         rows = predictions[site_col == site]
-        where = f"{site} ({report['split']}, {entry['n_rows']} images)"
+        where = f"{site} ({report['split']}, {count(int(entry['n_rows']), 'image')})"
         roc = plot_roc(rows, report["classes"], run_dir / f"roc_{names[site]}.png",
                        title=f"{report['method']}: ROC on {where}",
                        aurocs={r["class"]: r["auroc"] for r in entry["per_class"]})

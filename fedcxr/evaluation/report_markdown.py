@@ -17,6 +17,7 @@ import numpy as np
 
 from fedcxr.escape import md
 from fedcxr.evaluation import operating, small_sample
+from fedcxr.wording import count
 
 SUBGROUP_TITLES = {"sex": "Sex", "age_bin": "Age bin (years)", "race": "Race/ethnicity"}
 
@@ -63,6 +64,8 @@ def render_markdown(report: dict, figures: Optional[dict[str, Any]] = None, *, c
              f"- Small samples: {small_sample.RULE}", ""]
     for item in report.get("sites_without_predictions", []):
         lines += [f"- Site {md(item['site'])}: not evaluated ({md(item['reason'])})", ""]
+    for item in report.get("sites_without_operating_points", []):  # fedcxr evaluate: a site with no val rows
+        lines += [f"- Site {md(item['site'])}: no operating points ({md(item['reason'])})", ""]
     if curves or curves_note:
         lines += ["## Training curves", ""]
         lines += ([f"![Training loss and validation AUROC per round]({curves})", "",
@@ -77,7 +80,7 @@ def render_markdown(report: dict, figures: Optional[dict[str, Any]] = None, *, c
 
 def _site_section(report, site, entry, figures: dict[str, str]) -> list[str]:
     lines = [f"## Site {md(site)}", "",
-             f"{md(entry['n_rows'])} images of {md(entry['n_patients'])} patients.", "",
+             f"{count(int(entry['n_rows']), 'image')} of {count(int(entry['n_patients']), 'patient')}.", "",
              f"**Mean AUROC** {headline(entry, len(report['classes']))}", ""]
     if "accuracy" in entry:
         lines += [f"**Accuracy** (threshold {md(entry['accuracy_threshold'])}): "

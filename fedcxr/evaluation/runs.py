@@ -41,21 +41,11 @@ ID_COLUMNS = ("site", "row_key", "patient_key")
 LEGACY_ID_COLUMNS = ("image_path", "patient_id")
 
 
-def check_run_dir(run_dir: Path | str) -> Path:
-    """Return ``run_dir`` as a Path, or raise if it is not a folder."""
-    run_dir = Path(run_dir)
-    if not run_dir.exists():
-        raise UserError(f"{run_dir}: no such run directory")
-    if not run_dir.is_dir():
-        raise UserError(f"{run_dir}: not a directory (expected a run directory)")
-    return run_dir
-
-
 def load_run_info(run_dir: Path | str) -> dict[str, Any]:
     """Read and check ``RUN_DIR/run.json``; fills ``target`` (None), ``sites``/``eval_sites`` ([])."""
-    run_dir = check_run_dir(run_dir)
-    path = RunDir(run_dir).run_info
-    info = read_run_info(run_dir)
+    run = RunDir.existing(run_dir)  # the run directory's policy: fedcxr.rundir
+    path = run.run_info
+    info = read_run_info(run.root)
     for key in REQUIRED_RUN_KEYS:
         if key not in info:
             raise UserError(f"{path}: missing key {key!r}")
@@ -89,7 +79,7 @@ def load_predictions(
     classes: list[str],
 ) -> pd.DataFrame:
     """Read and check ``predictions/<split>.parquet`` (written by ``fedcxr evaluate``'s command layer)."""
-    run_dir = check_run_dir(run_dir)
+    run_dir = RunDir.existing(run_dir).root
     path = predictions_path(run_dir, split)
     if not path.is_file():
         raise UserError(f"{run_dir}: predictions for split {split!r} are missing ({path.relative_to(run_dir)}); "
@@ -162,8 +152,12 @@ def decision_thresholds(run_dir: Path, run: dict, site: Optional[str]) -> tuple[
     Without ``site`` the thresholds are the run's target's, or those of the only site evaluated;
     a run without a ``target:`` evaluated at several sites has no single choice, and the reason
     says to pass ``--site``."""
-    path = RunDir(run_dir).operating_points
+    files = RunDir.of(run_dir)
+    path = files.operating_points
     if not path.is_file():
+        if files.report_json.is_file():  # evaluated, but no thresholds stored (an older fedcxr's evaluate)
+            return None, {}, (f"{run_dir} has a report but no {OPERATING_POINTS} (no operating points were chosen: "
+                              f"no validation rows?); run `fedcxr evaluate {run_dir}` again: it says why")
         return None, {}, (f"{run_dir} has no {OPERATING_POINTS}: the run was never evaluated (run "
                           f"`fedcxr evaluate {run_dir}` first: it chooses the thresholds on the validation split)")
     try:
@@ -183,4 +177,18 @@ def decision_thresholds(run_dir: Path, run: dict, site: Optional[str]) -> tuple[
     if site not in stored:
         return None, {}, (f"{path.name} has no thresholds for site {site!r} "
                           f"(it has {', '.join(sorted(stored)) or 'none'})")
+    undefined = _all_undefined(stored[site])
+    if undefined is not None:  # e.g. a site without validation rows: evaluate stored it with the reason
+        return None, {}, f"{path.name} has no threshold for site {site!r}: {undefined}"
     return site, stored[site], None
+
+
+def _all_undefined(per_class) -> Optional[str]:
+    """The stored reason(s) when no class of a site has any defined threshold, else None."""
+    if not isinstance(per_class, dict) or not per_class:
+        return None
+    entries = [e for e in per_class.values() if isinstance(e, dict)]
+    if len(entries) != len(per_class) or any(v is not None for e in entries for k, v in e.items() if k != "reason"):
+        return None
+    reasons = list(dict.fromkeys(str(e.get("reason")) for e in entries if e.get("reason")))
+    return "; ".join(reasons) or "every threshold is undefined"

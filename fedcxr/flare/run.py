@@ -14,10 +14,10 @@ the global model as FLARE's persistor wrote it (``flare/FL_global_model.pt``)
 and the FLARE logs of every attempt (``flare/logs/attempt-N``; startup kits and keys are never
 copied: :mod:`fedcxr.flare.processes`).
 
-This module holds what both runners share: the refusals of ``fedcxr train`` for a run directory,
-its lock while the job runs, the sites' configurations and the job (:func:`prepare_runs`), the
-progress of the rounds read from the runs' ``metrics.jsonl`` and the results read back
-(:func:`finish_runs`).
+This module holds what both runners share: the refusals of ``fedcxr train`` for a run directory
+(:meth:`fedcxr.rundir.RunDir.check_start`, the one policy), its lock while the job runs, the
+sites' configurations and the job (:func:`prepare_runs`), the progress of the rounds
+(:meth:`~fedcxr.rundir.RunDir.rounds_done`) and the results read back (:func:`finish_runs`).
 """
 
 from __future__ import annotations
@@ -33,11 +33,10 @@ from typing import Optional
 from fedcxr.atomic import atomic_write_json
 from fedcxr.errors import UserError
 from fedcxr.logs import bar_disabled
-from fedcxr.pipeline.checkpoints import latest_checkpoint
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.data import default_cache_dir
 from fedcxr.pipeline.run_log import round_line, rounds_log
-from fedcxr.rundir import FINAL_MODEL, FLARE_WORKSPACE, METRICS, RUN_INFO
+from fedcxr.rundir import FLARE_WORKSPACE, METRICS, RunDir, read_run_info
 from fedcxr.runlock import run_lock
 from fedcxr.flare.controller import mark_submitted, read_status
 from fedcxr.flare.job import check_flare_sites, export_job
@@ -46,20 +45,6 @@ from fedcxr.flare.job import check_flare_sites, export_job
 def load_flare_config(path: Path, overrides: list[str], *, need_manifests: bool):
     """The experiment config; ``export`` does not need the manifests on this machine."""
     return load_config(path, overrides=overrides, check_sites=need_manifests)
-
-
-def default_run_dir(cfg) -> Path:
-    return Path("runs") / f"{cfg.name}-{cfg.strategy}-seed{cfg.seed}-flare"
-
-
-def check_run_dir(run_dir: Path, resume: bool) -> None:
-    """The refusals of ``fedcxr train``: never overwrite a finished or interrupted run by accident."""
-    if resume:
-        return
-    if (run_dir / FINAL_MODEL).exists():
-        raise UserError(f"{run_dir} already holds a finished run; choose another --out or pass --resume")
-    if latest_checkpoint(run_dir):
-        raise UserError(f"{run_dir} holds checkpoints of an earlier run; pass --resume to continue it")
 
 
 def holding_run_dirs(command: str):
@@ -102,8 +87,8 @@ def prepare_runs(runs: list, *, resume: bool, task_timeout: int, device: Optiona
     if not runs:
         raise UserError("nothing to run")
     sites = list(dict.fromkeys(s for cfg, _ in runs for s in check_flare_sites(cfg)))
-    for _, run_dir in runs:
-        check_run_dir(run_dir, resume)
+    for _, run_dir in runs:  # the refusals of `fedcxr train`: never overwrite a finished or interrupted run
+        RunDir(run_dir).check_start(resume=resume)
     for _, run_dir in runs:
         mark_submitted(run_dir, keep=resume)
     flare_dir = Path(flare_dir).resolve() if flare_dir else runs[0][1] / FLARE_WORKSPACE
@@ -112,15 +97,6 @@ def prepare_runs(runs: list, *, resume: bool, task_timeout: int, device: Optiona
                          task_timeout=task_timeout, site_configs=site_configs, client_script=client_script,
                          evaluation=evaluation)
     return runs, flare_dir, job_dir, sites
-
-
-def rounds_done(runs: list) -> int:
-    """Rounds finished so far over ``runs``: the lines of their ``metrics.jsonl``."""
-    done = 0
-    for _, run_dir in runs:
-        metrics = run_dir / METRICS
-        done += len(metrics.read_text().splitlines()) if metrics.is_file() else 0
-    return done
 
 
 def wait_with_progress(proc: Optional[subprocess.Popen], runs: list, progress: bool, done=lambda: False,
@@ -137,11 +113,11 @@ def wait_with_progress(proc: Optional[subprocess.Popen], runs: list, progress: b
             if timeout and time.time() - start > timeout:
                 raise TimeoutError(f"the FLARE run did not finish within {timeout:.0f} s")
             lines.emit()
-            _advance(bar, rounds_done(runs))
+            _advance(bar, sum(RunDir(run_dir).rounds_done() for _, run_dir in runs))
             tick()
             time.sleep(0.5)
         lines.emit()
-        _advance(bar, rounds_done(runs))
+        _advance(bar, sum(RunDir(run_dir).rounds_done() for _, run_dir in runs))
 
 
 class RoundLines:
@@ -210,8 +186,8 @@ def finish_runs(runs: list, what: str, log_hint: Path) -> list[dict]:
             problems.append(f"{run_dir}: {error}")
     if problems:
         raise RuntimeError(f"the {what} run failed (FLARE log: {log_hint}):\n  " + "\n  ".join(problems))
-    return [json.loads((run_dir / RUN_INFO).read_text()) for _, run_dir in runs]
+    return [read_run_info(run_dir) for _, run_dir in runs]
 
 
-__all__ = ["RoundLines", "check_run_dir", "default_run_dir", "finish_runs", "holding_run_dirs", "load_flare_config",
-           "prepare_runs", "rounds_done", "wait_with_progress", "write_site_configs"]
+__all__ = ["RoundLines", "finish_runs", "holding_run_dirs", "load_flare_config", "prepare_runs", "wait_with_progress",
+           "write_site_configs"]

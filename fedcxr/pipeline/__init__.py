@@ -38,12 +38,12 @@ rules and helpers     ``aggregate/`` (pure aggregation rules, one module per fam
 ====================  ========================================================================
 
 ``evaluation`` never imports this package and this package never imports ``evaluation``:
-:mod:`fedcxr.commands` (and, at a FLARE site, :mod:`fedcxr.flare`) join the two. Both read a run
+:mod:`fedcxr.workflows` (and, at a FLARE site, :mod:`fedcxr.flare`) join the two. Both read a run
 directory through :mod:`fedcxr.rundir`.
 
 "Predict" means four things in fedcxr; each has its own name:
 
-* ``fedcxr predict`` (:mod:`fedcxr.commands.predict`): new images → a shareable CSV of keys,
+* ``fedcxr predict`` (:mod:`fedcxr.workflows.predict`): new images → a shareable CSV of keys,
   probabilities and decisions, plus a private key map;
 * :mod:`~fedcxr.pipeline.inference` (``load_run_model``, ``score_files``): a finished run's model
   applied to image files, preprocessed exactly as training saw them (``fedcxr predict``, the

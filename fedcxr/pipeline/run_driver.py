@@ -36,7 +36,7 @@ from tqdm import tqdm
 import fedcxr
 from fedcxr.errors import RunFailed, UserError
 from fedcxr.logs import bar_disabled
-from fedcxr.pipeline.checkpoints import latest_checkpoint, load_latest_intact, save_checkpoint, save_final
+from fedcxr.pipeline.checkpoints import load_latest_intact, save_checkpoint, save_final
 from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint, dump_config
 from fedcxr.pipeline.dp_ledger import ledger_for
 from fedcxr.pipeline.engine import backend_settings, resolve_engine
@@ -48,7 +48,7 @@ from fedcxr.pipeline.run_log import round_line, rounds_log, run_log
 from fedcxr.pipeline.screening import count_problem
 from fedcxr.pipeline.keys import PRIVATE_PREFIXES, derive_seed
 from fedcxr.pipeline.transport import Transport
-from fedcxr.rundir import RunDir, finished_run, read_metrics, write_config, write_metrics, write_run_info
+from fedcxr.rundir import RunDir, read_metrics, write_config, write_metrics, write_run_info
 from fedcxr.runlock import run_lock
 from fedcxr.vocab import CLASSES
 from fedcxr.tracking import make_tracker
@@ -141,17 +141,18 @@ def initial_model(cfg: ExperimentConfig, ctx: Context) -> StateDict:
 # --------------------------------------------------------------------------- the run
 
 
-def run_experiment(cfg: ExperimentConfig, run_dir: Path | str, *, resume: bool = False,
+def run_experiment(cfg: ExperimentConfig, run_dir: RunDir | Path | str, *, resume: bool = False,
                    device: Optional[str] = None, progress: bool = True,
                    transport: Optional[Transport] = None) -> dict:
     """Run (or resume) one experiment; returns the run.json payload.
 
     ``transport`` defaults to the in-process simulation of every site; the FLARE controller
     passes its own, so both run exactly this loop. What the run directory holds is checked
-    first, before any site is asked anything (:func:`check_run_dir`): a finished run is refused
-    at once, and ``resume`` on a finished run returns its ``run.json`` without touching a file.
+    first, before any site is asked anything (:meth:`fedcxr.rundir.RunDir.check_start`): a finished
+    run is refused at once, and ``resume`` on a finished run returns its ``run.json`` without
+    touching a file.
     """
-    run_dir = Path(run_dir)
+    run_dir = RunDir.of(run_dir).root
     protocol = get_protocol(cfg.method)
     if transport is not None:  # FLARE: the runner that started the job holds the run directory's lock
         return _start(cfg, run_dir, protocol, transport, resume=resume, device=device, progress=progress)
@@ -162,7 +163,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: Path | str, *, resume: bool =
 def _start(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transport: Optional[Transport], *,
            resume: bool, device: Optional[str], progress: bool) -> dict:
     """Check the run directory, open ``train.log``, and run in-process (no ``transport``) or through it."""
-    finished = check_run_dir(run_dir, resume=resume)
+    finished = RunDir(run_dir).check_start(resume=resume)  # the run directory's policy: fedcxr.rundir
     if finished is not None:
         log.info("%s is finished (%s rounds); nothing to resume, no file changed", run_dir, finished.get("rounds"))
         return finished
@@ -179,20 +180,6 @@ def _start(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transp
         closing = contextlib.closing(transport) if ours else contextlib.nullcontext()
         with backend_settings(run_engine(cfg, dev)), closing:
             return _run(cfg, run_dir, protocol, transport, resume=resume, progress=progress)
-
-
-def check_run_dir(run_dir: Path, *, resume: bool) -> Optional[dict]:
-    """What ``run_dir`` allows, decided before any setup: a new run needs a directory without a
-    finished run or checkpoints (:class:`UserError` otherwise); ``resume`` on a finished run gets
-    its ``run.json`` back (nothing to do); anything else returns None (train or resume)."""
-    if resume:
-        return finished_run(run_dir)
-    if RunDir(run_dir).final_model.exists():
-        raise UserError(f"{run_dir} already holds a finished run; choose another --out (or evaluate it: "
-                        f"fedcxr evaluate {run_dir})")
-    if latest_checkpoint(run_dir):
-        raise UserError(f"{run_dir} holds checkpoints of an earlier run; pass --resume to continue it")
-    return None
 
 
 def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transport: Transport, *,

@@ -4,11 +4,13 @@
 module                     what it holds
 =========================  ====================================================================
 **the ingest**
-``ingest``                 the driver of ``fedcxr ingest``: adapter registry (``ADAPTERS``),
-                           pseudonyms, image checks, partition, writing; every row accounted for
+``ingest``                 the driver of ``fedcxr ingest``: adapter dispatch (``ADAPTERS``, derived
+                           from ``sources``), pseudonyms, image checks, partition, writing; every
+                           row accounted for
 ``base``                   the contract every adapter fulfils: canonical rows, ``SetAside``,
                            ``SourceTable``, ``AdapterOptions``
-``sources``                what each SOURCE expects (``--help``) and whether it has a ``--plan``
+``sources``                every SOURCE declared once (``SourceSpec``: adapter, summary, example,
+                           ``--plan``, ``--labels-key``): the registry, ``--help`` and ``--plan`` derive from it
 ``partition``              canonical rows → sites (``--site-by``: column, conditions, iid, skew)
 ``manifest``               label policy, patient-disjoint splits, ``manifest.parquet`` + ``site.json``
 ``sitekey``, ``site_names``  the site's secret pseudonym key; names that never merge two hospitals

@@ -102,8 +102,6 @@ SOURCE_CLASSES: tuple[str, ...] = tuple(c for c in CLASSES if c in set(CLASS_OF.
 #: rule: every observation but No Finding itself and Support Devices; see the module doc).
 IMPLIED_NEGATIVE_CLASSES: tuple[str, ...] = tuple(
     c for c in SOURCE_CLASSES if c not in ("no_finding", "support_devices"))
-#: Fedcxr can read this source with ``fedcxr ingest --plan``: its metadata never needs an image.
-PLAN_MODE = True
 
 PATH, SEX, AGE, FRONTAL_LATERAL, AP_PA = "Path", "Sex", "Age", "Frontal/Lateral", "AP/PA"
 RELEASE_DIRS = ["CheXpert-v1.0-small", "CheXpert-v1.0"]

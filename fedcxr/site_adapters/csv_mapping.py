@@ -109,8 +109,6 @@ from fedcxr.vocab import (
 )
 
 ADAPTER_VERSION = "1"
-#: Fedcxr can read this source with ``fedcxr ingest --plan`` (DICOM-tag demographics are unknown then).
-PLAN_MODE = True
 #: The classes this source labels: ``None`` — read from the export (the mapping YAML decides).
 SOURCE_CLASSES: None = None
 SOURCE = "csv"

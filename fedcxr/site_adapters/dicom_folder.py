@@ -101,8 +101,6 @@ from fedcxr.vocab import (
 )
 
 ADAPTER_VERSION = "1"
-#: This adapter honours ``--labels-key`` (``options.labels_key``): its label csv may be keyed by any DICOM tag.
-LABELS_KEY = True
 #: The classes this source labels: ``None`` — read from the export (the label csv or StudyDescription decides).
 SOURCE_CLASSES: None = None
 PSEUDONYM_SALT = "fedcxr-dicom-pseudonym-v1"

@@ -35,7 +35,6 @@ with no labeled class is still set aside: there the missing labels are a problem
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import logging
 import os
@@ -50,7 +49,6 @@ import pandas as pd
 from fedcxr.atomic import json_bytes
 from fedcxr.escape import to_csv_text
 from fedcxr.parallel import map_chunks
-from fedcxr.suggest import did_you_mean
 from fedcxr.site_adapters.base import AdapterOptions, IngestError, SetAside, SourceTable, ensure_columns
 from fedcxr.site_adapters.image_headers import MAX_PIXELS
 from fedcxr.site_adapters.inputs import following_links, read_input_bytes
@@ -67,7 +65,7 @@ from fedcxr.site_adapters.manifest import (
 from fedcxr.site_adapters.partition import partition
 from fedcxr.site_adapters.set_aside_sites import set_aside_sites, whole_export
 from fedcxr.site_adapters.paths import contain_all, lexical, printable
-from fedcxr.site_adapters.sources import declares, source_help, supports_plan
+from fedcxr.site_adapters.sources import SOURCES, get_source, labels_key_sources, plan_sources
 from fedcxr.site_adapters.tables import deeper_hint
 from fedcxr.site_adapters.sitekey import ENV_VAR as KEY_ENV
 from fedcxr.site_adapters.sitekey import SiteKey, load_site_key
@@ -75,42 +73,24 @@ from fedcxr.vocab import label_column
 
 log = logging.getLogger(__name__)
 
-#: SOURCE name → "module:function" of its adapter (imported lazily).
-ADAPTERS: dict[str, str] = {
-    "nih": "fedcxr.site_adapters.nih:read_nih",
-    "chexpert": "fedcxr.site_adapters.chexpert:read_chexpert",
-    "mimic": "fedcxr.site_adapters.mimic:read_mimic",
-    "midrc": "fedcxr.site_adapters.midrc:read_midrc",
-    "dicom": "fedcxr.site_adapters.dicom_folder:read_dicom_folder",
-    "images": "fedcxr.site_adapters.dicom_folder:read_image_folder",
-    "csv": "fedcxr.site_adapters.csv_mapping:read_csv_mapping",
-    "medmnist": "fedcxr.site_adapters.medmnist:read_medmnist",
-    "rsna": "fedcxr.site_adapters.rsna:read_rsna",
-    "vindr": "fedcxr.site_adapters.vindr:read_vindr",
-    "siim": "fedcxr.site_adapters.siim:read_siim",
-    "openi": "fedcxr.site_adapters.openi:read_openi",
-    "padchest": "fedcxr.site_adapters.padchest:read_padchest",
-}
+#: SOURCE name → "module:function" of its adapter (imported lazily), derived from the one declaration
+#: of every source (:data:`fedcxr.site_adapters.sources.SOURCES`).
+ADAPTERS: dict[str, str] = {name: spec.adapter for name, spec in SOURCES.items()}
 
 
 def get_adapter(source: str):
     """The adapter function for ``source``; exit-2 error naming the valid sources otherwise."""
-    module_name, func_name = adapter_target(source).split(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, func_name)
+    return get_source(source).adapter_function()
 
 
 def adapter_target(source: str) -> str:
     """``"module:function"`` of ``source``'s adapter; exit-2 error naming the valid sources otherwise."""
-    if source not in ADAPTERS:
-        raise IngestError(f"unknown SOURCE {source!r}{did_you_mean(source, ADAPTERS)}; choose one of: "
-                          f"{', '.join(sorted(ADAPTERS))}")
-    return ADAPTERS[source]
+    return get_source(source).adapter
 
 
 def help_for(source: str) -> str:
-    """What ``fedcxr ingest SOURCE --help`` prints about the source (:func:`sources.source_help`)."""
-    return source_help(source, adapter_target(source))
+    """What ``fedcxr ingest SOURCE --help`` prints about the source (:meth:`SourceSpec.help`)."""
+    return get_source(source).help()
 
 
 #: What ``--plan`` cannot know, written into every plan (README: Plan mode).
@@ -170,12 +150,12 @@ def run_ingest(
         raise IngestError(f"--input {input_dir}: no such directory" + deeper_hint(input_dir))
     if int(max_pixels) < 1:
         raise IngestError(f"--max-pixels must be a positive number of pixels, got {max_pixels}")
-    target = adapter_target(source)
+    spec = get_source(source)
     if plan:
-        _check_plan(source, target, verify_pixels)
-    adapter = get_adapter(source)
-    if labels_key and not declares(target, "LABELS_KEY"):
-        able = sorted(s for s, t in ADAPTERS.items() if declares(t, "LABELS_KEY"))
+        _check_plan(source, spec.plan, verify_pixels)
+    adapter = spec.adapter_function()
+    if labels_key and not spec.labels_key:
+        able = sorted(labels_key_sources())
         raise IngestError(f"--labels-key: SOURCE {source!r} does not read a label csv keyed by DICOM tags "
                           f"(sources that do: {', '.join(able)})")
     # A key given by the user is checked before the (possibly long) adapter run; the default key
@@ -345,12 +325,12 @@ def read_ingest_report(out_dir: Path | str, site: str) -> dict:
                       f"and {out_dir / REPORT_NAME})")
 
 
-def _check_plan(source: str, target: str, verify_pixels: bool) -> None:
+def _check_plan(source: str, has_plan: bool, verify_pixels: bool) -> None:
     """Refuse ``--plan`` where it cannot keep its promise (no image opened)."""
     if verify_pixels:
         raise IngestError("--plan reads metadata only; it cannot --verify-pixels (drop one of the two)")
-    if not supports_plan(target):
-        able = sorted(s for s, t in ADAPTERS.items() if supports_plan(t))
+    if not has_plan:
+        able = sorted(plan_sources())
         raise IngestError(f"--plan: SOURCE {source!r} keeps its metadata inside the images (or builds them), and a "
                           f"plan never opens an image; sources with a plan: {', '.join(able)}")
 

@@ -10,8 +10,8 @@ Expected export layout (what ``fedcxr synth`` writes, and what a MIDRC download 
       measurement.tsv       node ``measurement`` (optional, not used)
       <any folders>/...     the DICOM files (any depth, ``.dcm`` or no extension)
 
-TSVs are tab-separated with a header row, as the Gen3 submission templates in
-``../shared/data/schemas/midrc/`` (``submission_<node>_template.tsv``). Every ``*.tsv`` at the
+TSVs are tab-separated with a header row, as MIDRC's Gen3 submission templates
+``submission_<node>_template.tsv`` (copies in ``../shared/data/schemas/midrc/``). Every ``*.tsv`` at the
 top of INPUT or up to two folders down is looked at; its node is the value of its ``type``
 column (``*type`` in templates), else the node name in its file name (``case_batch2.tsv``),
 so several TSVs of one node are read one after the other. A required-column ``*`` prefix is

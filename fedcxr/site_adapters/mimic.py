@@ -77,8 +77,6 @@ from fedcxr.site_adapters.tables import (
 from fedcxr.vocab import age_bin_code, aux_column, parse_age, race_code, raw_column, sex_code, view_code
 
 ADAPTER_VERSION = "1"
-#: Fedcxr can read this source with ``fedcxr ingest --plan``: its metadata never needs an image.
-PLAN_MODE = True
 
 PREFIX = "mimic-cxr-2.0.0-"
 RELEASE_DIRS = [

@@ -48,8 +48,6 @@ from fedcxr.site_adapters.tables import (
 from fedcxr.vocab import CLASSES, age_bin_code, aux_column, canonical_class, parse_age, raw_column, sex_code, view_code
 
 ADAPTER_VERSION = "1"
-#: Fedcxr can read this source with ``fedcxr ingest --plan`` (image folders are not listed then).
-PLAN_MODE = True
 
 #: The classes this source labels (every adapter declares them; ``None``: read from the export):
 #: the 14 NIH findings + no_finding, in canonical order.

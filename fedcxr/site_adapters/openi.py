@@ -59,8 +59,6 @@ from fedcxr.site_adapters.tables import find_file, map_distinct, read_table, rel
 from fedcxr.vocab import CLASSES, age_bin_code, aux_column, parse_age, raw_column, view_code
 
 ADAPTER_VERSION = "1"
-#: ``fedcxr ingest --plan``: the labels come from metadata files; no image is opened (tags unknown).
-PLAN_MODE = True
 
 #: Canonical class → the automatic MeSH terms (lower case) that name it.
 CLASS_TERMS: dict[str, tuple[str, ...]] = {

@@ -50,8 +50,6 @@ from fedcxr.site_adapters.tables import failed_note, find_file, map_distinct, re
 from fedcxr.vocab import CLASSES, age_bin_code, aux_column, parse_age, raw_column, sex_code, view_code
 
 ADAPTER_VERSION = "1"
-#: ``fedcxr ingest --plan``: the labels come from metadata files; no image is opened (tags unknown).
-PLAN_MODE = True
 
 #: Canonical class → the PadChest labels that name it (README "PadChest" table).
 CLASS_LABELS: dict[str, tuple[str, ...]] = {

@@ -48,8 +48,6 @@ from fedcxr.site_adapters.tables import find_file, read_table, relative_name
 from fedcxr.vocab import raw_column
 
 ADAPTER_VERSION = "1"
-#: ``fedcxr ingest --plan``: the labels come from metadata files; no image is opened (tags unknown).
-PLAN_MODE = True
 
 #: The classes this source labels; ``no_finding`` only with the detailed class file.
 SOURCE_CLASSES: tuple[str, ...] = ("pneumonia", "lung_opacity", "no_finding")

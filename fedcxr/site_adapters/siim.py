@@ -42,8 +42,6 @@ from fedcxr.site_adapters.tables import find_file, read_table, relative_name
 from fedcxr.vocab import raw_column
 
 ADAPTER_VERSION = "1"
-#: ``fedcxr ingest --plan``: the labels come from metadata files; no image is opened (tags unknown).
-PLAN_MODE = True
 
 #: The classes this source labels.
 SOURCE_CLASSES: tuple[str, ...] = ("pneumothorax",)

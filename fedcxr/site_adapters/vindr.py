@@ -65,8 +65,6 @@ from fedcxr.site_adapters.tables import find_file, read_table, relative_name
 from fedcxr.vocab import CLASSES, raw_column
 
 ADAPTER_VERSION = "1"
-#: ``fedcxr ingest --plan``: the labels come from metadata files; no image is opened (tags unknown).
-PLAN_MODE = True
 
 #: VinDr label (column of ``image_labels_*.csv`` or ``class_name`` of a box table) → class.
 COLUMN_CLASSES: dict[str, str] = {

@@ -18,6 +18,6 @@ module          what it holds
 
 An L3 package beside :mod:`fedcxr.pipeline`, whose data loading and round protocols it reuses;
 :mod:`fedcxr.flare` builds FLARE's federated statistics workflow on :mod:`fedcxr.stats.site` and
-:mod:`fedcxr.stats.release`, and ``fedcxr stats`` (:mod:`fedcxr.commands.stats`) drives both.
+:mod:`fedcxr.stats.release`, and ``fedcxr stats`` (:mod:`fedcxr.workflows.stats`, the API's ``fedcxr.statistics``) drives both.
 Nothing in :mod:`fedcxr.pipeline` imports this package.
 """

@@ -55,14 +55,15 @@ DEMO_TEST_ARGS = ["--quick", "--device", "cpu"]
 
 
 @pytest.fixture(scope="session")
-def quick_demo(tmp_path_factory) -> tuple[Path, str]:
-    """``fedcxr demo --out DIR --quick --device cpu`` once per session: (DIR, what it printed).
+def quick_demo(tmp_path_factory) -> tuple[Path, str, str]:
+    """``fedcxr demo --out DIR --quick --device cpu`` once per session: (DIR, what it printed on stdout,
+    on stderr — the console's log lines).
 
     Tests that change a run copy DIR first."""
     from fedcxr.cli import main
 
     out = tmp_path_factory.mktemp("demo") / "fedcxr-demo"
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    printed, logged = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(logged):
         assert main(["demo", "--out", str(out), *DEMO_TEST_ARGS]) == 0
-    return out, printed.getvalue()
+    return out, printed.getvalue(), logged.getvalue()

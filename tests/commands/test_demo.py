@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
-from fedcxr.commands.demo import METHODS, print_table
+from fedcxr.commands.demo import print_table
+from fedcxr.workflows.demo import METHODS
 
 
 def test_demo_quick_compares_three_ways_side_by_side(quick_demo):
-    out_dir, out = quick_demo  # `fedcxr demo --out DIR --quick --device cpu`, shared with test_use_the_model
+    out_dir, out, logged = quick_demo  # `fedcxr demo --out DIR --quick --device cpu`, shared with test_use_the_model
     assert f"Comparison: {out_dir / 'comparison.md'}" in out
     for method, _ in METHODS:
         run = out_dir / "runs" / method
@@ -29,7 +31,7 @@ def test_demo_quick_compares_three_ways_side_by_side(quick_demo):
     # every hospital contributes: midrc_style (COVID-19 only) is aggregated, not skipped
     rows = [json.loads(line) for line in (out_dir / "runs" / "FedAvg_Finetune" / "metrics.jsonl").read_text().splitlines()]
     assert all("midrc_style" in row["train"] for row in rows)
-    assert "not aggregated" not in out
+    assert "not aggregated" not in out + logged
     # the quick numbers come from a tiny test set: the demo says they mean nothing
     n_test = json.loads((out_dir / "runs" / "Target_Only" / "report.json").read_text())["sites"]["dicom_style"]["n_rows"]
     assert f"dicom_style's test split holds only {n_test} images, so these AUROCs and p-values mean nothing" in out
@@ -48,3 +50,11 @@ def test_the_console_table_marks_means_resting_on_too_few_cases(capsys):
     assert "  Target_Only                  0.700 (0.400–0.900) †2/3" in out
     assert "  FedAvg_Finetune              0.800 (0.750–0.850) " in out and "0.850) †" not in out
     assert "†k/K: k of the K classes behind the mean have too few cases" in out
+
+
+def test_the_demo_console_has_one_format(quick_demo):
+    """Its steps and the rounds' lines read alike: no `INFO fedcxr.rounds:` prefix among plain lines."""
+    _, out, logged = quick_demo
+    assert "[3/4] training for target dicom_style" in out
+    assert re.search(r"^round 1/2 \([\d.]+ s\): loss ", logged, re.M), logged[-2000:]
+    assert not re.search(r"^(INFO|DEBUG) fedcxr", out + logged, re.M), logged[-2000:]

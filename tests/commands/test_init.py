@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from fedcxr.cli import main
-from fedcxr.commands.init import init_study
+from fedcxr.workflows.init import init_study
 from fedcxr.pipeline.config import load_config
 from fedcxr.site_adapters.csv_mapping_schema import load_mapping
 

@@ -190,4 +190,8 @@ def test_a_run_without_target_says_why_decisions_are_omitted(evaluated_run, tiny
     (run / "operating_points.json").unlink()
     assert main(["predict", str(run), "--input", site, "--out", str(tmp_path / "c.csv"), "--device", "cpu",
                  "-q"]) == 0
+    assert "has a report but no operating_points.json" in capsys.readouterr().out  # evaluated, no thresholds kept
+    (run / "report.json").unlink()
+    assert main(["predict", str(run), "--input", site, "--out", str(tmp_path / "c.csv"), "--device", "cpu",
+                 "-q"]) == 0
     assert "the run was never evaluated" in capsys.readouterr().out

@@ -88,3 +88,42 @@ def test_a_finished_run_is_refused_at_once_and_resume_changes_no_file(evaluated_
     assert main(["train", str(config), "--out", str(run), "--resume", "--set", "rounds=5"]) == 0
     assert "differs from the config this run was trained with" in capsys.readouterr().out
     assert _snapshot(run) == before
+
+
+@pytest.mark.slow  # a training process started, stopped by SIGTERM after its first round, then resumed: ~20 s
+def test_sigterm_says_where_train_stopped_and_the_command_that_continues_it(tiny_manifests, tmp_path):
+    """A scheduler's SIGTERM used to end `fedcxr train` without a word: now it says after which round it
+    stopped and prints the `--resume` command, which continues the run to its end."""
+    import json
+    import shlex
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from fedcxr.rundir import RunDir
+
+    config = _config(tmp_path, tiny_manifests, rounds=40, eval_every=0)  # a tiny round takes ~20 ms: still running
+    run = RunDir(tmp_path / "run")
+
+    def checkpointed() -> int:  # rounds a resume continues after: the newest checkpoint's round + 1
+        files = sorted((run.root / "checkpoints").glob("round_*.pt"))
+        return int(files[-1].stem.split("_")[1]) + 1 if files else 0
+
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from fedcxr.cli import main; sys.exit(main())",
+                             "train", str(config), "--out", str(run.root), "--set", "seed=1", "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while checkpointed() < 1 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    done = checkpointed()
+    assert proc.returncode == 143 and 1 <= done < 40, (proc.returncode, err[-2000:])
+    assert f"fedcxr train: stopped by SIGTERM after round {done} of 40 (its last checkpoint: " in err, err[-2000:]
+    command = f"fedcxr train {config} --out {run.root} --set seed=1 --resume"
+    assert f"continue it with: {command}" in err and "Traceback" not in err
+    assert json.loads(run.run_info.read_text())["status"] == "stopped"
+    assert main(shlex.split(command)[1:] + ["-q"]) == 0
+    info = json.loads(run.run_info.read_text())
+    assert info["status"] == "finished" and info["rounds"] == 40 and len(run.metrics.read_text().splitlines()) == 40

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from fedcxr.cli import main
-from fedcxr.commands.evaluate import evaluate_run
+from fedcxr.workflows.evaluate import evaluate_run
 
 
 def test_evaluate_writes_report_and_prints_mean_auroc(tmp_path, make_predictions, make_run, capsys):

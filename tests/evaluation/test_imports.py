@@ -51,7 +51,7 @@ def test_the_import_probe_finds_imports(tmp_path):
 def test_importing_evaluation_loads_neither_torch_nor_the_pipeline():
     code = ("import sys, fedcxr.evaluation.metrics, fedcxr.evaluation.report, fedcxr.evaluation.compare, "
             "fedcxr.evaluation.runs, fedcxr.evaluation.operating, fedcxr.evaluation.calibration, "
-            "fedcxr.evaluation.plots, fedcxr.commands.report\n"
+            "fedcxr.evaluation.plots, fedcxr.workflows.report, fedcxr.cli\n"
             "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('fedcxr.pipeline'))\n"
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

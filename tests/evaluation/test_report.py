@@ -238,3 +238,13 @@ def test_operating_points_edge_cases(predictions, val_predictions):
     from fedcxr.evaluation.report_markdown import render_markdown
     assert "so these numbers are optimistic" in render_markdown(same)
     assert "measured on the test split (no CIs (n_boot = 0))" in render_markdown(report)
+
+
+def test_a_site_of_one_patient_is_one_patient_in_report_md(predictions, tmp_path):
+    """Counted nouns agree with their number: "1 patient", not "1 patients"."""
+    from fedcxr.evaluation.report_markdown import render_markdown
+
+    one = predictions.assign(patient_key=np.where(predictions["site"] == "site-a", "p0", predictions["patient_key"]))
+    text = render_markdown(build_report(one, INFO, split="test", n_boot=0, seed=0))
+    n_rows = int((one["site"] == "site-a").sum())
+    assert f"{n_rows} images of 1 patient." in text and "1 patients" not in text

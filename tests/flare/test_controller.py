@@ -179,9 +179,17 @@ def test_flares_persistor_holds_the_last_experiments_global_model(flare_runs):
     assert _max_diff(saved, _final(flare_runs.dirs["E4"])["global"]) == 0.0
 
 
-def test_fedcxr_evaluate_works_on_a_flare_run_directory(flare_runs):
-    assert main(["evaluate", str(flare_runs.dirs["E2"]), "--bootstrap", "0", "--split", "val"]) == 0
-    assert (flare_runs.dirs["E2"] / "report.json").is_file()
+def test_fedcxr_evaluate_works_on_a_flare_run_directory_and_keeps_its_cross_site_report(flare_runs, tmp_path,
+                                                                                        capsys):
+    import shutil
+
+    run = tmp_path / "E2"  # a copy: the session's run directories stay as the job wrote them
+    shutil.copytree(flare_runs.dirs["E2"], run, ignore=shutil.ignore_patterns("flare"))
+    assert main(["evaluate", str(run), "--bootstrap", "0", "--split", "val"]) == 2  # never over it silently
+    assert "--replace-cross-site" in capsys.readouterr().err
+    assert main(["evaluate", str(run), "--bootstrap", "0", "--split", "val", "--replace-cross-site"]) == 0
+    assert json.loads((run / "cross_site_report" / "report.json").read_text())["source"] == "site summaries"
+    assert json.loads((run / "report.json").read_text())["split"] == "val"
 
 
 # --------------------------------------------------------------------------- the reviewers' baselines: SCAFFOLD, FedAdam

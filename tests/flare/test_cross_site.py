@@ -217,7 +217,9 @@ def test_real_pneumoniamnist_sites_report_the_same_aurocs_as_fedcxr_evaluate(sha
     run_experiment(cfg, run_dir, progress=False)
     report = cross_site_evaluate(_transport(cfg), run_dir, evaluation_settings({"n_boot": 50}))
     assert report["classes"] == ["pneumonia"] and report["binary_task"]
-    assert main(["evaluate", str(run_dir), "--bootstrap", "0"]) == 0  # overwrites report.json: compare
+    # the central evaluation beside it (the cross-site report is moved aside, never overwritten): compare
+    assert main(["evaluate", str(run_dir), "--bootstrap", "0", "--replace-cross-site"]) == 0
+    assert json.loads((run_dir / "cross_site_report" / "report.json").read_text())["sites"].keys() == set(sites)
     central = json.loads((run_dir / "report.json").read_text())
     for site in sites:
         ours, theirs = report["sites"][site], central["sites"][site]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedcxr.commands.evaluate import evaluate_run
+from fedcxr.workflows.evaluate import evaluate_run
 from fedcxr.evaluation.report import build_report
 from fedcxr.evaluation.runs import load_predictions, load_run_info
 from fedcxr.pipeline.config import load_config
