@@ -17,6 +17,7 @@ import numpy as np
 
 from fedcxr.escape import md
 from fedcxr.evaluation import operating
+from fedcxr.evaluation.report_refusals import training_section
 
 SUBGROUP_TITLES = {"sex": "Sex", "age_bin": "Age bin (years)", "race": "Race/ethnicity"}
 
@@ -62,6 +63,7 @@ def render_markdown(report: dict, figures: Optional[dict[str, Any]] = None, *, c
              "an undefined AUROC (one label value in the test rows) is n/a, never 0.5.", ""]
     for item in report.get("sites_without_predictions", []):
         lines += [f"- Site {md(item['site'])}: not evaluated ({md(item['reason'])})", ""]
+    lines += training_section(report)
     if curves or curves_note:
         lines += ["## Training curves", ""]
         lines += ([f"![Training loss and validation AUROC per round]({curves})", "",

@@ -346,7 +346,8 @@ class DefencesConfig(_Strict):
                                         "of replies, a lone source too; null: off)")
     stop_on_suspect: bool = Field(True, description="stop the run (exit 1) naming the suspect when a site's "
                                   "update turns NaN/Inf after another site's reply was refused in an earlier "
-                                  "round, or when most of a round's replies (of three or more) are refused")
+                                  "round, or when most replies (of three or more) are refused two rounds in a "
+                                  "row")
     max_share: Optional[float] = Field(0.5, gt=0, le=1, allow_inf_nan=False, description="the largest share of "
                                        "a round's sample-weighted average one source may hold, and of the "
                                        "consortium's rows its step budget is planned from (with three or more "

@@ -1,7 +1,7 @@
 """A hostile site over NVIDIA FLARE: the same defences and the same robust rule as in-process.
 
 The ``hostile`` experiment of the simulator job this folder's tests share (``flare_runs`` in
-``conftest.py``): FedAvg over three sources with ``aggregation: median``; the job's test client
+``conftest.py``): FedAvg over four sources with ``aggregation: median``; the job's test client
 script, with the very function the in-process tests use (``benchmarks/hostile_sites.py``'s
 ``corrupt``), makes one site send a 1e30 update in round 0 and another claim 10¹² samples in
 round 1. The in-process run through ``HostileTransport`` with the same faults is the reference.

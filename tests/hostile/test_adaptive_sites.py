@@ -225,21 +225,29 @@ def test_no_site_is_credited_more_than_max_share_of_a_sample_weighted_round(tiny
     assert all(valid_replies(ctx, honest, theta0, 1)[s] is honest[s] for s in sites)  # balanced: nothing capped
 
 
-def test_a_round_whose_majority_is_refused_stops_naming_the_site_that_passes(tiny_manifests, tmp_path):
+def test_most_replies_refused_two_rounds_in_a_row_stop_the_run_naming_the_site_that_passes(tiny_manifests,
+                                                                                          tmp_path):
     """The pattern issue 27 saw after the size liar's update got in: the four honest sites refused in every
-    later round, the liar never. A majority refused stops the run, naming the site that still passes."""
+    later round, the liar never. One round with most replies refused goes on (several faults at once, as
+    FLARE's E1); the second in a row stops the run, naming the sites that still pass."""
     sites = [*SOURCES, "dicom_style", "nih_copy"]
     ctx = _context(tiny_manifests, tmp_path, sites=sites, rows={"midrc_style": 48_000}, sent=EPOCHS)
     theta0 = {"w": torch.ones(8)}
     bad_steps = {s: {"n_batches": 10**6} for s in ("nih_style", "chexpert_style", "dicom_style")}
+    assert len(valid_replies(ctx, _update_replies(theta0, sites, counts=bad_steps), theta0, 2)) == 2
     with pytest.raises(SuspectSite) as caught:
         valid_replies(ctx, _update_replies(theta0, sites, counts=bad_steps), theta0, 3)
     message = str(caught.value)
-    assert "round 3: 3 of 5 replies were refused (chexpert_style, dicom_style, nih_style: counts)" in message
+    assert "round 3: most replies were refused in rounds 2 and 3 (3 of 5 this round: chexpert_style, dicom_style, " \
+           "nih_style; checks counts)" in message
     assert "likely culprit: midrc_style (never refused, reports 48000 training rows, 1000× the median of the " \
            "other sources); nih_copy (never refused)" in message
+    ctx = _context(tiny_manifests, tmp_path, sites=sites, sent=EPOCHS)  # a round between: no stop
+    for r in (0, 2):
+        valid_replies(ctx, _update_replies(theta0, sites, counts=bad_steps), theta0, r)
     off = _context(tiny_manifests, tmp_path, sites=sites, sent=EPOCHS, defences={"stop_on_suspect": False})
-    assert len(valid_replies(off, _update_replies(theta0, sites, counts=bad_steps), theta0, 3)) == 2
+    for r in (0, 1):
+        assert len(valid_replies(off, _update_replies(theta0, sites, counts=bad_steps), theta0, r)) == 2
 
 
 def test_a_site_refused_every_round_while_others_never_are_is_reported(hostile, tiny_manifests, tmp_path):

@@ -8,7 +8,7 @@
   metadata, shapes, NaN/Inf, update norms, BatchNorm statistics — ``defences:``), record
   refusals with their reason, credit no site more than ``defences.max_share`` of a
   sample-weighted average, stop a run whose sites fail after a refused one or whose majority
-  is refused (:class:`SuspectSite`), fail a round below ``min_sites``.
+  is refused two rounds in a row (:class:`SuspectSite`), fail a round below ``min_sites``.
 * :class:`RoundProtocol` — the base class every method's protocol extends.
 * :func:`aggregate_backbone` — FedAvg/FedBN (or the config's robust ``aggregation.rule``) of the
   shared entries, used by several protocols.
@@ -41,7 +41,7 @@ class RoundFailed(RunFailed):
 
 class SuspectSite(RoundFailed):
     """The model may be poisoned: sites' updates turned NaN/Inf after another site's reply was
-    refused, or most of a round's replies were refused while a few still pass.
+    refused, or most replies were refused two rounds in a row while a few still pass.
 
     The run stops (exit 1) naming the suspect instead of going on without the honest sites
     (``defences.stop_on_suspect``)."""
@@ -66,6 +66,7 @@ class Context:
     notes: dict = field(default_factory=dict)  # this round's extra metrics (robust rule: who was kept/clipped)
     said: set = field(default_factory=set)  # notices already logged this run (see :meth:`once`)
     task_defaults: dict = field(default_factory=dict)  # the method's optimiser defaults (RoundProtocol.task_defaults)
+    screened: dict = field(default_factory=dict)  # round → [replies screened, refused] (stop_if_majority_refused)
 
     def class_set(self, site: str) -> list[str]:
         return [c for c in self.classes if c in self.meta[site].class_set]
@@ -188,7 +189,7 @@ def valid_replies(ctx: Context, replies: dict[str, Reply], reference: StateDict 
     state for every site, or a function of the reply (surgical aggregation: each site's head has
     its own classes' rows). Fails the round below ``minimum`` (default ``min_sites``) valid
     replies, and stops the run when honest sites fail after a refused one (:func:`stop_if_suspect`)
-    or when most of the round's replies are refused (:func:`stop_if_majority_refused`).
+    or when most replies are refused two rounds in a row (:func:`stop_if_majority_refused`).
     """
     kept, stats, shifts, failed, refused = {}, {}, {}, [], []
     for site, reply in replies.items():
@@ -273,29 +274,39 @@ def credit_counts(ctx: Context, kept: dict[str, Reply], r: int) -> dict[str, Rep
 
 
 def stop_if_majority_refused(ctx: Context, r: int, screened: int, refused: list[str], kept: list[str]) -> None:
-    """Stop the run when most of a round's replies (of three or more) were refused.
+    """Stop the run when most replies (of three or more) were refused in this round and the one before.
 
-    One faulty site is a minority. When the majority is refused, the likelier story is that the
-    model they trained from was taken over — by an update, or a claimed size, that got in
-    earlier — and that the sites still passing are the ones it agrees with. Going on would
-    finish the run on the minority's word; stopping names them with what the server knows
-    against them (``defences.stop_on_suspect``).
+    One faulty site is a minority, and one bad round (a broken software roll-out, several
+    faults at once) can be weathered with ``min_sites``. When the majority is refused round
+    after round, the likelier story is that the model they train from was taken over — by an
+    update, or a claimed size, that got in earlier — and that the sites still passing are the
+    ones it agrees with. Going on would finish the run on the minority's word; stopping names
+    them with what the server knows against them (``defences.stop_on_suspect``).
     """
-    if not ctx.cfg.defences.stop_on_suspect or screened < 3 or 2 * len(refused) <= screened:
+    tally = ctx.screened.setdefault(r, [0, 0])
+    tally[0] += screened
+    tally[1] += len(refused)
+    if not ctx.cfg.defences.stop_on_suspect:
         return
-    checks = sorted({e["check"] for e in ctx.refused if e["round"] == r and e["site"] in refused})
-    suspects = "; ".join(_evidence(ctx, site) for site in kept) or "none passed"
+    majority = [q for q in (r - 1, r) if ctx.screened.get(q, [0, 0])[0] >= 3
+                and 2 * ctx.screened[q][1] > ctx.screened[q][0]]
+    if len(majority) < 2:
+        return
+    now = sorted({e["site"] for e in ctx.refused if e["round"] == r})
+    checks = sorted({e["check"] for e in ctx.refused if e["round"] in majority})
+    suspects = "; ".join(_evidence(ctx, site, r) for site in kept) or "none passed"
     raise SuspectSite(
-        f"round {r}: {len(refused)} of {screened} replies were refused ({', '.join(sorted(refused))}: "
-        f"{', '.join(checks)}); when most sites are refused the model they started from may have been taken over "
-        f"by the site{'s' if len(kept) > 1 else ''} whose replies still pass — likely culprit: {suspects}. The run "
-        "stops instead of going on with a minority; check the likely culprit's installation and claimed size "
-        "(declare the consortium's sizes: defences.declared_sizes), then start a new run without it (`sites:`)")
+        f"round {r}: most replies were refused in rounds {r - 1} and {r} ({tally[1]} of {tally[0]} this round: "
+        f"{', '.join(now)}; checks {', '.join(checks)}); when most sites are refused round after round, the model "
+        f"they start from may have been taken over by the site{'s' if len(kept) > 1 else ''} whose replies still "
+        f"pass — likely culprit: {suspects}. The run stops instead of going on with a minority; check the likely "
+        "culprit's installation and claimed size (declare the consortium's sizes: defences.declared_sizes), then "
+        "start a new run without it (`sites:`)")
 
 
-def _evidence(ctx: Context, site: str) -> str:
+def _evidence(ctx: Context, site: str, r: int) -> str:
     """What the server knows against ``site``: refused before or never, its size against the others'."""
-    earlier = [e for e in ctx.refused if e["site"] == site]
+    earlier = [e for e in ctx.refused if e["site"] == site and e["round"] < r]
     parts = [f"refused {len(earlier)} time(s) before" if earlier else "never refused"]
     sizes = _site_sizes(ctx)
     others = [n for s, n in sizes.items() if s != site]
