@@ -49,8 +49,10 @@ ATTACKS = {
     "bn_shift": ({HOSTILE: {"*": "bn_shift"}}, {}),
     "liar": (LIAR, {}),
     # adaptive attackers against the new checks (just under their bounds, in this setting)
-    "bn_sigma": ({HOSTILE: {"*": "bn_sigma"}}, {"BN_SIGMA": 0.9}),     # under the one-σ floor
-    "bn_2sigma": ({HOSTILE: {"*": "bn_sigma"}}, {"BN_SIGMA": 2.0}),    # under k = 10 × the honest ~0.2 σ
+    "bn_0.5sigma": ({HOSTILE: {"*": "bn_sigma"}}, {"BN_SIGMA": 0.5}),
+    "bn_0.75sigma": ({HOSTILE: {"*": "bn_sigma"}}, {"BN_SIGMA": 0.75}),
+    "bn_sigma": ({HOSTILE: {"*": "bn_sigma"}}, {"BN_SIGMA": 0.9}),
+    "bn_2sigma": ({HOSTILE: {"*": "bn_sigma"}}, {"BN_SIGMA": 2.0}),
     "liar_30": (LIAR, {"LIE_FLIP": 30.0}),  # credited 4× the steps: 30/4 = 7.5 × honest, under k = 10
 }
 SOURCE = {"lr": 1.0e-3, "batch_size": 32, "epochs": 1}

@@ -348,6 +348,12 @@ class DefencesConfig(_Strict):
                                   "update turns NaN/Inf after another site's reply was refused in an earlier "
                                   "round, or when most replies (of three or more) are refused two rounds in a "
                                   "row")
+    bn_factor: Optional[float] = Field(3.0, gt=1, allow_inf_nan=False, description="refuse a reply whose "
+                                       "BatchNorm running statistics move more than this many times the median "
+                                       "of the round's other replies and more than half a standard deviation "
+                                       "(RMS over channels; needs 2 others; null: off). Tighter than norm_factor: "
+                                       "honest sites' statistics move alike, and a shift of one standard "
+                                       "deviation by one site of five costs ~0.1 AUROC (BENCHMARKS.md)")
     max_share: Optional[float] = Field(0.5, gt=0, le=1, allow_inf_nan=False, description="the largest share of "
                                        "a round's sample-weighted average one source may hold, and of the "
                                        "consortium's rows its step budget is planned from (with three or more "
@@ -710,6 +716,10 @@ def dump_config(cfg: ExperimentConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
+#: ``defences`` keys added after runs were fingerprinted, with their defaults (left out at these values)
+NEW_DEFENCES = {"bn_factor": 3.0, "max_share": 0.5, "declared_sizes": {}}
+
+
 def config_fingerprint(cfg: ExperimentConfig) -> str:
     """Hash of everything that changes a run's result (device, workers, the engine block, cache and
     where the manifests folder lies do not: the sites' content is checked separately, by manifest
@@ -724,13 +734,13 @@ def config_fingerprint(cfg: ExperimentConfig) -> str:
             data["model"].pop(key)
     if data.get("select_round") == "last":
         data.pop("select_round")
-    for key, default in (("max_share", 0.5), ("declared_sizes", {})):  # added later: earlier runs' fingerprint
+    for key, default in NEW_DEFENCES.items():  # added later: earlier runs' fingerprint
         if data.get("defences", {}).get(key) == default:
             data["defences"].pop(key)
     for key, default in (("aggregation", AggregationConfig()), ("defences", DefencesConfig())):
         defaults = default.model_dump(mode="json")
         if key == "defences":
-            defaults = {k: v for k, v in defaults.items() if k not in ("max_share", "declared_sizes")}
+            defaults = {k: v for k, v in defaults.items() if k not in NEW_DEFENCES}
         if data.get(key) == defaults:  # defaults: the fingerprint of earlier versions
             data.pop(key)
     for key in ("fedprox_mu", "server_lr", "server_betas", "server_tau"):  # unset: earlier versions' fingerprint

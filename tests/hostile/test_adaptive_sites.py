@@ -116,22 +116,27 @@ def _bn_replies(theta0, sites, shift: dict | None = None) -> dict[str, Reply]:
     return out
 
 
-def test_bn_statistics_are_compared_with_the_other_replies_above_one_standard_deviation(tiny_manifests, tmp_path):
-    """Refused: a shift above k × the median of the others and above 1 σ; kept: a larger-than-the-others
-    shift within 1 σ (an honest outlier hospital), and any shift with only two replies (nobody can tell)."""
+def test_bn_statistics_are_compared_with_the_other_replies_above_half_a_standard_deviation(tiny_manifests, tmp_path):
+    """Refused: a shift above bn_factor (3) × the median of the others' and above 0.5 σ; kept: a shift
+    within 0.5 σ however much larger than the others' (an honest outlier hospital), and any shift with only
+    two replies (nobody can tell which one is wrong; the absolute bound of S3 still applies)."""
     theta0 = _bn_theta0()
     ctx = _context(tiny_manifests, tmp_path)
     kept = valid_replies(ctx, _bn_replies(theta0, SOURCES, {"midrc_style": 5.0}), theta0, 0)
     assert sorted(kept) == ["chexpert_style", "nih_style"]
     [entry] = ctx.refused
     assert entry["check"] == "norm" and entry["site"] == "midrc_style"
-    assert entry["reason"].startswith("BatchNorm running statistics moved 5.3 ")  # (0.3 + 5) σ, var unchanged
-    assert "median of the round's other replies (0.15)" in entry["reason"]
-    ctx = _context(tiny_manifests, tmp_path)
-    small = {s: r for s, r in _bn_replies(theta0, SOURCES).items()}
-    for site, value in (("nih_style", 0.01), ("chexpert_style", 0.02), ("midrc_style", 0.9)):
-        small[site].params["bn.running_mean"] = theta0["bn.running_mean"] + value
-    assert len(valid_replies(ctx, small, theta0, 0)) == 3 and ctx.refused == []  # 0.9 σ: 60 × the median, kept
+    assert entry["reason"] == ("BatchNorm running statistics moved 5.3 standard deviations (RMS over channels), "
+                               "above 3 × the median of the round's other replies (0.15) and above 0.5 "
+                               "(defences.bn_factor)")  # (0.3 + 5) σ, variance unchanged
+    for shifts, refused in (((0.3, 0.35, 1.2), True),    # 3.7 × the others: refused (k = 10 let it pass)
+                            ((0.01, 0.02, 0.45), False),  # 30 × the others, but within half a σ
+                            ((0.3, 0.35, 0.9), False)):   # 2.8 ×
+        ctx = _context(tiny_manifests, tmp_path)
+        replies = _bn_replies(theta0, SOURCES)
+        for site, value in zip(SOURCES, shifts):
+            replies[site].params["bn.running_mean"] = theta0["bn.running_mean"] + value
+        assert len(valid_replies(ctx, replies, theta0, 0)) == (2 if refused else 3), shifts
     ctx = _context(tiny_manifests, tmp_path, sites=SOURCES[:2])
     assert len(valid_replies(ctx, _bn_replies(theta0, SOURCES[:2], {"chexpert_style": 50.0}), theta0, 0)) == 2
 

@@ -181,7 +181,8 @@ def check_one(ctx: Context, reply: Reply, reference: Optional[StateDict], r: int
 def valid_replies(ctx: Context, replies: dict[str, Reply], reference: StateDict | Callable[[Reply], StateDict],
                   r: int, *, task: str = "train", minimum: Optional[int] = None) -> dict[str, Reply]:
     """The replies that may be aggregated: each one screened (:func:`screen`), then their update
-    norms and their BatchNorm statistics compared with each other (``defences.norm_factor``);
+    norms and their BatchNorm statistics compared with each other (``defences.norm_factor``,
+    ``defences.bn_factor``);
     refusals recorded with the reason; each kept reply's count credited at most ``defences.max_share``
     of the round (:func:`credit_counts`).
 
@@ -227,20 +228,20 @@ def valid_replies(ctx: Context, replies: dict[str, Reply], reference: StateDict 
 
 
 def _relative_outliers(ctx: Context, stats: dict[str, float], shifts: dict[str, float]) -> dict[str, str]:
-    """``{site: reason}`` for the replies the leave-one-out median of the others refuses
-    (``defences.norm_factor``): the update norm per step and unit of lr, and — separately, in
-    their own units (:func:`~fedcxr.pipeline.screening.bn_shift`) — the BatchNorm running statistics."""
-    factor = ctx.cfg.defences.norm_factor
-    if not factor:
-        return {}
+    """``{site: reason}`` for the replies the leave-one-out median of the others refuses: the update
+    norm per step and unit of lr (``defences.norm_factor``) and — separately, in their own units
+    (:func:`~fedcxr.pipeline.screening.bn_shift`), above half a standard deviation — the BatchNorm
+    running statistics (``defences.bn_factor``)."""
     out = {}
-    for site, (value, ref) in screening.norm_outliers(shifts, factor).items():
+    bn_factor = ctx.cfg.defences.bn_factor
+    for site, (value, ref) in (screening.norm_outliers(shifts, bn_factor) if bn_factor else {}).items():
         if value <= screening.BN_FLOOR:
             continue
-        out[site] = (f"BatchNorm running statistics moved {value:.3g} (RMS shift in their own standard "
-                     f"deviations), above {factor:g} × the median of the round's other replies ({ref:.3g}) "
-                     "(defences.norm_factor)")
-    for site, (value, ref) in screening.norm_outliers(stats, factor).items():
+        out[site] = (f"BatchNorm running statistics moved {value:.3g} standard deviations (RMS over channels), "
+                     f"above {bn_factor:g} × the median of the round's other replies ({ref:.3g}) and above "
+                     f"{screening.BN_FLOOR:g} (defences.bn_factor)")
+    factor = ctx.cfg.defences.norm_factor
+    for site, (value, ref) in (screening.norm_outliers(stats, factor) if factor else {}).items():
         out[site] = (f"update norm per step and unit of lr {value:.3g} is above {factor:g} × the median of the "
                      f"round's other replies ({ref:.3g}) (defences.norm_factor)")
     return out
