@@ -1,4 +1,4 @@
-"""Adaptive hostile sites (issue 27 items 1-3; SECURITY.md S2, S3, S3c, S8, S9).
+"""Adaptive hostile sites (issue 27 items 1-3; SECURITY.md S2, S3, S3c, S5, S7, S8).
 
 Attacks on the defences themselves, each first reproduced against the code before issue 27:
 

@@ -182,9 +182,8 @@ def valid_replies(ctx: Context, replies: dict[str, Reply], reference: StateDict 
                   r: int, *, task: str = "train", minimum: Optional[int] = None) -> dict[str, Reply]:
     """The replies that may be aggregated: each one screened (:func:`screen`), then their update
     norms and their BatchNorm statistics compared with each other (``defences.norm_factor``,
-    ``defences.bn_factor``);
-    refusals recorded with the reason; each kept reply's count credited at most ``defences.max_share``
-    of the round (:func:`credit_counts`).
+    ``defences.bn_factor``); refusals recorded with the reason; each kept reply's count credited
+    at most ``defences.max_share`` of the round (:func:`credit_counts`).
 
     ``reference`` gives the expected keys and shapes and the model the update started from: one
     state for every site, or a function of the reply (surgical aggregation: each site's head has
