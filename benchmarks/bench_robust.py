@@ -56,7 +56,7 @@ REPO = HERE.parent
 HOSTILE = "site-1"
 ATTACKS = {"none": None, "huge": "huge", "inflate": "inflate", "flip": "flip"}
 OFF = {"check_counts": False, "check_variance": False, "norm_factor": None, "norm_limit": None,
-       "stop_on_suspect": False}
+       "stop_on_suspect": False, "bn_factor": None, "max_share": None}
 UNDEFENDED = "_undefended"
 #: rule → its ``aggregation`` block
 RULES: dict[str, dict] = {

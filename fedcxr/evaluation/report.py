@@ -23,7 +23,9 @@ and per evaluated site a ROC figure ``roc_<site>.png`` and a reliability diagram
                                         val_specificity, n, n_pos, tp, fp, tn, fn, sensitivity,
                                         sensitivity_ci_low/high, sensitivity_ci_method, specificity...,
                                         ppv..., npv..., small_sample, reason}]]}},
-    sites_without_predictions: [{site, reason}]
+    sites_without_predictions: [{site, reason}],
+    training: null | {status, refused: [{site, n, rounds, checks, reason}], missed: [{site, n, rounds}],
+                      pattern, skipped}                               from run.json (report_refusals)
 
 Version 2 added ``calibration`` (top level and per site) and ``operating_points`` (top level,
 ``null`` without validation predictions, and per site when given); version 1 fields are unchanged.
@@ -49,6 +51,7 @@ import pandas as pd
 
 import fedcxr
 from fedcxr.evaluation import calibration, metrics, operating, small_sample
+from fedcxr.evaluation.report_refusals import training_record
 from fedcxr.vocab import AUX_VOCAB
 
 #: 2: calibration and operating points added; 3: the small-sample rule's fields (see module doc).
@@ -228,6 +231,7 @@ def report_header(run_info: Mapping[str, Any], split: str, classes: list[str]) -
         "classes": classes,
         "binary_task": is_binary_task(classes),
         "train_sites": list(run_info.get("sites") or []),
+        "training": training_record(run_info),  # refused and missed replies (report_refusals)
     }
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from fedcxr.escape import md
 from fedcxr.evaluation import operating, small_sample
+from fedcxr.evaluation.report_refusals import training_section
 from fedcxr.wording import count
 
 SUBGROUP_TITLES = {"sex": "Sex", "age_bin": "Age bin (years)", "race": "Race/ethnicity"}
@@ -66,6 +67,7 @@ def render_markdown(report: dict, figures: Optional[dict[str, Any]] = None, *, c
         lines += [f"- Site {md(item['site'])}: not evaluated ({md(item['reason'])})", ""]
     for item in report.get("sites_without_operating_points", []):  # fedcxr evaluate: a site with no val rows
         lines += [f"- Site {md(item['site'])}: no operating points ({md(item['reason'])})", ""]
+    lines += training_section(report)
     if curves or curves_note:
         lines += ["## Training curves", ""]
         lines += ([f"![Training loss and validation AUROC per round]({curves})", "",

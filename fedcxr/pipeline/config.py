@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator,
+                      model_validator)
 
 from fedcxr.errors import UserError
 from fedcxr.escape import short
@@ -64,6 +65,9 @@ MAX_ROUNDS = 100_000
 MAX_EPOCHS = 10_000
 MAX_STEPS = 10_000_000
 MAX_ROWS = 10**9
+#: The most training rows one site may report or be declared with (``fedcxr.pipeline.screening``):
+#: the largest public chest X-ray collections hold well under a million rows.
+MAX_SITE_ROWS = 10**8
 MAX_SITES = 1000
 MAX_WORKERS = 256
 MAX_NAME = 100
@@ -355,7 +359,31 @@ class DefencesConfig(_Strict):
                                         "of replies, a lone source too; null: off)")
     stop_on_suspect: bool = Field(True, description="stop the run (exit 1) naming the suspect when a site's "
                                   "update turns NaN/Inf after another site's reply was refused in an earlier "
-                                  "round")
+                                  "round, or when most replies (of three or more) are refused two rounds in a "
+                                  "row")
+    bn_factor: Optional[float] = Field(3.0, gt=1, allow_inf_nan=False, description="refuse a reply whose "
+                                       "BatchNorm running statistics move more than this many times the median "
+                                       "of the round's other replies and more than half a standard deviation "
+                                       "(RMS over channels; needs 2 others; null: off). Tighter than norm_factor: "
+                                       "honest sites' statistics move alike, and a shift of one standard "
+                                       "deviation by one site of five costs ~0.1 AUROC (BENCHMARKS.md)")
+    max_share: Optional[float] = Field(0.5, gt=0, le=1, allow_inf_nan=False, description="the largest share of "
+                                       "a round's sample-weighted average one source may hold, and of the "
+                                       "consortium's rows its step budget is planned from (with three or more "
+                                       "sources; 0.5: no site outweighs all the others together, which no site "
+                                       "of a balanced consortium does; null or 1: off)")
+    declared_sizes: dict[str, StrictInt] = Field(
+        default_factory=dict, max_length=MAX_SITES, description="{site: training rows} the consortium agreed on "
+        f"outside fedcxr (0 to {MAX_SITE_ROWS:,}); a site reporting more at the start of the run stops it (exit 2), "
+        "and its size is credited as at most this. Unset sites: their own word, bounded by max_share")
+
+    @field_validator("declared_sizes")
+    @classmethod
+    def _declared_counts(cls, value: dict[str, int]) -> dict[str, int]:
+        for site, rows in value.items():
+            if isinstance(rows, bool) or not 0 <= rows <= MAX_SITE_ROWS:
+                _refuse(f"{short(site)}: {short(rows)} is not a count of training rows (0 to {MAX_SITE_ROWS:,})")
+        return value
 
 
 class ExperimentConfig(_Strict):
@@ -530,6 +558,16 @@ class ExperimentConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _declared_sites_exist(self) -> "ExperimentConfig":
+        """A declared size for a site the run does not have is a typo that would leave a site unbounded."""
+        names = {self.site_name(s) for s in self.all_sites()}
+        unknown = [s for s in self.defences.declared_sizes if s not in names]
+        if unknown:
+            raise ValueError(f"defences.declared_sizes: {short(unknown)} not among the run's sites "
+                             f"{short(sorted(names))} (a site is named by its folder's last name)")
+        return self
+
+    @model_validator(mode="after")
     def _min_sites_possible(self) -> "ExperimentConfig":
         if self.min_sites > len(self.sites):
             raise ValueError(f"min_sites: {self.min_sites} is more than the {len(self.sites)} site(s) under `sites`; "
@@ -695,6 +733,10 @@ def dump_config(cfg: ExperimentConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
+#: ``defences`` keys added after runs were fingerprinted, with their defaults (left out at these values)
+NEW_DEFENCES = {"bn_factor": 3.0, "max_share": 0.5, "declared_sizes": {}}
+
+
 def config_fingerprint(cfg: ExperimentConfig) -> str:
     """Hash of everything that changes a run's result (device, workers, the engine block, cache and
     where the manifests folder lies do not: the sites' content is checked separately, by manifest
@@ -709,8 +751,14 @@ def config_fingerprint(cfg: ExperimentConfig) -> str:
             data["model"].pop(key)
     if data.get("select_round") == "last":
         data.pop("select_round")
+    for key, default in NEW_DEFENCES.items():  # added later: earlier runs' fingerprint
+        if data.get("defences", {}).get(key) == default:
+            data["defences"].pop(key)
     for key, default in (("aggregation", AggregationConfig()), ("defences", DefencesConfig())):
-        if data.get(key) == default.model_dump(mode="json"):  # defaults: the fingerprint of earlier versions
+        defaults = default.model_dump(mode="json")
+        if key == "defences":
+            defaults = {k: v for k, v in defaults.items() if k not in NEW_DEFENCES}
+        if data.get(key) == defaults:  # defaults: the fingerprint of earlier versions
             data.pop(key)
     for key in ("fedprox_mu", "server_lr", "server_betas", "server_tau"):  # unset: earlier versions' fingerprint
         if data.get(key) is None:

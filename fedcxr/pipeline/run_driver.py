@@ -45,7 +45,7 @@ from fedcxr.pipeline.devices import resolve_device
 from fedcxr.pipeline.messages import EvaluateTask, NoConfig, StateDict
 from fedcxr.pipeline.protocols import Context, RoundProtocol, get_protocol
 from fedcxr.pipeline.run_log import round_line, rounds_log, run_log
-from fedcxr.pipeline.screening import count_problem
+from fedcxr.pipeline.screening import count_problem, refusal_pattern, size_problem
 from fedcxr.pipeline.keys import PRIVATE_PREFIXES, derive_seed
 from fedcxr.pipeline.transport import Transport
 from fedcxr.rundir import RunDir, read_metrics, write_config, write_metrics, write_run_info
@@ -96,7 +96,7 @@ def build_context(cfg: ExperimentConfig, protocol: RoundProtocol, transport: Tra
     missing = [s for s in sites if s not in meta]
     if missing:
         raise UserError(f"sites did not answer the metadata query: {missing}")
-    check_metadata_counts(meta)
+    check_metadata_counts(meta, cfg.defences.declared_sizes)
     refuse_unlabeled_sources(cfg, meta)
     classes = head_classes(cfg, meta)
     protocol.validate(cfg, meta, classes)
@@ -113,9 +113,11 @@ def build_context(cfg: ExperimentConfig, protocol: RoundProtocol, transport: Tra
     )
 
 
-def check_metadata_counts(meta: dict) -> None:
+def check_metadata_counts(meta: dict, declared: Optional[dict] = None) -> None:
     """Every site's metadata counts must be plain non-negative integers (later replies are judged
-    against them): anything else stops the run before round 0, naming the site (exit 2)."""
+    against them), its training rows at most :data:`~fedcxr.pipeline.screening.MAX_SITE_ROWS` and
+    at most the consortium's declared size for it (``defences.declared_sizes``): anything else
+    stops the run before round 0, naming the site (exit 2)."""
     for site, reply in meta.items():
         counts = {"n_samples": reply.n_samples, **{k: reply.metrics.get(k) for k in ("n_train", "n_val", "n_test")
                                                    if k in reply.metrics}}
@@ -124,6 +126,11 @@ def check_metadata_counts(meta: dict) -> None:
             if problem:
                 raise UserError(f"site {site} answered the metadata query with {problem}; a site's counts must be "
                                 "its manifest's row counts (is it running fedcxr of this version?)")
+        problem = size_problem(reply.n_samples, (declared or {}).get(site))
+        if problem:
+            raise UserError(f"site {site} answered the metadata query with {problem}; its training rows weight it in "
+                            "every sample-weighted average and set its step budget, so the run does not start on "
+                            "its word (check the site's manifest, or correct defences.declared_sizes)")
 
 
 def initial_model(cfg: ExperimentConfig, ctx: Context) -> StateDict:
@@ -197,7 +204,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
             ledger.history = _resumed_dp(run_dir, start)
     else:
         RunDir(run_dir).metrics.unlink(missing_ok=True)
-    _write_run_files(run_dir, cfg, ctx, protocol, status="running")
+    _write_run_files(run_dir, cfg, ctx, protocol, status="running", rounds_done=start)
     tracker = make_tracker(cfg.tracking, run_dir, name=f"{cfg.name}-{cfg.method}-seed{cfg.seed}")
     bar = tqdm(range(start, cfg.rounds), desc=f"{protocol.name} rounds", unit="round",
                disable=bar_disabled(progress), initial=start, total=cfg.rounds)
@@ -206,7 +213,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
         try:
             state, metrics = protocol.run_round(ctx, r, state)
         except RunFailed:  # the refusals and absences of the failed round stay on record in run.json
-            _write_run_files(run_dir, cfg, ctx, protocol, status="stopped")
+            _write_run_files(run_dir, cfg, ctx, protocol, status="stopped", rounds_done=r + 1)
             raise
         metrics = {"round": r, **metrics, **_round_record(ctx, r), "val": _validate(ctx, protocol, state, r)}
         metrics["seconds"] = round(time.perf_counter() - t0, 3)
@@ -235,7 +242,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
         "eval_local_keys": protocol.eval_local_keys(ctx), "classes": ctx.classes, "aux_tasks": ctx.aux_tasks,
         "model": cfg.model.model_dump(mode="json"), "image_size": cfg.image_size,
     })
-    payload = _write_run_files(run_dir, cfg, ctx, protocol, status="finished", ledger=ledger,
+    payload = _write_run_files(run_dir, cfg, ctx, protocol, status="finished", ledger=ledger, rounds_done=cfg.rounds,
                                selected={"round": best["round"], "val_auroc": best["score"]} if best else None)
     rounds_log.info("finished: final_model.pt holds round %d of %d", (best["round"] if best else cfg.rounds - 1) + 1,
                     cfg.rounds, extra={"console": False})
@@ -248,6 +255,13 @@ def _round_record(ctx: Context, r: int) -> dict:
     refused = [e for e in ctx.refused if e["round"] == r]
     if refused:
         out["refused"] = refused
+    pattern = refusal_pattern(ctx.refused, ctx.sources, range(r + 1))
+    if pattern:
+        out["refusal_pattern"] = pattern
+        if ctx.once(("refusal pattern", tuple(pattern["always_refused"]), tuple(pattern["never_refused"]))):
+            log.warning("round %d: %s refused in every round so far while %s never were (a lone faulty site, or — "
+                        "when the refused are the majority — a model taken over by one that passes)", r,
+                        ", ".join(pattern["always_refused"]), ", ".join(pattern["never_refused"]))
     if ctx.notes:
         out.update(ctx.notes)
         ctx.notes = {}
@@ -379,7 +393,7 @@ def _read_metrics(run_dir: Path, upto: int) -> list[dict]:
 
 
 def _write_run_files(run_dir: Path, cfg: ExperimentConfig, ctx: Context, protocol: RoundProtocol, *,
-                     status: str, ledger=None, selected: Optional[dict] = None) -> dict:
+                     status: str, ledger=None, selected: Optional[dict] = None, rounds_done: int = 0) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     write_config(run_dir, dump_config(cfg))
     payload = {
@@ -387,7 +401,9 @@ def _write_run_files(run_dir: Path, cfg: ExperimentConfig, ctx: Context, protoco
         "aux_tasks": ctx.aux_tasks, "sites": [cfg.site_name(s) for s in cfg.all_sites()],
         "site_dirs": {cfg.site_name(s): str(cfg.site_dir(s).resolve()) for s in cfg.all_sites()},
         "sources": ctx.sources, "eval_sites": eval_sites(ctx, protocol), "rounds": cfg.rounds, "status": status,
-        "missed": ctx.missed, "refused": ctx.refused, "class_sets": {s: ctx.meta[s].class_set for s in ctx.meta},
+        "missed": ctx.missed, "refused": ctx.refused,
+        "refusal_pattern": refusal_pattern(ctx.refused, ctx.sources, range(rounds_done)),
+        "class_sets": {s: ctx.meta[s].class_set for s in ctx.meta},
         "n_train": {s: ctx.meta[s].metrics.get("n_train") for s in ctx.meta},
         "config": cfg.model_dump(mode="json"), "fingerprint": config_fingerprint(cfg),
         "data_hashes": data_hashes(ctx), "threads": run_threads(cfg),

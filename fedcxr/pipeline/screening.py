@@ -17,6 +17,14 @@ to every reply of every round, so the in-process simulation and NVIDIA FLARE scr
   A leave-one-out median needs two others: with two replies nobody can tell which one is
   wrong (a tiny update would make the honest one look huge), so there only the absolute
   bound (``defences.norm_limit``, ``‖Δ‖ ≤ R·‖θ0‖``) applies.
+* :func:`bn_shift` — how far a reply moves the BatchNorm running statistics, in the units of
+  those statistics themselves (the scale-free statistic their relative check compares).
+* :func:`size_problem`, :func:`credited_rows`, :func:`capped_counts` — a site's size is not its
+  own word alone: bounded by a plausibility limit and the consortium's declared sizes, by the
+  other sites' sizes for the step budget its norm is judged by, and by ``max_share`` for its
+  weight in any sample-weighted rule.
+* :func:`refusal_pattern` — sites refused in every round while others never are: a signal of
+  its own (a poisoned model refuses the honest majority; a lone faulty site is the minority).
 
 Messages never format an unbounded value: a 400-digit count is described by its length.
 """
@@ -29,8 +37,23 @@ from typing import Iterable, Mapping, Optional
 
 import torch
 
+# MAX_SITE_ROWS (10⁸), the most training rows one site may report: the largest public chest X-ray
+# collections hold well under a million (MIMIC-CXR ~377,000, CheXpert ~224,000), so a larger claim
+# is a lie or a broken client that would otherwise buy a sample-weighted mean outright (issue 27:
+# 10¹² rows took 100 % of FedAvg's weight). Kept with the config's other bounds.
+from fedcxr.pipeline.config import MAX_SITE_ROWS
+
 #: The largest count a reply may claim: every integer up to it is exact in float64.
 MAX_COUNT = 2**53
+#: BatchNorm's own ε: the floor of a running variance when a shift is measured in its units.
+BN_EPS = 1e-5
+#: A BatchNorm shift (:func:`bn_shift`) up to half a standard deviation, RMS over the channels,
+#: is never refused by comparison with the others: a hospital whose images differ can honestly move
+#: its statistics that far while the others, already converged, hardly move (the case where a
+#: leave-one-out median misjudges an honest outlier). The price, measured (BENCHMARKS.md "Adaptive
+#: attacks on the defences"): one site of five shifting every running mean by 0.5 σ every round
+#: costs ~0.03 AUROC, by 1 σ ~0.1, by 2 σ the model.
+BN_FLOOR = 0.5
 
 
 def describe_number(value) -> str:
@@ -84,20 +107,23 @@ def negative_variance(state: Mapping[str, torch.Tensor]) -> Optional[str]:
 def planned_steps(config: Mapping, n_samples: int) -> Optional[int]:
     """The most optimiser steps a ``train`` task config allows for ``n_samples`` rows.
 
-    ``steps`` when the task fixes it, else ``epochs × ⌈n_samples / batch_size⌉`` (the loader
-    keeps a last partial batch; a batch of one under BatchNorm is skipped, so honest sites
-    take at most this many). ``None`` when the config does not say.
+    ``steps`` when the task fixes it, else ``epochs × ⌈min(n_samples, max_rows) / batch_size⌉``
+    (the loader keeps a last partial batch; a batch of one under BatchNorm is skipped, so honest
+    sites take at most this many). ``None`` when the config does not say.
     """
     try:
         if config.get("steps") is not None:
             return max(int(config["steps"]), 0)
         batch_size = int(config["batch_size"])
         epochs = int(config.get("epochs", 1))
+        rows = int(n_samples)
+        if config.get("max_rows"):
+            rows = min(rows, int(config["max_rows"]))
     except (KeyError, TypeError, ValueError):
         return None
     if batch_size < 1:
         return None
-    return max(epochs, 0) * math.ceil(int(n_samples) / batch_size)
+    return max(epochs, 0) * math.ceil(rows / batch_size)
 
 
 def step_norm(norm: float, lr: float, steps: int) -> float:
@@ -138,3 +164,158 @@ def norm_outliers(stats: Mapping[str, float], factor: float,
         if reference > 0 and value > factor * reference:  # others that did not move: nothing to judge by
             out[site] = (value, reference)
     return out
+
+
+# --------------------------------------------------------------------------- BatchNorm running statistics
+
+
+def bn_stat_keys(state: Mapping[str, torch.Tensor], exclude: Iterable[str] = ()) -> list[str]:
+    """The floating BatchNorm ``running_mean``/``running_var`` entries of ``state`` not in ``exclude``."""
+    skip = set(exclude)
+    return [k for k, v in state.items() if k.endswith(("running_mean", "running_var")) and v.is_floating_point()
+            and k not in skip]
+
+
+def bn_shift(reference: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor],
+             keys: Iterable[str]) -> Optional[float]:
+    """How far ``params`` moves the BatchNorm running statistics of ``reference``, in their own units.
+
+    Per channel ``c`` of every BN layer, with ``v0``/``v1`` the reference's and the reply's running
+    variance and ``σ = √(max(v0, v1) + ε)``::
+
+        z_c² = ((μ1 − μ0) / σ)²  +  (log((v1 + ε) / (v0 + ε)))²
+
+    and the result is ``√(mean_c z_c²)``: the mean shift in standard deviations, the variance
+    change as a log-ratio (a factor e is 1). Why these units: running statistics do not move
+    with the learning rate (a site's BN layers converge to its own data's moments in a few
+    dozen steps, whatever lr), so the per-step, per-lr statistic of the weights says nothing
+    about them; and a raw norm mixes means (units of x) with variances (x²) and depends on the
+    layer's scale. In σ units every layer counts alike, an honest site's change is the distance
+    between its data's moments and the global ones, and the attack issue 27 measured — every
+    running mean shifted by far more than its spread — stands out. Hiding a mean shift behind a
+    larger variance costs the same in the log-ratio term. A negative variance (its own check,
+    :func:`negative_variance`) counts as ε. ``None`` when ``keys`` holds no running statistic.
+
+    Why the change from the model sent rather than each reply's distance to the others'
+    statistics: with three replies the others' median is the mean of two, one of them the
+    hostile one, which drags every honest distance halfway to its own; the change from the
+    server's own model cannot be dragged. Honest sites' changes are alike (measured: within
+    1.3× of each other on IID and on the synthetic hospitals), hence ``defences.bn_factor`` 3.
+    """
+    total, channels = 0.0, 0
+    for key in keys:
+        if not key.endswith("running_mean"):
+            continue
+        prefix = key[: -len("running_mean")]
+        mean0 = reference[key].detach().to(torch.float64)
+        mean1 = params[key].detach().to(torch.float64)
+        var_key = prefix + "running_var"
+        if var_key in reference and var_key in params:
+            var0 = reference[var_key].detach().to(torch.float64).clamp(min=0) + BN_EPS
+            var1 = params[var_key].detach().to(torch.float64).clamp(min=0) + BN_EPS
+            z2 = (mean1 - mean0).square() / torch.maximum(var0, var1) + torch.log(var1 / var0).square()
+        else:  # a running mean without its variance (no fedcxr network has one): raw units
+            z2 = (mean1 - mean0).square()
+        total += float(z2.sum())
+        channels += mean0.numel()
+    if channels == 0:
+        return None
+    value = math.sqrt(total / channels)
+    return value if math.isfinite(value) else math.inf
+
+
+# --------------------------------------------------------------------------- sizes and weights
+
+
+def size_problem(value, declared: Optional[int] = None) -> Optional[str]:
+    """Why a site's reported training-row count cannot be believed at the start of a run, or ``None``.
+
+    Not a count (:func:`count_problem`), above :data:`MAX_SITE_ROWS`, or above the size the
+    consortium declared for the site (``defences.declared_sizes``)."""
+    reason = count_problem(value, "n_samples")
+    if reason:
+        return reason
+    if int(value) > MAX_SITE_ROWS:
+        return (f"n_samples claims {describe_number(value)} training rows, more than any one site plausibly holds "
+                f"({MAX_SITE_ROWS:,})")
+    if declared is not None and int(value) > int(declared):
+        return (f"n_samples claims {int(value)} training rows, more than the {int(declared)} the consortium declared "
+                "for it (defences.declared_sizes)")
+    return None
+
+
+def credited_rows(sizes: Mapping[str, int], site: str, max_share: Optional[float]) -> int:
+    """The training rows the server credits ``site`` with when it plans the site's step budget.
+
+    ``sizes``: every source's size as the server knows it (reported at the start of the run,
+    at most its declared size). With at least three sources and a ``max_share`` s < 1, a site
+    is credited at most ``s/(1−s)`` × the other sources' rows together — the size at which its
+    share of the consortium's rows would be s (s = 0.5: no more than all the others together).
+    A site that inflates its size buys a larger step budget, and the relative norm check
+    divides by that budget; crediting it with no more than its share keeps the check from
+    scaling with the lie. An honest site never reaches the bound in a balanced consortium.
+    """
+    own = int(sizes[site])
+    if max_share is None or max_share >= 1 or len(sizes) < 3:
+        return own
+    others = sum(int(n) for s, n in sizes.items() if s != site)
+    return min(own, int(math.floor(max_share / (1.0 - max_share) * others)))
+
+
+def capped_counts(counts: list[int], max_share: Optional[float]) -> list[int]:
+    """Sample counts whose shares are at most ``max_share`` (the same list when none exceeds it).
+
+    Only the counts above their share are lowered, to the common value ``c`` at which each of
+    them holds ``max_share`` (``c = s·U / (1 − s·|C|)``, U the uncapped counts' sum, rounded
+    down to a count; repeated until no other count exceeds its share — water-filling); the others keep their
+    counts, so a rule that also reads counts as sizes (GP's step-magnitude scaling) sees honest
+    sites unchanged. When ``max_share`` × the number of counts is below 1 no weighting can meet
+    the cap and every count becomes the smallest one (equal weights, the closest to it).
+    Needs three counts (with two, the cap would only make them equal: there is no majority
+    whose weight it protects); fewer are returned as given.
+    """
+    if max_share is None or max_share >= 1 or len(counts) < 3 or sum(counts) <= 0:
+        return counts
+    values = [int(c) for c in counts]
+    equal = [min(values)] * len(values)
+    if max_share * len(values) < 1:
+        return equal if max(values) > min(values) else counts
+    capped: set[int] = set()
+    while True:
+        rest = sum(v for i, v in enumerate(values) if i not in capped)
+        cap = max_share * rest / (1.0 - max_share * len(capped))
+        over = {i for i, v in enumerate(values) if i not in capped and v > cap}
+        if not over:
+            break
+        capped |= over
+        if len(capped) == len(values):  # only at s·n = 1 up to rounding: equal weights meet it
+            return equal
+    if not capped:
+        return counts
+    credited = max(1, int(math.floor(cap)))  # a count: the share lands at or just under max_share
+    return [credited if i in capped else counts[i] for i in range(len(counts))]
+
+
+# --------------------------------------------------------------------------- who is refused
+
+
+def refusal_pattern(refused: Iterable[Mapping], sites: Iterable[str], rounds: Iterable[int]) -> Optional[dict]:
+    """``{"rounds", "always_refused", "never_refused"}`` when, over at least two rounds, some of
+    ``sites`` had a reply refused in every one of ``rounds`` while others never had one; else None.
+
+    A lone faulty site refused every round is what the checks are for; the same pattern with the
+    honest majority refused and one site never refused is what a poisoned model looks like (the
+    site whose update got in stays plausible against a model it made). Either way it is named.
+    """
+    rounds = sorted(set(int(r) for r in rounds))
+    sites = list(sites)
+    if len(rounds) < 2:
+        return None
+    hit: dict[str, set[int]] = {}
+    for entry in refused:
+        hit.setdefault(str(entry.get("site")), set()).add(entry.get("round"))
+    always = [s for s in sites if hit.get(s, set()) >= set(rounds)]
+    never = [s for s in sites if not hit.get(s)]
+    if not always or not never:
+        return None
+    return {"rounds": len(rounds), "always_refused": always, "never_refused": never}

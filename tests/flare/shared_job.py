@@ -5,7 +5,8 @@ site start, import torch and fedcxr, and stop after NVFLARE's fixed grace period
 experiments that ``test_controller.py`` checks share the two jobs of one fixture:
 
 * job 1 runs, one after the other, E2 (FL_Surgical), E3 (FedAvg_Finetune_GP), SCAFFOLD, FedAdam,
-  ``hostile`` (FedAvg with ``aggregation: median`` over three sources: one sends a 1e30 update at
+  ``hostile`` (FedAvg with ``aggregation: median`` over four sources, so that three are left for
+  the median each round: one sends a 1e30 update at
   round 0, another claims 10¹² samples at round 1), E1 (FedAvg over four sites: at round 1 one
   sends NaN, one Inf, one a wrong-shape head; at round 2 that last site's training process stops;
   the Inf site fails its cross-site evaluation) and E4 (FedAvg + FedBN), and is SIGKILLed —
@@ -49,7 +50,7 @@ ALL = ["nih_style", "chexpert_style", "midrc_style", "dicom_style"]
 #: job 1's order: E1 stops its dicom site for good, so only E4 (which does not need it) follows it
 ORDER = ("E2", "E3", "SCAFFOLD", "FedAdam", "hostile", "E1", "E4")
 #: the hostile experiment's sources and faults (``benchmarks/hostile_sites.py`` names)
-HOSTILE_SOURCES = ["nih_style", "chexpert_style", "midrc_style"]
+HOSTILE_SOURCES = ["nih_style", "chexpert_style", "midrc_style", "dicom_style"]  # 3 left after a refusal
 HOSTILE_FAULTS = {"chexpert_style": {"0": "huge"}, "midrc_style": {"1": "inflate"}}
 #: plain SGD for SCAFFOLD (its control variates correct SGD steps)
 SGD = {"lr": 5e-2, "batch_size": 16, "steps": 2}

@@ -10,7 +10,7 @@ in-process runs of the same configs are the references.
 SCAFFOLD's round 1 uses the control variates of round 0: the server's c travels in the task,
 each site's c_i stays in the site's own state folder (never in the server's run directory), and
 Δc_i comes back in the reply. FedAdam's moments live in the server's checkpoints. The hostile
-experiment is FedAvg over three sources with ``aggregation: median``; the job's test client
+experiment is FedAvg over four sources with ``aggregation: median``; the job's test client
 script, with the very function the in-process tests use (``benchmarks/hostile_sites.py``'s
 ``corrupt``), makes one site send a 1e30 update in round 0 and another claim 10¹² samples in
 round 1; the in-process run through ``HostileTransport`` with the same faults is the reference.

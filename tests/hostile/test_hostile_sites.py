@@ -32,7 +32,7 @@ from ..conftest import tiny_config
 SOURCES = ["nih_style", "chexpert_style", "midrc_style"]
 CLASSES = ["cardiomegaly", "pneumonia", "covid19"]
 OFF = {"check_counts": False, "check_variance": False, "norm_factor": None, "norm_limit": None,
-       "stop_on_suspect": False}
+       "stop_on_suspect": False, "bn_factor": None, "max_share": None}
 
 
 @pytest.fixture(scope="module")

@@ -61,3 +61,58 @@ def test_a_negative_running_variance_is_named():
     assert S.negative_variance(state) == ("entry 'bn.running_var' has 2 negative value(s), and a variance "
                                           "cannot be negative")
     assert S.negative_variance({"bn.running_var": torch.tensor([0.0, 2.0]), "w": torch.tensor([-1.0])}) is None
+
+
+def test_planned_steps_count_only_the_rows_a_task_lets_the_site_train_on():
+    assert S.planned_steps({"steps": None, "batch_size": 16, "epochs": 1, "max_rows": 20}, 48_000) == 2
+
+
+def test_bn_shift_is_measured_in_the_statistics_own_units():
+    """Mean shift in standard deviations, variance change as a log-ratio, RMS over the channels."""
+    ref = {"bn.running_mean": torch.tensor([0.0, 1.0]), "bn.running_var": torch.tensor([4.0, 1.0]),
+           "bn.num_batches_tracked": torch.tensor(3), "w": torch.ones(2)}
+    moved = {**ref, "bn.running_mean": torch.tensor([6.0, 1.0]), "bn.running_var": torch.tensor([4.0, 1.0])}
+    keys = S.bn_stat_keys(ref)
+    assert keys == ["bn.running_mean", "bn.running_var"]
+    assert S.bn_shift(ref, moved, keys) == pytest.approx(((6 / 2) ** 2 / 2) ** 0.5, rel=1e-5)  # 3 σ in one of two
+    e = torch.e
+    grown = {**ref, "bn.running_var": torch.tensor([4.0 * e, 1.0])}  # a variance grown by e: log-ratio 1
+    assert S.bn_shift(ref, grown, keys) == pytest.approx((1 / 2) ** 0.5, rel=1e-4)
+    # hiding a mean shift behind a larger variance costs its log-ratio
+    hidden = {**ref, "bn.running_mean": torch.tensor([600.0, 1.0]), "bn.running_var": torch.tensor([4e4, 1.0])}
+    assert S.bn_shift(ref, hidden, keys) > 3
+    assert S.bn_shift(ref, ref, keys) == 0.0 and S.bn_shift(ref, ref, S.bn_stat_keys(ref, exclude=keys)) is None
+
+
+def test_a_size_must_be_plausible_and_within_the_declared_one():
+    assert S.size_problem(10**8) is None and S.size_problem(48, declared=48) is None
+    assert S.size_problem(10**8 + 1).endswith("more than any one site plausibly holds (100,000,000)")
+    assert "more than the 48 the consortium declared" in S.size_problem(49, declared=48)
+    assert "not an integer count" in S.size_problem(40.5)
+
+
+def test_a_site_is_credited_at_most_its_share_of_the_consortiums_rows():
+    sizes = {"a": 48_000, "b": 40, "c": 50, "d": 60}
+    assert S.credited_rows(sizes, "a", 0.5) == 150  # all the others together
+    assert S.credited_rows(sizes, "a", 0.25) == 50  # a quarter: a third of the others
+    assert S.credited_rows(sizes, "b", 0.5) == 40 and S.credited_rows(sizes, "a", None) == 48_000
+    assert S.credited_rows({"a": 48_000, "b": 40}, "a", 0.5) == 48_000  # two sites: no majority to protect
+
+
+def test_capped_counts_lower_only_the_counts_above_their_share():
+    honest = [40, 50, 60]
+    assert S.capped_counts(honest, 0.5) is honest  # nothing above half: the very list
+    assert S.capped_counts([48_000, 40, 50, 60], 0.5) == [150, 40, 50, 60]  # 150 / 300 = 0.5
+    # water-filling: both large counts over 0.3, c = 0.3·30 / (1 − 2·0.3) = 22.5 (22.5 / 75 = 0.3), a count: 22
+    assert S.capped_counts([1000, 900, 10, 10, 10], 0.3) == [22, 22, 10, 10, 10]
+    assert S.capped_counts([100, 1, 1, 1], 0.2) == [1, 1, 1, 1]  # 0.2 × 4 < 1: equal weights, the closest
+    assert S.capped_counts([48_000, 40], 0.5) == [48_000, 40] and S.capped_counts([9, 1, 1], None) == [9, 1, 1]
+
+
+def test_a_refusal_pattern_needs_two_rounds_and_both_kinds_of_site():
+    refused = [{"site": "evil", "round": 0}, {"site": "evil", "round": 1}, {"site": "odd", "round": 1}]
+    assert S.refusal_pattern(refused, ["a", "evil", "odd"], range(2)) == {
+        "rounds": 2, "always_refused": ["evil"], "never_refused": ["a"]}
+    assert S.refusal_pattern(refused, ["a", "evil"], range(1)) is None  # one round says nothing
+    assert S.refusal_pattern(refused, ["evil", "odd"], range(2)) is None  # nobody never refused
+    assert S.refusal_pattern(refused, ["a", "evil"], range(3)) is None  # evil passed round 2

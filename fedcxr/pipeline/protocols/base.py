@@ -5,9 +5,10 @@
 * :func:`task_config` — the typed config (:class:`~fedcxr.pipeline.messages.TrainTask`) of a ``train`` task.
 * :func:`ask`, :func:`ask_one`, :func:`valid_replies` — run a task through the transport,
   record absent sites, screen every reply (:func:`screen`: counts against the site's
-  metadata, shapes, NaN/Inf, update norms — ``defences:``), record refusals with their
-  reason, stop a run whose sites fail after a refused one (:class:`SuspectSite`), fail a
-  round below ``min_sites``.
+  metadata, shapes, NaN/Inf, update norms, BatchNorm statistics — ``defences:``), record
+  refusals with their reason, credit no site more than ``defences.max_share`` of a
+  sample-weighted average, stop a run whose sites fail after a refused one or whose majority
+  is refused two rounds in a row (:class:`SuspectSite`), fail a round below ``min_sites``.
 * :class:`RoundProtocol` — the base class every method's protocol extends.
 * :func:`aggregate_backbone` — FedAvg/FedBN (or the config's robust ``aggregation.rule``) of the
   shared entries, used by several protocols.
@@ -15,6 +16,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -38,7 +40,8 @@ class RoundFailed(RunFailed):
 
 
 class SuspectSite(RoundFailed):
-    """Sites' updates turned NaN/Inf after another site's reply was refused: the model may be poisoned.
+    """The model may be poisoned: sites' updates turned NaN/Inf after another site's reply was
+    refused, or most replies were refused two rounds in a row while a few still pass.
 
     The run stops (exit 1) naming the suspect instead of going on without the honest sites
     (``defences.stop_on_suspect``)."""
@@ -63,6 +66,7 @@ class Context:
     notes: dict = field(default_factory=dict)  # this round's extra metrics (robust rule: who was kept/clipped)
     said: set = field(default_factory=set)  # notices already logged this run (see :meth:`once`)
     task_defaults: dict = field(default_factory=dict)  # the method's optimiser defaults (RoundProtocol.task_defaults)
+    screened: dict = field(default_factory=dict)  # round → [replies screened, refused] (stop_if_majority_refused)
 
     def class_set(self, site: str) -> list[str]:
         return [c for c in self.classes if c in self.meta[site].class_set]
@@ -177,14 +181,17 @@ def check_one(ctx: Context, reply: Reply, reference: Optional[StateDict], r: int
 def valid_replies(ctx: Context, replies: dict[str, Reply], reference: StateDict | Callable[[Reply], StateDict],
                   r: int, *, task: str = "train", minimum: Optional[int] = None) -> dict[str, Reply]:
     """The replies that may be aggregated: each one screened (:func:`screen`), then their update
-    norms compared with each other (``defences.norm_factor``); refusals recorded with the reason.
+    norms and their BatchNorm statistics compared with each other (``defences.norm_factor``,
+    ``defences.bn_factor``); refusals recorded with the reason; each kept reply's count credited
+    at most ``defences.max_share`` of the round (:func:`credit_counts`).
 
     ``reference`` gives the expected keys and shapes and the model the update started from: one
     state for every site, or a function of the reply (surgical aggregation: each site's head has
     its own classes' rows). Fails the round below ``minimum`` (default ``min_sites``) valid
-    replies, and stops the run when honest sites fail after a refused one (:func:`stop_if_suspect`).
+    replies, and stops the run when honest sites fail after a refused one (:func:`stop_if_suspect`)
+    or when most replies are refused two rounds in a row (:func:`stop_if_majority_refused`).
     """
-    kept, stats, failed = {}, {}, []
+    kept, stats, shifts, failed, refused = {}, {}, {}, [], []
     for site, reply in replies.items():
         expected = reference(reply) if callable(reference) else reference
         problem = _count_problem(ctx, reply, task)
@@ -199,20 +206,114 @@ def valid_replies(ctx: Context, replies: dict[str, Reply], reference: StateDict 
         if problem:
             refuse(ctx, r, task, site, *problem)
             failed += [site] if problem[0] == "values" else []
+            refused.append(site)
             continue
         kept[site] = reply
         stats[site] = _step_norm(ctx, reply, expected)
-    factor = ctx.cfg.defences.norm_factor
-    for site, (value, ref) in (screening.norm_outliers(stats, factor) if factor else {}).items():
-        refuse(ctx, r, task, site, "norm", f"update norm per step and unit of lr {value:.3g} is above {factor:g} × "
-               f"the median of the round's other replies ({ref:.3g}) (defences.norm_factor)")
+        shift = _bn_shift(ctx, reply, expected)
+        if shift is not None:
+            shifts[site] = shift
+    screened = len(kept) + len(refused)
+    for site, reason in _relative_outliers(ctx, stats, shifts).items():
+        refuse(ctx, r, task, site, "norm", reason)
         kept.pop(site)
-        stats.pop(site)
+        refused.append(site)
     stop_if_suspect(ctx, r, failed)
+    stop_if_majority_refused(ctx, r, screened, refused, list(kept))
     need = min(len(replies), ctx.cfg.min_sites if minimum is None else minimum)
     if not kept or len(kept) < need:
         raise RoundFailed(f"round {r}: only {len(kept)} valid updates (need {max(need, 1)})")
-    return kept
+    return credit_counts(ctx, kept, r)
+
+
+def _relative_outliers(ctx: Context, stats: dict[str, float], shifts: dict[str, float]) -> dict[str, str]:
+    """``{site: reason}`` for the replies the leave-one-out median of the others refuses: the update
+    norm per step and unit of lr (``defences.norm_factor``) and — separately, in their own units
+    (:func:`~fedcxr.pipeline.screening.bn_shift`), above half a standard deviation — the BatchNorm
+    running statistics (``defences.bn_factor``)."""
+    out = {}
+    bn_factor = ctx.cfg.defences.bn_factor
+    for site, (value, ref) in (screening.norm_outliers(shifts, bn_factor) if bn_factor else {}).items():
+        if value <= screening.BN_FLOOR:
+            continue
+        out[site] = (f"BatchNorm running statistics moved {value:.3g} standard deviations (RMS over channels), "
+                     f"above {bn_factor:g} × the median of the round's other replies ({ref:.3g}) and above "
+                     f"{screening.BN_FLOOR:g} (defences.bn_factor)")
+    factor = ctx.cfg.defences.norm_factor
+    for site, (value, ref) in (screening.norm_outliers(stats, factor) if factor else {}).items():
+        out[site] = (f"update norm per step and unit of lr {value:.3g} is above {factor:g} × the median of the "
+                     f"round's other replies ({ref:.3g}) (defences.norm_factor)")
+    return out
+
+
+def credit_counts(ctx: Context, kept: dict[str, Reply], r: int) -> dict[str, Reply]:
+    """The kept replies with each ``n_samples`` credited at most ``defences.max_share`` of the round.
+
+    Every sample-weighted rule (FedAvg, FedBN, FedProx, SCAFFOLD, FedOpt, GP/FedDA/FedGP's
+    source weights, norm clipping) reads the counts of these replies, so capping them here caps
+    a site's weight in all of them (:func:`~fedcxr.pipeline.screening.capped_counts`: only the
+    counts above their share are lowered; three replies or more). An honest run of a balanced
+    consortium is never capped; when a count is, the round's metrics say so (``weight_cap``).
+    """
+    sites = list(kept)
+    counts = [int(kept[s].n_samples) for s in sites]
+    credited = screening.capped_counts(counts, ctx.cfg.defences.max_share)
+    if credited is counts:
+        return kept
+    out = dict(kept)
+    for site, claimed, count in zip(sites, counts, credited):
+        if count != claimed:
+            out[site] = dataclasses.replace(kept[site], n_samples=int(count))
+            ctx.notes.setdefault("weight_cap", {})[site] = {"claimed": claimed, "credited": int(count)}
+            if ctx.once(("weight cap", site)):
+                log.warning("round %d: site %s claims %d of the round's %d training rows; credited %d, so that no "
+                            "site holds more than %g of a sample-weighted average (defences.max_share; said once "
+                            "per site, every capped round is in metrics.jsonl `weight_cap`)", r, site, claimed,
+                            sum(counts), count, ctx.cfg.defences.max_share)
+    return out
+
+
+def stop_if_majority_refused(ctx: Context, r: int, screened: int, refused: list[str], kept: list[str]) -> None:
+    """Stop the run when most replies (of three or more) were refused in this round and the one before.
+
+    One faulty site is a minority, and one bad round (a broken software roll-out, several
+    faults at once) can be weathered with ``min_sites``. When the majority is refused round
+    after round, the likelier story is that the model they train from was taken over — by an
+    update, or a claimed size, that got in earlier — and that the sites still passing are the
+    ones it agrees with. Going on would finish the run on the minority's word; stopping names
+    them with what the server knows against them (``defences.stop_on_suspect``).
+    """
+    tally = ctx.screened.setdefault(r, [0, 0])
+    tally[0] += screened
+    tally[1] += len(refused)
+    if not ctx.cfg.defences.stop_on_suspect:
+        return
+    majority = [q for q in (r - 1, r) if ctx.screened.get(q, [0, 0])[0] >= 3
+                and 2 * ctx.screened[q][1] > ctx.screened[q][0]]
+    if len(majority) < 2:
+        return
+    now = sorted({e["site"] for e in ctx.refused if e["round"] == r})
+    checks = sorted({e["check"] for e in ctx.refused if e["round"] in majority})
+    suspects = "; ".join(_evidence(ctx, site, r) for site in kept) or "none passed"
+    raise SuspectSite(
+        f"round {r}: most replies were refused in rounds {r - 1} and {r} ({tally[1]} of {tally[0]} this round: "
+        f"{', '.join(now)}; checks {', '.join(checks)}); when most sites are refused round after round, the model "
+        f"they start from may have been taken over by the site{'s' if len(kept) > 1 else ''} whose replies still "
+        f"pass — likely culprit: {suspects}. The run stops instead of going on with a minority; check the likely "
+        "culprit's installation and claimed size (declare the consortium's sizes: defences.declared_sizes), then "
+        "start a new run without it (`sites:`)")
+
+
+def _evidence(ctx: Context, site: str, r: int) -> str:
+    """What the server knows against ``site``: refused before or never, its size against the others'."""
+    earlier = [e for e in ctx.refused if e["site"] == site and e["round"] < r]
+    parts = [f"refused {len(earlier)} time(s) before" if earlier else "never refused"]
+    sizes = _site_sizes(ctx)
+    others = [n for s, n in sizes.items() if s != site]
+    if site in sizes and others and sizes[site] >= 2 * max(screening.median(others), 1):
+        parts.append(f"reports {sizes[site]} training rows, {sizes[site] / max(screening.median(others), 1):.0f}× "
+                     "the median of the other sources")
+    return f"{site} ({', '.join(parts)})"
 
 
 # --------------------------------------------------------------------------- screening
@@ -281,10 +382,41 @@ def _update_keys(ctx: Context, site: str, reference: StateDict) -> list[str]:
 
 
 def _step_norm(ctx: Context, reply: Reply, reference: StateDict) -> float:
+    """The update norm per optimiser step and unit of lr, over :func:`_update_keys`.
+
+    The steps divided by are the site's claim, but never more than the server planned from the
+    size it credits the site with (:func:`credited_rows`): a site cannot shrink its statistic —
+    and so pass a larger update — by claiming more rows or more steps."""
     keys = _update_keys(ctx, reply.site, reference)
     norm = agg.update_norms({k: reference[k] for k in keys}, [reply.params])[0]
-    lr = float(ctx.sent.get(reply.site, {}).get("lr") or 1.0)
-    return screening.step_norm(norm, lr, int(reply.n_batches))
+    sent = ctx.sent.get(reply.site, {})
+    lr = float(sent.get("lr") or 1.0)
+    steps = int(reply.n_batches)
+    planned = screening.planned_steps(sent, credited_rows(ctx, reply.site))
+    return screening.step_norm(norm, lr, steps if planned is None else min(steps, planned))
+
+
+def _bn_shift(ctx: Context, reply: Reply, reference: StateDict) -> Optional[float]:
+    """How far the reply moves the aggregated BatchNorm running statistics (:func:`~fedcxr.pipeline.screening.bn_shift`)."""
+    local = ctx.sent.get(reply.site, {}).get("local_keys") or ()
+    return screening.bn_shift(reference, reply.params, screening.bn_stat_keys(reference, exclude=local))
+
+
+def _site_sizes(ctx: Context) -> dict[str, int]:
+    """Each source's training rows as the server knows them: reported at the start of the run, at most
+    its declared size (``defences.declared_sizes``)."""
+    declared = ctx.cfg.defences.declared_sizes
+    return {s: min(int(ctx.meta[s].n_samples), int(declared.get(s, ctx.meta[s].n_samples)))
+            for s in ctx.sources if s in ctx.meta}
+
+
+def credited_rows(ctx: Context, site: str) -> int:
+    """The rows the server plans ``site``'s step budget from (:func:`~fedcxr.pipeline.screening.credited_rows`)."""
+    sizes = _site_sizes(ctx)
+    if site not in sizes:  # the target, the pooled site: their own report
+        meta = ctx.meta.get(site)
+        return int(meta.n_samples) if meta is not None else 0
+    return screening.credited_rows(sizes, site, ctx.cfg.defences.max_share)
 
 
 def refuse(ctx: Context, r: int, task: str, site: str, check: str, reason: str) -> None:
@@ -455,35 +587,57 @@ def aggregate_backbone(ctx: Context, replies: dict[str, Reply], theta0: StateDic
     return out
 
 
+#: Robust rules that need three replies: with two, the median is their mean and Krum has nothing to compare.
+NEEDS_THREE = ("median", "trimmed_mean", "krum", "multi_krum")
+
+
 def robust_average(ctx: Context, sites: list[str], states: list[StateDict], weights: list[float],
                    theta0: StateDict) -> StateDict:
     """The config's robust rule (:mod:`fedcxr.pipeline.aggregate`) over the round's screened states.
 
     What it did goes into the round's metrics (``aggregation``): the sites Krum kept, the
-    clipping factors. When refusals or absences leave fewer replies than Krum's ``2f+3``, f is
-    lowered to what the replies allow (``(n−3)//2``; below 3 replies, their unweighted mean),
-    said in the log and the metrics: the run goes on after its defences removed a site.
+    clipping factors. The rule config validation applies to the ``sites:`` list holds for every
+    round's replies too, so a rule never quietly becomes the mean when refusals or absences
+    leave fewer (issue 27), each case said in the log and the metrics:
+
+    * fewer than 3 replies under median, trimmed mean or (multi-)Krum: the round fails
+      (:class:`RoundFailed`, the run stops with exit 1 and resumes with ``--resume``) — with two,
+      no rule can tell which one is wrong, and their mean is what a robust rule was chosen not to be;
+    * trimmed mean whose ``int(trim·n)`` is 0 for this round's n: one value is cut from each end
+      (the least trimming that still trims; config validation demands at least one of the full list);
+    * Krum with fewer than ``2f+3`` replies: f is lowered to what the replies allow (``(n−3)//2``).
     """
     spec = ctx.cfg.aggregation
     note: dict = {"rule": spec.rule}
     n = len(states)
+    if spec.rule in NEEDS_THREE and n < 3:
+        r = _round_of(ctx, sites)
+        log.warning("round %s: aggregation.rule %s over %d valid replies (%s) would be their mean; the round fails",
+                    r, spec.rule, n, ", ".join(sites))
+        raise RoundFailed(f"round {r}: aggregation.rule {spec.rule} needs at least 3 valid replies and this round has "
+                          f"{n} ({', '.join(sites)}; the others were refused or did not answer: run.json `refused`, "
+                          "`missed`); with two, no rule can tell which one is wrong and the rule would be their mean. "
+                          "Resume (--resume) once the sites answer, or use aggregation.rule: mean")
     if spec.rule == "median":
         merged = agg.coordinate_median(states)
     elif spec.rule == "trimmed_mean":
-        merged = agg.trimmed_mean(states, spec.trim)
-        note["trimmed_per_side"] = int(spec.trim * n)
+        cut = int(spec.trim * n)
+        if cut == 0:
+            cut = 1
+            note["fallback"] = f"int({spec.trim:g}·{n}) = 0 would be the plain mean; cut 1 per side"
+            log.warning("round %s: aggregation.trim %g of %d valid replies cuts int(%g·%d) = 0 values per side (the "
+                        "plain mean); this round cuts 1 per side", _round_of(ctx, sites), spec.trim, n, spec.trim, n)
+        # a β with int(β·n) = cut exactly (cut + ¼ keeps float rounding off the boundary)
+        merged = agg.trimmed_mean(states, spec.trim if cut == int(spec.trim * n) else (cut + 0.25) / n)
+        note["trimmed_per_side"] = cut
     elif spec.rule in ("krum", "multi_krum"):
-        f = min(spec.byzantine, (n - 3) // 2) if n >= 3 else None
+        f = min(spec.byzantine, (n - 3) // 2)
         if f != spec.byzantine:
             note["byzantine"] = f
-            log.warning("aggregation.rule %s: %d valid replies this round, too few for byzantine (f) = %d; %s",
-                        spec.rule, n, spec.byzantine, f"f = {f} this round" if f is not None else
-                        "their unweighted mean this round")
-        if f is None:
-            chosen = list(range(n))
-        else:
-            m = 1 if spec.rule == "krum" else min(spec.select or n - f, n)
-            chosen = agg.krum_select(states, f, m)
+            log.warning("aggregation.rule %s: %d valid replies this round, too few for byzantine (f) = %d; f = %d "
+                        "this round", spec.rule, n, spec.byzantine, f)
+        m = 1 if spec.rule == "krum" else min(spec.select or n - f, n)
+        chosen = agg.krum_select(states, f, m)
         note["kept"] = [sites[i] for i in chosen]
         # Krum: the chosen model itself; multi-Krum: the unweighted mean of the chosen (trim 0)
         merged = agg.trimmed_mean([states[i] for i in chosen], 0.0) if len(chosen) > 1 else \
@@ -498,3 +652,12 @@ def robust_average(ctx: Context, sites: list[str], states: list[StateDict], weig
         raise ValueError(f"unknown aggregation rule {spec.rule!r}")
     ctx.notes.setdefault("aggregation", []).append(note)
     return merged
+
+
+def _round_of(ctx: Context, sites: list[str]) -> object:
+    """The round the sites were last asked for (their task config), for messages."""
+    for site in sites:
+        value = (ctx.sent.get(site) or {}).get("round")
+        if value is not None:
+            return value
+    return "?"

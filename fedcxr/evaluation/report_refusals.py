@@ -1,0 +1,160 @@
+"""What a run's training refused and missed, for its evaluation report (issue 27 item 4).
+
+A report that lists the training sites but not that one of them was refused in every round
+reads as an honest consortium's result. :func:`training_record` summarises ``run.json``'s
+``refused`` (replies the reply checks left out, ``defences:``), ``missed`` (sites that did not
+answer) and ``refusal_pattern``, compactly — per site: how many replies, in which rounds, by
+which check, with one reason as an example — and :func:`training_section` writes it as the
+report's Markdown section. The FLARE cross-site report gets the same section (both build their
+header with :func:`fedcxr.evaluation.report.report_header`).
+
+``run.json`` is read as hostile input like every run-directory file: entries of the wrong shape
+are skipped and counted, text is bounded here and escaped where it is written
+(:func:`fedcxr.escape.md`), and at most :data:`MAX_ENTRIES` entries are read.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from fedcxr.escape import md
+
+#: entries of ``refused``/``missed`` read (a longer list is cut here and said so)
+MAX_ENTRIES = 100_000
+#: characters kept of a site name, a check name, an example reason
+MAX_SITE, MAX_CHECK, MAX_REASON = 100, 40, 300
+#: round ranges written per site before "…"
+MAX_RANGES = 20
+
+
+def training_record(run_info: Mapping[str, Any]) -> Optional[dict]:
+    """``{"status", "refused": [...], "missed": [...], "pattern", "skipped"}`` from ``run.json``, or
+    ``None`` when it records neither (a run directory written before the reply checks).
+
+    ``refused``: per site ``{site, n, rounds, checks: {check: n}, reason}`` (the first reason);
+    ``missed``: per site ``{site, n, rounds}`` for replies that never came (a refused reply is
+    also in ``run.json``'s ``missed``, marked ``rejected:``; it is counted under ``refused`` only);
+    ``skipped``: entries that were not records of this shape, or past :data:`MAX_ENTRIES`."""
+    if "refused" not in run_info and "missed" not in run_info:
+        return None
+    skipped = 0
+    refused: dict[str, dict] = {}
+    for entry in _entries(run_info.get("refused")):
+        parsed = _parse(entry)
+        if parsed is None:
+            skipped += 1
+            continue
+        site, r = parsed
+        row = refused.setdefault(site, {"site": site, "n": 0, "rounds": set(), "checks": {}, "reason": None})
+        check = _text(entry.get("check"), MAX_CHECK) or "unknown"
+        row["n"] += 1
+        row["rounds"].add(r)
+        row["checks"][check] = row["checks"].get(check, 0) + 1
+        row["reason"] = row["reason"] or _text(entry.get("reason"), MAX_REASON)
+    missed: dict[str, dict] = {}
+    for entry in _entries(run_info.get("missed")):
+        parsed = _parse(entry)
+        if parsed is None:
+            skipped += 1
+            continue
+        if str(entry.get("reason", "")).startswith("rejected:"):
+            continue  # the refused list holds it, with its check
+        site, r = parsed
+        row = missed.setdefault(site, {"site": site, "n": 0, "rounds": set()})
+        row["n"] += 1
+        row["rounds"].add(r)
+    skipped += sum(max(0, len(v) - MAX_ENTRIES) for v in (run_info.get("refused"), run_info.get("missed"))
+                   if isinstance(v, list))
+    finish = lambda rows: [{**row, "rounds": sorted(row["rounds"])} for row in rows.values()]  # noqa: E731
+    pattern = run_info.get("refusal_pattern")
+    return {"status": _text(run_info.get("status"), MAX_CHECK), "refused": finish(refused), "missed": finish(missed),
+            "pattern": _pattern(pattern) if isinstance(pattern, Mapping) else None, "skipped": skipped}
+
+
+def training_section(report: Mapping[str, Any]) -> list[str]:
+    """The report's Markdown lines on refused and missed training replies ([] without a record)."""
+    record = report.get("training")
+    if not record:
+        return []
+    lines = ["## Training: refused and missed replies", ""]
+    refused, missed = record["refused"], record["missed"]
+    if not refused and not missed:
+        return lines + ["Every site answered every training task and no reply was refused.", ""]
+    if refused:
+        total = sum(row["n"] for row in refused)
+        lines += [f"The reply checks (`defences:`) refused {total} repl{'y' if total == 1 else 'ies'} of "
+                  f"{len(refused)} site{'s' if len(refused) > 1 else ''}; a refused reply is left out of its round "
+                  "(`run.json` `refused` has every reason).", ""]
+        header = ["Site", "Refused", "Rounds", "Checks", "Reason (first)"]
+        rows = [[row["site"], str(row["n"]), rounds_text(row["rounds"]),
+                 ", ".join(f"{check} × {n}" for check, n in sorted(row["checks"].items())), row["reason"] or ""]
+                for row in refused]
+        lines += _table(header, rows) + [""]
+    if missed:
+        lines += ["Sites that did not answer a training task (the round went on without them):", ""]
+        lines += _table(["Site", "Missed", "Rounds"], [[row["site"], str(row["n"]), rounds_text(row["rounds"])]
+                                                      for row in missed]) + [""]
+    pattern = record.get("pattern")
+    if pattern:
+        lines += [f"Over {md(pattern['rounds'])} rounds, {md(', '.join(pattern['always_refused']))} had a reply "
+                  f"refused in every round while {md(', '.join(pattern['never_refused']))} never did: a lone faulty "
+                  "site, or — when the refused are the majority — a model taken over by the site that passes.", ""]
+    if record.get("skipped"):
+        lines += [f"{md(record['skipped'])} entries of `run.json` `refused`/`missed` were not readable records and "
+                  "are not counted here.", ""]
+    return lines
+
+
+def rounds_text(rounds: list[int]) -> str:
+    """``0–4, 7, 9–11``: the rounds as ``run.json`` and ``metrics.jsonl`` number them (from 0)."""
+    ranges: list[str] = []
+    start = prev = None
+    for r in rounds:
+        if prev is not None and r == prev + 1:
+            prev = r
+            continue
+        if start is not None:
+            ranges.append(str(start) if start == prev else f"{start}–{prev}")
+        start = prev = r
+    if start is not None:
+        ranges.append(str(start) if start == prev else f"{start}–{prev}")
+    if len(ranges) > MAX_RANGES:
+        return ", ".join(ranges[:MAX_RANGES]) + f", … ({len(rounds)} rounds)"
+    return ", ".join(ranges)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(md(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(md(c) for c in row) + " |" for row in rows]
+
+
+def _entries(value) -> list:
+    return value[:MAX_ENTRIES] if isinstance(value, list) else []
+
+
+def _parse(entry) -> Optional[tuple[str, int]]:
+    """``(site, round)`` of a well-formed entry, else None."""
+    if not isinstance(entry, Mapping):
+        return None
+    site, r = entry.get("site"), entry.get("round")
+    if not isinstance(site, str) or not site or isinstance(r, bool) or not isinstance(r, int) or r < 0:
+        return None
+    return site[:MAX_SITE], r
+
+
+def _text(value, limit: int) -> Optional[str]:
+    if not isinstance(value, str):
+        return None
+    return value if len(value) <= limit else value[: limit - 1] + "…"
+
+
+def _pattern(value: Mapping) -> Optional[dict]:
+    rounds, always, never = value.get("rounds"), value.get("always_refused"), value.get("never_refused")
+    lists_ok = all(isinstance(v, list) and all(isinstance(s, str) for s in v) for v in (always, never))
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or not lists_ok:
+        return None
+    return {"rounds": rounds, "always_refused": [s[:MAX_SITE] for s in always[:100]],
+            "never_refused": [s[:MAX_SITE] for s in never[:100]]}
+
+
+__all__ = ["MAX_ENTRIES", "rounds_text", "training_record", "training_section"]
