@@ -284,10 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="noise seed (same seed, same PNGs)")
     p.add_argument("--site-name", default=None, metavar="NAME", help="name of the new site; unset: the input site's name")
 
-    p = command("flare", "the same run on NVIDIA FLARE (export | simulate | poc)")
-    p.add_argument("flare_command", choices=["export", "simulate", "poc"],
-                   help="export: write a job folder; simulate: FLARE simulator here; poc: POC system on loopback")
-    p.add_argument("config", type=Path, help="experiment YAML")
+    p = command("flare", "the same run on NVIDIA FLARE (export | simulate | poc | decrypt)")
+    p.add_argument("flare_command", choices=["export", "simulate", "poc", "decrypt"],
+                   help="export: write a job folder; simulate: FLARE simulator here; poc: POC system on loopback; "
+                        "decrypt: open a secure-aggregation run's encrypted final model with a site's key")
+    p.add_argument("config", type=Path, help="experiment YAML (decrypt: the run directory)")
     p.add_argument("--out", type=Path, default=None,
                    help="run directory (simulate, poc; unset: runs/<name>-<method>-seed<seed>-flare) "
                         "or job folder (export, required)")
@@ -307,6 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "model on its own test split and sends back only the AUROC summary")
     p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
                    help="patient-bootstrap resamples of the cross-site evaluation (0: DeLong CIs)")
+    p.add_argument("--context", type=Path, default=None, metavar="FILE",
+                   help="decrypt: a client's client_context.tenseal (its FLARE startup kit; privacy.secure_aggregation)")
     _stats_parser(command("stats", "before training: federated statistics, shift diagnosis, method advice"))
     return parser
 

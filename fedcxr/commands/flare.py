@@ -2,7 +2,9 @@
 
 * ``export`` writes a job folder for a provisioned (production) FLARE system;
 * ``simulate`` runs the job in FLARE's simulator on this machine;
-* ``poc`` runs it in a POC system on loopback (mTLS), started and stopped here.
+* ``poc`` runs it in a POC system on loopback (mTLS), started and stopped here;
+* ``decrypt`` opens the encrypted ``final_model.pt`` a FLARE server wrote under
+  ``privacy.secure_aggregation`` with a site's key (``--context client_context.tenseal``).
 
 Both runs write the run directory of ``fedcxr train`` (so ``fedcxr evaluate RUN_DIR`` works) and,
 unless ``--no-cross-site``, the cross-site evaluation's ``report.json``/``report.md``/``per_class.csv``
@@ -26,7 +28,7 @@ from fedcxr.rundir import FLARE_WORKSPACE, RunDir
 def cli_flare(args) -> int:
     """Dispatch ``fedcxr flare <command>``; FLARE's own INFO lines stay in RUN_DIR/flare/logs."""
     require_nvflare()
-    handler = {"export": cli_export, "simulate": cli_simulate, "poc": cli_poc}
+    handler = {"export": cli_export, "simulate": cli_simulate, "poc": cli_poc, "decrypt": cli_decrypt}
     return handler[args.flare_command](args)
 
 
@@ -78,4 +80,29 @@ def cli_export(args) -> int:
     print("  each site needs fedcxr[flare] installed and its own local/fedcxr_site.json "
           '({"manifest_dir": ...}) or FEDCXR_SITE_CONFIG')
     print(f"  submit: nvflare job submit -j {job_dir}")
+    return 0
+
+
+def cli_decrypt(args) -> int:
+    """``fedcxr flare decrypt RUN_DIR --context FILE``: the key holder's step of a secure-aggregation run."""
+    from fedcxr.flare.he_keys import TENSEAL_HINT, have_tenseal, read_context_file
+    from fedcxr.flare.sealing import SealError
+    from fedcxr.flare.secure_aggregation import decrypt_run
+
+    run_dir = Path(args.config)
+    if args.context is None:
+        raise UserError("fedcxr flare decrypt needs --context FILE: a client's client_context.tenseal (the secret key "
+                        "every site of the FLARE system got from provisioning)")
+    if not RunDir(run_dir).final_model.is_file():
+        raise UserError(f"{run_dir}: no final_model.pt (a finished FLARE run directory is needed)")
+    if not have_tenseal():
+        raise UserError(TENSEAL_HINT)
+    try:
+        opened = decrypt_run(run_dir, read_context_file(args.context, private=True))
+    except SealError as exc:
+        raise UserError(f"{run_dir}: {exc}") from None
+    if opened:
+        print(f"{RunDir(run_dir).final_model}: decrypted; next: fedcxr evaluate {run_dir}")
+    else:
+        print(f"{RunDir(run_dir).final_model} holds no encrypted model (decrypted before, or a plain run): unchanged")
     return 0

@@ -210,3 +210,18 @@ def in_process_refs(flare_runs):
         return done[name]
 
     return ref
+
+
+@pytest.fixture(scope="session")
+def he_contexts(tmp_path_factory):
+    """One CKKS key pair as FLARE's provisioning makes it (``HEBuilder`` defaults): ``(client, server, folder)``.
+
+    The tests of secure aggregation need TenSEAL (``pip install 'fedcxr[he]'``, installed by
+    ``install.sh``); they are skipped, saying so, only where it cannot be imported."""
+    pytest.importorskip("tenseal", reason="TenSEAL (fedcxr[he]) cannot be imported on this platform")
+    pytest.importorskip("nvflare")
+    from fedcxr.flare.he_keys import CLIENT_CONTEXT, SERVER_CONTEXT, read_context_file, rehearsal_keys
+
+    folder = rehearsal_keys(tmp_path_factory.mktemp("he") / "keys")
+    return SimpleNamespace(client=read_context_file(folder / CLIENT_CONTEXT, private=True),
+                           server=read_context_file(folder / SERVER_CONTEXT, private=False), folder=folder)

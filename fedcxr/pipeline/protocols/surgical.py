@@ -35,6 +35,8 @@ class SurgicalFamilyProtocol(RoundProtocol):
     """
 
     default_backbone_weighting = "uniform"
+    reads_each_update = ("averages each class's head rows over the sites that label it, matched by name, and "
+                         "warms each site's head up on its own")
 
     def task_defaults(self) -> dict:
         # one compiled Keras model (and Adam) per client for the whole run in the authors' code
