@@ -54,7 +54,8 @@ def server_context(fl_ctx):
     try:
         context = load_tenseal_context_from_workspace(SERVER_CONTEXT, fl_ctx)
     except ValueError as exc:
-        raise SealError(f"the server cannot load {SERVER_CONTEXT} ({exc}); provision the FLARE system with "
+        raise SealError(f"the server cannot load {SERVER_CONTEXT} from its startup kit ({exc}): missing, altered or "
+                        "not signed by the system's provisioning, which must include "
                         "nvflare.lighter.impl.he.HEBuilder (README 'Secure aggregation')") from None
     check_context(context, private=False, what=f"the server's {SERVER_CONTEXT}")
     return context
@@ -80,8 +81,9 @@ def site_context():
     try:
         context = load_tenseal_context_from_workspace(CLIENT_CONTEXT, fl_ctx)
     except ValueError as exc:
-        raise SealError(f"this site cannot load {CLIENT_CONTEXT} from its startup kit ({exc}); the FLARE system "
-                        "must be provisioned with nvflare.lighter.impl.he.HEBuilder") from None
+        raise SealError(f"this site cannot load {CLIENT_CONTEXT} from its startup kit ({exc}): missing, altered or "
+                        "not signed by the system's provisioning, which must include "
+                        "nvflare.lighter.impl.he.HEBuilder") from None
     check_context(context, private=True, what=f"this site's {CLIENT_CONTEXT}")
     return context
 
