@@ -80,6 +80,10 @@ def cli_export(args) -> int:
     print("  each site needs fedcxr[flare] installed and its own local/fedcxr_site.json "
           '({"manifest_dir": ...}) or FEDCXR_SITE_CONFIG')
     print(f"  submit: nvflare job submit -j {job_dir}")
+    if cfg.privacy.secure_aggregation:
+        print("  secure aggregation: provision the system with nvflare.lighter.impl.he.HEBuilder (before "
+              "SignatureBuilder); the server writes the final model encrypted: a site's key holder opens it with "
+              "fedcxr flare decrypt RUN_DIR --context client_context.tenseal")
     return 0
 
 

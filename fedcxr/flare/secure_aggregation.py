@@ -1,7 +1,7 @@
 """Secure aggregation on FLARE (``privacy.secure_aggregation: he``): the server sums what it cannot read.
 
-Where the methods allow it — the server needs only a weighted sum of the sites' models (FedAvg,
-FedProx, FedBN's shared entries, FedAvg_Finetune's federated phase; a protocol says so with
+Where the methods allow it — the server needs only a weighted sum of the sites' models (the
+FedAvg round and the methods built on it, FedBN's shared entries; a protocol says so with
 :attr:`~fedcxr.pipeline.protocols.RoundProtocol.reads_each_update`) — every model a site sends
 leaves it sealed under the clients' CKKS key (:mod:`fedcxr.flare.sealing`) and the server computes
 FedAvg on the ciphertexts:
@@ -200,9 +200,7 @@ def decrypt_run(run_dir: Path, context) -> bool:
     final = load_final_model(run_dir)
     if not final_is_sealed(final):
         return False
-    opened = open_final(final, context)
-    save_final(run_dir, opened)
-    log.info("%s: final_model.pt decrypted (%d entries)", run_dir, len(opened["global"]))
+    save_final(run_dir, open_final(final, context))
     return True
 
 

@@ -129,10 +129,10 @@ class SealingTransport(Transport):
     """The in-process sites behind what a FLARE site does under secure aggregation (open what comes, seal
     what goes: :class:`fedcxr.flare.client.FlareSite`); the server side sees ciphertexts only."""
 
-    def __init__(self, inner: Transport, he_contexts):
+    def __init__(self, inner: Transport, he_contexts, uniform: bool = False):
         from fedcxr.flare.secure_aggregation import SealedAggregation
 
-        self.inner, self.client = inner, he_contexts.client
+        self.inner, self.client, self.uniform = inner, he_contexts.client, uniform
         self.site_names = list(getattr(inner, "site_names", []) or [])
         self.sealed = SealedAggregation(he_contexts.server)
         self.seen: list[dict] = []  # every reply's params as the server got them
@@ -155,7 +155,8 @@ class SealingTransport(Transport):
         if plain:
             local = set(getattr(config, "local_keys", ()) or ())
             states = [{k: v for k, v in r.params.items() if k not in local} for r in plain.values()]
-            self.expected = agg.fedavg(states, [float(max(r.n_samples, 1)) for r in plain.values()])
+            self.expected = agg.fedavg(states, [1.0 if self.uniform else float(max(r.n_samples, 1))
+                                                for r in plain.values()])
         for site, reply in plain.items():
             task_config = (per_site or {}).get(site, (None, config))[1]
             reply.params = seal(reply.params, self.client, exclude=getattr(task_config, "local_keys", ()))
@@ -178,13 +179,15 @@ def _runs(tiny_manifests, tmp_path, he_contexts, **overrides):
     from fedcxr.pipeline.checkpoints import load_final_model
     from fedcxr.pipeline.config import load_config
     from fedcxr.pipeline.inprocess import site_transport
+    from fedcxr.pipeline.protocols import get_protocol
     from fedcxr.pipeline.run_driver import run_experiment
 
     data = tiny_config(tiny_manifests, tmp_path / "cache", defences=BLIND, **{**SGD, **overrides})
     plain_cfg = load_config(data=data)
     sealed_cfg = load_config(data={**data, "privacy": {"secure_aggregation": "he"}})
     run_experiment(plain_cfg, tmp_path / "plain", progress=False)
-    transport = SealingTransport(site_transport(sealed_cfg, torch.device("cpu"), False), he_contexts)
+    uniform = get_protocol(sealed_cfg.method).default_backbone_weighting == "uniform"  # FL: 1/K
+    transport = SealingTransport(site_transport(sealed_cfg, torch.device("cpu"), False), he_contexts, uniform)
     with contextlib.closing(transport):
         run_experiment(sealed_cfg, tmp_path / "sealed", progress=False, transport=transport)
     sealed_final = load_final_model(tmp_path / "sealed")
@@ -192,12 +195,12 @@ def _runs(tiny_manifests, tmp_path, he_contexts, **overrides):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method, backbone", [("FedAvg_Finetune", "fedavg"), ("FedAvg", "fedbn")])
+@pytest.mark.parametrize("method, backbone", [("FedAvg_Finetune", "fedavg"), ("FedAvg", "fedbn"), ("FL", "fedavg")])
 def test_a_protocol_run_on_sealed_replies_ends_where_the_plain_run_does(tiny_manifests, tmp_path, he_contexts,
                                                                         method, backbone):
     plain, sealed, opened, transport = _runs(tiny_manifests, tmp_path, he_contexts, strategy=method,
                                              backbone_aggregation=backbone,
-                                             **({"target": None} if method == "FedAvg" else {}))
+                                             **({"target": None} if method != "FedAvg_Finetune" else {}))
     assert transport.seen and all(set(p) == {data_key(MODEL_BLOCK), layout_key(MODEL_BLOCK)} for p in transport.seen)
     clear = {k for k in sealed["global"] if not k.startswith("sealed.")}
     if backbone == "fedavg":

@@ -398,9 +398,8 @@ class RoundProtocol:
         problem = self.secure_aggregation_problem(cfg) if mode else None
         if problem:
             raise UserError(f"privacy.secure_aggregation: {mode}: method {self.name} {problem}, which an encrypted "
-                            "update hides; secure aggregation needs a server that only sums (FedAvg, FedProx, their "
-                            "_Finetune versions, with backbone_aggregation fedavg/fedbn/fedbn_plus): README "
-                            "'Secure aggregation'")
+                            "update hides; secure aggregation needs a server that only sums (FedAvg, FedProx, FL and "
+                            "their variants: README 'Secure aggregation')")
 
     def validate_aggregation(self, cfg: ExperimentConfig) -> None:
         """A robust ``aggregation.rule`` needs a server-side average of at least three sites
