@@ -85,7 +85,6 @@ def flare_part(args, root: Path) -> None:
 
 
 def packing_part(args) -> None:
-    import numpy as np
     import torch
 
     from fedcxr.flare.he_keys import CLIENT_CONTEXT, SERVER_CONTEXT, read_context_file, rehearsal_keys
@@ -127,7 +126,6 @@ def packing_part(args) -> None:
     print(f"  server: FedAvg of {args.sites} sealed replies {mean_s:.2f} s, the mean's size "
           f"{merged[data_key('model')].numel() / 2**20:.2f} MiB; a site opens it in {open_s:.2f} s")
     print(f"  max |sealed FedAvg − aggregate.fedavg| = {gap:.2e} (float32 FedAvg vs CKKS)")
-    del np
 
 
 def flare_style_bytes(theta: dict, client) -> int:

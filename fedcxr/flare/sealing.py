@@ -257,9 +257,17 @@ def seal(state: Mapping[str, torch.Tensor], context, *, block: str = MODEL_BLOCK
                             + [np.array([CHECK_VALUE])])
     _check_values(values, entries, value_bound(context))
     slots = context_slots(context)
-    chunks = [ts.ckks_vector(context, values[i:i + slots]).serialize() for i in range(0, len(values), slots)]
-    layout = Layout(entries=entries, slots=slots, chunks=tuple(len(c) for c in chunks))
-    return {data_key(block): torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8),
+    data, sizes = bytearray(), []
+    for i in range(0, len(values), slots):  # one ciphertext at a time into one buffer: memory ~ the result
+        piece = ts.ckks_vector(context, values[i:i + slots]).serialize()
+        sizes.append(len(piece))
+        data += piece
+    return block_entries(block, Layout(entries=entries, slots=slots, chunks=tuple(sizes)), data)
+
+
+def block_entries(block: str, layout: Layout, data: bytearray) -> StateDict:
+    """The two entries of a block: its ciphertexts' bytes (shared, not copied) and its layout."""
+    return {data_key(block): torch.frombuffer(data, dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8),
             layout_key(block): layout.to_tensor()}
 
 
@@ -327,8 +335,9 @@ def open_block(state: Mapping[str, torch.Tensor], block: str, context) -> StateD
     return out
 
 
-def parse_block(state: Mapping[str, torch.Tensor], block: str) -> tuple[Layout, list[bytes]]:
-    """A block's layout and its ciphertexts' bytes, sizes checked against the layout (nothing decoded)."""
+def parse_block(state: Mapping[str, torch.Tensor], block: str) -> tuple[Layout, list[memoryview]]:
+    """A block's layout and views of its ciphertexts' bytes (no copy), sizes checked against the layout
+    (nothing decoded)."""
     where = f"sealed block {block!r}"
     layout = Layout.from_tensor(state.get(layout_key(block)), where)
     data = state.get(data_key(block))
@@ -336,7 +345,7 @@ def parse_block(state: Mapping[str, torch.Tensor], block: str) -> tuple[Layout, 
         raise SealError(f"{where}: its data must be a 1-dimensional uint8 tensor")
     if data.numel() != sum(layout.chunks):
         raise SealError(f"{where}: {data.numel()} bytes of ciphertext, the layout says {sum(layout.chunks)}")
-    raw = data.numpy().tobytes()
+    raw = memoryview(data.contiguous().numpy()).cast("B")
     pieces, start = [], 0
     for size in layout.chunks:
         pieces.append(raw[start:start + size])
@@ -344,17 +353,17 @@ def parse_block(state: Mapping[str, torch.Tensor], block: str) -> tuple[Layout, 
     return layout, pieces
 
 
-def load_vector(context, piece: bytes, block: str):
+def load_vector(context, piece: bytes | memoryview, block: str):
     """One ciphertext of ``block`` loaded under ``context`` (:class:`SealError` when it does not load)."""
     import tenseal as ts
 
     try:
-        return ts.ckks_vector_from(context, piece)
+        return ts.ckks_vector_from(context, bytes(piece))
     except Exception as exc:  # TenSEAL: ValueError("failed to parse CKKS stream") and kin
         raise SealError(f"sealed block {block!r}: a ciphertext does not load under this HE context "
                         f"({type(exc).__name__}: {str(exc)[:80]})") from None
 
 
 __all__ = ["BLOCK_NAMES", "CHECK_TOLERANCE", "LOCAL_BLOCK", "Layout", "MODEL_BLOCK", "SealError", "WrongKey",
-           "block_names", "check_context", "context_slots", "data_key", "entries_of", "is_sealed", "layout_key",
+           "block_names", "check_context", "context_slots", "data_key", "block_entries", "entries_of", "is_sealed", "layout_key",
            "load_vector", "open_block", "open_sealed", "parse_block", "plain_part", "seal", "value_bound"]

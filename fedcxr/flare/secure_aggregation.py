@@ -37,7 +37,6 @@ under the provisioned context. The value checks (``defences.norm_factor``, ``nor
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
@@ -48,10 +47,10 @@ from fedcxr.flare.sealing import (
     MODEL_BLOCK,
     Layout,
     SealError,
+    block_entries,
     block_names,
     check_context,
     context_slots,
-    data_key,
     entries_of,
     is_sealed,
     layout_key,
@@ -61,8 +60,6 @@ from fedcxr.flare.sealing import (
     plain_part,
 )
 from fedcxr.pipeline.messages import StateDict
-
-log = logging.getLogger(__name__)
 
 #: the one mode of ``privacy.secure_aggregation``
 HE = "he"
@@ -132,8 +129,8 @@ class SealedAggregation:
         for site in sites[1:]:
             if not parsed[site][0].same_entries(layout):
                 raise SealError(f"the sealed models of {sites[0]} and {site} hold different entries")
-        chunks = []
-        for j in range(layout.n_chunks()):
+        data, sizes = bytearray(), []
+        for j in range(layout.n_chunks()):  # chunk by chunk: memory ~ the replies and the mean, no copies
             acc = None
             for site, weight in zip(sites, weights):
                 term = load_vector(self.context, parsed[site][1][j], MODEL_BLOCK) * (float(weight) / total)
@@ -142,11 +139,13 @@ class SealedAggregation:
                 except ValueError as exc:  # TenSEAL: "scale mismatch" and kin
                     raise SealError(f"the ciphertexts of {site} cannot be added to {', '.join(sites[:sites.index(site)])}'s "
                                     f"({str(exc)[:60]}): a site encrypts with other CKKS parameters than provisioned")
-            chunks.append(acc.serialize())
-        return self._with_block(theta0, Layout(layout.entries, layout.slots, tuple(len(c) for c in chunks)), chunks)
+            piece = acc.serialize()
+            sizes.append(len(piece))
+            data += piece
+        return self._with_block(theta0, Layout(layout.entries, layout.slots, tuple(sizes)), data)
 
     @staticmethod
-    def _with_block(theta0: Mapping[str, torch.Tensor], layout: Layout, chunks: list[bytes]) -> StateDict:
+    def _with_block(theta0: Mapping[str, torch.Tensor], layout: Layout, data: bytearray) -> StateDict:
         """θ0's plain entries the new block does not hold, and the block (θ0's old one replaced)."""
         covered = {key for key, _, _ in layout.entries}
         for block in block_names(theta0):
@@ -156,8 +155,7 @@ class SealedAggregation:
                 raise SealError(f"the new sealed model does not hold {left[:3]} of the previous one, which the "
                                 "server cannot take out of a ciphertext")
         out = {k: v for k, v in plain_part(theta0).items() if k not in covered}
-        out[data_key(MODEL_BLOCK)] = torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8)
-        out[layout_key(MODEL_BLOCK)] = layout.to_tensor()
+        out.update(block_entries(MODEL_BLOCK, layout, data))
         return out
 
 
