@@ -248,3 +248,44 @@ def test_a_rehearsal_keeps_its_keys_for_a_resume_and_only_for_its_owner(tmp_path
     assert oct(folder.stat().st_mode & 0o777) == "0o700"
     assert all(oct((folder / n).stat().st_mode & 0o777) == "0o600" for n in (CLIENT_CONTEXT, SERVER_CONTEXT))
     assert Path(folder / SERVER_CONTEXT).stat().st_size > 0
+
+
+class Crash(RuntimeError):
+    pass
+
+
+@pytest.mark.slow
+def test_a_sealed_run_resumes_from_its_encrypted_checkpoint(tiny_manifests, tmp_path, he_contexts):
+    """A server that dies after round 0 continues from the encrypted checkpoint under the same keys and ends
+    where the uninterrupted sealed run ends (CKKS draws fresh noise at every encryption: within ROUND_TOLERANCE
+    of it, not bit for bit)."""
+    from fedcxr.flare.secure_aggregation import open_final
+    from fedcxr.pipeline.checkpoints import load_final_model
+    from fedcxr.pipeline.config import load_config
+    from fedcxr.pipeline.inprocess import site_transport
+    from fedcxr.pipeline.run_driver import run_experiment
+
+    cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", defences=BLIND, strategy="FedAvg",
+                                       target=None, eval_every=0, privacy={"secure_aggregation": "he"}, **SGD))
+
+    def sealed_run(run_dir, *, resume=False, crash_at=None):
+        transport = SealingTransport(site_transport(cfg, torch.device("cpu"), False), he_contexts)
+        inner_run = transport.run
+
+        def run(task, targets, params, config, **kw):
+            if crash_at is not None and task == "train" and getattr(config, "round", None) == crash_at:
+                raise Crash("the server died")
+            return inner_run(task, targets, params, config, **kw)
+
+        transport.run = run
+        with contextlib.closing(transport):
+            run_experiment(cfg, run_dir, progress=False, transport=transport, resume=resume)
+
+    sealed_run(tmp_path / "whole")
+    with pytest.raises(Crash):
+        sealed_run(tmp_path / "resumed", crash_at=1)
+    assert (tmp_path / "resumed" / "checkpoints" / "round_0000.pt").is_file()
+    assert not (tmp_path / "resumed" / "final_model.pt").exists()
+    sealed_run(tmp_path / "resumed", resume=True)
+    whole, resumed = (open_final(load_final_model(tmp_path / d), he_contexts.client) for d in ("whole", "resumed"))
+    assert relative_gap(resumed["global"], whole["global"]) < 1e-5
