@@ -17,8 +17,8 @@ sealed into ``final_model.pt``; a key holder opens that file afterwards (:func:`
 
 What FLARE offers and why it is not used whole: NVIDIA FLARE's ``HEModelEncryptor`` /
 ``HEModelDecryptor`` filters encrypt each state-dict entry into its own ciphertexts and its FOBS
-decomposer ships the public context (~660 KB of relinearisation keys) with every one — about
-15× the bytes of one packed vector for ``resnet_tiny`` (BENCHMARKS.md "Secure aggregation") — and
+decomposer ships the public context (~660 KB of relinearisation keys) with every one — 14×
+the bytes of one packed vector for ``resnet_tiny`` (BENCHMARKS.md "Secure aggregation") — and
 a site whose app lacks the filter would send its update in the clear with nothing to stop it.
 Here the fedcxr client seals by construction and refuses to answer otherwise. FLARE's
 ``HEInTimeAccumulateWeightedAggregator`` multiplies by the weight and then by 1/Σw: two
@@ -116,8 +116,9 @@ class SealedAggregation:
                       weights: list[float]) -> StateDict:
         """``Σ_i (w_i/Σw)·Enc(θ_i)`` of the screened sealed states (site → state, ``weights`` in that order),
         with θ0's plain entries the states do not hold (FedBN's BatchNorm). Same arithmetic as
-        :func:`fedcxr.pipeline.aggregate.fedavg`, on ciphertexts; :class:`SealError` naming a site whose
-        ciphertexts cannot be added to the others' (other CKKS parameters)."""
+        :func:`fedcxr.pipeline.aggregate.fedavg`, on ciphertexts, and as pure (the inputs are never
+        changed, the context only read); :class:`SealError` naming a site whose ciphertexts cannot be
+        added to the others' (other CKKS parameters)."""
         sites = list(states)
         if not sites or len(weights) != len(sites):
             raise ValueError(f"weighted_mean: {len(sites)} states, {len(weights)} weights")
