@@ -59,13 +59,13 @@ def test_a_fresh_install_announces_each_step_before_it_runs(tmp_path):
     assert lines[0].startswith("[1/4] creating a virtual environment in") and "(Python 3.11.7)" in lines[0]
     assert lines[1] == "[2/4] upgrading pip"
     assert lines[2].startswith("[3/4] installing PyTorch (the CPU wheel torch==2.13.0")
-    assert lines[3] == "[4/4] installing fedcxr with its extras [test,flare,dp] (MONAI, NVIDIA FLARE, Opacus, ...; " \
-                       "a few minutes)"
+    assert lines[3] == "[4/4] installing fedcxr with its extras [test,flare,dp,he] (MONAI, NVIDIA FLARE, Opacus, " \
+                       "TenSEAL, ...; a few minutes)"
     assert lines[-1].startswith("fedcxr installed in")
     assert "source .venv/bin/activate" in lines[-1] and "try fedcxr demo" in lines[-1]  # as the README's commands
     pips = [c for c in calls if " install " in f" {c} "]
     assert pips == ["python -m pip install -q --upgrade pip", "pip install -q torch==2.13.0",
-                    "pip install -q -e .[test,flare,dp]"]  # CPU torch first, then fedcxr
+                    "pip install -q -e .[test,flare,dp,he]"]  # CPU torch first, then fedcxr
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")

@@ -1,8 +1,10 @@
-"""``fedcxr flare export|simulate|poc CONFIG.yaml``: the same run on NVIDIA FLARE (:mod:`fedcxr.flare`).
+"""``fedcxr flare export|simulate|poc CONFIG.yaml`` and ``fedcxr flare decrypt RUN_DIR``: the same run on NVIDIA FLARE (:mod:`fedcxr.flare`).
 
 * ``export`` writes a job folder for a provisioned (production) FLARE system;
 * ``simulate`` runs the job in FLARE's simulator on this machine;
-* ``poc`` runs it in a POC system on loopback (mTLS), started and stopped here.
+* ``poc`` runs it in a POC system on loopback (mTLS), started and stopped here;
+* ``decrypt`` opens the encrypted ``final_model.pt`` a FLARE server wrote under
+  ``privacy.secure_aggregation`` with a site's key (``--context client_context.tenseal``).
 
 Both runs write the run directory of ``fedcxr train`` and, unless ``--no-cross-site``, the
 cross-site evaluation's ``report.json``/``report.md``/``per_class.csv`` (each site scores the
@@ -19,13 +21,14 @@ from pathlib import Path
 from fedcxr.commands.options import add_bootstrap, add_device, add_set
 from fedcxr.errors import UserError
 
-HELP = "the same run on NVIDIA FLARE (export | simulate | poc)"
+HELP = "the same run on NVIDIA FLARE (export | simulate | poc | decrypt)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("flare_command", choices=["export", "simulate", "poc"],
-                   help="export: write a job folder; simulate: FLARE simulator here; poc: POC system on loopback")
-    p.add_argument("config", type=Path, metavar="CONFIG.yaml", help="experiment YAML")
+    p.add_argument("flare_command", choices=["export", "simulate", "poc", "decrypt"],
+                   help="export: write a job folder; simulate: FLARE simulator here; poc: POC system on loopback; "
+                        "decrypt: open a secure-aggregation run's encrypted final model with a site's key")
+    p.add_argument("config", type=Path, metavar="CONFIG.yaml", help="experiment YAML (decrypt: the run directory)")
     p.add_argument("--out", type=Path, default=None,
                    help="run directory (simulate, poc; unset: runs/<name>-<method>-seed<seed>-flare) "
                         "or job folder (export, required)")
@@ -43,6 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the cross-site evaluation after the last round; unset: each site scores the final "
                         "model on its own test split and sends back only the AUROC summary")
     add_bootstrap(p, "patient-bootstrap resamples of the cross-site evaluation (0: DeLong CIs)")
+    p.add_argument("--context", type=Path, default=None, metavar="FILE",
+                   help="decrypt: a client's client_context.tenseal (its FLARE startup kit; privacy.secure_aggregation)")
 
 
 def run(args) -> int:
@@ -50,7 +55,7 @@ def run(args) -> int:
     from fedcxr.flare.controller import require_nvflare
 
     require_nvflare()
-    handler = {"export": cli_export, "simulate": cli_simulate, "poc": cli_poc}
+    handler = {"export": cli_export, "simulate": cli_simulate, "poc": cli_poc, "decrypt": cli_decrypt}
     return handler[args.flare_command](args)
 
 
@@ -114,4 +119,34 @@ def cli_export(args) -> int:
     print("  each site needs fedcxr[flare] installed and its own local/fedcxr_site.json "
           '({"manifest_dir": ...}) or FEDCXR_SITE_CONFIG')
     print(f"  submit: nvflare job submit -j {job_dir}")
+    if cfg.privacy.secure_aggregation:
+        print("  secure aggregation: provision the system with nvflare.lighter.impl.he.HEBuilder (before "
+              "SignatureBuilder); the server writes the final model encrypted: a site's key holder opens it with "
+              "fedcxr flare decrypt RUN_DIR --context client_context.tenseal")
+    return 0
+
+
+def cli_decrypt(args) -> int:
+    """``fedcxr flare decrypt RUN_DIR --context FILE``: the key holder's step of a secure-aggregation run."""
+    from fedcxr.flare.he_keys import TENSEAL_HINT, have_tenseal, read_context_file
+    from fedcxr.flare.sealing import SealError
+    from fedcxr.flare.secure_aggregation import decrypt_run
+    from fedcxr.rundir import RunDir
+
+    run_dir = Path(args.config)
+    if args.context is None:
+        raise UserError("fedcxr flare decrypt needs --context FILE: a client's client_context.tenseal (the secret key "
+                        "every site of the FLARE system got from provisioning)")
+    if not RunDir(run_dir).final_model.is_file():
+        raise UserError(f"{run_dir}: no final_model.pt (a finished FLARE run directory is needed)")
+    if not have_tenseal():
+        raise UserError(TENSEAL_HINT)
+    try:
+        opened = decrypt_run(run_dir, read_context_file(args.context, private=True))
+    except SealError as exc:
+        raise UserError(f"{run_dir}: {exc}") from None
+    if opened:
+        print(f"{RunDir(run_dir).final_model}: decrypted; next: fedcxr evaluate {run_dir}")
+    else:
+        print(f"{RunDir(run_dir).final_model} holds no encrypted model (decrypted before, or a plain run): unchanged")
     return 0

@@ -21,12 +21,17 @@ module              what it holds
 ``stats_job``       the server: FLARE's ``StatsJob`` and ``StatisticsController`` with fedcxr's pieces;
                     FLARE's result read back and checked
 ``stats_run``       the statistics job in the simulator or on a POC system
+``sealing``         ``privacy.secure_aggregation``, a site: models sealed with CKKS (one packed vector
+                    and a check slot) and opened again; the sealed-state format
+``secure_aggregation``  the server: FedAvg on ciphertexts, the checks left to it, ``fedcxr flare decrypt``
+``he_keys``         where the HE keys come from: FLARE provisioning's ``HEBuilder``, the rehearsals'
 ==================  ==========================================================================
 
 A package of its own above :mod:`fedcxr.pipeline` (whose protocols, site runner and
 run driver it reuses unchanged) so that it may also use :mod:`fedcxr.evaluation` at a site.
-``fedcxr flare export|simulate|poc`` is :mod:`fedcxr.commands.flare`.
-Install with ``pip install 'fedcxr[flare]'`` (never ``nvflare[pt]``: it pulls torchvision).
+``fedcxr flare export|simulate|poc|decrypt`` is :mod:`fedcxr.commands.flare`.
+Install with ``pip install 'fedcxr[flare]'`` (never ``nvflare[pt]``: it pulls torchvision); secure
+aggregation also needs ``'fedcxr[he]'`` (TenSEAL).
 """
 
 #: Seconds an idle FLARE client waits before asking the server again for a task: FLARE's

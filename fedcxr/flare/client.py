@@ -23,7 +23,14 @@ The file is JSON (or YAML), either for this site alone or ``{"sites": {"<name>":
      "cache_dir": "/data/fedcxr/cache",                     # optional: decoded-image cache
      "device": "cuda",                                      # optional: auto | cpu | cuda
      "num_workers": 4,                                      # optional: data-loader workers
-     "state_dir": "/data/fedcxr/flare_state"}               # optional: local state for resume
+     "state_dir": "/data/fedcxr/flare_state",               # optional: local state for resume
+     "secure_aggregation": "he"}                            # optional: never send a model in the clear
+
+Secure aggregation (``privacy.secure_aggregation: he``, :mod:`fedcxr.flare.sealing`): a task whose
+``seal`` is ``he`` is answered with every model sealed under the site's key (the
+``client_context.tenseal`` of its FLARE startup kit); sealed models the server sends are opened
+with the same key before the task runs. With ``"secure_aggregation": "he"`` in its own
+configuration a site refuses any task that would send a model in the clear, whatever the job says.
 
 Relative paths resolve against the file's folder. Local state (FedBN's BN statistics, PFL's
 heads, kept optimiser state, SCAFFOLD's control variate c_i) is saved after every training round under ``state_dir/<run fingerprint>/`` so a
@@ -38,6 +45,7 @@ import logging
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -79,6 +87,7 @@ class SiteConfig:
     device: Optional[str] = None
     num_workers: Optional[int] = None
     state_dir: Optional[Path] = None
+    secure_aggregation: Optional[str] = None  # "he": this site sends models sealed only
     source: str = ""
 
 
@@ -115,12 +124,14 @@ def load_site_config(path: Path, site: str) -> SiteConfig:
         if site not in (data["sites"] or {}):
             raise ValueError(f"{path}: no entry for site {site!r} under 'sites' (has {sorted(data['sites'])})")
         data = data["sites"][site]
-    known = {"manifest_dir", "cache_dir", "device", "num_workers", "state_dir"}
+    known = {"manifest_dir", "cache_dir", "device", "num_workers", "state_dir", "secure_aggregation"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(f"{path}: unknown key(s) {unknown}; known: {sorted(known)}")
     if not data.get("manifest_dir"):
         raise ValueError(f"{path}: 'manifest_dir' is required (the folder holding this site's manifest.parquet)")
+    if data.get("secure_aggregation") not in (None, "he"):
+        raise ValueError(f"{path}: 'secure_aggregation' is \"he\" or absent")
 
     def resolve(value):
         if value in (None, ""):
@@ -131,7 +142,7 @@ def load_site_config(path: Path, site: str) -> SiteConfig:
     return SiteConfig(
         manifest_dir=resolve(data["manifest_dir"]), cache_dir=resolve(data.get("cache_dir")),
         device=data.get("device"), num_workers=data.get("num_workers"), state_dir=resolve(data.get("state_dir")),
-        source=str(path),
+        secure_aggregation=data.get("secure_aggregation"), source=str(path),
     )
 
 
@@ -144,6 +155,41 @@ class FlareSite:
         self.state_root = site_cfg.state_dir or (workspace / "fedcxr_state")
         self.runners: dict[str, Any] = {}  # experiment → SiteRunner (a job may run several experiments)
         self._restored: set[str] = set()
+        self._he_context = None  # this site's secret CKKS context, loaded on the first sealed model
+
+    # ------------------------------------------------------------------ sealed models (privacy.secure_aggregation)
+    def he_context(self):
+        """This site's secret context, from its FLARE startup kit (:func:`fedcxr.flare.he_keys.site_context`)."""
+        if self._he_context is None:
+            from fedcxr.flare.he_keys import site_context
+
+            self._he_context = site_context()
+        return self._he_context
+
+    def open_params(self, params: Optional[dict]) -> tuple[Optional[dict], float]:
+        """The received params with any sealed block opened; ``(params, seconds spent)``."""
+        from fedcxr.flare.sealing import is_sealed, open_sealed
+
+        if not is_sealed(params):
+            return params, 0.0
+        start = time.perf_counter()
+        return open_sealed(params, self.he_context()), time.perf_counter() - start
+
+    def seal_reply(self, reply: Reply, task: str, config: TaskConfig) -> float:
+        """Seal every model ``reply`` carries, in place (the task's local keys stay here); seconds spent.
+
+        Extra tensors (auto-β's batch updates, SCAFFOLD's Δc_i) cannot travel sealed: refused."""
+        from fedcxr.flare.sealing import LOCAL_BLOCK, MODEL_BLOCK, SealError, seal
+
+        if reply.extra:
+            raise SealError(f"task {task}: extra tensors {sorted(reply.extra)[:3]} cannot travel sealed")
+        if reply.params is None:
+            return 0.0
+        start = time.perf_counter()
+        block = LOCAL_BLOCK if task == "local_state" else MODEL_BLOCK
+        exclude = tuple(getattr(config, "local_keys", ()) or ()) if block == MODEL_BLOCK else ()
+        reply.params = seal(reply.params, self.he_context(), block=block, exclude=exclude)
+        return time.perf_counter() - start
 
     # ------------------------------------------------------------------ runner
     def runner_for(self, settings: dict, run: str):
@@ -241,9 +287,14 @@ def serve(flare_api: Any, site: FlareSite) -> int:
         task_name = flare_api.get_task_name()
         try:
             task = decode_task(incoming.params, incoming.meta)
-            reply = site.handle(task["task"] or task_name, task["params"], task["config"], task["runner"], task["run"])
-            diff = task["reply_weight_type"] == DELTAS and task["params"] is not None and reply.params is not None
-            params, meta = encode_reply(reply, reference=task["params"] if diff else None)
+            name = task["task"] or task_name
+            received, opened_s = site.open_params(task["params"])
+            reply = site.handle(name, received, task["config"], task["runner"], task["run"])
+            sealed_s = seal_if_asked(site, reply, name, task)
+            if opened_s or sealed_s:
+                reply.metrics = {**reply.metrics, "he_seconds": {"open": round(opened_s, 3), "seal": round(sealed_s, 3)}}
+            diff = task["reply_weight_type"] == DELTAS and received is not None and reply.params is not None
+            params, meta = encode_reply(reply, reference=received if diff else None)
             _stream(writer, task["task"] or task_name, task["config"], reply.metrics)
         except Exception as exc:  # answer, and keep serving the next rounds
             log.exception("site %s: task %s failed", site.name, task_name)
@@ -251,6 +302,19 @@ def serve(flare_api: Any, site: FlareSite) -> int:
         flare_api.send(reply_model(params, meta, diff=diff, steps=reply.n_batches if diff else 0))
         answered += 1
     return answered
+
+
+def seal_if_asked(site: FlareSite, reply: Reply, task: str, decoded: dict) -> float:
+    """Seal the reply's models when the task asks (seconds spent); a site whose own configuration
+    says ``secure_aggregation`` refuses to send a model in the clear whatever the task says."""
+    if decoded["seal"]:
+        return site.seal_reply(reply, task, decoded["config"])
+    if site.site_cfg.secure_aggregation and reply.params is not None:
+        from fedcxr.flare.sealing import SealError
+
+        raise SealError(f"task {task} asks for a model in the clear, but this site's configuration "
+                        f"({site.site_cfg.source}) says secure_aggregation: {site.site_cfg.secure_aggregation}")
+    return 0.0
 
 
 def reply_model(params: dict, meta: dict, *, diff: bool, steps: int):

@@ -38,6 +38,7 @@ from fedcxr.errors import UserError
 from fedcxr.pipeline.checkpoints import load_final_model, save_final
 from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint
 from fedcxr.pipeline.run_driver import run_experiment
+from fedcxr.flare.secure_aggregation import HE
 from fedcxr.flare.wire import WireError, decode_reply, encode_task
 from fedcxr.pipeline.messages import DELTAS, WEIGHTS, NoConfig, Reply
 from fedcxr.pipeline.transport import Transport
@@ -70,8 +71,10 @@ class FlareTransport(Transport):
     """:class:`Transport` over a running FLARE job (built by :class:`FedcxrController`)."""
 
     def __init__(self, controller: "FedcxrController", site_names: list[str], *, runner: dict, run: str,
-                 reply_weight_type: str = WEIGHTS):
+                 reply_weight_type: str = WEIGHTS, sealed=None):
         self.controller = controller
+        # privacy.secure_aggregation: the server's SealedAggregation; every task asks for sealed replies
+        self.sealed = sealed
         self.site_names = list(site_names)
         self.runner = dict(runner)
         self.run_key = run
@@ -85,16 +88,17 @@ class FlareTransport(Transport):
             raise ValueError(f"task {task!r} for sites {unknown} that are not clients of this job")
         shared = [s for s in targets if s not in per_site]
         groups, sent = [], {}
+        seal = HE if self.sealed is not None else None
         if shared:
             groups.append((shared, encode_task(task, params, config, runner=self.runner, run=self.run_key,
-                                               reply_weight_type=self.reply_weight_type)))
+                                               reply_weight_type=self.reply_weight_type, seal=seal)))
             sent.update({s: params for s in shared})
         for site in targets:
             if site in per_site:
                 site_params, site_config = per_site[site]
                 groups.append(([site], encode_task(task, site_params, site_config, runner=self.runner,
                                                    run=self.run_key,
-                                                   reply_weight_type=self.reply_weight_type)))
+                                                   reply_weight_type=self.reply_weight_type, seal=seal)))
                 sent[site] = site_params
         round_ = getattr(config, "round", None)
         if round_ is None and per_site:
@@ -113,7 +117,7 @@ class FlareTransport(Transport):
                 if isinstance(answer, str):
                     raise WireError(answer)
                 replies[site] = decode_reply(site, answer.params, answer.meta, reference=sent.get(site),
-                                             task=task)
+                                             task=task, sealed=self.sealed is not None)
                 excluded = replies[site].metrics.get("excluded")
                 if excluded:
                     log.info("round %s, task %s: %s's filters removed %d entries (kept at the sent value)",
@@ -174,8 +178,14 @@ class FedcxrController(_ControllerBase):
         """One experiment, exactly as ``fedcxr train`` runs it, over FLARE; False when it failed."""
         cfg = ExperimentConfig.model_validate(config)
         sites = [cfg.site_name(s) for s in cfg.all_sites()]
+        try:
+            sealed = self._sealed_aggregation(cfg)
+        except Exception as exc:  # no HE context in the server's kit, no TenSEAL: the run cannot start
+            self.exception(f"fedcxr {cfg.method}: privacy.secure_aggregation: {type(exc).__name__}: {exc}")
+            _write_status(run_dir, "failed", error=f"{type(exc).__name__}: {exc}")
+            return False
         transport = FlareTransport(self, sites, runner=runner_settings(cfg), run=config_fingerprint(cfg),
-                                   reply_weight_type=DELTAS if cfg.privacy.filters else WEIGHTS)
+                                   reply_weight_type=DELTAS if cfg.privacy.filters else WEIGHTS, sealed=sealed)
         previous = read_status(run_dir) if resume else {}
         if resume:  # replies refused before a server restart stay on record
             transport.rejected = list(previous.get("rejected", []))
@@ -203,6 +213,20 @@ class FedcxrController(_ControllerBase):
         self.info(f"fedcxr {cfg.method}: finished; {len(payload.get('missed', []))} replies missed or rejected")
         return True
 
+    def _sealed_aggregation(self, cfg: ExperimentConfig):
+        """The server's secure aggregation for ``privacy.secure_aggregation`` (its kit's public HE context), or None."""
+        if not cfg.privacy.secure_aggregation:
+            return None
+        from fedcxr.flare.he_keys import TENSEAL_HINT, have_tenseal, server_context
+        from fedcxr.flare.secure_aggregation import SealedAggregation
+
+        if not have_tenseal():
+            raise RuntimeError(TENSEAL_HINT)
+        sealed = SealedAggregation(server_context(self.fl_ctx))
+        self.info(f"fedcxr {cfg.method}: secure aggregation ({cfg.privacy.secure_aggregation}): the sites send CKKS-"
+                  "encrypted models, this server sums them without reading one")
+        return sealed
+
     def _collect_local_states(self, run_dir: Path, transport: FlareTransport, sites: list[str]) -> None:
         """FedBN/PFL: evaluation needs each site's local entries; ask the sites for them once, at the end."""
         final = load_final_model(run_dir)
@@ -210,6 +234,17 @@ class FedcxrController(_ControllerBase):
             return
         replies = transport.run("local_state", sites, None, NoConfig())
         final["local_states"] = {s: rep.params or {} for s, rep in replies.items()}
+        if transport.sealed is not None:  # each site's own entries, sealed: kept so, opened with the final model
+            from fedcxr.flare.secure_aggregation import local_block_of
+
+            for site, state in list(final["local_states"].items()):
+                try:
+                    ok = not state or local_block_of(state)
+                except ValueError:
+                    ok = False
+                if not ok:
+                    self.warning(f"site {site}'s sealed local state is not one block of its local entries: not kept")
+                    final["local_states"].pop(site)
         save_final(run_dir, final)
 
     def _persist(self, run_dir: Path, cfg: ExperimentConfig) -> None:

@@ -66,7 +66,7 @@ def own_model_sites(final: dict, sites: list[str]) -> list[str]:
 def cross_site_evaluate(transport: Transport, run_dir: Path, settings: dict) -> dict:
     """Ask every evaluated site to score the final model(s); write the report; returns ``report.json``'s dict."""
     run_dir = Path(run_dir)
-    run, final = load_final(run_dir)
+    run, final = load_final(run_dir, sealed_ok=True)  # privacy.secure_aggregation: the sites open it
     info = load_run_info(run_dir)
     split, n_boot, seed = str(settings["split"]), int(settings["n_boot"]), int(settings["seed"])
     clients = set(getattr(transport, "site_names", []) or [])

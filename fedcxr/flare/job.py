@@ -39,10 +39,13 @@ TB_FOLDER = "tb_events"
 
 
 def check_flare_sites(cfg) -> list[str]:
-    """The config's site names as FLARE client names (refused when FLARE cannot use them)."""
-    if get_protocol(cfg.method).pooled_site:
+    """The config's site names as FLARE client names (refused when FLARE cannot use them); a method
+    that cannot run under the config's ``privacy.secure_aggregation`` is refused here, before any job."""
+    protocol = get_protocol(cfg.method)
+    if protocol.pooled_site:
         raise UserError(f"method {cfg.method} pools every site's images in one place; it cannot run federated "
                         "on FLARE (run it with `fedcxr train`)")
+    protocol.validate_secure_aggregation(cfg)
     sites = [cfg.site_name(s) for s in cfg.all_sites()]
     bad = [s for s in sites if not re.match(CLIENT_NAME, s) or s == CENTRAL_SITE]
     if bad:

@@ -22,6 +22,7 @@ from typing import Iterator, Optional
 
 import yaml
 
+from fedcxr.flare.he_keys import KEPT_BUILDER_PATH
 from fedcxr.flare.job import CONTROLLER_PATH
 from fedcxr.flare.persistor import LOCATOR_PATH, PERSISTOR_PATH
 from fedcxr.flare.processes import (
@@ -35,7 +36,7 @@ from fedcxr.flare.processes import (
     run_nvflare,
     terminate_as_interrupt,
 )
-from fedcxr.flare.run import finish_runs, holding_run_dirs, prepare_runs, wait_with_progress
+from fedcxr.flare.run import finish_runs, holding_run_dirs, prepare_runs, rehearsal_he_keys, wait_with_progress
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +50,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def write_project(path: Path, sites: list[str], port: int) -> Path:
-    """A POC project: one server on ``port``, one admin, one client per site (FLARE provisions mTLS)."""
+def write_project(path: Path, sites: list[str], port: int, he_keys: Optional[Path] = None) -> Path:
+    """A POC project: one server on ``port``, one admin, one client per site (FLARE provisions mTLS).
+
+    ``he_keys`` (``privacy.secure_aggregation``): FLARE's HE builder writes these kept contexts into the
+    kits before the signature builder signs them — the server's kit the public one, each client's
+    the secret one (``nvflare poc prepare -he`` does the same with new keys)."""
     project = {
         "api_version": 3, "name": PROJECT, "description": "fedcxr POC run",
         "participants": [
@@ -62,6 +67,7 @@ def write_project(path: Path, sites: list[str], port: int) -> Path:
             {"path": "nvflare.lighter.impl.workspace.WorkspaceBuilder", "args": {"template_file": ["master_template.yml"]}},
             {"path": "nvflare.lighter.impl.static_file.StaticFileBuilder", "args": {"config_folder": "config"}},
             {"path": "nvflare.lighter.impl.cert.CertBuilder"},
+            *([{"path": KEPT_BUILDER_PATH, "args": {"keys_dir": str(Path(he_keys).resolve())}}] if he_keys else []),
             {"path": "nvflare.lighter.impl.signature.SignatureBuilder"},
         ],
     }
@@ -136,7 +142,8 @@ def poc_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device:
     workspace = flare_dir / "poc"
     shutil.rmtree(workspace, ignore_errors=True)
     env = {**nvflare_env(), **(env or {}), "NVFLARE_POC_WORKSPACE": str(workspace)}
-    project = write_project(flare_dir / "project.yml", sites, free_port())
+    he_keys = rehearsal_he_keys(runs, flare_dir)
+    project = write_project(flare_dir / "project.yml", sites, free_port(), he_keys=he_keys)
     logs = next_log_dir(flare_dir)
     log_path = logs / "poc.log"
     with open(log_path, "w") as out, keep_user_nvflare_config(), terminate_as_interrupt():
@@ -146,7 +153,7 @@ def poc_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device:
                                 resume=resume)
         finally:
             copy_tensorboard(flare_dir / "result", flare_dir / "tensorboard")
-    return finish_runs(runs, "FLARE POC", log_path)
+    return finish_runs(runs, "FLARE POC", log_path, he_keys=he_keys)
 
 
 @contextmanager

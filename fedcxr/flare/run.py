@@ -12,7 +12,9 @@ plus ``RUN_DIR/flare/``: the job, each site's ``fedcxr_site.json``, the sites' r
 the scalars the sites streamed through FLARE's experiment tracking (``flare/tensorboard/<site>``),
 the global model as FLARE's persistor wrote it (``flare/FL_global_model.pt``)
 and the FLARE logs of every attempt (``flare/logs/attempt-N``; startup kits and keys are never
-copied: :mod:`fedcxr.flare.processes`).
+copied: :mod:`fedcxr.flare.processes`). With ``privacy.secure_aggregation`` the rehearsal's own HE
+keys are kept in ``flare/he/`` (:func:`rehearsal_he_keys`) and the server's sealed
+``final_model.pt`` is opened with them once the job has finished (:func:`finish_runs`).
 
 This module holds what both runners share: the refusals of ``fedcxr train`` for a run directory
 (:meth:`fedcxr.rundir.RunDir.check_start`, the one policy), its lock while the job runs, the
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import subprocess
 import time
 from contextlib import ExitStack
@@ -40,6 +43,8 @@ from fedcxr.rundir import FLARE_WORKSPACE, METRICS, RunDir, read_run_info
 from fedcxr.runlock import run_lock
 from fedcxr.flare.controller import mark_submitted, read_status
 from fedcxr.flare.job import check_flare_sites, export_job
+
+log = logging.getLogger(__name__)
 
 
 def load_flare_config(path: Path, overrides: list[str], *, need_manifests: bool):
@@ -97,6 +102,37 @@ def prepare_runs(runs: list, *, resume: bool, task_timeout: int, device: Optiona
                          task_timeout=task_timeout, site_configs=site_configs, client_script=client_script,
                          evaluation=evaluation)
     return runs, flare_dir, job_dir, sites
+
+
+def rehearsal_he_keys(runs: list, flare_dir: Path) -> Optional[Path]:
+    """The HE keys of a rehearsal on this machine when a run asks for ``privacy.secure_aggregation``
+    (made once by FLARE's ``HEBuilder`` and kept in ``flare/he/``: a resume opens what was sealed
+    before), else None."""
+    if not any(cfg.privacy.secure_aggregation for cfg, _ in runs):
+        return None
+    from fedcxr.flare.he_keys import REHEARSAL_DIR, TENSEAL_HINT, have_tenseal, rehearsal_keys
+
+    if not have_tenseal():
+        raise UserError(TENSEAL_HINT)
+    return rehearsal_keys(Path(flare_dir) / REHEARSAL_DIR)
+
+
+def open_sealed_finals(runs: list, keys: Optional[Path]) -> None:
+    """Open the sealed ``final_model.pt`` of every secure-aggregation run with the rehearsal's client key:
+    on this machine fedcxr holds every site's key, as a site (or the researcher it trusts) does in
+    production with ``fedcxr flare decrypt``."""
+    if keys is None:
+        return
+    from fedcxr.flare.he_keys import CLIENT_CONTEXT, read_context_file
+    from fedcxr.flare.secure_aggregation import decrypt_run
+
+    context = None
+    for cfg, run_dir in runs:
+        if cfg.privacy.secure_aggregation:
+            context = context or read_context_file(Path(keys) / CLIENT_CONTEXT, private=True)
+            if decrypt_run(run_dir, context):
+                log.info("%s: final_model.pt decrypted with the rehearsal's site key (%s); the FLARE server only "
+                         "ever held it encrypted", run_dir, keys)
 
 
 def wait_with_progress(proc: Optional[subprocess.Popen], runs: list, progress: bool, done=lambda: False,
@@ -176,8 +212,9 @@ def _advance(bar, done: int) -> None:
         bar.update(done - bar.n)
 
 
-def finish_runs(runs: list, what: str, log_hint: Path) -> list[dict]:
-    """run.json of every run; RuntimeError naming the runs that failed and why."""
+def finish_runs(runs: list, what: str, log_hint: Path, he_keys: Optional[Path] = None) -> list[dict]:
+    """run.json of every run; RuntimeError naming the runs that failed and why. ``he_keys``: the
+    rehearsal's HE keys, which open the secure-aggregation runs' sealed final models."""
     problems = []
     for _, run_dir in runs:
         status = read_status(run_dir)
@@ -186,8 +223,10 @@ def finish_runs(runs: list, what: str, log_hint: Path) -> list[dict]:
             problems.append(f"{run_dir}: {error}")
     if problems:
         raise RuntimeError(f"the {what} run failed (FLARE log: {log_hint}):\n  " + "\n  ".join(problems))
+    open_sealed_finals(runs, he_keys)
     return [read_run_info(run_dir) for _, run_dir in runs]
 
 
-__all__ = ["RoundLines", "finish_runs", "holding_run_dirs", "load_flare_config", "prepare_runs", "wait_with_progress",
+__all__ = ["RoundLines", "finish_runs", "holding_run_dirs", "load_flare_config", "open_sealed_finals", "prepare_runs",
+           "rehearsal_he_keys", "wait_with_progress",
            "write_site_configs"]

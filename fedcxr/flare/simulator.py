@@ -27,7 +27,7 @@ from fedcxr.flare.processes import (
     nvflare_env,
     terminate_as_interrupt,
 )
-from fedcxr.flare.run import finish_runs, holding_run_dirs, prepare_runs, wait_with_progress
+from fedcxr.flare.run import finish_runs, holding_run_dirs, prepare_runs, rehearsal_he_keys, wait_with_progress
 
 
 def simulate(cfg, run_dir: Path, **kwargs) -> dict:
@@ -49,12 +49,21 @@ def simulate_many(runs: list, *, resume: bool = False, task_timeout: int = 0, de
     the run). ``env`` adds environment variables; ``on_start`` is called with the simulator
     process (its own process group) once it runs. ``evaluation``: the cross-site evaluation after
     the last round (``{"enabled", "n_boot", "split", "seed"}``, :mod:`fedcxr.flare.cross_site`).
+
+    ``privacy.secure_aggregation``: the HE contexts go into the simulator's one ``startup`` folder,
+    which it copies to the server and every site — the rehearsal measures the protocol, it does not
+    keep the key from the server (POC mode does: :mod:`fedcxr.flare.poc`).
     """
     runs, flare_dir, job_dir, sites = prepare_runs(runs, resume=resume, task_timeout=task_timeout, device=device,
                                                    client_script=client_script, flare_dir=flare_dir,
                                                    evaluation=evaluation)
     workspace = flare_dir / "simulator"
     shutil.rmtree(workspace, ignore_errors=True)
+    he_keys = rehearsal_he_keys(runs, flare_dir)
+    if he_keys is not None:  # privacy.secure_aggregation: one shared startup folder, so one trust domain
+        from fedcxr.flare.he_keys import plant_simulator_contexts
+
+        plant_simulator_contexts(he_keys, workspace)
     logs = next_log_dir(flare_dir)
     log_path = logs / "simulator.log"
     with open(log_path, "w") as out, terminate_as_interrupt():
@@ -69,7 +78,7 @@ def simulate_many(runs: list, *, resume: bool = False, task_timeout: int = 0, de
             copy_tensorboard(workspace, flare_dir / "tensorboard")
             copy_global_model(workspace, flare_dir)
             shutil.rmtree(workspace, ignore_errors=True)
-    return finish_runs(runs, "FLARE simulator", log_path)
+    return finish_runs(runs, "FLARE simulator", log_path, he_keys=he_keys)
 
 
 #: What FLARE's simulator writes in its workspace once the server app has ended: every site done,

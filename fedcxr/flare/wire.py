@@ -10,7 +10,7 @@ Layout (``meta["fedcxr"]`` holds our part; FLARE may add its own keys beside it;
 :data:`WIRE_VERSION` in every block)::
 
     task  params: {"p/<state key>": array}
-          meta:   {"kind": "task", "task", "config", "runner", "run", "reply_weight_type"}
+          meta:   {"kind": "task", "task", "config", "runner", "run", "reply_weight_type", "seal"}
     reply params: {"p/<state key>": array, "d/<state key>": array, "x/<extra key>": array}
           meta:   {"kind": "reply", "has_params", "weight_type", "n_samples", "n_batches", "class_set",
                    "metrics", "keys"}
@@ -20,7 +20,14 @@ A task's ``config`` is its typed config's wire form (:mod:`fedcxr.pipeline.messa
 reads it back with :func:`~fedcxr.pipeline.messages.parse_task_config`, so a task with an unknown
 or a missing key, or a value of the wrong type, is refused (:func:`decode_task`) before any
 training. Version 2: typed configs and explicit weight types (version 1 sent untyped configs
-and a ``diff`` flag).
+and a ``diff`` flag). Version 3: ``seal`` — a site of version 2 would answer a task that asks for
+a sealed reply in the clear, so it refuses the task instead.
+
+A task whose ``seal`` is ``he`` (``privacy.secure_aggregation``) is answered with every model
+sealed (:mod:`fedcxr.flare.sealing`): its ``p/`` entries are then only ``sealed.<block>.data`` and
+``sealed.<block>.layout`` (uint8), no extra tensors; :func:`decode_reply` with ``sealed=True``
+refuses a reply holding anything else. Sealed entries in a task's params are opened by the site
+(:mod:`fedcxr.flare.client`); the wire carries them as any uint8 array.
 
 A task whose ``reply_weight_type`` is ``deltas`` (the experiment has ``privacy.filters``) is
 answered with a reply of ``weight_type`` ``deltas``: ``d/<key>`` = the site's value − the value it
@@ -57,11 +64,14 @@ from fedcxr.pipeline.messages import (
     TaskConfigError,
     parse_task_config,
 )
+from fedcxr.pipeline.keys import SEALED_PREFIX
 from fedcxr.pipeline.screening import describe_number
 from fedcxr.pipeline.state import check_update
 
 META_KEY = "fedcxr"
-WIRE_VERSION = 2
+WIRE_VERSION = 3
+#: ``seal`` values of a task: None (plain replies) or the mode of ``privacy.secure_aggregation``
+SEALS = (None, "he")
 PARAM_PREFIX = "p/"
 DIFF_PREFIX = "d/"
 EXTRA_PREFIX = "x/"
@@ -111,13 +121,15 @@ def _finite_problem(state: StateDict, what: str) -> Optional[str]:
 
 
 def encode_task(task: str, params: Optional[StateDict], config: Optional[TaskConfig], *, runner: dict,
-                run: str, reply_weight_type: str = WEIGHTS) -> tuple[dict, dict]:
+                run: str, reply_weight_type: str = WEIGHTS, seal: Optional[str] = None) -> tuple[dict, dict]:
     """(params, meta) of one task; ``runner`` = site settings from the experiment, ``run`` = its fingerprint.
 
     ``config``: the task's typed config (``None``: a task without one), checked against the task
     before it leaves; ``reply_weight_type`` ``deltas``: ask for the reply as differences from
-    ``params`` (see the module docstring).
+    ``params`` (see the module docstring); ``seal`` ``he``: ask for every model in the reply sealed.
     """
+    if seal not in SEALS:
+        raise ValueError(f"seal must be one of {SEALS}, got {seal!r}")
     if reply_weight_type not in WEIGHT_TYPES:
         raise ValueError(f"reply_weight_type must be one of {WEIGHT_TYPES}, got {reply_weight_type!r}")
     try:
@@ -127,12 +139,12 @@ def encode_task(task: str, params: Optional[StateDict], config: Optional[TaskCon
     arrays = to_numpy(params, PARAM_PREFIX) if params is not None else {}
     meta = {META_KEY: {"version": WIRE_VERSION, "kind": "task", "task": task, "has_params": params is not None,
                        "config": typed.to_dict(), "runner": dict(runner), "run": run,
-                       "reply_weight_type": reply_weight_type}}
+                       "reply_weight_type": reply_weight_type, "seal": seal}}
     return arrays, meta
 
 
 def decode_task(params: Optional[Mapping[str, Any]], meta: Optional[Mapping[str, Any]]) -> dict:
-    """``{"task", "params", "config", "runner", "run", "reply_weight_type"}`` from a received task;
+    """``{"task", "params", "config", "runner", "run", "reply_weight_type", "seal"}`` from a received task;
     ``config`` is the task's typed config, parsed here (:class:`WireError` naming the key at fault)."""
     body = (meta or {}).get(META_KEY)
     if not isinstance(body, dict) or body.get("kind") != "task":
@@ -150,9 +162,14 @@ def decode_task(params: Optional[Mapping[str, Any]], meta: Optional[Mapping[str,
     weight_type = body.get("reply_weight_type", WEIGHTS)
     if weight_type not in WEIGHT_TYPES:
         raise WireError(f"reply_weight_type {str(weight_type)[:40]!r} is not one of {list(WEIGHT_TYPES)}")
+    seal = body.get("seal")
+    if seal not in SEALS:
+        raise WireError(f"seal {str(seal)[:40]!r} is not one of {list(SEALS)}")
+    if seal is not None and weight_type != WEIGHTS:
+        raise WireError("a task asking for a sealed reply asks for differences too")
     state = to_torch(params or {}, PARAM_PREFIX) if body.get("has_params") else None
     return {"task": task, "params": state, "config": config, "runner": dict(body.get("runner") or {}),
-            "run": str(body.get("run") or ""), "reply_weight_type": weight_type}
+            "run": str(body.get("run") or ""), "reply_weight_type": weight_type, "seal": seal}
 
 
 # --------------------------------------------------------------------------- site → server
@@ -197,13 +214,14 @@ def encode_error(exc: BaseException) -> tuple[dict, dict]:
 
 
 def decode_reply(site: str, params: Optional[Mapping[str, Any]], meta: Optional[Mapping[str, Any]],
-                 reference: Optional[StateDict] = None, task: Optional[str] = None) -> Reply:
+                 reference: Optional[StateDict] = None, task: Optional[str] = None, sealed: bool = False) -> Reply:
     """The :class:`Reply` of ``site``; :class:`WireError` (the reason) when it must not be used.
 
     ``reference``: the params the task sent, needed for a reply of ``weight_type`` ``deltas``, which
     comes back as the weights it describes (``weight_type`` ``weights``).
     ``task`` ``validate`` (cross-site evaluation): the reply must be a summary — no tensors,
-    metrics passing :func:`check_summary`.
+    metrics passing :func:`check_summary`. ``sealed``: the task asked for a sealed reply; parameters in
+    the clear or extra tensors are refused (the server does not use what it should never have seen).
     """
     body = (meta or {}).get(META_KEY)
     if not isinstance(body, dict):
@@ -243,12 +261,25 @@ def decode_reply(site: str, params: Optional[Mapping[str, Any]], meta: Optional[
         if excluded:
             metrics = {**metrics, "excluded": excluded}
     extra = to_torch(arrays, EXTRA_PREFIX)
+    _check_sealing(state, extra, sealed)
     for part, what in ((state, "parameters"), (extra, "extra tensors")):
         problem = _finite_problem(part, what) if part else None
         if problem:
             raise WireError(problem)
     return Reply(site=site, params=state, n_samples=n_samples, n_batches=n_batches,
                  class_set=list(class_set), metrics=metrics, extra=extra)
+
+
+def _check_sealing(state: Optional[StateDict], extra: StateDict, sealed: bool) -> None:
+    """A reply to a sealed task holds sealed entries only; a reply to a plain task none."""
+    keys = list(state or {})
+    in_clear = [k for k in keys if not k.startswith(SEALED_PREFIX)]
+    if sealed and (in_clear or extra):
+        what = in_clear[:3] if in_clear else [EXTRA_PREFIX + k for k in list(extra)[:3]]
+        raise WireError(f"the site sent {what} in the clear in reply to a task asking for sealed models "
+                        "(privacy.secure_aggregation); the reply is not used")
+    if not sealed and len(in_clear) != len(keys):
+        raise WireError("a sealed reply to a task that asked for a plain one")
 
 
 def _undiff(full: StateDict, diffs: StateDict, keys: Any, reference: Optional[StateDict]) -> tuple[StateDict, list]:

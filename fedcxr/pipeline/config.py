@@ -237,12 +237,22 @@ class PrivacyConfig(_Strict):
       ``{percentile_privacy: {percentile: 10, gamma: 0.01}}`` (Shokri & Shmatikov). With any
       filter, sites send updates as differences from the model they received.
     * ``dp`` — DP-SGD local training (:class:`DPConfig`); null: off.
+    * ``secure_aggregation`` — ``he``: every model a site sends is CKKS-encrypted under the clients'
+      key (FLARE provisioning's ``HEBuilder``) and the server only sums ciphertexts
+      (:mod:`fedcxr.flare.secure_aggregation`); FLARE runs of methods whose server needs only a
+      weighted sum. The server then cannot read an update: the value checks of ``defences:``
+      (``norm_factor``, ``norm_limit``, ``check_variance``) must be turned off to acknowledge it
+      (counts and the ciphertexts' structure are still checked), and no robust ``aggregation.rule``
+      or ``filters`` apply. null: off (README "Secure aggregation", SECURITY.md).
     """
 
     combine_at: Literal["server", "target"] = "server"
     auto_weights_at: Literal["server", "target"] = "server"
     filters: list[dict[str, Any]] = Field(default_factory=list)
     dp: Optional[DPConfig] = None
+    secure_aggregation: Optional[Literal["he"]] = Field(
+        None, description="he: sites send CKKS-encrypted models and the FLARE server sums ciphertexts it cannot "
+        "read (README 'Secure aggregation'); null: off")
 
     @field_validator("filters")
     @classmethod
@@ -598,6 +608,33 @@ class ExperimentConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _secure_aggregation_blinds_the_value_checks(self) -> "ExperimentConfig":
+        """An encrypted update cannot be read by the server: what would read one is refused or must be off."""
+        mode = self.privacy.secure_aggregation
+        if mode is None:
+            return self
+        if self.privacy.filters:
+            raise ValueError(f"privacy.secure_aggregation: {mode} with privacy.filters: the filters act on an update "
+                             "in the clear, but with secure aggregation it leaves the site encrypted; remove one")
+        if self.aggregation.rule != "mean":
+            raise ValueError(f"privacy.secure_aggregation: {mode} with aggregation.rule {self.aggregation.rule}: a "
+                             "robust rule compares the sites' updates value by value, which the server cannot read "
+                             "under encryption; use aggregation.rule: mean (the weighted sum)")
+        on = [name for name, value in (("norm_factor", self.defences.norm_factor),
+                                        ("norm_limit", self.defences.norm_limit),
+                                        ("bn_factor", self.defences.bn_factor),
+                                        ("check_variance", self.defences.check_variance)) if value]
+        if on:
+            off = ", ".join(f"{n}: {'false' if n == 'check_variance' else 'null'}" for n in on)
+            raise ValueError(
+                f"privacy.secure_aggregation: {mode} sends every update encrypted, so the server cannot read one and "
+                f"defences.{', defences.'.join(on)} cannot check it. Acknowledge that by turning "
+                f"{'it' if len(on) == 1 else 'them'} off (defences: {{{off}}}): the reply counts and the ciphertexts' "
+                "structure are still checked and every site checks the model it decrypts, but a site's "
+                "implausible update is no longer refused (README 'Secure aggregation')")
+        return self
+
+    @model_validator(mode="after")
     def _best_val_needs_validation(self) -> "ExperimentConfig":
         if self.select_round == "best_val" and self.eval_every == 0:
             raise ValueError("select_round: best_val picks the round by validation AUROC, but eval_every: 0 "
@@ -771,6 +808,8 @@ def config_fingerprint(cfg: ExperimentConfig) -> str:
     privacy = data.pop("privacy", {})
     for key in ("combine_at", "auto_weights_at"):  # where a rule is computed does not change its result
         privacy.pop(key, None)
+    if privacy.get("secure_aggregation") is None:  # off: the fingerprint of earlier versions
+        privacy.pop("secure_aggregation", None)
     if privacy != {"filters": [], "dp": None}:  # no privacy options: the fingerprint of earlier versions
         data["privacy"] = privacy
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

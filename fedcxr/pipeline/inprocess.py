@@ -68,6 +68,9 @@ def _warn_filters(cfg: ExperimentConfig) -> None:
     if cfg.privacy.filters:
         log.warning("privacy.filters are NVIDIA FLARE result filters: they act in `fedcxr flare` runs only, "
                     "not in this in-process run")
+    if cfg.privacy.secure_aggregation:
+        log.warning("privacy.secure_aggregation hides each site's update from a FLARE server: it acts in `fedcxr "
+                    "flare` runs only; this in-process run holds every site in one process and averages in the clear")
 
 
 def runner_dirs(cfg: ExperimentConfig) -> dict[str, Path | list[Path]]:

@@ -9,7 +9,9 @@ import the site side; here they sit below all of them (no fedcxr import).
   resumed or distributed run draws what an uninterrupted in-process one draws;
 * ``*_PREFIX``: the prefixes of a site's local-state entries that are not model entries
   (optimiser state, SCAFFOLD's control variate, the warmed-up head); ``PRIVATE_PREFIXES``
-  never leave the site and evaluation ignores them.
+  never leave the site and evaluation ignores them;
+* :data:`SEALED_PREFIX`: the entries of a model sealed by ``privacy.secure_aggregation``
+  (:mod:`fedcxr.flare.sealing`): ciphertexts the server keeps and sums but cannot read.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ WARM_PREFIX = "warm."
 CONTROL_PREFIX = "control."
 #: Local-state entries that never leave the site and are not model entries (evaluation ignores them).
 PRIVATE_PREFIXES = (OPTIMIZER_PREFIX, CONTROL_PREFIX)
+#: Model entries sealed by ``privacy.secure_aggregation``: ``sealed.<block>.data`` / ``sealed.<block>.layout``.
+SEALED_PREFIX = "sealed."
 
 
 def derive_seed(base: int, *parts: object) -> int:
@@ -32,4 +36,4 @@ def derive_seed(base: int, *parts: object) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
-__all__ = ["CONTROL_PREFIX", "OPTIMIZER_PREFIX", "PRIVATE_PREFIXES", "WARM_PREFIX", "derive_seed"]
+__all__ = ["CONTROL_PREFIX", "OPTIMIZER_PREFIX", "PRIVATE_PREFIXES", "SEALED_PREFIX", "WARM_PREFIX", "derive_seed"]

@@ -29,18 +29,27 @@ from fedcxr.pipeline.data import default_cache_dir, make_loader
 from fedcxr.pipeline.engine import backend_settings, resolve_engine
 from fedcxr.pipeline.devices import resolve_device
 from fedcxr.pipeline.forward import predict
+from fedcxr.pipeline.keys import SEALED_PREFIX
 from fedcxr.pipeline.site_runner import SiteRunner
 from fedcxr.site_adapters.manifest import content_hash, label_values
 from fedcxr.vocab import AUX_TASKS, aux_column, label_column
 
 
-def load_final(run_dir: Path) -> tuple[dict, dict]:
-    """``(run.json, final_model.pt)`` of a finished run (the model loaded safely)."""
+def load_final(run_dir: Path, *, sealed_ok: bool = False) -> tuple[dict, dict]:
+    """``(run.json, final_model.pt)`` of a finished run (the model loaded safely).
+
+    A model still sealed by ``privacy.secure_aggregation`` (the FLARE server's copy) is refused with
+    the command that opens it, unless ``sealed_ok`` (the server's cross-site evaluation sends it on)."""
     paths = RunDir(run_dir)
     if not paths.run_info.is_file() or not paths.final_model.is_file():
         raise UserError(f"{run_dir}: not a finished run ({RUN_INFO} and {FINAL_MODEL} are needed; "
                         "run `fedcxr train` to completion first)")
-    return read_run_info(run_dir), load_final_model(run_dir)
+    final = load_final_model(run_dir)
+    if not sealed_ok and any(str(k).startswith(SEALED_PREFIX) for k in final["global"]):
+        raise UserError(f"{paths.final_model} is encrypted (privacy.secure_aggregation: the FLARE server never holds "
+                        "the model in the clear); a holder of a site's key opens it: fedcxr flare decrypt "
+                        f"{run_dir} --context client_context.tenseal")
+    return read_run_info(run_dir), final
 
 
 def site_params(final: dict, site: str) -> dict:
@@ -50,6 +59,8 @@ def site_params(final: dict, site: str) -> dict:
     for key in final.get("eval_local_keys", []):
         if key in local:
             params[key] = local[key]
+    # a sealed local state (privacy.secure_aggregation) travels as its block; the site opens it over the global's
+    params.update({k: v for k, v in local.items() if str(k).startswith(SEALED_PREFIX)})
     return params
 
 

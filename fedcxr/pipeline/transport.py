@@ -20,6 +20,11 @@ class Transport(ABC):
     """Carries tasks to sites and replies back; implementations differ in where sites live."""
 
     site_names: list[str]
+    #: The secure aggregation of a transport whose replies are ciphertexts (``privacy.secure_aggregation``:
+    #: :class:`fedcxr.flare.secure_aggregation.SealedAggregation` on FLARE): the protocols check and
+    #: average replies through it (:func:`fedcxr.pipeline.protocols.base.sealed_aggregation`). None:
+    #: replies are plain tensors.
+    sealed = None
 
     @abstractmethod
     def run(

@@ -127,3 +127,67 @@ def test_every_task_that_trains_saves_the_site_state():
     assert STATE_CHANGING_TASKS == {"train", "train_combine", "fact_target", "warmup_head", "train_scaffold"}
     assert READ_ONLY_TASKS == {"metadata", "evaluate", "validate", "local_state"}
     assert set(TASKS) | set(CLIENT_TASKS) | {"local_state"} == STATE_CHANGING_TASKS | READ_ONLY_TASKS
+
+
+# --------------------------------------------------------------------------- sealed models (privacy.secure_aggregation)
+
+
+def _sealing_site(tmp_path, he_contexts, **site) -> FlareSite:
+    from fedcxr.flare.client import SiteConfig
+
+    out = FlareSite("a", SiteConfig(manifest_dir=tmp_path, source="site.json", **site), tmp_path)
+    out._he_context = he_contexts.client  # what site_context() loads from the site's FLARE startup kit
+    return out
+
+
+def test_a_site_seals_what_it_sends_keeps_its_local_entries_and_opens_what_it_gets(tmp_path, he_contexts):
+    from fedcxr.flare.client import seal_if_asked
+    from fedcxr.flare.sealing import is_sealed, open_sealed, plain_part
+    from fedcxr.pipeline.messages import NoConfig, Reply
+
+    site = _sealing_site(tmp_path, he_contexts)
+    theta, bn = _theta0_and_bn_keys(["edema"])
+    reply = Reply(site="a", params=dict(theta), n_samples=4, n_batches=2)
+    task = {"seal": "he", "config": _train_config(0, ["edema"], bn)}
+    assert seal_if_asked(site, reply, "train", task) > 0
+    assert is_sealed(reply.params) and not plain_part(reply.params)
+    assert set(open_sealed(reply.params, he_contexts.client)) == set(theta) - set(bn)  # BN never left the site
+    local = Reply(site="a", params={k: theta[k] for k in bn})
+    seal_if_asked(site, local, "local_state", {"seal": "he", "config": NoConfig()})
+    assert sorted(local.params) == ["sealed.local.data", "sealed.local.layout"]
+    opened, seconds = site.open_params(reply.params)
+    assert seconds > 0 and set(opened) == set(theta) - set(bn)
+    assert site.open_params(theta) == (theta, 0.0)
+    with pytest.raises(ValueError, match="extra tensors .* cannot travel sealed"):
+        seal_if_asked(site, Reply(site="a", params=dict(theta), extra={"scaffold_dc.w": torch.zeros(1)}), "train",
+                      task)
+
+
+def test_a_site_that_requires_secure_aggregation_never_sends_a_model_in_the_clear(tmp_path, he_contexts):
+    from fedcxr.flare.client import seal_if_asked
+    from fedcxr.pipeline.messages import Reply
+
+    theta, bn = _theta0_and_bn_keys(["edema"])
+    plain_task = {"seal": None, "config": _train_config(0, ["edema"], bn)}
+    strict = _sealing_site(tmp_path, he_contexts, secure_aggregation="he")
+    with pytest.raises(ValueError, match="asks for a model in the clear, but this site's configuration"):
+        seal_if_asked(strict, Reply(site="a", params=dict(theta)), "train", plain_task)
+    assert seal_if_asked(strict, Reply(site="a", metrics={"mean_auroc": 0.5}), "evaluate", plain_task) == 0.0
+    relaxed = _sealing_site(tmp_path, he_contexts)
+    kept = Reply(site="a", params=dict(theta))
+    assert seal_if_asked(relaxed, kept, "train", plain_task) == 0.0 and kept.params.keys() == theta.keys()
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"manifest_dir": "m", "secure_aggregation": "he"}))
+    assert load_site_config(path, "a").secure_aggregation == "he"
+    path.write_text(json.dumps({"manifest_dir": "m", "secure_aggregation": "yes"}))
+    with pytest.raises(ValueError, match="'secure_aggregation' is \"he\" or absent"):
+        load_site_config(path, "a")
+
+
+def test_a_site_without_a_startup_kit_says_where_its_key_comes_from():
+    from fedcxr.flare.he_keys import site_context
+    from fedcxr.flare.sealing import SealError
+
+    pytest.importorskip("tenseal", reason="TenSEAL (fedcxr[he]) cannot be imported on this platform")
+    with pytest.raises(SealError, match="client_context.tenseal of its FLARE startup kit"):
+        site_context()

@@ -114,3 +114,27 @@ def check_poc_mode(command: str, run: Path, conf_before) -> None:
     home_conf = Path.home() / ".nvflare" / "config.conf"
     assert (home_conf.read_bytes() if home_conf.is_file() else None) == conf_before
     assert not _processes_mentioning(str(flare_dir.resolve())), "a FLARE process of this run is still alive"
+
+
+def readme_secure_aggregation_commands() -> list[str]:
+    text = README.read_text()
+    section = text.split("### Secure aggregation (homomorphic encryption)", 1)[1].split("\n#", 1)[0]
+    return [line.strip() for line in section.splitlines() if line.strip().startswith(".venv/bin/fedcxr")]
+
+
+@pytest.mark.slow
+def test_the_readme_secure_aggregation_commands_run_as_written(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("tenseal", reason="TenSEAL (fedcxr[he]) cannot be imported on this platform")
+    import torch
+
+    commands = readme_secure_aggregation_commands()
+    assert [shlex.split(c)[1:3] for c in commands] == [["flare", "simulate"], ["evaluate", "runs/demo-he"]]
+    monkeypatch.chdir(tmp_path)
+    prepare_demo(Path("fedcxr-demo"))
+    for command in commands:
+        assert main(shlex.split(command)[1:]) == 0, command
+    final = torch.load(Path("runs/demo-he/final_model.pt"), weights_only=True)
+    assert final["global"] and not any(k.startswith("sealed.") for k in final["global"])
+    checkpoint = torch.load(Path("runs/demo-he/checkpoints/round_0001.pt"), weights_only=True)
+    assert sorted(checkpoint["state"]["global"]) == ["sealed.model.data", "sealed.model.layout"]
+    assert "runs/demo-he/report.md" in capsys.readouterr().out

@@ -258,3 +258,40 @@ def test_a_validate_reply_carrying_tensors_is_refused():
     params, meta = encode_reply(Reply(site="a", params={"w": torch.zeros(3)}, n_samples=1, metrics=_summary()))
     with pytest.raises(WireError, match="summaries only"):
         decode_reply("a", params, meta, task="validate")
+
+
+# --------------------------------------------------------------------------- sealed replies (privacy.secure_aggregation)
+
+SEALED = {"sealed.model.data": torch.arange(12, dtype=torch.uint8), "sealed.model.layout": torch.tensor([123],
+                                                                                                     dtype=torch.uint8)}
+
+
+def test_a_task_says_whether_it_wants_sealed_replies_and_a_site_of_another_version_refuses_it():
+    params, meta = encode_task("train", _state(), _task(), runner={}, run="r", seal="he")
+    assert decode_task(params, meta)["seal"] == "he" and meta[META_KEY]["version"] == 3
+    assert decode_task(*encode_task("train", _state(), _task(), runner={}, run="r"))["seal"] is None
+    meta[META_KEY]["seal"] = "rot13"
+    with pytest.raises(WireError, match="seal 'rot13' is not one of"):
+        decode_task(params, meta)
+    with pytest.raises(ValueError, match="seal must be one of"):
+        encode_task("train", _state(), _task(), runner={}, run="r", seal="rot13")
+    meta[META_KEY].update(seal="he", reply_weight_type=DELTAS)
+    with pytest.raises(WireError, match="asking for a sealed reply asks for differences too"):
+        decode_task(params, meta)
+
+
+def test_a_reply_to_a_sealed_task_holds_sealed_entries_only():
+    reply = Reply(site="a", params=dict(SEALED), n_samples=8, n_batches=2)
+    params, meta = encode_reply(reply)
+    decoded = decode_reply("a", params, meta, task="train", sealed=True)
+    assert torch.equal(decoded.params["sealed.model.data"], SEALED["sealed.model.data"])
+    clear, meta_clear = encode_reply(Reply(site="a", params={**SEALED, "head.bias": torch.zeros(2)}, n_samples=8))
+    with pytest.raises(WireError, match=r"sent \['head.bias'\] in the clear in reply to a task asking for sealed"):
+        decode_reply("a", clear, meta_clear, task="train", sealed=True)
+    extra, meta_extra = encode_reply(Reply(site="a", params=dict(SEALED), extra={"scaffold_dc.w": torch.zeros(2)}))
+    with pytest.raises(WireError, match=r"sent \['x/scaffold_dc.w'\] in the clear"):
+        decode_reply("a", extra, meta_extra, task="train", sealed=True)
+    with pytest.raises(WireError, match="a sealed reply to a task that asked for a plain one"):
+        decode_reply("a", params, meta, task="train")
+    summary, meta_summary = encode_reply(Reply(site="a", metrics={"mean_auroc": 0.7}))
+    assert decode_reply("a", summary, meta_summary, task="evaluate", sealed=True).params is None

@@ -209,10 +209,11 @@ def valid_replies(ctx: Context, replies: dict[str, Reply], reference: StateDict 
             refused.append(site)
             continue
         kept[site] = reply
-        stats[site] = _step_norm(ctx, reply, expected)
-        shift = _bn_shift(ctx, reply, expected)
-        if shift is not None:
-            shifts[site] = shift
+        if sealed_aggregation(ctx) is None:  # a ciphertext has no norm or BN shift the server can read
+            stats[site] = _step_norm(ctx, reply, expected)
+            shift = _bn_shift(ctx, reply, expected)
+            if shift is not None:
+                shifts[site] = shift
     screened = len(kept) + len(refused)
     for site, reason in _relative_outliers(ctx, stats, shifts).items():
         refuse(ctx, r, task, site, "norm", reason)
@@ -316,6 +317,12 @@ def _evidence(ctx: Context, site: str, r: int) -> str:
     return f"{site} ({', '.join(parts)})"
 
 
+def sealed_aggregation(ctx: Context):
+    """The transport's secure aggregation (``privacy.secure_aggregation``: replies are ciphertexts the
+    server sums but cannot read; :class:`~fedcxr.pipeline.transport.Transport`), or None."""
+    return getattr(ctx.transport, "sealed", None)
+
+
 # --------------------------------------------------------------------------- screening
 
 
@@ -336,6 +343,10 @@ def screen(ctx: Context, reply: Reply, reference: Optional[StateDict], r: int, *
         return None
     if reply.params is None:
         return "structure", "no parameters"
+    sealed = sealed_aggregation(ctx)
+    if sealed is not None:  # ciphertexts: only their structure can be checked (privacy.secure_aggregation)
+        reason = sealed.structure_problem(reply.params, reference, ctx.sent.get(reply.site, {}).get("local_keys") or ())
+        return ("structure", reason) if reason else None
     reason = _structure_problem(reply.params, reference)
     if reason:
         return "structure", reason
@@ -483,6 +494,10 @@ class RoundProtocol:
     #: kept at the site), so a reply's head is not an update of the head the server sent: FLARE's
     #: ``percentile_privacy`` filter, which ranks every entry of an update, is refused for them.
     per_site_heads = False
+    #: What this method's server reads in one site's own update, so ``privacy.secure_aggregation`` cannot
+    #: hide it (a string completing "method X ..."); None where the server needs only a weighted sum
+    #: of the sites' models (:meth:`secure_aggregation_problem`).
+    reads_each_update: Optional[str] = "reads each site's own update at the server"
 
     def __init__(self, name: str):
         self.name = name
@@ -502,6 +517,21 @@ class RoundProtocol:
         if self.needs_sources and not cfg.source_sites():
             raise UserError(f"method {self.name} needs at least one source site in `sites:`")
         self.validate_aggregation(cfg)
+        self.validate_secure_aggregation(cfg)
+
+    def secure_aggregation_problem(self, cfg: ExperimentConfig) -> Optional[str]:
+        """Why this method cannot run with ``privacy.secure_aggregation`` (None: it can):
+        :attr:`reads_each_update` unless a protocol knows more."""
+        return self.reads_each_update
+
+    def validate_secure_aggregation(self, cfg: ExperimentConfig) -> None:
+        """``privacy.secure_aggregation`` needs a server that only sums (exit 2 saying why not)."""
+        mode = cfg.privacy.secure_aggregation
+        problem = self.secure_aggregation_problem(cfg) if mode else None
+        if problem:
+            raise UserError(f"privacy.secure_aggregation: {mode}: method {self.name} {problem}, which an encrypted "
+                            "update hides; secure aggregation needs a server that only sums (FedAvg, FedProx, FL and "
+                            "their variants: README 'Secure aggregation')")
 
     def validate_aggregation(self, cfg: ExperimentConfig) -> None:
         """A robust ``aggregation.rule`` needs a server-side average of at least three sites
@@ -573,6 +603,11 @@ def aggregate_backbone(ctx: Context, replies: dict[str, Reply], theta0: StateDic
     sites = list(replies)
     states = [{k: v for k, v in replies[s].params.items() if k not in exclude} for s in sites]
     weights = [1.0 if uniform else float(max(replies[s].n_samples, 1)) for s in sites]
+    sealed = sealed_aggregation(ctx)
+    if sealed is not None:  # privacy.secure_aggregation: the same weighted mean, on ciphertexts
+        if exclude:
+            raise ValueError(f"entries {list(exclude)[:3]} cannot be left out of a sealed average")
+        return sealed.weighted_mean(theta0, dict(zip(sites, states)), weights)
     mode = ctx.cfg.backbone_aggregation
     if ctx.cfg.aggregation.rule != "mean":
         local = set(ctx.bn_keys) if mode != "fedavg" else set()

@@ -18,6 +18,7 @@ class TargetOnlyProtocol(RoundProtocol):
     needs_target_labels = True
     needs_sources = False
     averages_sites = "trains the target alone (no server-side average of site models)"
+    reads_each_update = "trains the target alone: its model is the only one the server holds, nothing is summed"
 
     def __init__(self, name: str, *, oracle: bool):
         super().__init__(name)
@@ -42,6 +43,7 @@ class CentralProtocol(RoundProtocol):
     """Central: every site's training rows pooled in one place (the ``__central__`` site)."""
 
     averages_sites = "trains one pooled model (no server-side average of site models)"
+    reads_each_update = "pools every site's images in one place"
     pooled_site = CENTRAL_SITE
 
     def __init__(self, name: str):
@@ -49,6 +51,7 @@ class CentralProtocol(RoundProtocol):
 
     def validate(self, cfg, meta, classes):
         self.validate_aggregation(cfg)
+        self.validate_secure_aggregation(cfg)
 
     def run_round(self, ctx, r, state):
         cfg = task_config(ctx, r, "source", use_aux=bool(ctx.aux_tasks), missing_as_negative=True)
@@ -61,12 +64,14 @@ class IndividualProtocol(RoundProtocol):
     """Individual: each site trains alone on its own classes; evaluated on its own test set."""
 
     averages_sites = "trains each site alone (no server-side average of site models)"
+    reads_each_update = "keeps each site's own model at the server, nothing is summed"
 
     def __init__(self, name: str):
         super().__init__(name)
 
     def validate(self, cfg, meta, classes):
         self.validate_aggregation(cfg)
+        self.validate_secure_aggregation(cfg)
 
     def init_state(self, ctx, theta):
         return {"global": theta, "per_site": {s: dict(theta) for s in ctx.sources}}

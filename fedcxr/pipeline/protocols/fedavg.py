@@ -25,6 +25,8 @@ from fedcxr.pipeline.state import keep_keys
 class FedAvgProtocol(RoundProtocol):
     """Sources train from θ0, the server averages; optionally the target fine-tunes (Alg. 1)."""
 
+    reads_each_update = None  # a weighted sum: privacy.secure_aggregation can hide every update
+
     def __init__(self, name: str, *, finetune: bool, aux_info: bool):
         super().__init__(name)
         self.finetune = finetune
@@ -36,6 +38,13 @@ class FedAvgProtocol(RoundProtocol):
 
     def eval_local_keys(self, ctx: Context) -> list[str]:
         return self._local_keys(ctx)
+
+    def secure_aggregation_problem(self, cfg) -> str | None:
+        if self.finetune and cfg.backbone_aggregation != "fedavg" and self.reads_each_update is None:
+            return ("takes the target's fine-tuned BatchNorm entries into the global model while the sources' "
+                    f"stay local ({cfg.backbone_aggregation}): the server would have to splice one encrypted model "
+                    "into another entry by entry; use backbone_aggregation: fedavg")
+        return super().secure_aggregation_problem(cfg)
 
     def source_config(self, ctx: Context, r: int) -> TrainTask:
         """The sources' ``train`` task config of round ``r`` (FedProx adds its μ here)."""

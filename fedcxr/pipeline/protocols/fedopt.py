@@ -112,6 +112,8 @@ class FedProxProtocol(FedAvgProtocol):
 class SCAFFOLDProtocol(FedAvgProtocol):
     """SCAFFOLD(_Finetune): control variates c (server) and c_i (each source), Algorithm 1, option II."""
 
+    reads_each_update = "also sums each site's control-variate update Δc_i, which travels beside its model, not sealed"
+
     def __init__(self, name: str, *, finetune: bool):
         super().__init__(name, finetune=finetune, aux_info=False)
         self.needs_target = finetune
@@ -183,6 +185,8 @@ def _with_control_updates(ctx: Context, replies: dict[str, Reply], control: Stat
 
 class FedOptProtocol(FedAvgProtocol):
     """FedAdagrad / FedAdam / FedYogi (_Finetune): a server optimiser on the sources' mean update."""
+
+    reads_each_update = "feeds the averaged update to a server optimiser that squares it coordinate by coordinate"
 
     def __init__(self, name: str, *, rule: str, finetune: bool):
         super().__init__(name, finetune=finetune, aux_info=False)

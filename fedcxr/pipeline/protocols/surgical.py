@@ -35,6 +35,9 @@ class SurgicalFamilyProtocol(RoundProtocol):
     """
 
     default_backbone_weighting = "uniform"
+    #: FL and FL_PartialLoss average every entry (a weighted sum); the heads of FL_Surgical and PFL are not
+    READS_HEADS = {"surgical": "averages each class's head rows over the sites that label it, matched by name",
+                   "pfl": "leaves each site's head out of the average entry by entry"}
 
     def task_defaults(self) -> dict:
         # one compiled Keras model (and Adam) per client for the whole run in the authors' code
@@ -44,6 +47,7 @@ class SurgicalFamilyProtocol(RoundProtocol):
         super().__init__(name)
         self.mode = mode
         self.per_site_heads = mode in ("surgical", "pfl")  # own classes' rows / a head kept at the site
+        self.reads_each_update = self.READS_HEADS.get(mode)  # None: privacy.secure_aggregation can hide updates
 
     def _local_keys(self, ctx: Context) -> list[str]:
         keys = list(ctx.bn_keys) if ctx.cfg.backbone_aggregation != "fedavg" else []

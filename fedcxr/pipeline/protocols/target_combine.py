@@ -62,6 +62,9 @@ class TargetCombineProtocol(FedAvgProtocol):
     model (see the module docstring). Warm-up rounds first (module docstring).
     """
 
+    reads_each_update = ("weighs each source's own update against the target's (per-entry cosines; FedDA/FedGP's "
+                         "per-source β)")
+
     rule = "gp"
     auto = False
     #: warm-up rounds unless ``warmup_rounds`` says: 2 plain FedAvg rounds, as AutoFedGP
