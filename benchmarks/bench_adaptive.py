@@ -66,7 +66,7 @@ def config(manifests: Path, work: Path, rounds: int, seed: int) -> dict:
 
 def run(data: dict, run_dir: Path, attack: str) -> dict:
     """One run through the hostile transport, scored on the target's test rows."""
-    from fedcxr.commands.evaluate import evaluate_run
+    from fedcxr.workflows.evaluate import evaluate_run
     from fedcxr.errors import RunFailed, UserError
     from fedcxr.pipeline.config import load_config
 
