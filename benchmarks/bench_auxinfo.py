@@ -267,7 +267,8 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
     runs.sort_values(["setting", "variant", "method", "seed"]).to_csv(args.out / f"{args.stem}_runs.csv", index=False)
     cells.to_csv(args.out / f"{args.stem}.csv", index=False)
     pairs.to_csv(args.out / f"{args.stem}_pairs.csv", index=False)
-    meta = {"settings": {s: SETTINGS[s] for s in args.settings}, "variants": {v: VARIANTS[v] for v in args.variants},
+    shown = sorted(set(runs["variant"]) - {BASE})  # the tables cover every finished run, not only this call's
+    meta = {"settings": {s: SETTINGS[s] for s in args.settings}, "variants": {v: VARIANTS[v] for v in shown},
             "overrides": args.overrides, "seeds": sorted(int(s) for s in runs["seed"].unique()),
             "images_per_site": args.images_per_site, "image_size": args.image_size, "target": TARGET,
             "demographics": args.demographics or "nih", "part": "/".join(map(str, args.part)),
