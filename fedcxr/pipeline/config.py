@@ -426,6 +426,9 @@ class ExperimentConfig(_Strict):
         "one `target_train` budget with a fresh optimiser (FedGP paper App. C: 'the same number of 50 epochs "
         "of fine-tuning after FedAvg'; AutoFedGP main_domain_bed_offline.py calls train() once per epoch)")
     alpha: float = Field(1.0, ge=0, description="weight of auxiliary losses (AuxInfo)")
+    aux_reduction: Literal["sum", "mean"] = Field(
+        "sum", description="AuxInfo: `sum` (the paper's Eq. 2: α·Σ_k over the auxiliary tasks) or `mean` (α·the "
+        "mean over the tasks with a known row in the batch: α then weighs the same whatever the number of tasks)")
     beta: float = Field(0.5, ge=0, le=1, description="GP: weight of the source projection")
     aux_tasks: list[str] = Field(default_factory=lambda: list(AUX_TASKS))
     aux_info: Optional[bool] = Field(None, description="force AuxInfo (the auxiliary heads' losses) on/off; "
@@ -805,6 +808,8 @@ def config_fingerprint(cfg: ExperimentConfig) -> str:
             data.get(block, {}).pop("momentum", None)
     if data.get("auto_alignment") == "lr_s_over_lr_t":  # the default: the fingerprint of earlier versions
         data.pop("auto_alignment")
+    if data.get("aux_reduction") == "sum":  # the default: the fingerprint of earlier versions
+        data.pop("aux_reduction")
     privacy = data.pop("privacy", {})
     for key in ("combine_at", "auto_weights_at"):  # where a rule is computed does not change its result
         privacy.pop(key, None)

@@ -56,6 +56,7 @@ class LocalConfig:
     epochs: int = 1
     steps: Optional[int] = None
     alpha: float = 1.0
+    aux_reduction: str = "sum"  # "sum" | "mean" over the aux tasks (losses.aux_ce)
     use_aux: bool = True
     weight_decay: float = 0.0
     amp: bool = True
@@ -300,7 +301,7 @@ def _steps(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimize
             out = forward(x)
         main = masked_bce(out["main"], y, mask)
         if use_aux:
-            aux = aux_ce(out["aux"], batch["aux"].to(device), batch["aux_mask"].to(device), tasks)
+            aux = aux_ce(out["aux"], batch["aux"].to(device), batch["aux_mask"].to(device), tasks, cfg.aux_reduction)
             loss = main + float(cfg.alpha) * aux
         else:
             aux = torch.zeros((), device=device)

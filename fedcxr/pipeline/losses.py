@@ -1,6 +1,8 @@
 """The local loss of every method (DESIGN §5 'Local loss (AuxInfo)'): pure functions of a batch's outputs.
 
-``L = L_main + α · Σ_k L_aux_k``:
+``L = L_main + α · Σ_k L_aux_k`` (``aux_reduction: sum``, the AuxInfo+GP paper's Eq. 2-3), or
+``L_main + α · mean_k L_aux_k`` (``aux_reduction: mean``: the mean over the tasks with a known row
+in the batch, so α weighs the auxiliary loss the same whatever the number of tasks):
 
 * ``L_main`` (:func:`masked_bce`): BCE-with-logits over the observed entries of the batch only
   (``label_mask``), averaged over those entries — a site that does not label a class, or a row
@@ -31,18 +33,28 @@ def masked_bce(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) 
     return total / observed.sum().clamp_min(1)
 
 
+AUX_REDUCTIONS = ("sum", "mean")
+
+
 def aux_ce(
     aux_logits: Mapping[str, torch.Tensor],
     aux: torch.Tensor,
     aux_mask: torch.Tensor,
     tasks: Sequence[str],
+    reduction: str = "sum",
 ) -> torch.Tensor:
-    """``Σ_k`` mean cross-entropy of task ``k`` over the rows whose code is known.
+    """``Σ_k`` (``reduction="sum"``) or mean over ``k`` (``"mean"``) of task ``k``'s mean cross-entropy
+    over the rows whose code is known.
 
     ``aux_logits[task]``: (B, K_task) logits; ``aux``: (B, T) int64 codes (-1 unknown) in
-    ``tasks`` order; ``aux_mask``: (B, T), 1 where known. A task with no known row adds 0.
+    ``tasks`` order; ``aux_mask``: (B, T), 1 where known. A task with no known row adds 0 and, under
+    ``mean``, is not counted: a site that never records race (NIH) averages its other tasks, so
+    its auxiliary loss is not scaled down for a label it does not have.
     """
+    if reduction not in AUX_REDUCTIONS:
+        raise ValueError(f"aux reduction {reduction!r}: choose one of {', '.join(AUX_REDUCTIONS)}")
     total: Optional[torch.Tensor] = None
+    present: Optional[torch.Tensor] = None
     for t, task in enumerate(tasks):
         logits = aux_logits[task].float()
         target = aux[:, t].long()
@@ -50,8 +62,12 @@ def aux_ce(
         per_row = F.cross_entropy(logits, target.clamp_min(0), reduction="none")
         term = torch.where(known, per_row, torch.zeros_like(per_row)).sum() / known.sum().clamp_min(1)
         total = term if total is None else total + term
+        has = known.any().float()
+        present = has if present is None else present + has
     if total is None:
         return torch.zeros((), device=aux.device)
+    if reduction == "mean":
+        return total / present.clamp_min(1)
     return total
 
 

@@ -234,6 +234,7 @@ class TrainTask(TaskConfig):
     steps: Optional[int] = None  # optimiser steps; overrides epochs
     aux_tasks: tuple[str, ...] = ()
     alpha: float = 1.0  # weight of the aux losses
+    aux_reduction: Literal["sum", "mean"] = "sum"  # Σ_k or mean over the aux tasks (losses.aux_ce)
     use_aux: bool = False
     weight_decay: float = 0.0
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"

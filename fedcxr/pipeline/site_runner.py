@@ -373,7 +373,7 @@ class SiteRunner:
         seed = self.task_seed(config, "train", config.round, config.role, *([config.repeat] if config.repeat else []))
         cfg = self.local_config(
             lr=config.lr, batch_size=config.batch_size, epochs=config.epochs, steps=config.steps, alpha=config.alpha,
-            use_aux=config.use_aux and bool(aux_tasks), weight_decay=config.weight_decay, optimizer=config.optimizer,
+            aux_reduction=config.aux_reduction, use_aux=config.use_aux and bool(aux_tasks), weight_decay=config.weight_decay, optimizer=config.optimizer,
             dp=config.dp or None, momentum=config.momentum, prox_mu=config.prox_mu,
         )
         if len(data) == 0:

@@ -22,6 +22,10 @@ Output of :func:`write_synthetic_export` (``OUT``)::
 
 Same seed → byte-identical csv/tsv/json files and identical pixel arrays. The command line,
 ``fedcxr synth``, is :mod:`fedcxr.commands.synth`.
+
+Version 2 (``synth_version``): findings depend on sex, age bin and view as in NIH ChestX-ray14
+(:mod:`fedcxr.synth.cohort`, ``demographics: nih``), so a seed's findings differ from version 1's
+(its patients, ages and views do not); ``demographics="legacy"`` writes version 1's findings.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Sequence
 
 from fedcxr.errors import UserError
 
-SYNTH_VERSION = 1
+SYNTH_VERSION = 2
 SYNTH_JSON = "synth.json"
 
 
@@ -50,22 +54,26 @@ def write_synthetic_export(
     images_per_site: int = 120,
     image_size: int = 64,
     seed: int = 0,
+    demographics: str | None = None,
 ) -> dict:
     """Write the hospitals' native exports into ``out`` and return the ``synth.json`` payload.
 
     ``sites``: hospital names (default all, :data:`fedcxr.synth.hospitals.HOSPITALS`);
     ``images_per_site``: images per hospital (laterals included); ``image_size``: short side
-    of the smallest detector in pixels (larger detectors scale from it). A hospital folder
-    that already exists is replaced.
+    of the smallest detector in pixels (larger detectors scale from it); ``demographics``: how
+    sex, age and view move the findings at every hospital (:data:`fedcxr.synth.cohort.DEMOGRAPHICS`;
+    default: each hospital's own, ``nih``). A hospital folder that already exists is replaced.
     """
     from fedcxr.synth.export import write_hospital
-    from fedcxr.synth.hospitals import select
+    from fedcxr.synth.hospitals import select, with_demographics
 
     if int(images_per_site) < 1:
         raise UserError(f"--images-per-site must be at least 1, got {images_per_site}")
     if int(image_size) < 16:
         raise UserError(f"--image-size must be at least 16 pixels, got {image_size}")
     chosen = select(sites)
+    if demographics is not None:
+        chosen = [with_demographics(h, demographics) for h in chosen]
     dicom = [h.name for h in chosen if h.source in DICOM_SOURCES]
     if dicom and int(image_size) < MIN_DICOM_SIZE:
         raise UserError(f"--image-size {image_size}: {', '.join(dicom)} write(s) JPEG 2000 DICOMs, whose encoder "
@@ -80,6 +88,7 @@ def write_synthetic_export(
             shutil.rmtree(target)
         hospitals[hospital.name] = write_hospital(
             hospital, out, n_images=int(images_per_site), image_size=int(image_size), seed=int(seed))
+        hospitals[hospital.name]["demographics"] = hospital.cohort.demographics
     payload = {
         "synth_version": SYNTH_VERSION,
         "seed": int(seed),

@@ -3,8 +3,11 @@
 Why four different hospitals: federated training and domain adaptation need sites that
 differ the way real ones do — *label heterogeneity* (NIH-14 vs CheXpert-14 vs COVID-19 vs a
 local finding list), *covariate shift* (contrast, gamma, noise, blur, positioning, detector
-size and aspect) and *case-mix shift* (age, sex, race, AP share, prevalence). Names are
-stable: configs, docs and the demo refer to them.
+size and aspect) and *case-mix shift* (age, sex, race, AP share, prevalence). Every hospital's
+findings depend on sex, age bin and view with NIH ChestX-ray14's odds ratios (``demographics:
+nih``, :mod:`fedcxr.synth.cohort`), so the case-mix shift moves the findings as it would in real
+hospitals and AuxInfo's auxiliary labels carry signal. Names are stable: configs, docs and the
+demo refer to them.
 
 =================  ========  ==========================================================
 hospital           SOURCE    look and case mix
@@ -27,13 +30,13 @@ not on how many other images or hospitals are written.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
 
 from fedcxr.errors import UserError
-from fedcxr.synth.cohort import CohortProfile, ImageDraw, sample_cohort
+from fedcxr.synth.cohort import DEMOGRAPHICS, CohortProfile, ImageDraw, sample_cohort
 from fedcxr.synth.phantom import SiteStyle, render
 from fedcxr.vocab import CLASSES
 
@@ -128,6 +131,14 @@ def select(sites: Sequence[str] | None) -> list[Hospital]:
     if unknown:
         raise UserError(f"--sites: unknown synthetic hospital(s) {unknown}; choose from {', '.join(HOSPITALS)}")
     return [HOSPITALS[s] for s in dict.fromkeys(sites)]
+
+
+def with_demographics(hospital: Hospital, demographics: str) -> Hospital:
+    """The hospital with another ``demographics`` mode (:data:`fedcxr.synth.cohort.DEMOGRAPHICS`);
+    exit-2 error for an unknown one."""
+    if demographics not in DEMOGRAPHICS:
+        raise UserError(f"demographics {demographics!r}: choose one of {', '.join(DEMOGRAPHICS)}")
+    return replace(hospital, cohort=replace(hospital.cohort, demographics=demographics))
 
 
 def cohort(hospital: Hospital, n_images: int, seed: int) -> list[ImageDraw]:

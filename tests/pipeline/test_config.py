@@ -118,6 +118,18 @@ def test_fingerprint_is_the_one_earlier_versions_computed_under_either_key():
     assert config_fingerprint(load_config(data={"sites": ["a"]}, check_sites=False)) == "5de14a000d548775"
 
 
+
+def test_aux_reduction_is_sum_or_mean_and_only_mean_changes_the_fingerprint():
+    base = {"sites": ["a"]}
+    default = load_config(data=base, check_sites=False)
+    assert default.aux_reduction == "sum"
+    assert config_fingerprint(load_config(data={**base, "aux_reduction": "sum"}, check_sites=False)) == \
+        config_fingerprint(default) == "5de14a000d548775"  # earlier versions' runs still resume
+    assert config_fingerprint(load_config(data={**base, "aux_reduction": "mean"}, check_sites=False)) != \
+        config_fingerprint(default)
+    with pytest.raises(UserError, match="aux_reduction"):
+        load_config(data={**base, "aux_reduction": "median"}, check_sites=False)
+
 # --------------------------------------------------------------------------- typos: did you mean …?
 
 

@@ -191,3 +191,23 @@ def test_empty_loader_trains_nothing():
                          record_batch_updates=True)
     assert result.n_batches == 0 and math.isnan(result.loss) and result.batch_updates.shape[0] == 0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+
+def test_aux_mean_reaches_the_training_loss():
+    """Two aux tasks known in every batch (sex, age bin): ``mean`` with α = 2 trains exactly as ``sum``
+    with α = 1, and ``mean`` with α = 1 differently (half the auxiliary weight)."""
+    base = toy_dataset()
+    frame = base.frame.copy()
+    frame[aux_column("age_bin")] = pd.array([i % 5 for i in range(len(frame))], dtype="Int64")
+    ds = SiteDataset(base.images, frame, np.arange(len(frame)), classes=CLASSES, aux_tasks=["sex", "age_bin"],
+                     loss_classes=CLASSES, augment_config=AugmentConfig(prob=1.0))
+    runs = {}
+    for name, cfg in {"sum": LocalConfig(alpha=1.0), "mean": LocalConfig(alpha=1.0, aux_reduction="mean"),
+                      "mean2": LocalConfig(alpha=2.0, aux_reduction="mean")}.items():
+        torch.manual_seed(0)
+        model = CXRNet(CLASSES, backbone="resnet_tiny", hidden=8, aux_tasks={"sex": 2, "age_bin": 5})
+        train_local(model, loader(ds), cfg, device="cpu", seed=1)
+        runs[name] = model
+    assert states_equal(runs["sum"], runs["mean2"])
+    assert not states_equal(runs["sum"], runs["mean"])

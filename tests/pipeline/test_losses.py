@@ -51,3 +51,22 @@ def test_aux_ce_ignores_rows_with_unknown_values():
     both = aux_ce({"sex": sex, "view": view}, aux2, (aux2 >= 0).float(), ["sex", "view"])
     view_ce = F.cross_entropy(view[[0, 2]], torch.tensor([2, 0]))
     assert both.item() == pytest.approx(expected.item() + view_ce.item(), rel=1e-6)
+
+
+def test_aux_mean_averages_the_tasks_with_a_known_row():
+    """``aux_reduction: mean``: the mean over tasks a batch has a known value of (a task no row knows —
+    race at NIH — neither adds nor counts); ``sum``: the paper's Σ_k."""
+    torch.manual_seed(1)
+    logits = {"sex": torch.randn(4, 2), "age_bin": torch.randn(4, 5), "race": torch.randn(4, 5)}
+    aux = torch.tensor([[1, 3, -1], [0, -1, -1], [-1, 2, -1], [1, 4, -1]])
+    mask = (aux >= 0).float()
+    tasks = ["sex", "age_bin", "race"]
+    sex_ce = F.cross_entropy(logits["sex"][[0, 1, 3]], torch.tensor([1, 0, 1])).item()
+    age_ce = F.cross_entropy(logits["age_bin"][[0, 2, 3]], torch.tensor([3, 2, 4])).item()
+    assert aux_ce(logits, aux, mask, tasks, "sum").item() == pytest.approx(sex_ce + age_ce, rel=1e-6)
+    assert aux_ce(logits, aux, mask, tasks).item() == pytest.approx(sex_ce + age_ce, rel=1e-6)  # sum: the default
+    assert aux_ce(logits, aux, mask, tasks, "mean").item() == pytest.approx((sex_ce + age_ce) / 2, rel=1e-6)
+    nothing = torch.full((4, 3), -1)
+    assert aux_ce(logits, nothing, torch.zeros(4, 3), tasks, "mean").item() == 0.0
+    with pytest.raises(ValueError, match="'median'"):
+        aux_ce(logits, aux, mask, tasks, "median")

@@ -62,6 +62,20 @@ def test_train_is_reproducible_from_the_seed_round_and_site(runners):
     assert derive_seed(0, "train", "x", 0) != derive_seed(0, "train", "x", 1)
 
 
+
+def test_train_applies_the_tasks_aux_reduction(runners):
+    """``aux_reduction`` travels in the train task to the site's loss: at chexpert_style (sex, age bin,
+    race and view known) ``mean`` with α = 4 is ``sum`` with α = 1 (four tasks), ``mean`` with α = 1 is not."""
+    _, sites = runners
+    runner = sites["chexpert_style"]
+    tasks = ["sex", "age_bin", "race", "view"]
+    theta0 = {k: v.detach().clone() for k, v in runner.model(runner.class_set, tasks).state_dict().items()}
+    run = lambda **kw: runner.handle("train", theta0, _train_config(runner, aux_tasks=tasks, use_aux=True, **kw))  # noqa: E731
+    summed, mean4, mean1 = run(alpha=1.0), run(alpha=4.0, aux_reduction="mean"), run(alpha=1.0, aux_reduction="mean")
+    assert summed.metrics["aux_loss"] > 0
+    assert all(torch.allclose(summed.params[k], mean4.params[k], atol=1e-6) for k in theta0)
+    assert any(not torch.allclose(summed.params[k], mean1.params[k], atol=1e-6) for k in theta0)
+
 def test_received_head_rows_are_matched_by_class_name(runners):
     _, sites = runners
     runner = sites["dicom_style"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 import numpy as np
+import pytest
 
 from fedcxr.synth.cohort import PATIENT_LEVEL, CohortProfile, sample_cohort
 from fedcxr.synth.phantom import truth
@@ -90,3 +91,118 @@ def test_prevalence_shift_and_race_mix():
     races = Counter(d.patient.race for d in draws)
     assert set(races) == {"white", "black", None}
     assert sample_cohort(5, CohortProfile(), np.random.default_rng(0))[0].patient.race is None
+
+
+# --------------------------------------------------------------------------- NIH's demographic effects
+
+#: NIH ChestX-ray14's case mix, roughly: 43.5 % women, age 46.6 ± 16.6, 40 % AP films
+NIH_LIKE = dict(female_fraction=0.435, age_mean=46.6, age_sd=16.6, ap_bias=-0.45, extra_studies=0.0)
+
+
+def cells_of(draws) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    from fedcxr.vocab import age_bin_code
+
+    sex = np.array([d.patient.sex == "M" for d in draws], dtype=int)
+    age = np.array([age_bin_code(d.age) for d in draws], dtype=int)
+    view = np.array([d.subject.view == "AP" for d in draws], dtype=int)
+    return sex, age, view
+
+
+@pytest.mark.parametrize("mode, profile", [
+    ("nih_prevalence", NIH_LIKE),
+    ("nih", dict(prevalence_shift=0.3, ap_bias=0.5, extra_studies=0.0)),
+])
+def test_prevalence_by_sex_age_and_view_follows_nih(mode, profile):
+    """6,000 draws (one study per patient, so images are independent): each NIH finding's prevalence
+    by sex, by age bin (bins of 200 draws or more) and by view is within 4 binomial standard errors
+    of NIH's fitted model for the drawn patients — ``nih_prevalence`` at NIH's levels, ``nih`` at the
+    finding's level and the profile's shift (NIH's odds ratios either way) — despite the latent
+    factors and the acute patients' AP films."""
+    from scipy.special import expit
+
+    from fedcxr.synth import demographics as nih
+    from fedcxr.synth.cohort import FINDINGS
+
+    prof = CohortProfile(demographics=mode, **profile)
+    draws = sample_cohort(6000, prof, np.random.default_rng(11))
+    sex, age, view = cells_of(draws)
+    for finding in nih.nih_findings():
+        logits = nih.cell_logits(finding) + prof.prevalence_shift
+        if mode == "nih":
+            logits = logits + nih.lift(finding, FINDINGS[finding].level)
+        expected = expit(logits[sex, age, view])
+        has = np.array([finding in d.subject.findings for d in draws])
+        for name, codes in (("sex", sex), ("age_bin", age), ("view", view)):
+            for value in np.unique(codes):
+                chosen = codes == value
+                if chosen.sum() < 200:
+                    continue
+                se = np.sqrt((expected[chosen] * (1 - expected[chosen])).sum()) / chosen.sum()
+                gap = has[chosen].mean() - expected[chosen].mean()
+                assert abs(gap) < 4 * se, (finding, name, value, has[chosen].mean(), expected[chosen].mean())
+
+
+def test_nih_like_case_mix_gives_nih_prevalences_by_sex_age_and_view():
+    """With NIH's case mix, what the model expects for the drawn patients is NIH's own prevalence by
+    sex, by age bin and by view within 1 point (the rest is the mix: view share by age, the age
+    curve): so the previous test's 4 standard errors (≈ 1-2 points at 6,000 draws) are NIH's."""
+    from scipy.special import expit
+
+    from fedcxr.synth import demographics as nih
+
+    _, mix = nih.tables()
+    sex, age, view = cells_of(sample_cohort(6000, CohortProfile(demographics="nih_prevalence", **NIH_LIKE),
+                                            np.random.default_rng(11)))
+    assert abs(view.mean() - 0.40) < 0.03 and abs(sex.mean() - 0.565) < 0.03
+    for finding in nih.nih_findings():
+        p = expit(nih.cell_logits(finding))
+        for axis, codes in ((0, sex), (1, age), (2, view)):
+            for value in np.unique(codes):
+                chosen = codes == value
+                if chosen.sum() < 200:
+                    continue
+                nih_value = float((np.take(mix, value, axis) * np.take(p, value, axis)).sum() / np.take(mix, value, axis).sum())
+                ours = float(p[sex[chosen], age[chosen], view[chosen]].mean())
+                assert abs(ours - nih_value) < 0.01, (finding, axis, value, ours, nih_value)
+
+
+def test_default_hospitals_take_nih_odds_ratios():
+    """The default (``nih``) cohort: edema on AP films and hernia in the old, as in NIH; sex matters."""
+    draws = sample_cohort(6000, CohortProfile(extra_studies=0.0), np.random.default_rng(12))
+    assert CohortProfile().demographics == "nih"
+    has = lambda c: np.array([c in d.subject.findings for d in draws])  # noqa: E731
+    sex, age, view = cells_of(draws)
+    odds = lambda x: x.mean() / (1 - x.mean())  # noqa: E731
+    assert odds(has("edema")[view == 1]) > 4 * odds(has("edema")[view == 0])  # NIH: × 11.7 in the reference cell
+    assert has("hernia")[age >= 3].mean() > 4 * has("hernia")[age <= 1].mean()
+    assert odds(has("cardiomegaly")[sex == 1]) < 0.8 * odds(has("cardiomegaly")[sex == 0])  # NIH: × 0.69
+
+
+def test_legacy_reproduces_the_previous_model_draw_for_draw():
+    """``legacy``: the findings of the model before NIH's effects (fingerprints taken from it)."""
+    import hashlib
+
+    def fingerprint(profile):
+        draws = sample_cohort(500, profile, np.random.default_rng(7))
+        text = "\n".join(f"{d.patient.index},{d.patient.sex},{d.age:.6f},{d.patient.race},{d.study},{d.view_number},"
+                         f"{d.subject.view},{'|'.join(sorted(d.subject.findings))}" for d in draws)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    assert fingerprint(CohortProfile(demographics="legacy")) == (
+        "da855380177fe548f517a658bd45271dace36bd0b86855607416b56cbf5e319d")
+    busy = CohortProfile(lateral_fraction=0.3, covid_prevalence=0.4, ap_bias=0.5, prevalence_shift=0.3,
+                         race_probs={"white": 0.5, "black": 0.5}, demographics="legacy")
+    assert fingerprint(busy) == "13f95e9b4cdc09c7d17efbb7f41cc22a99a59c48c01193e81b722189fbdb34fa"
+
+
+def test_modes_share_patients_studies_and_views():
+    runs = {m: sample_cohort(400, CohortProfile(demographics=m, lateral_fraction=0.2), np.random.default_rng(3))
+            for m in ("nih", "nih_prevalence", "legacy")}
+    who = {m: [(d.patient.sex, d.age, d.study, d.subject.view) for d in draws] for m, draws in runs.items()}
+    assert who["nih"] == who["nih_prevalence"] == who["legacy"]
+    assert [d.subject.findings for d in runs["nih"]] != [d.subject.findings for d in runs["legacy"]]
+
+
+def test_unknown_demographics_is_refused():
+    with pytest.raises(ValueError, match="demographics 'nhi'"):
+        CohortProfile(demographics="nhi")

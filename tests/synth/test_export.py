@@ -239,3 +239,24 @@ def test_cli_synth_writes_the_export_and_rejects_unknown_sites(tmp_path, capsys)
     assert main(["synth", "--out", str(tmp_path / "small"), "--sites", "dicom_style", "--image-size", "24"]) == 2
     err = capsys.readouterr().err
     assert "dicom_style" in err and "JPEG 2000" in err
+
+
+def test_demographics_mode_is_chosen_for_every_hospital_and_recorded(tmp_path):
+    """The default export takes NIH's effects (synth version 2); ``legacy`` writes version 1's findings
+    for the same patients; an unknown mode is an exit-2 error naming it."""
+    from fedcxr.errors import UserError
+    from fedcxr.synth import SYNTH_VERSION
+
+    default = write_synthetic_export(tmp_path / "a", sites=["nih_style"], images_per_site=60, image_size=24, seed=5)
+    legacy = write_synthetic_export(tmp_path / "b", sites=["nih_style"], images_per_site=60, image_size=24, seed=5,
+                                    demographics="legacy")
+    assert default["synth_version"] == SYNTH_VERSION == 2
+    assert default["hospitals"]["nih_style"]["demographics"] == "nih"
+    assert legacy["hospitals"]["nih_style"]["demographics"] == "legacy"
+    a = pd.read_csv(tmp_path / "a" / "nih_style" / "Data_Entry_2017_v2020.csv")
+    b = pd.read_csv(tmp_path / "b" / "nih_style" / "Data_Entry_2017_v2020.csv")
+    same = ["Image Index", "Patient ID", "Patient Age", "Patient Gender", "View Position"]
+    pd.testing.assert_frame_equal(a[same], b[same])
+    assert (a["Finding Labels"] != b["Finding Labels"]).any()
+    with pytest.raises(UserError, match="demographics 'nhi'"):
+        write_synthetic_export(tmp_path / "c", sites=["nih_style"], images_per_site=5, image_size=24, demographics="nhi")

@@ -107,7 +107,7 @@ def task_config(ctx: Context, r: int, role: str, **overrides) -> TrainTask:
     values = {
         "round": r, "seed": cfg.seed, "role": role,
         "param_classes": list(ctx.classes), "head_classes": list(ctx.classes),
-        "aux_tasks": list(ctx.aux_tasks), "alpha": cfg.alpha,
+        "aux_tasks": list(ctx.aux_tasks), "alpha": cfg.alpha, "aux_reduction": cfg.aux_reduction,
         "use_aux": bool(ctx.aux_tasks) and role == "source",
         "lr": local.lr, "batch_size": target_batch_size(ctx) if role == "target" else local.batch_size,
         "epochs": local.epochs, "steps": local.steps,

@@ -45,6 +45,9 @@ def test_task_config_takes_the_roles_settings_and_the_methods_defaults():
     assert (target["lr"], target["batch_size"], target["labeled"]) == (0.002, 32, 20)  # the method's batch of 32
     assert source["optimizer"] == "adam" and not source["keep_optimizer"]
     assert source["head_classes"] == source["param_classes"] == ("edema",)
+    assert source["aux_reduction"] == "sum"  # the paper's Σ_k, unless the config says mean
+    mean = context("FedAvg_Finetune_AuxInfo", _silent, sites=["a"], target="t", aux_reduction="mean", alpha=0.5)
+    assert (task_config(mean, 0, "source")["aux_reduction"], task_config(mean, 0, "source")["alpha"]) == ("mean", 0.5)
 
     fact = context("FACT", _silent, sites=["a", "b"], target="t")  # the method's own defaults
     assert (task_config(fact, 0, "source")["optimizer"], task_config(fact, 0, "source")["weight_decay"]) == ("sgd", 5e-4)
