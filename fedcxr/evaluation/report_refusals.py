@@ -32,6 +32,12 @@ MAX_RANGES = 20
 MAX_REASONS = 5
 #: the reason of an absence ``run.json`` gives none for (a run written before reasons were kept)
 NO_REPLY = "no reply"
+#: what a reason of ``run.json`` ``missed`` means, said once under the table when one is met
+#: (the reasons the FLARE transport records: :mod:`fedcxr.flare.liveness`)
+REASON_NOTES = {
+    "disconnected": ("disconnected", "the FLARE server had lost the site's client and did not ask it"),
+    "no answer within": ("no answer within N s", "the round's deadline (`--timeout`) passed first"),
+}
 
 
 def training_record(run_info: Mapping[str, Any]) -> Optional[dict]:
@@ -102,9 +108,11 @@ def training_section(report: Mapping[str, Any]) -> list[str]:
                 for row in refused]
         lines += _table(header, rows) + [""]
     if missed:
-        lines += ["Sites that trained in this run but sent no reply to some of its training tasks; each of those "
-                  "rounds went on without them (\"disconnected\": the FLARE server had lost the site's client and "
-                  "did not ask it; \"no answer within N s\": the round's deadline, `--timeout`, passed):", ""]
+        met = {why for row in missed for why in row["why"]}
+        notes = [f"“{shown}”: {text}" for prefix, (shown, text) in REASON_NOTES.items()
+                 if any(m.startswith(prefix) for m in met)]
+        lines += ["Sites that sent no reply to some training tasks; each of those rounds went on without them"
+                  + (f" ({'; '.join(notes)})" if notes else "") + ":", ""]
         lines += _table(["Site", "Missed", "Rounds", "Why"],
                         [[row["site"], str(row["n"]), rounds_text(row["rounds"]),
                           ", ".join(f"{why} × {n}" for why, n in row["why"].items())] for row in missed]) + [""]

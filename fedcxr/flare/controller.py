@@ -12,12 +12,13 @@ Failure handling (:mod:`fedcxr.flare.liveness`): a task is sent only to the site
 client is still connected (a client FLARE deemed disconnected is not asked, so later rounds do
 not wait for it), and waits for them at most ``task_timeout`` seconds (0: no limit; FLARE still
 ends the wait for clients it deems disconnected), a site's tasks up to its first round of the
-job ``STARTUP_ALLOWANCE_S`` longer (its job process is starting). Sites that were not asked, did not answer, answered with an
-error, or sent a payload :mod:`fedcxr.flare.wire` refuses (NaN/Inf, unknown fields) are absent
-from the replies, with the reason logged; the protocol records them in ``run.json["missed"]``
-(with that reason) and fails the round below ``min_sites``. An aborted job (an admin's
-``abort_job``, or FLARE's own when too few clients are left) ends the run where it is: the round
-in progress is not completed with the replies that happened to arrive.
+job ``STARTUP_ALLOWANCE_S`` longer (its job process is starting). Sites that were not asked,
+did not answer, answered with an error, or sent a payload :mod:`fedcxr.flare.wire` refuses
+(NaN/Inf, unknown fields) are absent from the replies, with the reason logged; the protocol
+records them in ``run.json["missed"]`` (with that reason) and fails the round below
+``min_sites``. An aborted job (an admin's ``abort_job``, or FLARE's own when too few clients are
+left) ends the run where it is: the round in progress is not completed with the replies that
+happened to arrive.
 
 Persistence: the run directory (config, ``metrics.jsonl``, per-round checkpoints,
 ``final_model.pt``) is written by the server exactly as in-process runs write it. A server

@@ -169,7 +169,8 @@ def test_a_poc_run_goes_on_without_a_killed_site_takes_it_back_and_resumes_after
         assert set(row["train"]) == {A} and row["seconds"] < TIMEOUT, row
     assert B in rows[rejoined]["train"]
     report = (run / "report.md").read_text()
-    assert re.search(rf"\| {B} \| \d+ \| [0-9–, ]+ \| no answer within {TIMEOUT} s × \d+, .*disconnected × \d+", report)
+    why = rf"no answer within {TIMEOUT} s × \d+, .*disconnected × \d+"
+    assert re.search(rf"\| {B} \| \d+ \| [0-9–, ]+ \| {why}", report), report
     assert json.loads((run / "report.json").read_text())["sites"].keys() == {A}, "B cannot evaluate: it is gone"
     train_log = (run / "train.log").read_text()
     assert f"round 2: site {B} did not answer task train (no answer within {TIMEOUT} s)" in train_log
