@@ -94,6 +94,7 @@ SLOW_FIXTURES = {"flare_runs"}
 #: the files that take longest on 2 idle cores (``--durations``), run first under ``pytest -n 2``
 #: so that no worker ends the run alone with one of them; a stale entry costs time, never a result
 LONGEST_FIRST = (
+    "tests/flare/test_poc_faults.py",  # two POC systems, a site and a server killed (~3 min)
     "tests/flare/test_readme_flare.py",
     "tests/flare/test_controller.py",  # the shared FLARE simulator jobs (tests/flare/shared_job.py)
     "tests/flare/test_job.py",

@@ -19,7 +19,7 @@ import argparse
 from pathlib import Path
 
 from fedcxr.commands.options import add_bootstrap, add_device, add_set
-from fedcxr.errors import UserError
+from fedcxr.errors import RunFailed, UserError
 
 HELP = "the same run on NVIDIA FLARE (export | simulate | poc | decrypt)"
 
@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="continue an interrupted run from its last complete round (a finished run is not trained again; "
                         "its cross-site report is kept when every site answered with the same --bootstrap)")
     p.add_argument("--timeout", type=int, default=0, metavar="SECONDS",
-                   help="how long a round waits for a site before going on without it (0: no limit)")
+                   help="how long a round waits for a site before going on without it (0: no limit); a site's "
+                        "first round of a job gets 120 s more (its FLARE process starts)")
     add_device(p, what="the config's `device`, at every site")
     p.add_argument("--run-dir", default=None, metavar="RUN_DIR",
                    help="export: the server's run directory (a stable path makes the run resumable); "
@@ -81,10 +82,33 @@ def _cli_run(args, runner, what: str) -> int:
     run_dir = RunDir(args.out) if args.out else RunDir.default_for(cfg, flare=True)
     if getattr(args, "bootstrap", 1000) < 0:
         raise UserError(f"--bootstrap must be 0 (DeLong CIs) or a positive number of resamples, got {args.bootstrap}")
-    payload = runner(cfg, run_dir.root, resume=args.resume, task_timeout=args.timeout, device=args.device,
-                     progress=progress_wanted(args), evaluation=_evaluation(args))
+    try:
+        payload = runner(cfg, run_dir.root, resume=args.resume, task_timeout=args.timeout, device=args.device,
+                         progress=progress_wanted(args), evaluation=_evaluation(args))
+    except RunFailed as exc:  # the server stopped, a round failed, ...: say how to go on
+        exc.advice = ("checkpoints of the completed rounds are kept; fix the cause (if any), then continue with: "
+                      + resume_command(args, run_dir.root))
+        raise
     _summary(payload, run_dir, what, cross_site=bool(getattr(args, "cross_site", True)))
     return 0
+
+
+def resume_command(args, run_dir) -> str:
+    """The command line that continues this run: the same config, options and ``--set`` values, ``--resume``."""
+    import shlex
+
+    argv = ["fedcxr", "flare", args.flare_command, str(args.config), "--out", str(run_dir)]
+    for override in args.overrides or []:
+        argv += ["--set", override]
+    if args.timeout:
+        argv += ["--timeout", str(args.timeout)]
+    if args.device:
+        argv += ["--device", str(args.device)]
+    if not getattr(args, "cross_site", True):
+        argv.append("--no-cross-site")
+    elif getattr(args, "bootstrap", None) is not None:  # the same resamples keep a finished cross-site report
+        argv += ["--bootstrap", str(args.bootstrap)]
+    return shlex.join([*argv, "--resume"])
 
 
 def _evaluation(args) -> dict:

@@ -4,8 +4,11 @@ A report that lists the training sites but not that one of them was refused in e
 reads as an honest consortium's result. :func:`training_record` summarises ``run.json``'s
 ``refused`` (replies the reply checks left out, ``defences:``), ``missed`` (sites that did not
 answer) and ``refusal_pattern``, compactly — per site: how many replies, in which rounds, by
-which check, with one reason as an example — and :func:`training_section` writes it as the
-report's Markdown section. The FLARE cross-site report gets the same section (both build their
+which check, with one reason as an example; per absent site, why (``disconnected``: FLARE lost its
+client; ``no answer within N s``: the round's deadline passed) — and :func:`training_section`
+writes it as the report's Markdown section. ``report.json`` keeps the rounds as ``run.json`` does
+(the 0-based index); ``report.md`` numbers them as people count, from 1, as the console and
+``train.log`` do (:func:`rounds_text`). The FLARE cross-site report gets the same section (both build their
 header with :func:`fedcxr.evaluation.report.report_header`).
 
 ``run.json`` is read as hostile input like every run-directory file: entries of the wrong shape
@@ -25,6 +28,16 @@ MAX_ENTRIES = 100_000
 MAX_SITE, MAX_CHECK, MAX_REASON = 100, 40, 300
 #: round ranges written per site before "…"
 MAX_RANGES = 20
+#: distinct reasons kept per absent site (the first ones met)
+MAX_REASONS = 5
+#: the reason of an absence ``run.json`` gives none for (a run written before reasons were kept)
+NO_REPLY = "no reply"
+#: what a reason of ``run.json`` ``missed`` means, said once under the table when one is met
+#: (the reasons the FLARE transport records: :mod:`fedcxr.flare.liveness`)
+REASON_NOTES = {
+    "disconnected": ("disconnected", "the FLARE server had lost the site's client and did not ask it"),
+    "no answer within": ("no answer within N s", "the round's deadline (`--timeout`) passed first"),
+}
 
 
 def training_record(run_info: Mapping[str, Any]) -> Optional[dict]:
@@ -32,8 +45,9 @@ def training_record(run_info: Mapping[str, Any]) -> Optional[dict]:
     ``None`` when it records neither (a run directory written before the reply checks).
 
     ``refused``: per site ``{site, n, rounds, checks: {check: n}, reason}`` (the first reason);
-    ``missed``: per site ``{site, n, rounds}`` for replies that never came (a refused reply is
-    also in ``run.json``'s ``missed``, marked ``rejected:``; it is counted under ``refused`` only);
+    ``missed``: per site ``{site, n, rounds, why: {reason: n}}`` for replies that never came (the
+    reason ``no reply`` where ``run.json`` gives none; a refused reply is also in ``run.json``'s
+    ``missed``, marked ``rejected:``; it is counted under ``refused`` only);
     ``skipped``: entries that were not records of this shape, or past :data:`MAX_ENTRIES`."""
     if "refused" not in run_info and "missed" not in run_info:
         return None
@@ -60,9 +74,12 @@ def training_record(run_info: Mapping[str, Any]) -> Optional[dict]:
         if str(entry.get("reason", "")).startswith("rejected:"):
             continue  # the refused list holds it, with its check
         site, r = parsed
-        row = missed.setdefault(site, {"site": site, "n": 0, "rounds": set()})
+        row = missed.setdefault(site, {"site": site, "n": 0, "rounds": set(), "why": {}})
         row["n"] += 1
         row["rounds"].add(r)
+        why = _text(entry.get("reason"), MAX_REASON) or NO_REPLY
+        if why in row["why"] or len(row["why"]) < MAX_REASONS:
+            row["why"][why] = row["why"].get(why, 0) + 1
     skipped += sum(max(0, len(v) - MAX_ENTRIES) for v in (run_info.get("refused"), run_info.get("missed"))
                    if isinstance(v, list))
     finish = lambda rows: [{**row, "rounds": sorted(row["rounds"])} for row in rows.values()]  # noqa: E731
@@ -91,9 +108,14 @@ def training_section(report: Mapping[str, Any]) -> list[str]:
                 for row in refused]
         lines += _table(header, rows) + [""]
     if missed:
-        lines += ["Sites that did not answer a training task (the round went on without them):", ""]
-        lines += _table(["Site", "Missed", "Rounds"], [[row["site"], str(row["n"]), rounds_text(row["rounds"])]
-                                                      for row in missed]) + [""]
+        met = {why for row in missed for why in row["why"]}
+        notes = [f"“{shown}”: {text}" for prefix, (shown, text) in REASON_NOTES.items()
+                 if any(m.startswith(prefix) for m in met)]
+        lines += ["Sites that sent no reply to some training tasks; each of those rounds went on without them"
+                  + (f" ({'; '.join(notes)})" if notes else "") + ":", ""]
+        lines += _table(["Site", "Missed", "Rounds", "Why"],
+                        [[row["site"], str(row["n"]), rounds_text(row["rounds"]),
+                          ", ".join(f"{why} × {n}" for why, n in row["why"].items())] for row in missed]) + [""]
     pattern = record.get("pattern")
     if pattern:
         lines += [f"Over {md(pattern['rounds'])} rounds, {md(', '.join(pattern['always_refused']))} had a reply "
@@ -106,10 +128,11 @@ def training_section(report: Mapping[str, Any]) -> list[str]:
 
 
 def rounds_text(rounds: list[int]) -> str:
-    """``0–4, 7, 9–11``: the rounds as ``run.json`` and ``metrics.jsonl`` number them (from 0)."""
+    """``1–5, 8, 10–12``: the rounds as people count them (round 1 is the first) from the 0-based
+    indices of ``run.json`` and ``metrics.jsonl`` (``[0, 1, 2, 3, 4, 7, 9, 10, 11]`` here)."""
     ranges: list[str] = []
     start = prev = None
-    for r in rounds:
+    for r in (int(i) + 1 for i in rounds):
         if prev is not None and r == prev + 1:
             prev = r
             continue

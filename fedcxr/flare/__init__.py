@@ -6,6 +6,8 @@ module              what it holds
 ``wire``            the FLModel payload format of tasks and replies, and what a reply may hold
 ``controller``      the server: :class:`FedcxrController` (a ModelController running
                     :func:`fedcxr.pipeline.run_driver.run_experiment`) and its transport
+``liveness``        which sites a task asks (not those FLARE deems disconnected), how long it waits
+                    (a start-up allowance up to a site's first round), why a site is absent
 ``client``          the hospital: :class:`FlareSite` around a :class:`SiteRunner`, the Client API loop
 ``fedcxr_client``   the two-line client script FLARE copies into each site's app
 ``site_evaluation`` the ``validate`` task: a site scores a model on its own split, replies with summaries
@@ -16,6 +18,8 @@ module              what it holds
 ``processes``       the ``nvflare`` processes a run starts: process tree, clean stop, logs kept (never keys)
 ``simulator``       ``fedcxr flare simulate``: the run in FLARE's simulator on this machine
 ``poc``             ``fedcxr flare poc``: a POC system provisioned (mTLS), started, used and stopped here
+``poc_watch``       what ``fedcxr flare poc`` watches while its job runs: a stopped server, a restarted
+                    site (the job resubmitted), a job FLARE keeps open after its runs ended
 ``stats``           ``fedcxr stats --flare``, a site: FLARE ``Statistics`` over fedcxr's released counts,
                     and the recorder of what the site sent
 ``stats_job``       the server: FLARE's ``StatsJob`` and ``StatisticsController`` with fedcxr's pieces;

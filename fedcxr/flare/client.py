@@ -58,6 +58,7 @@ from fedcxr.pipeline.engine import apply_backend, resolve_engine
 from fedcxr.pipeline.devices import resolve_device
 from fedcxr.pipeline.messages import DELTAS, Reply, TaskConfig, parse_task_config
 from fedcxr.pipeline.keys import PRIVATE_PREFIXES
+from fedcxr.pipeline.run_log import round_number
 from fedcxr.pipeline.site_runner import TASKS, SiteRunner
 
 log = logging.getLogger(__name__)
@@ -241,7 +242,7 @@ class FlareSite:
         if usable:
             k, path = usable[-1]
             runner.set_local_state(load_tensors(path, "site state file"))
-            log.info("site %s: restored local state saved after round %d", self.name, k)
+            log.info("site %s: restored local state saved after round %d", self.name, round_number(k))
 
     def _save(self, runner, config: TaskConfig, run: str) -> None:
         state = runner.get_local_state()

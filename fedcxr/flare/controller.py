@@ -8,11 +8,17 @@ for this task" becomes ``send_model_and_wait(task_name=..., targets=[...], data=
 (or one FLARE task per site when sites get different payloads), and the replies come back as
 :class:`~fedcxr.pipeline.messages.Reply`. Each hospital runs :mod:`fedcxr.flare.client`.
 
-Failure handling: a task waits for every target, at most ``task_timeout`` seconds (0: no
-limit; FLARE still ends the wait for clients it declares dead). Sites that did not answer,
-answered with an error, or sent a payload :mod:`fedcxr.flare.wire` refuses (NaN/Inf,
-unknown fields) are absent from the replies, with the reason logged; the protocol records
-them in ``run.json["missed"]`` and fails the round below ``min_sites``.
+Failure handling (:mod:`fedcxr.flare.liveness`): a task is sent only to the sites whose FLARE
+client is still connected (a client FLARE deemed disconnected is not asked, so later rounds do
+not wait for it), and waits for them at most ``task_timeout`` seconds (0: no limit; FLARE still
+ends the wait for clients it deems disconnected), a site's tasks up to its first round of the
+job ``STARTUP_ALLOWANCE_S`` longer (its job process is starting). Sites that were not asked,
+did not answer, answered with an error, or sent a payload :mod:`fedcxr.flare.wire` refuses
+(NaN/Inf, unknown fields) are absent from the replies, with the reason logged; the protocol
+records them in ``run.json["missed"]`` (with that reason) and fails the round below
+``min_sites``. An aborted job (an admin's ``abort_job``, or FLARE's own when too few clients are
+left) ends the run where it is: the round in progress is not completed with the replies that
+happened to arrive.
 
 Persistence: the run directory (config, ``metrics.jsonl``, per-round checkpoints,
 ``final_model.pt``) is written by the server exactly as in-process runs write it. A server
@@ -38,9 +44,11 @@ from fedcxr.errors import UserError
 from fedcxr.pipeline.checkpoints import load_final_model, save_final
 from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint
 from fedcxr.pipeline.run_driver import run_experiment
+from fedcxr.flare.liveness import SiteLiveness
 from fedcxr.flare.secure_aggregation import HE
 from fedcxr.flare.wire import WireError, decode_reply, encode_task
 from fedcxr.pipeline.messages import DELTAS, WEIGHTS, NoConfig, Reply
+from fedcxr.pipeline.run_log import round_number
 from fedcxr.pipeline.transport import Transport
 from fedcxr.rundir import FLARE_STATUS, RunDir, finished_run
 
@@ -120,12 +128,22 @@ class FlareTransport(Transport):
                                              task=task, sealed=self.sealed is not None)
                 excluded = replies[site].metrics.get("excluded")
                 if excluded:
-                    log.info("round %s, task %s: %s's filters removed %d entries (kept at the sent value)",
-                             round_, task, site, len(excluded))
+                    log.info("%s, task %s: %s's filters removed %d entries (kept at the sent value)",
+                             _round_text(round_), task, site, len(excluded))
             except WireError as exc:
-                log.warning("round %s, task %s: rejected reply from %s: %s", round_, task, site, exc)
+                log.warning("%s, task %s: rejected reply from %s: %s", _round_text(round_), task, site, exc)
                 self.rejected.append({"round": round_, "task": task, "site": site, "reason": str(exc)})
+                self.controller.liveness.note(site, f"reply refused: {exc}")
         return replies
+
+    def absence_reason(self, site: str) -> Optional[str]:
+        """Why ``site`` sent no usable reply to the last task it was part of (:mod:`fedcxr.flare.liveness`)."""
+        return self.controller.liveness.reason(site)
+
+
+def _round_text(round_) -> str:
+    """``round 3`` as people count (``config.round`` is the 0-based index), ``no round`` for round-less tasks."""
+    return f"round {round_number(round_)}" if isinstance(round_, int) else "no round"
 
 
 # --------------------------------------------------------------------------- server controller
@@ -158,6 +176,8 @@ class FedcxrController(_ControllerBase):
         self.experiments = [dict(e) for e in experiments or []]
         self.task_timeout = int(task_timeout)
         self.fedcxr_version = str(fedcxr_version or "")
+        # which sites FLARE still reaches, how long a task waits, why a site is absent
+        self.liveness = SiteLiveness(self.get_client_disconnect_time, self.task_timeout)
 
     # ------------------------------------------------------------------ the workflow
     def run(self) -> None:
@@ -166,6 +186,9 @@ class FedcxrController(_ControllerBase):
             raise RuntimeError(problem)
         failed = []
         for i, spec in enumerate(self.experiments):
+            if self._aborted():  # the job ends here; a resubmitted job continues every experiment
+                failed.append("the rest: the FLARE job was aborted")
+                break
             default = "fedcxr_run" if len(self.experiments) == 1 else f"fedcxr_run_{i}"
             run_dir = Path(spec.get("run_dir") or Path(self.get_run_dir()) / default)
             if not self.run_one(spec["config"], run_dir, resume=bool(spec.get("resume", True)),
@@ -182,7 +205,7 @@ class FedcxrController(_ControllerBase):
             sealed = self._sealed_aggregation(cfg)
         except Exception as exc:  # no HE context in the server's kit, no TenSEAL: the run cannot start
             self.exception(f"fedcxr {cfg.method}: privacy.secure_aggregation: {type(exc).__name__}: {exc}")
-            _write_status(run_dir, "failed", error=f"{type(exc).__name__}: {exc}")
+            write_status(run_dir, "failed", error=f"{type(exc).__name__}: {exc}")
             return False
         transport = FlareTransport(self, sites, runner=runner_settings(cfg), run=config_fingerprint(cfg),
                                    reply_weight_type=DELTAS if cfg.privacy.filters else WEIGHTS, sealed=sealed)
@@ -191,14 +214,19 @@ class FedcxrController(_ControllerBase):
             transport.rejected = list(previous.get("rejected", []))
         done_before = finished_run(run_dir) if resume else None
         self.info(f"fedcxr {cfg.method}: {cfg.rounds} rounds over {sites}; run directory {run_dir}")
-        _write_status(run_dir, "running", started=time.time(), rejected=transport.rejected)
+        write_status(run_dir, "running", started=time.time(), rejected=transport.rejected)
         try:
             payload = run_experiment(cfg, run_dir, resume=resume, device="cpu", progress=False, transport=transport)
             self._collect_local_states(run_dir, transport, sites)
             self._persist(run_dir, cfg)
+        except JobAborted as exc:
+            self.warning(f"fedcxr {cfg.method} stopped: {exc}")
+            RunDir(run_dir).mark_stopped()
+            write_status(run_dir, "stopped", error=str(exc), rejected=transport.rejected)
+            return False
         except Exception as exc:
             self.exception(f"fedcxr {cfg.method} failed: {type(exc).__name__}: {exc}")
-            _write_status(run_dir, "failed", error=f"{type(exc).__name__}: {exc}", rejected=transport.rejected)
+            write_status(run_dir, "failed", error=f"{type(exc).__name__}: {exc}", rejected=transport.rejected)
             return False
         from fedcxr.flare.cross_site import evaluation_settings
 
@@ -208,7 +236,7 @@ class FedcxrController(_ControllerBase):
             self.info(f"fedcxr {cfg.method}: cross-site evaluation of this finished run kept ({evaluated})")
         else:
             evaluated = self._cross_site(run_dir, transport, settings)
-        _write_status(run_dir, "finished", missed=payload.get("missed", []), rejected=transport.rejected,
+        write_status(run_dir, "finished", missed=payload.get("missed", []), rejected=transport.rejected,
                       cross_site=evaluated, evaluation=settings)
         self.info(f"fedcxr {cfg.method}: finished; {len(payload.get('missed', []))} replies missed or rejected")
         return True
@@ -276,22 +304,53 @@ class FedcxrController(_ControllerBase):
                  round_: Optional[int] = None) -> dict[str, Any]:
         """Send each group's payload to its sites; ``{site: FLModel | error text}`` of those that answered.
 
-        One group (the same model for every site) is FLARE's ``send_model_and_wait``. Several groups
-        (per-site payloads, e.g. surgical heads) run as concurrent FLARE tasks so sites still train in
-        parallel.
+        Sites FLARE deemed disconnected are not asked (:meth:`reachable_groups`); the others are waited
+        for :meth:`SiteLiveness.timeout` seconds. One group (the same model for every site) is FLARE's
+        ``send_model_and_wait``. Several groups (per-site payloads, e.g. surgical heads) run as
+        concurrent FLARE tasks so sites still train in parallel. :class:`JobAborted` when the job was
+        aborted meanwhile (the replies that happened to arrive are not used).
         """
         from nvflare.app_common.abstract.fl_model import FLModel
 
-        models = [(targets, FLModel(params=params, meta=meta, current_round=round_)) for targets, (params, meta)
+        groups = self.reachable_groups(task, groups, round_)
+        if not groups:
+            return {}
+        targets = [s for members, _ in groups for s in members]
+        timeout = self.liveness.timeout(targets, round_)
+        models = [(members, FLModel(params=params, meta=meta, current_round=round_)) for members, (params, meta)
                   in groups]
         if len(models) == 1:
-            targets, model = models[0]
-            results = self.send_model_and_wait(task_name=task, data=model, targets=list(targets),
-                                               timeout=self.task_timeout)
-            return {m.meta.get("client_name"): m for m in results}
-        return self._dispatch_concurrently(task, models)
+            members, model = models[0]
+            results = self.send_model_and_wait(task_name=task, data=model, targets=list(members), timeout=timeout)
+            answers = {m.meta.get("client_name"): m for m in results}
+        else:
+            answers = self._dispatch_concurrently(task, models, timeout)
+        self._stop_if_aborted()
+        self.liveness.note_unanswered([s for s in targets if s not in answers], timeout)
+        return answers
 
-    def _dispatch_concurrently(self, task_name: str, models: list) -> dict[str, Any]:
+    def reachable_groups(self, task: str, groups: list, round_: Optional[int] = None) -> list:
+        """``groups`` without the sites FLARE deemed disconnected (their absence reason recorded);
+        a group left without sites is dropped."""
+        live, gone = self.liveness.split([s for members, _ in groups for s in members],
+                                         what=f"{_round_text(round_)} (task {task})")
+        if not gone:
+            return groups
+        keep = set(live)
+        return [([s for s in members if s in keep], payload) for members, payload in groups
+                if any(s in keep for s in members)]
+
+    def _aborted(self) -> bool:
+        return self.abort_signal is not None and self.abort_signal.triggered
+
+    def _stop_if_aborted(self) -> None:
+        if self._aborted():
+            gone = sorted(site for site, why in self.liveness.reasons.items() if why == "disconnected")
+            raise JobAborted("the FLARE job was aborted (by an admin's abort_job, or by FLARE when fewer clients "
+                             "than the job's min_clients were left" + (f"; deemed disconnected: {', '.join(gone)}"
+                                                                      if gone else "") + ")")
+
+    def _dispatch_concurrently(self, task_name: str, models: list, timeout: int) -> dict[str, Any]:
         from nvflare.apis.controller_spec import Task
         from nvflare.apis.fl_constant import ReturnCode
         from nvflare.app_common.utils.fl_model_utils import FLModelUtils
@@ -312,17 +371,22 @@ class FedcxrController(_ControllerBase):
 
         tasks = []
         for targets, model in models:
-            flare_task = Task(name=task_name, data=FLModelUtils.to_shareable(model), timeout=self.task_timeout,
+            flare_task = Task(name=task_name, data=FLModelUtils.to_shareable(model), timeout=timeout,
                               result_received_cb=on_result)
             self.broadcast(task=flare_task, fl_ctx=self.fl_ctx, targets=list(targets), min_responses=len(targets))
             tasks.append(flare_task)
         while any(t.completion_status is None for t in tasks):
-            if self.abort_signal is not None and self.abort_signal.triggered:
+            if self._aborted():
                 for t in tasks:
                     self.cancel_task(t)
-                raise RuntimeError("the FLARE job was aborted")
+                break
             time.sleep(self._task_check_period)
         return answers
+
+
+class JobAborted(RuntimeError):
+    """The FLARE job was aborted while a task ran: the run stops where it is (its last complete round
+    is checkpointed; a resubmitted job continues from there)."""
 
 
 def version_problem(job_version: str) -> Optional[str]:
@@ -345,13 +409,14 @@ def runner_settings(cfg) -> dict:
             "task": cfg.task.model_dump(mode="json") if cfg.task else None}
 
 
-def _write_status(run_dir: Path, status: str, **extra) -> None:
+def write_status(run_dir: Path, status: str, **extra) -> None:
+    """``flare_status.json``: ``status`` (submitted/running/finished/failed/stopped) and what goes with it."""
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(run_dir / STATUS_FILE, {"status": status, "time": time.time(), **extra})
 
 
 def read_status(run_dir: Path) -> dict:
-    """``flare_status.json``: status (submitted/running/finished/failed), error, rejected replies."""
+    """``flare_status.json``: status (submitted/running/finished/failed/stopped), error, rejected replies."""
     path = Path(run_dir) / STATUS_FILE
     return json.loads(path.read_text()) if path.is_file() else {}
 
@@ -391,4 +456,4 @@ def mark_submitted(run_dir: Path, *, keep: bool) -> None:
         extra = {}
         if previous.get("status") == "finished" and "evaluation" in previous:
             extra["evaluated_before"] = {"settings": previous["evaluation"], "cross_site": previous.get("cross_site")}
-        _write_status(Path(run_dir), "submitted", rejected=previous.get("rejected", []), **extra)
+        write_status(Path(run_dir), "submitted", rejected=previous.get("rejected", []), **extra)

@@ -127,7 +127,8 @@ def _ask(transport: Transport, sites: list[str], params, config: ValidateTask,
         if site in replies:
             out[site] = (replies[site].metrics or {}, None)
         else:
-            out[site] = (None, f"evaluation failed: {reasons.get(site, 'the site did not answer')}")
+            why = reasons.get(site) or f"no reply ({transport.absence_reason(site) or 'the site did not answer'})"
+            out[site] = (None, f"evaluation failed: {why}")  # e.g. "no reply (disconnected)"
     return out
 
 

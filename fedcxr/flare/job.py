@@ -25,6 +25,7 @@ from fedcxr.errors import UserError
 from fedcxr.flare import TASK_REQUEST_INTERVAL
 from fedcxr.flare.controller import CLIENT_NAME, FedcxrController, require_nvflare
 from fedcxr.flare.cross_site import evaluation_settings
+from fedcxr.flare.liveness import DEAD_CLIENT_SETTINGS
 from fedcxr.flare.persistor import LOCATOR_ID, PERSISTOR_ID, FedcxrModelLocator, FedcxrModelPersistor
 from fedcxr.pipeline.protocols import CENTRAL_SITE, get_protocol
 
@@ -91,7 +92,9 @@ def build_job(experiments: list[tuple[Any, str, bool]], *, name: Optional[str] =
     job.to_server(FedcxrController(experiments=specs, task_timeout=task_timeout, fedcxr_version=fedcxr.__version__))
     job.to_server(FedcxrModelPersistor(), id=PERSISTOR_ID)  # FLARE's tools find the global model through these
     job.to_server(FedcxrModelLocator(), id=LOCATOR_ID)
-    job.to({"server": {"task_request_interval": TASK_REQUEST_INTERVAL}}, "server")
+    # FLARE's dead-client settings (fedcxr.flare.liveness): a client FLARE reports dead is deemed
+    # disconnected within seconds, not FLARE's default minute
+    job.to({"server": {"task_request_interval": TASK_REQUEST_INTERVAL}, **DEAD_CLIENT_SETTINGS}, "server")
     streaming = site_tracking_wanted(cfg for cfg, _, _ in experiments)
     if streaming:  # FLARE experiment tracking: the sites' scalars to the server's TensorBoard files
         from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver

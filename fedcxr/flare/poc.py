@@ -3,10 +3,14 @@
 ``nvflare poc prepare`` provisions a server, an admin and one client per site with mTLS startup
 kits (:func:`write_project`: the server on a free loopback port); the server is allowed to build
 fedcxr's controller, persistor and model locator (:func:`allow_controller`, as a production
-operator must); ``nvflare poc start`` starts them; the job is submitted through the FLARE API
-and waited for (:func:`submit_and_wait`); then the system is always stopped, every process left
-in its group ended, the logs kept and the workspace removed (:func:`stop_poc`) — also on error or
-Ctrl-C. The user's ``~/.nvflare/config.conf``, which ``poc prepare`` rewrites, is put back.
+operator must) and drops a client silent for :data:`POC_HEARTBEAT_TIMEOUT_S` (:func:`set_heartbeat_timeout`);
+``nvflare poc start`` starts them; the job is submitted through the FLARE API and waited for
+(:func:`submit_and_wait`, watched by :class:`fedcxr.flare.poc_watch.JobWatch`: a server that
+stops ends the command with a fedcxr message, a site whose client restarted is brought back by
+submitting the job again with ``resume``, a job FLARE keeps open after its runs ended is
+aborted); then the system is always stopped, every process left in its group ended, the logs
+kept and the workspace removed (:func:`stop_poc`) — also on error or Ctrl-C. The user's
+``~/.nvflare/config.conf``, which ``poc prepare`` rewrites, is put back.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import socket
 import subprocess
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import yaml
 
@@ -36,12 +40,17 @@ from fedcxr.flare.processes import (
     run_nvflare,
     terminate_as_interrupt,
 )
+from fedcxr.flare.poc_watch import MAX_REJOINS, JobWatch, ServerLost, abort_and_wait, mark_server_lost
 from fedcxr.flare.run import finish_runs, holding_run_dirs, prepare_runs, rehearsal_he_keys, wait_with_progress
 
 log = logging.getLogger(__name__)
 
 ADMIN = "admin@fedcxr.local"
 PROJECT = "fedcxr"
+#: seconds without a heartbeat after which the POC server drops a client (FLARE's provisioned kits: 600;
+#: a client sends one every 10 s). Only then does FLARE report the client dead to the job, which stops
+#: asking it (fedcxr.flare.liveness): a killed site costs the rounds of about this long, not the run's.
+POC_HEARTBEAT_TIMEOUT_S = 30
 
 
 def free_port() -> int:
@@ -102,6 +111,36 @@ def allow_controller(server_kit: Path, paths: tuple[str, ...] = SERVER_CLASSES) 
     (server_kit / "local" / "resources.json").write_text(json.dumps(resources, indent=2))
 
 
+def set_heartbeat_timeout(server_kit: Path, seconds: float = POC_HEARTBEAT_TIMEOUT_S) -> None:
+    """The server drops a client silent for ``seconds`` (``heart_beat_timeout`` of its ``local/resources.json``;
+    a production operator chooses it there too)."""
+    path = server_kit / "local" / "resources.json"
+    if not path.is_file():
+        path = server_kit / "local" / "resources.json.default"
+    resources = json.loads(path.read_text())
+    servers = resources.get("servers") or [{}]
+    for server in servers:
+        server["heart_beat_timeout"] = seconds
+    resources["servers"] = servers
+    (server_kit / "local" / "resources.json").write_text(json.dumps(resources, indent=2))
+
+
+def server_alive(workspace: Path) -> bool:
+    """Whether the POC server of ``workspace`` still runs (its parent process, ``server_train``)."""
+    import psutil  # a FLARE dependency
+
+    kit = str(Path(workspace) / PROJECT / "prod_00" / "server")
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            cmd = proc.info["cmdline"] or []
+            if "nvflare.private.fed.app.server.server_train" in cmd and kit in cmd \
+                    and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
 @contextmanager
 def keep_user_nvflare_config() -> Iterator[None]:
     """``nvflare poc prepare`` records the POC in ``~/.nvflare/config.conf``; put it back afterwards."""
@@ -128,13 +167,15 @@ def poc(cfg, run_dir: Path, **kwargs) -> dict:
 def poc_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device: Optional[str] = None,
              client_script: Optional[Path] = None, progress: bool = True, timeout: Optional[float] = None,
              flare_dir: Optional[Path] = None, env: Optional[dict] = None,
-             evaluation: Optional[dict] = None) -> list[dict]:
+             evaluation: Optional[dict] = None, heartbeat_timeout: Optional[float] = None) -> list[dict]:
     """Run ``[(ExperimentConfig, run_dir)]`` as one job on a POC system on this machine.
 
     Provisions the server, an admin and one client per site (mTLS startup kits), starts them,
     submits through the FLARE API, waits, downloads the server's result, and always stops the
     system, ends any process left in its group and removes the POC workspace (logs are kept
-    in ``flare/logs``). ``evaluation``: as in :func:`simulate_many`.
+    in ``flare/logs``). ``evaluation``: as in :func:`simulate_many`. ``heartbeat_timeout``: seconds
+    without a heartbeat after which the server drops a client (:func:`set_heartbeat_timeout`; default
+    :data:`POC_HEARTBEAT_TIMEOUT_S`).
     """
     runs, flare_dir, job_dir, sites = prepare_runs(runs, resume=resume, task_timeout=task_timeout, device=device,
                                                    client_script=client_script, flare_dir=flare_dir,
@@ -146,11 +187,19 @@ def poc_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device:
     project = write_project(flare_dir / "project.yml", sites, free_port(), he_keys=he_keys)
     logs = next_log_dir(flare_dir)
     log_path = logs / "poc.log"
+    def resubmission() -> Path:  # the same job, resuming every run (a site restarted: it joins the new job)
+        return prepare_runs(runs, resume=True, task_timeout=task_timeout, device=device, client_script=client_script,
+                            flare_dir=flare_dir, evaluation=evaluation)[2]
+
     with open(log_path, "w") as out, keep_user_nvflare_config(), terminate_as_interrupt():
         try:
-            with poc_system(project, workspace, env, out, log_path, {"server": SERVER_CLASSES}) as tree:
+            with poc_system(project, workspace, env, out, log_path, {"server": SERVER_CLASSES},
+                            heartbeat_timeout=heartbeat_timeout or POC_HEARTBEAT_TIMEOUT_S) as tree:
                 submit_and_wait(job_dir, workspace, flare_dir, runs, progress, timeout, tick=tree.snapshot,
-                                resume=resume)
+                                resume=resume, resubmission=resubmission)
+        except ServerLost as exc:
+            mark_server_lost(runs, str(exc))
+            raise
         finally:
             copy_tensorboard(flare_dir / "result", flare_dir / "tensorboard")
     return finish_runs(runs, "FLARE POC", log_path, he_keys=he_keys)
@@ -158,7 +207,8 @@ def poc_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device:
 
 @contextmanager
 def poc_system(project: Path, workspace: Path, env: dict, out, log_path: Path,
-               allow: dict[str, tuple[str, ...]]) -> Iterator[ProcessTree]:
+               allow: dict[str, tuple[str, ...]],
+               heartbeat_timeout: float = POC_HEARTBEAT_TIMEOUT_S) -> Iterator[ProcessTree]:
     """A POC system provisioned from ``project`` into ``workspace`` and started; yields its process tree.
 
     ``allow``: participant (``server`` or a site) → the classes its startup kit may build
@@ -173,6 +223,7 @@ def poc_system(project: Path, workspace: Path, env: dict, out, log_path: Path,
         kits = workspace / PROJECT / "prod_00"
         for participant, paths in allow.items():
             allow_controller(kits / participant, paths=paths)
+        set_heartbeat_timeout(kits / "server", heartbeat_timeout)
         out.write("$ nvflare poc start\n")
         out.flush()
         started = subprocess.Popen(nvflare_command("poc", "start", "--timeout", "120"), env=env, stdout=out,
@@ -187,31 +238,58 @@ def poc_system(project: Path, workspace: Path, env: dict, out, log_path: Path,
 
 
 def submit_and_wait(job_dir: Path, workspace: Path, flare_dir: Path, runs: list, progress: bool,
-                    timeout: Optional[float], tick=lambda: None, resume: bool = False) -> None:
+                    timeout: Optional[float], tick=lambda: None, resume: bool = False,
+                    resubmission: Optional[Callable[[], Path]] = None) -> None:
     """Submit ``job_dir`` through the FLARE API as the POC admin, wait for it (showing the runs'
-    rounds; aborted on any error or Ctrl-C) and download the server's result into ``flare/result``."""
+    rounds; aborted on any error or Ctrl-C) and download the server's result into ``flare/result``.
+
+    The wait is a :class:`~fedcxr.flare.poc_watch.JobWatch`: :class:`ServerLost` when the server
+    stops; when a site's client restarted mid-job, the job is aborted and ``resubmission()`` (the
+    job written again with ``resume``) submitted, at most :data:`MAX_REJOINS` times."""
     from nvflare.fuel.flare_api.flare_api import new_secure_session
 
     kit = workspace / PROJECT / "prod_00" / ADMIN
+    sites = sorted({cfg.site_name(s) for cfg, _ in runs for s in cfg.all_sites()})
     session = new_secure_session(ADMIN, str(kit), timeout=60)
     try:
-        job_id = session.submit_job(str(job_dir.resolve()))
-        log.info("submitted FLARE job %s", job_id)
-        state = {}
-
-        def finished() -> bool:
-            state["status"] = str(session.get_job_meta(job_id).get("status", ""))
-            return state["status"].startswith("FINISHED")
-
-        try:
-            wait_with_progress(None, runs, progress, done=finished, timeout=timeout, tick=tick, resume=resume)
-        except BaseException:
-            session.abort_job(job_id)
-            raise
-        log.info("FLARE job %s: %s", job_id, state.get("status"))
-        session.download_job_result(job_id, str(flare_dir / "result"))
+        for attempt in range(MAX_REJOINS + 1):
+            job_id = _server_call(workspace, lambda: session.submit_job(str(job_dir.resolve())), "a job submission")
+            log.info("submitted FLARE job %s", job_id)
+            watch = JobWatch(session, job_id, runs, sites, lambda: server_alive(workspace),
+                             can_rejoin=resubmission is not None)
+            try:
+                wait_with_progress(None, runs, progress, done=watch.done, timeout=timeout, tick=tick,
+                                   resume=resume or attempt > 0)
+            except ServerLost:
+                raise
+            except BaseException:  # Ctrl-C, SIGTERM, an error here: the system is stopped right after
+                abort_and_wait(session, job_id, wait=False)
+                raise
+            if not watch.rejoin or resubmission is None or attempt == MAX_REJOINS:
+                break
+            abort_and_wait(session, job_id)
+            job_dir = resubmission()
+        log.info("FLARE job %s: %s", job_id, watch.aborted or watch.status)
+        try:  # FLARE's copy of the server's job folder; the run directory already holds the run
+            session.download_job_result(job_id, str(flare_dir / "result"))
+        except Exception as exc:
+            log.warning("FLARE job %s: its result could not be downloaded (%s: %s); the run directory is complete, "
+                        "the server's logs are in %s", job_id, type(exc).__name__, exc, flare_dir / "logs")
     finally:
-        session.close()
+        try:
+            session.close()
+        except Exception:  # a server that stopped: nothing to close
+            pass
+
+
+def _server_call(workspace: Path, call, what: str):
+    """``call()`` to the POC server; :class:`ServerLost` when it fails because the server stopped."""
+    try:
+        return call()
+    except Exception as exc:
+        if server_alive(workspace):
+            raise
+        raise ServerLost(f"the FLARE server stopped before {what} ({type(exc).__name__})") from None
 
 
 def _request_stop(env: dict, out, attempts: int = 2) -> bool:
@@ -234,8 +312,12 @@ def stop_poc(env: dict, out, tree: Optional[ProcessTree], workspace: Path, logs:
     """Stop the POC system, end any process it left, keep the logs, remove the workspace."""
     try:
         if tree is not None:
-            _request_stop(env, out)
-            tree.stop(grace=30)
+            alive = server_alive(workspace)
+            if alive:
+                _request_stop(env, out)
+            tree.adopt(str(workspace))  # a client restarted by hand belongs to this system too
+            # a stopped server cannot stop its clients: they are ended here without waiting for them
+            tree.stop(grace=30 if alive else 5)
     finally:
         copy_logs(workspace, logs)
         copy_tensorboard(workspace, logs.parent.parent / "tensorboard")
@@ -247,5 +329,6 @@ def stop_poc(env: dict, out, tree: Optional[ProcessTree], workspace: Path, logs:
         shutil.rmtree(workspace, ignore_errors=True)
 
 
-__all__ = ["ADMIN", "PROJECT", "SERVER_CLASSES", "allow_controller", "free_port", "keep_user_nvflare_config", "poc",
-           "poc_many", "poc_system", "stop_poc", "submit_and_wait", "write_project"]
+__all__ = ["ADMIN", "POC_HEARTBEAT_TIMEOUT_S", "PROJECT", "SERVER_CLASSES", "allow_controller", "free_port",
+           "keep_user_nvflare_config", "poc", "poc_many", "poc_system", "server_alive", "set_heartbeat_timeout",
+           "stop_poc", "submit_and_wait", "write_project"]

@@ -82,6 +82,18 @@ class ProcessTree:
             except (OSError, psutil.Error):
                 continue
 
+    def adopt(self, text: str) -> None:
+        """Also end the processes whose command line names ``text`` (a POC workspace): a client restarted
+        by hand (``nvflare poc start -p SITE``) runs in a group of its own, but still belongs to this run."""
+        import psutil
+
+        for proc in psutil.process_iter(["cmdline", "create_time"]):
+            try:
+                if text in " ".join(proc.info["cmdline"] or []):
+                    self.seen[proc.pid] = proc.info["create_time"]
+            except (OSError, psutil.Error):
+                continue
+
     def alive(self) -> list:
         import psutil
 

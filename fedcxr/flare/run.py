@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Optional
 
 from fedcxr.atomic import atomic_write_json
-from fedcxr.errors import UserError
+from fedcxr.errors import RunFailed, UserError
 from fedcxr.logs import bar_disabled
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.data import default_cache_dir
@@ -213,7 +213,7 @@ def _advance(bar, done: int) -> None:
 
 
 def finish_runs(runs: list, what: str, log_hint: Path, he_keys: Optional[Path] = None) -> list[dict]:
-    """run.json of every run; RuntimeError naming the runs that failed and why. ``he_keys``: the
+    """run.json of every run; :class:`RunFailed` naming the runs that failed and why. ``he_keys``: the
     rehearsal's HE keys, which open the secure-aggregation runs' sealed final models."""
     problems = []
     for _, run_dir in runs:
@@ -221,8 +221,8 @@ def finish_runs(runs: list, what: str, log_hint: Path, he_keys: Optional[Path] =
         if status.get("status") != "finished":
             error = status.get("error") or "no status written (the server never started it; see the log)"
             problems.append(f"{run_dir}: {error}")
-    if problems:
-        raise RuntimeError(f"the {what} run failed (FLARE log: {log_hint}):\n  " + "\n  ".join(problems))
+    if problems:  # a run that stopped (exit 1, with the resume command), not a traceback
+        raise RunFailed(f"the {what} run failed (FLARE log: {log_hint}):\n  " + "\n  ".join(problems))
     open_sealed_finals(runs, he_keys)
     return [read_run_info(run_dir) for _, run_dir in runs]
 

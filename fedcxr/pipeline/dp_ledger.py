@@ -34,6 +34,9 @@ class PrivacyLedger(Transport):
                     [float(used["noise_multiplier"]), float(used["sample_rate"]), int(used["steps"])])
         return replies
 
+    def absence_reason(self, site: str) -> Optional[str]:
+        return self.inner.absence_reason(site)
+
     def local_states(self) -> dict[str, dict]:
         return self.inner.local_states()
 

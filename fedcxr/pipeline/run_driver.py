@@ -44,7 +44,7 @@ from fedcxr.pipeline.inprocess import run_engine, site_transport
 from fedcxr.pipeline.devices import resolve_device
 from fedcxr.pipeline.messages import EvaluateTask, NoConfig, StateDict
 from fedcxr.pipeline.protocols import Context, RoundProtocol, get_protocol
-from fedcxr.pipeline.run_log import round_line, rounds_log, run_log
+from fedcxr.pipeline.run_log import round_line, round_number, rounds_log, run_log
 from fedcxr.pipeline.screening import count_problem, refusal_pattern, size_problem
 from fedcxr.pipeline.keys import PRIVATE_PREFIXES, derive_seed
 from fedcxr.pipeline.transport import Transport
@@ -244,7 +244,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
     })
     payload = _write_run_files(run_dir, cfg, ctx, protocol, status="finished", ledger=ledger, rounds_done=cfg.rounds,
                                selected={"round": best["round"], "val_auroc": best["score"]} if best else None)
-    rounds_log.info("finished: final_model.pt holds round %d of %d", (best["round"] if best else cfg.rounds - 1) + 1,
+    rounds_log.info("finished: final_model.pt holds round %d of %d", round_number(best["round"] if best else cfg.rounds - 1),
                     cfg.rounds, extra={"console": False})
     return payload
 
@@ -260,7 +260,7 @@ def _round_record(ctx: Context, r: int) -> dict:
         out["refusal_pattern"] = pattern
         if ctx.once(("refusal pattern", tuple(pattern["always_refused"]), tuple(pattern["never_refused"]))):
             log.warning("round %d: %s refused in every round so far while %s never were (a lone faulty site, or — "
-                        "when the refused are the majority — a model taken over by one that passes)", r,
+                        "when the refused are the majority — a model taken over by one that passes)", round_number(r),
                         ", ".join(pattern["always_refused"]), ", ".join(pattern["never_refused"]))
     if ctx.notes:
         out.update(ctx.notes)
@@ -329,7 +329,7 @@ def _resume(run_dir: Path, fingerprint: str, hashes: dict[str, str], transport: 
     and warns when the thread count differs from the one the checkpoint was trained with."""
     found = load_latest_intact(run_dir)
     if found is None:
-        log.info("no checkpoint in %s: starting from round 0", run_dir)
+        log.info("no checkpoint in %s: starting from round 1", run_dir)
         return state, 0, [], None
     path, ckpt = found
     if ckpt["fingerprint"] != fingerprint:
@@ -350,7 +350,7 @@ def _resume(run_dir: Path, fingerprint: str, hashes: dict[str, str], transport: 
     ctx.missed[:] = ckpt.get("missed", [])
     ctx.refused[:] = ckpt.get("refused", [])
     history = _read_metrics(run_dir, upto=ckpt["round"])
-    log.info("resuming %s after round %d (%s)", run_dir, ckpt["round"], path.name)
+    log.info("resuming %s after round %d (%s)", run_dir, round_number(ckpt["round"]), path.name)
     return ckpt["state"], ckpt["round"] + 1, history, ckpt.get("best")
 
 

@@ -7,6 +7,11 @@ SLURM, CI) tqdm draws nothing, so each round is logged as one line instead
 the run's header, every round's line, and fedcxr's warnings and messages (at the console's
 verbosity; the header and round lines always).
 
+Rounds are numbered from 1 wherever people read them (the console, ``train.log``, reports and
+error messages: ``round 1/5`` is the first round); the files a program reads (``metrics.jsonl``,
+``run.json``, checkpoint names ``round_0000.pt``, TensorBoard steps) keep the 0-based round
+*index* under ``round``. :func:`round_number` turns one into the other.
+
 The round lines are records of the ``fedcxr.rounds`` logger, whose level is INFO whatever the
 console's (``--quiet`` hides them from the console by the console handler's level, not from
 the file). Like every file of a run directory, the log holds no patient identifier and no
@@ -40,6 +45,12 @@ def _number(value: Any) -> str:
     return f"{value:.3f}" if math.isfinite(value) else "n/a"
 
 
+def round_number(index: int) -> int:
+    """The round as people count it (1 = the first) from the 0-based index that ``metrics.jsonl``,
+    ``run.json`` and the checkpoint names (``round_0000.pt``) keep."""
+    return int(index) + 1
+
+
 def round_line(metrics: Mapping[str, Any], rounds: int) -> str:
     """``round 3/10 (4.2 s): loss a 0.612, b 0.587, target 0.650; val AUROC c 0.712``.
 
@@ -47,7 +58,7 @@ def round_line(metrics: Mapping[str, Any], rounds: int) -> str:
     ``target`` (the target's fine-tuning, ``{"loss", ...}``), ``val`` (site → ``{"mean_auroc"}``),
     ``seconds``. Parts a method does not have are left out; an undefined number is ``n/a``.
     """
-    head = f"round {int(metrics.get('round', 0)) + 1}/{rounds}"
+    head = f"round {round_number(metrics.get('round', 0))}/{rounds}"
     if metrics.get("seconds") is not None:
         head += f" ({float(metrics['seconds']):.1f} s)"
     losses = [f"{site} {_number(entry.get('loss'))}" for site, entry in (metrics.get("train") or {}).items()

@@ -44,6 +44,11 @@ class Transport(ABC):
         the protocol decides whether the round can go on (``min_sites``).
         """
 
+    def absence_reason(self, site: str) -> Optional[str]:
+        """Why ``site`` sent no usable reply to the last task it was asked (``run.json`` ``missed``
+        keeps it), or None where the transport cannot tell (FLARE can: :mod:`fedcxr.flare.liveness`)."""
+        return None
+
     def local_states(self) -> dict[str, dict]:
         """The sites' local state to checkpoint with the server's (in-process runs only).
 

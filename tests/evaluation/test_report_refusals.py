@@ -24,11 +24,12 @@ def test_refusals_and_absences_are_summarised_per_site():
         {"site": "evil", "n": 5, "rounds": [0, 1, 2, 4, 5], "checks": {"norm": 4, "counts": 1},
          "reason": "update norm 0"},
         {"site": "odd", "n": 1, "rounds": [3], "checks": {"values": 1}, "reason": "NaN"}]
-    assert record["missed"] == [{"site": "slow", "n": 2, "rounds": [2, 3]}]  # a refusal is not an absence
+    assert record["missed"] == [{"site": "slow", "n": 2, "rounds": [2, 3], "why": {"no reply": 2}}]  # a refusal is not
+    # an absence; report.json keeps run.json's 0-based round indices, report.md counts rounds from 1
     text = "\n".join(training_section({"training": record}))
     assert "refused 6 replies of 2 sites" in text
-    assert "| evil | 5 | 0–2, 4–5 | counts × 1, norm × 4 | update norm 0 |" in text
-    assert "| slow | 2 | 2–3 |" in text
+    assert "| evil | 5 | 1–3, 5–6 | counts × 1, norm × 4 | update norm 0 |" in text
+    assert "| slow | 2 | 3–4 | no reply × 2 |" in text
 
 
 def test_a_run_without_refusals_says_so_and_an_old_run_json_adds_nothing():
@@ -49,14 +50,29 @@ def test_run_json_is_read_as_hostile_input():
     assert len(row["reason"]) == 300
     text = "\n".join(training_section({"training": record}))
     assert "\n# head" not in text  # a line break would start a heading
-    assert "\n| \\| =HYPERLINK(\"x\") \\| # head | 1 | 0 | norm × 1 | rrr" in text  # the cell's pipes escaped
+    assert "\n| \\| =HYPERLINK(\"x\") \\| # head | 1 | 1 | norm × 1 | rrr" in text  # the cell's pipes escaped
     assert "4 entries of `run.json`" in text
     many = training_record({"refused": [_refused("a", 0, "norm")] * (MAX_ENTRIES + 5)})
     assert many["refused"][0]["n"] == MAX_ENTRIES and many["skipped"] == 5
 
 
+def test_a_site_that_missed_rounds_is_named_with_the_rounds_and_why():
+    """Issue 31: report.md listed a FLARE site among the training sites without a word about the rounds it missed
+    after its client was killed."""
+    info = {"status": "finished", "sites": ["hospital_a", "hospital_b"], "refused": [],
+            "missed": [{"round": 1, "task": "train", "site": "hospital_a", "reason": "no answer within 20 s"},
+                       {"round": 2, "task": "train", "site": "hospital_a", "reason": "disconnected"},
+                       {"round": 3, "task": "train", "site": "hospital_a", "reason": "disconnected"}]}
+    text = "\n".join(training_section({"training": training_record(info)}))
+    assert "| hospital_a | 3 | 2–4 | no answer within 20 s × 1, disconnected × 2 |" in text
+    assert "went on without them (“disconnected”: the FLARE server had lost the site's client and did not ask " \
+           "it; “no answer within N s”: the round's deadline (`--timeout`) passed first):" in text
+    many = [{"round": r, "task": "train", "site": "a", "reason": f"reason {r}"} for r in range(50)]
+    assert len(training_record({"missed": many})["missed"][0]["why"]) == 5  # bounded
+
+
 def test_round_lists_are_compressed_and_bounded():
-    assert rounds_text([0, 1, 2, 4, 7, 8]) == "0–2, 4, 7–8"
+    assert rounds_text([0, 1, 2, 4, 7, 8]) == "1–3, 5, 8–9"  # run.json's indices, counted from 1
     assert rounds_text(list(range(0, 100, 2))).endswith(", … (50 rounds)")
 
 
@@ -76,7 +92,7 @@ def test_the_report_of_a_run_with_refusals_names_them(tiny_manifests, tmp_path):
     assert main(["evaluate", str(tmp_path / "run"), "--bootstrap", "0", "-q", "--device", "cpu"]) == 0
     text = (tmp_path / "run" / "report.md").read_text()
     assert "## Training: refused and missed replies" in text
-    assert "| midrc_style | 2 | 0–1 | counts × 2 | n_samples claims 1000000000000, more than the" in text
+    assert "| midrc_style | 2 | 1–2 | counts × 2 | n_samples claims 1000000000000, more than the" in text
     assert "midrc_style had a reply refused in every round while nih_style, chexpert_style never did" in text
     assert "refused" not in render_markdown({**_minimal_report(), "training": None})
 

@@ -378,11 +378,11 @@ def test_a_job_written_by_another_fedcxr_version_is_refused_by_name():
 
 
 def test_a_finished_runs_evaluation_is_kept_only_for_the_same_settings_and_a_report_on_disk(tmp_path):
-    from fedcxr.flare.controller import _write_status, kept_evaluation, mark_submitted, read_status
+    from fedcxr.flare.controller import write_status, kept_evaluation, mark_submitted, read_status
     from fedcxr.flare.cross_site import evaluation_settings
 
     settings = evaluation_settings({"n_boot": 10})
-    _write_status(tmp_path, "finished", rejected=[{"site": "a"}], cross_site="2 sites reported, 0 not",
+    write_status(tmp_path, "finished", rejected=[{"site": "a"}], cross_site="2 sites reported, 0 not",
                   evaluation=settings)
     mark_submitted(tmp_path, keep=True)  # resubmitted: "finished" is gone, the evaluation's record kept
     status = read_status(tmp_path)
@@ -397,7 +397,7 @@ def test_a_finished_runs_evaluation_is_kept_only_for_the_same_settings_and_a_rep
                                tmp_path) is None
     mark_submitted(tmp_path, keep=False)  # a new run: nothing kept
     assert "evaluated_before" not in read_status(tmp_path)
-    _write_status(tmp_path, "running", rejected=[])
+    write_status(tmp_path, "running", rejected=[])
     mark_submitted(tmp_path, keep=True)  # killed before it finished: nothing to keep
     assert "evaluated_before" not in read_status(tmp_path)
 

@@ -243,7 +243,7 @@ def test_most_replies_refused_two_rounds_in_a_row_stop_the_run_naming_the_site_t
     with pytest.raises(SuspectSite) as caught:
         valid_replies(ctx, _update_replies(theta0, sites, counts=bad_steps), theta0, 3)
     message = str(caught.value)
-    assert "round 3: most replies were refused in rounds 2 and 3 (3 of 5 this round: chexpert_style, dicom_style, " \
+    assert "round 4: most replies were refused in rounds 3 and 4 (3 of 5 this round: chexpert_style, dicom_style, " \
            "nih_style; checks counts)" in message
     assert "likely culprit: midrc_style (never refused, reports 48000 training rows, 1000× the median of the " \
            "other sources); nih_copy (never refused)" in message

@@ -27,6 +27,7 @@ from fedcxr.pipeline import screening
 from fedcxr.pipeline.config import ExperimentConfig
 from fedcxr.pipeline.messages import Reply, StateDict, TaskConfig, TrainTask
 from fedcxr.pipeline.state import _structure_problem, nonfinite_problem
+from fedcxr.pipeline.run_log import round_number
 from fedcxr.pipeline.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -140,12 +141,23 @@ def ask(ctx: Context, task: str, sites: list[str], params: Optional[StateDict], 
     for site in sites:
         ctx.sent[site] = (per_site or {}).get(site, (params, config))[1]
         if site not in replies:
-            ctx.missed.append({"round": r, "task": task, "site": site})
-            log.warning("round %d: site %s did not answer task %s", r, site, task)
+            missed_reply(ctx, r, task, site)
     need = min(len(sites), ctx.cfg.min_sites if minimum is None else minimum)
     if len(replies) < need:
-        raise RoundFailed(f"round {r}: only {len(replies)} of {len(sites)} sites answered {task!r} (need {need})")
+        raise RoundFailed(f"round {round_number(r)}: only {len(replies)} of {len(sites)} sites answered {task!r} (need {need})")
     return replies
+
+
+def missed_reply(ctx: Context, r: int, task: str, site: str) -> None:
+    """Record that ``site`` sent no reply to ``task`` in round ``r`` (``run.json`` ``missed``), with the
+    reason when the transport knows it (FLARE: disconnected, no answer within the timeout, ...)."""
+    entry = {"round": r, "task": task, "site": site}
+    reason = ctx.transport.absence_reason(site)
+    if reason:
+        entry["reason"] = reason
+    ctx.missed.append(entry)
+    log.warning("round %d: site %s did not answer task %s%s", round_number(r), site, task,
+                f" ({reason})" if reason else "")
 
 
 def ask_one(ctx: Context, task: str, site: str, params: Optional[StateDict], config: TaskConfig, *, r: int,
@@ -175,7 +187,7 @@ def check_one(ctx: Context, reply: Reply, reference: Optional[StateDict], r: int
     check, reason = problem
     refuse(ctx, r, task, reply.site, check, reason)
     stop_if_suspect(ctx, r, [reply.site] if check == "values" else [])
-    raise RoundFailed(f"round {r}: rejected the update of {reply.site} ({task}): {reason}")
+    raise RoundFailed(f"round {round_number(r)}: rejected the update of {reply.site} ({task}): {reason}")
 
 
 def valid_replies(ctx: Context, replies: dict[str, Reply], reference: StateDict | Callable[[Reply], StateDict],
@@ -223,7 +235,7 @@ def valid_replies(ctx: Context, replies: dict[str, Reply], reference: StateDict 
     stop_if_majority_refused(ctx, r, screened, refused, list(kept))
     need = min(len(replies), ctx.cfg.min_sites if minimum is None else minimum)
     if not kept or len(kept) < need:
-        raise RoundFailed(f"round {r}: only {len(kept)} valid updates (need {max(need, 1)})")
+        raise RoundFailed(f"round {round_number(r)}: only {len(kept)} valid updates (need {max(need, 1)})")
     return credit_counts(ctx, kept, r)
 
 
@@ -269,7 +281,7 @@ def credit_counts(ctx: Context, kept: dict[str, Reply], r: int) -> dict[str, Rep
             if ctx.once(("weight cap", site)):
                 log.warning("round %d: site %s claims %d of the round's %d training rows; credited %d, so that no "
                             "site holds more than %g of a sample-weighted average (defences.max_share; said once "
-                            "per site, every capped round is in metrics.jsonl `weight_cap`)", r, site, claimed,
+                            "per site, every capped round is in metrics.jsonl `weight_cap`)", round_number(r), site, claimed,
                             sum(counts), count, ctx.cfg.defences.max_share)
     return out
 
@@ -297,7 +309,8 @@ def stop_if_majority_refused(ctx: Context, r: int, screened: int, refused: list[
     checks = sorted({e["check"] for e in ctx.refused if e["round"] in majority})
     suspects = "; ".join(_evidence(ctx, site, r) for site in kept) or "none passed"
     raise SuspectSite(
-        f"round {r}: most replies were refused in rounds {r - 1} and {r} ({tally[1]} of {tally[0]} this round: "
+        f"round {round_number(r)}: most replies were refused in rounds {round_number(r - 1)} and "
+        f"{round_number(r)} ({tally[1]} of {tally[0]} this round: "
         f"{', '.join(now)}; checks {', '.join(checks)}); when most sites are refused round after round, the model "
         f"they start from may have been taken over by the site{'s' if len(kept) > 1 else ''} whose replies still "
         f"pass — likely culprit: {suspects}. The run stops instead of going on with a minority; check the likely "
@@ -432,7 +445,7 @@ def credited_rows(ctx: Context, site: str) -> int:
 
 def refuse(ctx: Context, r: int, task: str, site: str, check: str, reason: str) -> None:
     """Record a refused reply (``run.json`` ``refused`` and ``missed``, ``metrics.jsonl``) and log it."""
-    log.warning("round %d: rejected update from %s: %s (task %s)", r, site, reason, task)
+    log.warning("round %d: rejected update from %s: %s (task %s)", round_number(r), site, reason, task)
     ctx.refused.append({"round": r, "task": task, "site": site, "check": check, "reason": reason})
     ctx.missed.append({"round": r, "task": task, "site": site, "reason": f"rejected: {reason}"})
 
@@ -456,7 +469,7 @@ def stop_if_suspect(ctx: Context, r: int, failed: list[str]) -> None:
     first = {s: next(e for e in earlier if e["site"] == s) for s in suspects}
     why = "; ".join(f"{s} in round {e['round']} ({e['check']}: {e['reason']})" for s, e in first.items())
     raise SuspectSite(
-        f"round {r}: the updates of {', '.join(honest)} hold NaN/Inf values after a reply of "
+        f"round {round_number(r)}: the updates of {', '.join(honest)} hold NaN/Inf values after a reply of "
         f"{', '.join(suspects)} was refused ({why}); the global model may carry an earlier update of the "
         f"suspect{'s' if len(suspects) > 1 else ''}: {', '.join(suspects)}. The run stops instead of going on "
         "without the sites that failed; check the suspect's installation and data, then start a new run "
@@ -647,9 +660,9 @@ def robust_average(ctx: Context, sites: list[str], states: list[StateDict], weig
     n = len(states)
     if spec.rule in NEEDS_THREE and n < 3:
         r = _round_of(ctx, sites)
-        log.warning("round %s: aggregation.rule %s over %d valid replies (%s) would be their mean; the round fails",
+        log.warning("%s: aggregation.rule %s over %d valid replies (%s) would be their mean; the round fails",
                     r, spec.rule, n, ", ".join(sites))
-        raise RoundFailed(f"round {r}: aggregation.rule {spec.rule} needs at least 3 valid replies and this round has "
+        raise RoundFailed(f"{r}: aggregation.rule {spec.rule} needs at least 3 valid replies and this round has "
                           f"{n} ({', '.join(sites)}; the others were refused or did not answer: run.json `refused`, "
                           "`missed`); with two, no rule can tell which one is wrong and the rule would be their mean. "
                           "Resume (--resume) once the sites answer, or use aggregation.rule: mean")
@@ -660,7 +673,7 @@ def robust_average(ctx: Context, sites: list[str], states: list[StateDict], weig
         if cut == 0:
             cut = 1
             note["fallback"] = f"int({spec.trim:g}·{n}) = 0 would be the plain mean; cut 1 per side"
-            log.warning("round %s: aggregation.trim %g of %d valid replies cuts int(%g·%d) = 0 values per side (the "
+            log.warning("%s: aggregation.trim %g of %d valid replies cuts int(%g·%d) = 0 values per side (the "
                         "plain mean); this round cuts 1 per side", _round_of(ctx, sites), spec.trim, n, spec.trim, n)
         # a β with int(β·n) = cut exactly (cut + ¼ keeps float rounding off the boundary)
         merged = agg.trimmed_mean(states, spec.trim if cut == int(spec.trim * n) else (cut + 0.25) / n)
@@ -690,9 +703,9 @@ def robust_average(ctx: Context, sites: list[str], states: list[StateDict], weig
 
 
 def _round_of(ctx: Context, sites: list[str]) -> object:
-    """The round the sites were last asked for (their task config), for messages."""
+    """``round N`` the sites were last asked for (their task config; N counted from 1), for messages."""
     for site in sites:
         value = (ctx.sent.get(site) or {}).get("round")
-        if value is not None:
-            return value
-    return "?"
+        if isinstance(value, int):
+            return f"round {round_number(value)}"
+    return "round ?"

@@ -47,6 +47,7 @@ from fedcxr.pipeline.protocols.base import (
     valid_replies,
 )
 from fedcxr.pipeline.protocols.fedavg import FedAvgProtocol
+from fedcxr.pipeline.run_log import round_number
 from fedcxr.pipeline.state import check_update
 
 log = logging.getLogger(__name__)
@@ -173,13 +174,13 @@ def _with_control_updates(ctx: Context, replies: dict[str, Reply], control: Stat
     for site, reply in replies.items():
         reason = check_update(unpack_control_delta(reply.extra), control)
         if reason:
-            log.warning("round %d: rejected the control-variate update of %s: %s", r, site, reason)
+            log.warning("round %d: rejected the control-variate update of %s: %s", round_number(r), site, reason)
             ctx.missed.append({"round": r, "task": "train_scaffold", "site": site,
                                "reason": f"rejected control update: {reason}"})
             continue
         kept[site] = reply
     if not kept or len(kept) < min(len(replies), ctx.cfg.min_sites):
-        raise RoundFailed(f"round {r}: only {len(kept)} valid control-variate updates (need {ctx.cfg.min_sites})")
+        raise RoundFailed(f"round {round_number(r)}: only {len(kept)} valid control-variate updates (need {ctx.cfg.min_sites})")
     return kept
 
 

@@ -49,6 +49,7 @@ from fedcxr.pipeline.protocols.base import (
     valid_replies,
 )
 from fedcxr.pipeline.protocols.fedavg import FedAvgProtocol
+from fedcxr.pipeline.run_log import round_number
 from fedcxr.pipeline.state import delta
 
 log = logging.getLogger(__name__)
@@ -157,7 +158,7 @@ class TargetCombineProtocol(FedAvgProtocol):
         else:
             replies, target = self.train_together(ctx, r, theta0, self.target_config(ctx, r, scale), scale)
             if target is None:
-                raise RoundFailed(f"round {r}: the target {ctx.target} did not answer its fine-tuning task")
+                raise RoundFailed(f"round {round_number(r)}: the target {ctx.target} did not answer its fine-tuning task")
             check_target(ctx, target, theta0, r)
         order = list(replies)
         spec = self.combine_spec(ctx, replies, scale)
@@ -191,7 +192,7 @@ class TargetCombineProtocol(FedAvgProtocol):
         target = answered.pop(ctx.target, None)
         need = min(len(ctx.sources), ctx.cfg.min_sites)
         if len(answered) < need:
-            raise RoundFailed(f"round {r}: only {len(answered)} of {len(ctx.sources)} sources answered 'train' "
+            raise RoundFailed(f"round {round_number(r)}: only {len(answered)} of {len(ctx.sources)} sources answered 'train' "
                               f"(need {need})")
         return valid_replies(ctx, answered, theta0, r), target
 

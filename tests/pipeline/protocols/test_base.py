@@ -80,10 +80,10 @@ def test_ask_records_absent_sites_and_fails_the_round_below_min_sites(caplog):
         replies = ask(ctx, "train", ["a", "b", "c"], tensors(w=[1.0]), config, r=2)
     assert list(replies) == ["a"]
     assert ctx.missed == [{"round": 2, "task": "train", "site": "b"}, {"round": 2, "task": "train", "site": "c"}]
-    assert "site b did not answer task train" in caplog.text
+    assert "round 3: site b did not answer task train" in caplog.text  # index 2 is the third round
     assert ctx.sent["c"] is config, "what each site was sent is kept (the reply checks read its lr and steps)"
     strict = context("FedAvg", only_a, sites=["a", "b", "c"], min_sites=2)
-    with pytest.raises(RoundFailed, match=r"round 0: only 1 of 3 sites answered 'train' \(need 2\)"):
+    with pytest.raises(RoundFailed, match=r"round 1: only 1 of 3 sites answered 'train' \(need 2\)"):
         ask(strict, "train", ["a", "b", "c"], tensors(w=[1.0]), config, r=0)
     assert list(ask(strict, "train", ["a", "b"], tensors(w=[1.0]), config, r=0, minimum=1)) == ["a"]
 
