@@ -34,6 +34,11 @@ class PrivacyLedger(Transport):
                     [float(used["noise_multiplier"]), float(used["sample_rate"]), int(used["steps"])])
         return replies
 
+    @property
+    def absent(self):
+        """Why the inner transport's absent sites did not answer (:attr:`Transport.absent`)."""
+        return self.inner.absent
+
     def local_states(self) -> dict[str, dict]:
         return self.inner.local_states()
 
