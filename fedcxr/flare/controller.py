@@ -8,11 +8,15 @@ for this task" becomes ``send_model_and_wait(task_name=..., targets=[...], data=
 (or one FLARE task per site when sites get different payloads), and the replies come back as
 :class:`~fedcxr.pipeline.messages.Reply`. Each hospital runs :mod:`fedcxr.flare.client`.
 
-Failure handling: a task waits for every target, at most ``task_timeout`` seconds (0: no
-limit; FLARE still ends the wait for clients it declares dead). Sites that did not answer,
-answered with an error, or sent a payload :mod:`fedcxr.flare.wire` refuses (NaN/Inf,
-unknown fields) are absent from the replies, with the reason logged; the protocol records
-them in ``run.json["missed"]`` and fails the round below ``min_sites``.
+Failure handling: a task waits for every target, at most ``participation.deadline_s`` seconds
+for a round's training tasks when the config sets it, else ``task_timeout`` (``--timeout``; 0: no
+limit; FLARE still ends the wait for clients it declares dead) — :meth:`FlareTransport.task_wait`.
+Sites that did not answer, answered with an error, or sent a payload :mod:`fedcxr.flare.wire`
+refuses (NaN/Inf, unknown fields) are absent from the replies, with the reason logged and kept
+(:attr:`FlareTransport.absent`: late, error, refused); the protocol records them in
+``run.json["missed"]`` and fails the round below ``participation.min_sites``. A round asks only
+the sources ``participation.fraction`` draws (the protocols: the same draw as in-process); the
+others are not asked, and not missed.
 
 Persistence: the run directory (config, ``metrics.jsonl``, per-round checkpoints,
 ``final_model.pt``) is written by the server exactly as in-process runs write it. A server
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import time
 from pathlib import Path
@@ -71,8 +76,10 @@ class FlareTransport(Transport):
     """:class:`Transport` over a running FLARE job (built by :class:`FedcxrController`)."""
 
     def __init__(self, controller: "FedcxrController", site_names: list[str], *, runner: dict, run: str,
-                 reply_weight_type: str = WEIGHTS, sealed=None):
+                 reply_weight_type: str = WEIGHTS, sealed=None, deadline_s: Optional[float] = None):
         self.controller = controller
+        self.deadline_s = deadline_s  # participation.deadline_s: the wait of a round's training tasks
+        self.absent: dict[str, dict] = {}  # why each absent target of the latest run did not answer
         # privacy.secure_aggregation: the server's SealedAggregation; every task asks for sealed replies
         self.sealed = sealed
         self.site_names = list(site_names)
@@ -103,18 +110,30 @@ class FlareTransport(Transport):
         round_ = getattr(config, "round", None)
         if round_ is None and per_site:
             round_ = getattr(next(iter(per_site.values()))[1], "round", None)
-        raw = self.controller.dispatch(task, groups, round_=round_)
-        return self._decode(task, targets, raw, round_, sent)
+        timeout = self.task_wait(round_)
+        raw = self.controller.dispatch(task, groups, round_=round_, timeout=timeout)
+        return self._decode(task, targets, raw, round_, sent, timeout)
+
+    def task_wait(self, round_: Optional[int]) -> int:
+        """Seconds a task waits for its sites (FLARE's ``timeout``; 0: no limit): ``participation.deadline_s``
+        (rounded up to whole seconds) for a round's training tasks when the config sets it, else ``--timeout``
+        (``task_timeout``), which also bounds every task outside the rounds (metadata, validation, cross-site)."""
+        if round_ is not None and self.deadline_s:
+            return max(1, math.ceil(float(self.deadline_s)))
+        return int(self.controller.task_timeout)
 
     def _decode(self, task: str, targets: list[str], raw: Mapping[str, Any], round_,
-                sent: Mapping[str, Any]) -> dict[str, Reply]:
+                sent: Mapping[str, Any], timeout: int = 0) -> dict[str, Reply]:
         replies = {}
+        self.absent = {}
         for site in targets:
             if site not in raw:
+                self.absent[site] = no_reply(timeout, deadline=round_ is not None and bool(self.deadline_s))
                 continue
             answer = raw[site]
             try:
                 if isinstance(answer, str):
+                    self.absent[site] = {"why": "error", "reason": f"error: {answer}"[:300]}
                     raise WireError(answer)
                 replies[site] = decode_reply(site, answer.params, answer.meta, reference=sent.get(site),
                                              task=task, sealed=self.sealed is not None)
@@ -125,7 +144,17 @@ class FlareTransport(Transport):
             except WireError as exc:
                 log.warning("round %s, task %s: rejected reply from %s: %s", round_, task, site, exc)
                 self.rejected.append({"round": round_, "task": task, "site": site, "reason": str(exc)})
+                self.absent.setdefault(site, {"why": "refused", "reason": f"refused by the wire checks: {exc}"[:300]})
         return replies
+
+
+def no_reply(timeout: int, *, deadline: bool) -> dict:
+    """Why a site that sent nothing is absent: late when the task had a bound, else no reply
+    (FLARE ended the wait: the client is gone)."""
+    if timeout:
+        what = "participation.deadline_s" if deadline else "--timeout"
+        return {"why": "late", "reason": f"no reply within {timeout} s ({what})"}
+    return {"why": "no reply", "reason": "no reply (FLARE ended the wait: the client is gone)"}
 
 
 # --------------------------------------------------------------------------- server controller
@@ -185,7 +214,8 @@ class FedcxrController(_ControllerBase):
             _write_status(run_dir, "failed", error=f"{type(exc).__name__}: {exc}")
             return False
         transport = FlareTransport(self, sites, runner=runner_settings(cfg), run=config_fingerprint(cfg),
-                                   reply_weight_type=DELTAS if cfg.privacy.filters else WEIGHTS, sealed=sealed)
+                                   reply_weight_type=DELTAS if cfg.privacy.filters else WEIGHTS, sealed=sealed,
+                                   deadline_s=cfg.participation.deadline_s)
         previous = read_status(run_dir) if resume else {}
         if resume:  # replies refused before a server restart stay on record
             transport.rejected = list(previous.get("rejected", []))
@@ -273,25 +303,25 @@ class FedcxrController(_ControllerBase):
 
     # ------------------------------------------------------------------ one task, many sites
     def dispatch(self, task: str, groups: list[tuple[list[str], tuple[dict, dict]]],
-                 round_: Optional[int] = None) -> dict[str, Any]:
+                 round_: Optional[int] = None, timeout: Optional[int] = None) -> dict[str, Any]:
         """Send each group's payload to its sites; ``{site: FLModel | error text}`` of those that answered.
 
         One group (the same model for every site) is FLARE's ``send_model_and_wait``. Several groups
         (per-site payloads, e.g. surgical heads) run as concurrent FLARE tasks so sites still train in
-        parallel.
+        parallel. ``timeout``: seconds the task waits (default ``task_timeout``, ``--timeout``; 0: no limit).
         """
         from nvflare.app_common.abstract.fl_model import FLModel
 
+        wait = self.task_timeout if timeout is None else int(timeout)
         models = [(targets, FLModel(params=params, meta=meta, current_round=round_)) for targets, (params, meta)
                   in groups]
         if len(models) == 1:
             targets, model = models[0]
-            results = self.send_model_and_wait(task_name=task, data=model, targets=list(targets),
-                                               timeout=self.task_timeout)
+            results = self.send_model_and_wait(task_name=task, data=model, targets=list(targets), timeout=wait)
             return {m.meta.get("client_name"): m for m in results}
-        return self._dispatch_concurrently(task, models)
+        return self._dispatch_concurrently(task, models, wait)
 
-    def _dispatch_concurrently(self, task_name: str, models: list) -> dict[str, Any]:
+    def _dispatch_concurrently(self, task_name: str, models: list, timeout: Optional[int] = None) -> dict[str, Any]:
         from nvflare.apis.controller_spec import Task
         from nvflare.apis.fl_constant import ReturnCode
         from nvflare.app_common.utils.fl_model_utils import FLModelUtils
@@ -312,7 +342,8 @@ class FedcxrController(_ControllerBase):
 
         tasks = []
         for targets, model in models:
-            flare_task = Task(name=task_name, data=FLModelUtils.to_shareable(model), timeout=self.task_timeout,
+            flare_task = Task(name=task_name, data=FLModelUtils.to_shareable(model),
+                              timeout=self.task_timeout if timeout is None else int(timeout),
                               result_received_cb=on_result)
             self.broadcast(task=flare_task, fl_ctx=self.fl_ctx, targets=list(targets), min_responses=len(targets))
             tasks.append(flare_task)
