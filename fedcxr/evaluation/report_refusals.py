@@ -27,14 +27,22 @@ MAX_SITE, MAX_CHECK, MAX_REASON = 100, 40, 300
 MAX_RANGES = 20
 
 
+#: how the report names why an asked site took no part (``run.json`` ``missed`` ``why``)
+WHY = {"late": "late (deadline)", "dropped": "dropped out", "error": "error", "refused": "refused",
+       "no reply": "no reply"}
+
+
 def training_record(run_info: Mapping[str, Any]) -> Optional[dict]:
-    """``{"status", "refused": [...], "missed": [...], "pattern", "skipped"}`` from ``run.json``, or
-    ``None`` when it records neither (a run directory written before the reply checks).
+    """``{"status", "refused": [...], "missed": [...], "pattern", "skipped", "consortium"}`` from
+    ``run.json``, or ``None`` when it records neither (a run directory written before the reply checks).
 
     ``refused``: per site ``{site, n, rounds, checks: {check: n}, reason}`` (the first reason);
-    ``missed``: per site ``{site, n, rounds}`` for replies that never came (a refused reply is
-    also in ``run.json``'s ``missed``, marked ``rejected:``; it is counted under ``refused`` only);
-    ``skipped``: entries that were not records of this shape, or past :data:`MAX_ENTRIES`."""
+    ``missed``: per site ``{site, n, rounds, why: {late (deadline) | dropped out | error | refused |
+    no reply: n}}`` for replies that never came or came too late (a reply the reply checks refused
+    is also in ``run.json``'s ``missed``, marked ``rejected:``; it is counted under ``refused``
+    only, the wire's refusals on FLARE here); ``consortium``: the sampled share and the simulated
+    clock (:func:`consortium_record`) or None; ``skipped``: entries that were not records of this
+    shape, or past :data:`MAX_ENTRIES`."""
     if "refused" not in run_info and "missed" not in run_info:
         return None
     skipped = 0
@@ -60,15 +68,41 @@ def training_record(run_info: Mapping[str, Any]) -> Optional[dict]:
         if str(entry.get("reason", "")).startswith("rejected:"):
             continue  # the refused list holds it, with its check
         site, r = parsed
-        row = missed.setdefault(site, {"site": site, "n": 0, "rounds": set()})
+        row = missed.setdefault(site, {"site": site, "n": 0, "rounds": set(), "why": {}})
+        why = WHY.get(entry.get("why"), "no reply") if isinstance(entry.get("why"), str) else "no reply"
         row["n"] += 1
         row["rounds"].add(r)
+        row["why"][why] = row["why"].get(why, 0) + 1
     skipped += sum(max(0, len(v) - MAX_ENTRIES) for v in (run_info.get("refused"), run_info.get("missed"))
                    if isinstance(v, list))
     finish = lambda rows: [{**row, "rounds": sorted(row["rounds"])} for row in rows.values()]  # noqa: E731
     pattern = run_info.get("refusal_pattern")
     return {"status": _text(run_info.get("status"), MAX_CHECK), "refused": finish(refused), "missed": finish(missed),
-            "pattern": _pattern(pattern) if isinstance(pattern, Mapping) else None, "skipped": skipped}
+            "pattern": _pattern(pattern) if isinstance(pattern, Mapping) else None, "skipped": skipped,
+            "consortium": consortium_record(run_info)}
+
+
+def consortium_record(run_info: Mapping[str, Any]) -> Optional[dict]:
+    """``{"fraction", "min_sites", "deadline_s", "sources", "clock_s", "rounds"}`` of a run that sampled its
+    sources (``participation:``) or kept a simulated clock (``simulate:``); None otherwise (numbers only)."""
+    config = run_info.get("config") if isinstance(run_info.get("config"), Mapping) else {}
+    spec = config.get("participation") if isinstance(config.get("participation"), Mapping) else {}
+    clock = run_info.get("simulated") if isinstance(run_info.get("simulated"), Mapping) else {}
+    fraction, deadline = _number(spec.get("fraction")), _number(spec.get("deadline_s"))
+    clock_s = _number(clock.get("clock_s"))
+    rounds = clock.get("round_s") if isinstance(clock.get("round_s"), list) else []
+    if (fraction is None or fraction >= 1) and deadline is None and clock_s is None:
+        return None
+    sources = run_info.get("sources")
+    return {"fraction": fraction, "min_sites": _number(spec.get("min_sites")), "deadline_s": deadline,
+            "sources": len(sources) if isinstance(sources, list) else None, "clock_s": clock_s,
+            "rounds": sum(1 for v in rounds[:MAX_ENTRIES] if _number(v) is not None)}
+
+
+def _number(value) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) > 1e15:
+        return None
+    return float(value)
 
 
 def training_section(report: Mapping[str, Any]) -> list[str]:
@@ -78,6 +112,7 @@ def training_section(report: Mapping[str, Any]) -> list[str]:
         return []
     lines = ["## Training: refused and missed replies", ""]
     refused, missed = record["refused"], record["missed"]
+    lines += consortium_lines(record.get("consortium"))
     if not refused and not missed:
         return lines + ["Every site answered every training task and no reply was refused.", ""]
     if refused:
@@ -91,9 +126,12 @@ def training_section(report: Mapping[str, Any]) -> list[str]:
                 for row in refused]
         lines += _table(header, rows) + [""]
     if missed:
-        lines += ["Sites that did not answer a training task (the round went on without them):", ""]
-        lines += _table(["Site", "Missed", "Rounds"], [[row["site"], str(row["n"]), rounds_text(row["rounds"])]
-                                                      for row in missed]) + [""]
+        lines += ["Sites asked for a training task whose reply did not count (the round went on without them): "
+                  "late (deadline) — no reply before the round's deadline; dropped out — the site left the round; "
+                  "error — it answered with an error; refused — the transport refused its reply:", ""]
+        rows = [[row["site"], str(row["n"]), rounds_text(row["rounds"]),
+                 ", ".join(f"{why} × {n}" for why, n in sorted(row.get("why", {}).items()))] for row in missed]
+        lines += _table(["Site", "Missed", "Rounds", "Why"], rows) + [""]
     pattern = record.get("pattern")
     if pattern:
         lines += [f"Over {md(pattern['rounds'])} rounds, {md(', '.join(pattern['always_refused']))} had a reply "
@@ -103,6 +141,25 @@ def training_section(report: Mapping[str, Any]) -> list[str]:
         lines += [f"{md(record['skipped'])} entries of `run.json` `refused`/`missed` were not readable records and "
                   "are not counted here.", ""]
     return lines
+
+
+def consortium_lines(consortium: Optional[Mapping]) -> list[str]:
+    """What a sampled or simulated run's rounds were: the share asked, the deadline, the simulated clock."""
+    if not consortium:
+        return []
+    parts = []
+    fraction, sources = consortium.get("fraction"), consortium.get("sources")
+    if fraction is not None and fraction < 1:
+        of = f" of the {sources:.0f} sources" if sources else ""
+        parts.append(f"Each round asked a share of {fraction:g}{of} (at least {consortium.get('min_sites') or 1:.0f}, "
+                     "drawn from the seed: `participation:`); a site that was not asked did not miss the round")
+    if consortium.get("deadline_s") is not None:
+        parts.append(f"a round's training tasks closed at {consortium['deadline_s']:g} s")
+    if consortium.get("clock_s") is not None:
+        parts.append(f"on the simulated clock (`simulate:`) the {consortium.get('rounds') or 0} rounds took "
+                     f"{consortium['clock_s']:.1f} s ({consortium['clock_s'] / 3600:.2f} h)")
+    text = "; ".join(parts)  # numbers formatted here and fixed words only: nothing to escape
+    return [text[0].upper() + text[1:] + ".", ""] if text else []
 
 
 def rounds_text(rounds: list[int]) -> str:
@@ -157,4 +214,5 @@ def _pattern(value: Mapping) -> Optional[dict]:
             "never_refused": [s[:MAX_SITE] for s in never[:100]]}
 
 
-__all__ = ["MAX_ENTRIES", "rounds_text", "training_record", "training_section"]
+__all__ = ["MAX_ENTRIES", "WHY", "consortium_lines", "consortium_record", "rounds_text", "training_record",
+           "training_section"]

@@ -24,11 +24,40 @@ def test_refusals_and_absences_are_summarised_per_site():
         {"site": "evil", "n": 5, "rounds": [0, 1, 2, 4, 5], "checks": {"norm": 4, "counts": 1},
          "reason": "update norm 0"},
         {"site": "odd", "n": 1, "rounds": [3], "checks": {"values": 1}, "reason": "NaN"}]
-    assert record["missed"] == [{"site": "slow", "n": 2, "rounds": [2, 3]}]  # a refusal is not an absence
+    assert record["missed"] == [{"site": "slow", "n": 2, "rounds": [2, 3], "why": {"no reply": 2}}]  # a refusal
+    # is not an absence
     text = "\n".join(training_section({"training": record}))
     assert "refused 6 replies of 2 sites" in text
     assert "| evil | 5 | 0–2, 4–5 | counts × 1, norm × 4 | update norm 0 |" in text
     assert "| slow | 2 | 2–3 |" in text
+
+
+def test_missed_rounds_say_late_dropped_out_error_or_refused_and_the_simulated_clock():
+    """Issue 31: a missed round says why — late (deadline), dropped out, an error, refused by the transport."""
+    info = {"status": "finished", "refused": [], "sources": [f"s{i}" for i in range(10)],
+            "config": {"participation": {"fraction": 0.3, "min_sites": 2, "deadline_s": 600.0}},
+            "simulated": {"clock_s": 7200.0, "round_s": [2400.0, 2400.0, 2400.0], "deadline_s": 600.0},
+            "missed": [{"round": 0, "task": "train", "site": "s1", "why": "late", "reason": "reply at 700 s"},
+                       {"round": 2, "task": "train", "site": "s1", "why": "dropped", "reason": "dropped out"},
+                       {"round": 1, "task": "train", "site": "s2", "why": "error", "reason": "error: code 5"},
+                       {"round": 1, "task": "train", "site": "s3", "why": "refused", "reason": "wire: NaN"},
+                       {"round": 1, "task": "train", "site": "s4", "why": "<script>", "reason": "?"}]}
+    record = training_record(info)
+    assert {row["site"]: row["why"] for row in record["missed"]} == {
+        "s1": {"late (deadline)": 1, "dropped out": 1}, "s2": {"error": 1}, "s3": {"refused": 1},
+        "s4": {"no reply": 1}}
+    assert record["consortium"] == {"fraction": 0.3, "min_sites": 2.0, "deadline_s": 600.0, "sources": 10,
+                                    "clock_s": 7200.0, "rounds": 3}
+    text = "\n".join(training_section({"training": record}))
+    assert "| s1 | 2 | 0, 2 | dropped out × 1, late (deadline) × 1 |" in text
+    assert "Each round asked a share of 0.3 of the 10 sources (at least 2" in text
+    assert "a site that was not asked did not miss the round" in text
+    assert "closed at 600 s; on the simulated clock (`simulate:`) the 3 rounds took 7200.0 s (2.00 h)." in text
+    plain = training_record({"refused": [], "missed": [], "config": {"participation": {"fraction": 1.0}}})
+    assert plain["consortium"] is None
+    hostile = training_record({"refused": [], "missed": [], "simulated": {"clock_s": "1e999", "round_s": "x"},
+                               "config": {"participation": {"fraction": float("nan")}}})
+    assert hostile["consortium"] is None
 
 
 def test_a_run_without_refusals_says_so_and_an_old_run_json_adds_nothing():
