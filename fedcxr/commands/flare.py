@@ -37,8 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="continue an interrupted run from its last complete round (a finished run is not trained again; "
                         "its cross-site report is kept when every site answered with the same --bootstrap)")
     p.add_argument("--timeout", type=int, default=0, metavar="SECONDS",
-                   help="how long a round waits for a site before going on without it (0: no limit); a site's "
-                        "first round of a job gets 120 s more (its FLARE process starts)")
+                   help="how long a task waits for a site before going on without it (0: no limit); a site's "
+                        "first round of a job gets 120 s more (its FLARE process starts); a config's "
+                        "participation.deadline_s bounds the rounds' training tasks instead")
     add_device(p, what="the config's `device`, at every site")
     p.add_argument("--run-dir", default=None, metavar="RUN_DIR",
                    help="export: the server's run directory (a stable path makes the run resumable); "

@@ -24,8 +24,8 @@ and per evaluated site a ROC figure ``roc_<site>.png`` and a reliability diagram
                                         sensitivity_ci_low/high, sensitivity_ci_method, specificity...,
                                         ppv..., npv..., small_sample, reason}]]}},
     sites_without_predictions: [{site, reason}],
-    training: null | {status, refused: [{site, n, rounds, checks, reason}], missed: [{site, n, rounds}],
-                      pattern, skipped}                               from run.json (report_refusals)
+    training: null | {status, refused: [{site, n, rounds, checks, reason}], missed: [{site, n, rounds, why}],
+                      pattern, skipped, consortium}                   from run.json (report_refusals)
 
 Version 2 added ``calibration`` (top level and per site) and ``operating_points`` (top level,
 ``null`` without validation predictions, and per site when given); version 1 fields are unchanged.

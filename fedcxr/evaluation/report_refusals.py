@@ -4,8 +4,8 @@ A report that lists the training sites but not that one of them was refused in e
 reads as an honest consortium's result. :func:`training_record` summarises ``run.json``'s
 ``refused`` (replies the reply checks left out, ``defences:``), ``missed`` (sites that did not
 answer) and ``refusal_pattern``, compactly — per site: how many replies, in which rounds, by
-which check, with one reason as an example; per absent site, why (``disconnected``: FLARE lost its
-client; ``no answer within N s``: the round's deadline passed) — and :func:`training_section`
+which check, with one reason as an example; per absent site, why (late, dropped out, error, refused,
+no reply; with the first reason of each kind, e.g. FLARE's ``disconnected``) — and :func:`training_section`
 writes it as the report's Markdown section. ``report.json`` keeps the rounds as ``run.json`` does
 (the 0-based index); ``report.md`` numbers them as people count, from 1, as the console and
 ``train.log`` do (:func:`rounds_text`). The FLARE cross-site report gets the same section (both build their
@@ -28,26 +28,25 @@ MAX_ENTRIES = 100_000
 MAX_SITE, MAX_CHECK, MAX_REASON = 100, 40, 300
 #: round ranges written per site before "…"
 MAX_RANGES = 20
-#: distinct reasons kept per absent site (the first ones met)
-MAX_REASONS = 5
-#: the reason of an absence ``run.json`` gives none for (a run written before reasons were kept)
+#: the kind of an absence ``run.json`` gives none for (a run written before reasons were kept)
 NO_REPLY = "no reply"
-#: what a reason of ``run.json`` ``missed`` means, said once under the table when one is met
-#: (the reasons the FLARE transport records: :mod:`fedcxr.flare.liveness`)
-REASON_NOTES = {
-    "disconnected": ("disconnected", "the FLARE server had lost the site's client and did not ask it"),
-    "no answer within": ("no answer within N s", "the round's deadline (`--timeout`) passed first"),
-}
+
+
+#: how the report names why an asked site took no part (``run.json`` ``missed`` ``why``)
+WHY = {"late": "late (deadline)", "dropped": "dropped out", "error": "error", "refused": "refused",
+       "no reply": "no reply"}
 
 
 def training_record(run_info: Mapping[str, Any]) -> Optional[dict]:
-    """``{"status", "refused": [...], "missed": [...], "pattern", "skipped"}`` from ``run.json``, or
-    ``None`` when it records neither (a run directory written before the reply checks).
+    """``{"status", "refused": [...], "missed": [...], "pattern", "skipped", "consortium"}`` from
+    ``run.json``, or ``None`` when it records neither (a run directory written before the reply checks).
 
     ``refused``: per site ``{site, n, rounds, checks: {check: n}, reason}`` (the first reason);
-    ``missed``: per site ``{site, n, rounds, why: {reason: n}}`` for replies that never came (the
-    reason ``no reply`` where ``run.json`` gives none; a refused reply is also in ``run.json``'s
-    ``missed``, marked ``rejected:``; it is counted under ``refused`` only);
+    ``missed``: per site ``{site, n, rounds, why: {late (deadline) | dropped out | error | refused |
+    no reply: n}, first: {why: reason}}`` for replies that never came or came too late, with the first
+    reason met for each ``why`` (a reply the reply checks refused is also in ``run.json``'s ``missed``,
+    marked ``rejected:``; it is counted under ``refused`` only, the wire's refusals on FLARE here);
+    ``consortium``: the sampled share and the simulated clock (:func:`consortium_record`) or None;
     ``skipped``: entries that were not records of this shape, or past :data:`MAX_ENTRIES`."""
     if "refused" not in run_info and "missed" not in run_info:
         return None
@@ -74,18 +73,62 @@ def training_record(run_info: Mapping[str, Any]) -> Optional[dict]:
         if str(entry.get("reason", "")).startswith("rejected:"):
             continue  # the refused list holds it, with its check
         site, r = parsed
-        row = missed.setdefault(site, {"site": site, "n": 0, "rounds": set(), "why": {}})
+        row = missed.setdefault(site, {"site": site, "n": 0, "rounds": set(), "why": {}, "first": {}})
+        reason = _text(entry.get("reason"), MAX_REASON)
+        why = _why(entry.get("why"), reason)
         row["n"] += 1
         row["rounds"].add(r)
-        why = _text(entry.get("reason"), MAX_REASON) or NO_REPLY
-        if why in row["why"] or len(row["why"]) < MAX_REASONS:
-            row["why"][why] = row["why"].get(why, 0) + 1
+        row["why"][why] = row["why"].get(why, 0) + 1
+        if reason and reason != why and why not in row["first"]:
+            row["first"][why] = reason
     skipped += sum(max(0, len(v) - MAX_ENTRIES) for v in (run_info.get("refused"), run_info.get("missed"))
                    if isinstance(v, list))
     finish = lambda rows: [{**row, "rounds": sorted(row["rounds"])} for row in rows.values()]  # noqa: E731
     pattern = run_info.get("refusal_pattern")
     return {"status": _text(run_info.get("status"), MAX_CHECK), "refused": finish(refused), "missed": finish(missed),
-            "pattern": _pattern(pattern) if isinstance(pattern, Mapping) else None, "skipped": skipped}
+            "pattern": _pattern(pattern) if isinstance(pattern, Mapping) else None, "skipped": skipped,
+            "consortium": consortium_record(run_info)}
+
+
+def _why(why, reason: Optional[str]) -> str:
+    """The report's name for an absence's kind; an entry without one (a run written before kinds were kept)
+    is read from its reason: FLARE's ``disconnected`` dropped out, ``no answer within N s`` late."""
+    if isinstance(why, str) and why in WHY:
+        return WHY[why]
+    if reason and reason.startswith("disconnected"):
+        return WHY["dropped"]
+    if reason and reason.startswith(("no answer within", "no reply within")):
+        return WHY["late"]
+    return NO_REPLY
+
+
+def _why_text(row: Mapping[str, Any]) -> str:
+    first = row.get("first") or {}
+    return ", ".join(f"{why} × {n}" + (f" (first: {first[why]})" if why in first else "")
+                     for why, n in sorted(row.get("why", {}).items()))
+
+
+def consortium_record(run_info: Mapping[str, Any]) -> Optional[dict]:
+    """``{"fraction", "min_sites", "deadline_s", "sources", "clock_s", "rounds"}`` of a run that sampled its
+    sources (``participation:``) or kept a simulated clock (``simulate:``); None otherwise (numbers only)."""
+    config = run_info.get("config") if isinstance(run_info.get("config"), Mapping) else {}
+    spec = config.get("participation") if isinstance(config.get("participation"), Mapping) else {}
+    clock = run_info.get("simulated") if isinstance(run_info.get("simulated"), Mapping) else {}
+    fraction, deadline = _number(spec.get("fraction")), _number(spec.get("deadline_s"))
+    clock_s = _number(clock.get("clock_s"))
+    rounds = clock.get("round_s") if isinstance(clock.get("round_s"), list) else []
+    if (fraction is None or fraction >= 1) and deadline is None and clock_s is None:
+        return None
+    sources = run_info.get("sources")
+    return {"fraction": fraction, "min_sites": _number(spec.get("min_sites")), "deadline_s": deadline,
+            "sources": len(sources) if isinstance(sources, list) else None, "clock_s": clock_s,
+            "rounds": sum(1 for v in rounds[:MAX_ENTRIES] if _number(v) is not None)}
+
+
+def _number(value) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) > 1e15:
+        return None
+    return float(value)
 
 
 def training_section(report: Mapping[str, Any]) -> list[str]:
@@ -95,6 +138,7 @@ def training_section(report: Mapping[str, Any]) -> list[str]:
         return []
     lines = ["## Training: refused and missed replies", ""]
     refused, missed = record["refused"], record["missed"]
+    lines += consortium_lines(record.get("consortium"))
     if not refused and not missed:
         return lines + ["Every site answered every training task and no reply was refused.", ""]
     if refused:
@@ -108,14 +152,13 @@ def training_section(report: Mapping[str, Any]) -> list[str]:
                 for row in refused]
         lines += _table(header, rows) + [""]
     if missed:
-        met = {why for row in missed for why in row["why"]}
-        notes = [f"“{shown}”: {text}" for prefix, (shown, text) in REASON_NOTES.items()
-                 if any(m.startswith(prefix) for m in met)]
-        lines += ["Sites that sent no reply to some training tasks; each of those rounds went on without them"
-                  + (f" ({'; '.join(notes)})" if notes else "") + ":", ""]
-        lines += _table(["Site", "Missed", "Rounds", "Why"],
-                        [[row["site"], str(row["n"]), rounds_text(row["rounds"]),
-                          ", ".join(f"{why} × {n}" for why, n in row["why"].items())] for row in missed]) + [""]
+        lines += ["Sites asked for a training task whose reply did not count (the round went on without them): "
+                  "late (deadline) — no reply before the round's deadline (`participation.deadline_s`, on FLARE "
+                  "else `--timeout`); dropped out — the site left the round (on FLARE, \"disconnected\": the server "
+                  "had lost the site's client and did not ask it); error — it answered with an error; refused — "
+                  "the transport refused its reply. The first reason of each kind is quoted:", ""]
+        rows = [[row["site"], str(row["n"]), rounds_text(row["rounds"]), _why_text(row)] for row in missed]
+        lines += _table(["Site", "Missed", "Rounds", "Why"], rows) + [""]
     pattern = record.get("pattern")
     if pattern:
         lines += [f"Over {md(pattern['rounds'])} rounds, {md(', '.join(pattern['always_refused']))} had a reply "
@@ -125,6 +168,25 @@ def training_section(report: Mapping[str, Any]) -> list[str]:
         lines += [f"{md(record['skipped'])} entries of `run.json` `refused`/`missed` were not readable records and "
                   "are not counted here.", ""]
     return lines
+
+
+def consortium_lines(consortium: Optional[Mapping]) -> list[str]:
+    """What a sampled or simulated run's rounds were: the share asked, the deadline, the simulated clock."""
+    if not consortium:
+        return []
+    parts = []
+    fraction, sources = consortium.get("fraction"), consortium.get("sources")
+    if fraction is not None and fraction < 1:
+        of = f" of the {sources:.0f} sources" if sources else ""
+        parts.append(f"Each round asked a share of {fraction:g}{of} (at least {consortium.get('min_sites') or 1:.0f}, "
+                     "drawn from the seed: `participation:`); a site that was not asked did not miss the round")
+    if consortium.get("deadline_s") is not None:
+        parts.append(f"a round's training tasks closed at {consortium['deadline_s']:g} s")
+    if consortium.get("clock_s") is not None:
+        parts.append(f"on the simulated clock (`simulate:`) the {consortium.get('rounds') or 0} rounds took "
+                     f"{consortium['clock_s']:.1f} s ({consortium['clock_s'] / 3600:.2f} h)")
+    text = "; ".join(parts)  # numbers formatted here and fixed words only: nothing to escape
+    return [text[0].upper() + text[1:] + ".", ""] if text else []
 
 
 def rounds_text(rounds: list[int]) -> str:
@@ -180,4 +242,5 @@ def _pattern(value: Mapping) -> Optional[dict]:
             "never_refused": [s[:MAX_SITE] for s in never[:100]]}
 
 
-__all__ = ["MAX_ENTRIES", "rounds_text", "training_record", "training_section"]
+__all__ = ["MAX_ENTRIES", "WHY", "consortium_lines", "consortium_record", "rounds_text", "training_record",
+           "training_section"]

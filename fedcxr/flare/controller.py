@@ -10,15 +10,18 @@ for this task" becomes ``send_model_and_wait(task_name=..., targets=[...], data=
 
 Failure handling (:mod:`fedcxr.flare.liveness`): a task is sent only to the sites whose FLARE
 client is still connected (a client FLARE deemed disconnected is not asked, so later rounds do
-not wait for it), and waits for them at most ``task_timeout`` seconds (0: no limit; FLARE still
-ends the wait for clients it deems disconnected), a site's tasks up to its first round of the
-job ``STARTUP_ALLOWANCE_S`` longer (its job process is starting). Sites that were not asked,
-did not answer, answered with an error, or sent a payload :mod:`fedcxr.flare.wire` refuses
-(NaN/Inf, unknown fields) are absent from the replies, with the reason logged; the protocol
-records them in ``run.json["missed"]`` (with that reason) and fails the round below
-``min_sites``. An aborted job (an admin's ``abort_job``, or FLARE's own when too few clients are
-left) ends the run where it is: the round in progress is not completed with the replies that
-happened to arrive.
+not wait for it), and waits for them at most ``participation.deadline_s`` seconds for a round's
+training tasks when the config sets it, else ``task_timeout`` (``--timeout``; 0: no limit; FLARE
+still ends the wait for clients it deems disconnected) — :meth:`FlareTransport.task_wait` — a
+site's tasks up to its first round of the job ``STARTUP_ALLOWANCE_S`` longer (its job process is
+starting). Sites that were not asked, did not answer, answered with an error, or sent a payload
+:mod:`fedcxr.flare.wire` refuses (NaN/Inf, unknown fields) are absent from the replies, with the
+reason logged and kept (:attr:`FlareTransport.absent`: late, dropped out, error, refused); the
+protocol records them in ``run.json["missed"]`` and fails the round below
+``participation.min_sites``. A round asks only the sources ``participation.fraction`` draws (the
+protocols: the same draw as in-process); the others are not asked, and not missed. An aborted
+job (an admin's ``abort_job``, or FLARE's own when too few clients are left) ends the run where
+it is: the round in progress is not completed with the replies that happened to arrive.
 
 Persistence: the run directory (config, ``metrics.jsonl``, per-round checkpoints,
 ``final_model.pt``) is written by the server exactly as in-process runs write it. A server
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import time
 from pathlib import Path
@@ -44,7 +48,7 @@ from fedcxr.errors import UserError
 from fedcxr.pipeline.checkpoints import load_final_model, save_final
 from fedcxr.pipeline.config import ExperimentConfig, config_fingerprint
 from fedcxr.pipeline.run_driver import run_experiment
-from fedcxr.flare.liveness import SiteLiveness
+from fedcxr.flare.liveness import DISCONNECTED, SiteLiveness
 from fedcxr.flare.secure_aggregation import HE
 from fedcxr.flare.wire import WireError, decode_reply, encode_task
 from fedcxr.pipeline.messages import DELTAS, WEIGHTS, NoConfig, Reply
@@ -79,8 +83,10 @@ class FlareTransport(Transport):
     """:class:`Transport` over a running FLARE job (built by :class:`FedcxrController`)."""
 
     def __init__(self, controller: "FedcxrController", site_names: list[str], *, runner: dict, run: str,
-                 reply_weight_type: str = WEIGHTS, sealed=None):
+                 reply_weight_type: str = WEIGHTS, sealed=None, deadline_s: Optional[float] = None):
         self.controller = controller
+        self.deadline_s = deadline_s  # participation.deadline_s: the wait of a round's training tasks
+        self.absent: dict[str, dict] = {}  # why each absent target of the latest run did not answer
         # privacy.secure_aggregation: the server's SealedAggregation; every task asks for sealed replies
         self.sealed = sealed
         self.site_names = list(site_names)
@@ -111,18 +117,35 @@ class FlareTransport(Transport):
         round_ = getattr(config, "round", None)
         if round_ is None and per_site:
             round_ = getattr(next(iter(per_site.values()))[1], "round", None)
-        raw = self.controller.dispatch(task, groups, round_=round_)
-        return self._decode(task, targets, raw, round_, sent)
+        timeout = self.task_wait(round_)
+        raw = self.controller.dispatch(task, groups, round_=round_, timeout=timeout)
+        # the wait FLARE was given: the start-up allowance added for a site's first round (liveness)
+        return self._decode(task, targets, raw, round_, sent, getattr(self.controller, "last_wait", timeout))
+
+    def task_wait(self, round_: Optional[int]) -> int:
+        """Seconds a task waits for its sites (FLARE's ``timeout``; 0: no limit): ``participation.deadline_s``
+        (rounded up to whole seconds) for a round's training tasks when the config sets it, else ``--timeout``
+        (``task_timeout``), which also bounds every task outside the rounds (metadata, validation, cross-site)."""
+        if round_ is not None and self.deadline_s:
+            return max(1, math.ceil(float(self.deadline_s)))
+        return int(self.controller.task_timeout)
 
     def _decode(self, task: str, targets: list[str], raw: Mapping[str, Any], round_,
-                sent: Mapping[str, Any]) -> dict[str, Reply]:
+                sent: Mapping[str, Any], timeout: int = 0) -> dict[str, Reply]:
         replies = {}
+        self.absent = {}
         for site in targets:
             if site not in raw:
+                liveness = getattr(self.controller, "liveness", None)
+                if liveness is not None and liveness.reason(site) == DISCONNECTED:
+                    self.absent[site] = {"why": "dropped", "reason": DISCONNECTED}  # FLARE lost its client
+                else:
+                    self.absent[site] = no_reply(timeout, deadline=round_ is not None and bool(self.deadline_s))
                 continue
             answer = raw[site]
             try:
                 if isinstance(answer, str):
+                    self.absent[site] = {"why": "error", "reason": f"error: {answer}"[:300]}
                     raise WireError(answer)
                 replies[site] = decode_reply(site, answer.params, answer.meta, reference=sent.get(site),
                                              task=task, sealed=self.sealed is not None)
@@ -134,16 +157,28 @@ class FlareTransport(Transport):
                 log.warning("%s, task %s: rejected reply from %s: %s", _round_text(round_), task, site, exc)
                 self.rejected.append({"round": round_, "task": task, "site": site, "reason": str(exc)})
                 self.controller.liveness.note(site, f"reply refused: {exc}")
+                self.absent.setdefault(site, {"why": "refused", "reason": f"refused by the wire checks: {exc}"[:300]})
         return replies
 
     def absence_reason(self, site: str) -> Optional[str]:
-        """Why ``site`` sent no usable reply to the last task it was part of (:mod:`fedcxr.flare.liveness`)."""
-        return self.controller.liveness.reason(site)
+        """Why ``site`` sent no usable reply to the last task it was part of: :attr:`absent`'s reason, else
+        what :mod:`fedcxr.flare.liveness` recorded (a task dispatched outside :meth:`run`)."""
+        entry = self.absent.get(site)
+        return entry["reason"] if entry else self.controller.liveness.reason(site)
 
 
 def _round_text(round_) -> str:
     """``round 3`` as people count (``config.round`` is the 0-based index), ``no round`` for round-less tasks."""
     return f"round {round_number(round_)}" if isinstance(round_, int) else "no round"
+
+
+def no_reply(timeout: int, *, deadline: bool) -> dict:
+    """Why a site that sent nothing is absent: late when the task had a bound, else no reply
+    (FLARE ended the wait: the client is gone)."""
+    if timeout:
+        what = "participation.deadline_s" if deadline else "--timeout"
+        return {"why": "late", "reason": f"no reply within {timeout} s ({what})"}
+    return {"why": "no reply", "reason": "no reply (FLARE ended the wait: the client is gone)"}
 
 
 # --------------------------------------------------------------------------- server controller
@@ -178,6 +213,7 @@ class FedcxrController(_ControllerBase):
         self.fedcxr_version = str(fedcxr_version or "")
         # which sites FLARE still reaches, how long a task waits, why a site is absent
         self.liveness = SiteLiveness(self.get_client_disconnect_time, self.task_timeout)
+        self.last_wait = self.task_timeout  # seconds the latest dispatched task waited (0: no limit)
 
     # ------------------------------------------------------------------ the workflow
     def run(self) -> None:
@@ -208,7 +244,8 @@ class FedcxrController(_ControllerBase):
             write_status(run_dir, "failed", error=f"{type(exc).__name__}: {exc}")
             return False
         transport = FlareTransport(self, sites, runner=runner_settings(cfg), run=config_fingerprint(cfg),
-                                   reply_weight_type=DELTAS if cfg.privacy.filters else WEIGHTS, sealed=sealed)
+                                   reply_weight_type=DELTAS if cfg.privacy.filters else WEIGHTS, sealed=sealed,
+                                   deadline_s=cfg.participation.deadline_s)
         previous = read_status(run_dir) if resume else {}
         if resume:  # replies refused before a server restart stay on record
             transport.rejected = list(previous.get("rejected", []))
@@ -301,11 +338,12 @@ class FedcxrController(_ControllerBase):
 
     # ------------------------------------------------------------------ one task, many sites
     def dispatch(self, task: str, groups: list[tuple[list[str], tuple[dict, dict]]],
-                 round_: Optional[int] = None) -> dict[str, Any]:
+                 round_: Optional[int] = None, timeout: Optional[int] = None) -> dict[str, Any]:
         """Send each group's payload to its sites; ``{site: FLModel | error text}`` of those that answered.
 
         Sites FLARE deemed disconnected are not asked (:meth:`reachable_groups`); the others are waited
-        for :meth:`SiteLiveness.timeout` seconds. One group (the same model for every site) is FLARE's
+        for :meth:`SiteLiveness.timeout` seconds from ``timeout`` (default ``task_timeout``, ``--timeout``;
+        0: no limit), kept as :attr:`last_wait`. One group (the same model for every site) is FLARE's
         ``send_model_and_wait``. Several groups (per-site payloads, e.g. surgical heads) run as
         concurrent FLARE tasks so sites still train in parallel. :class:`JobAborted` when the job was
         aborted meanwhile (the replies that happened to arrive are not used).
@@ -316,7 +354,8 @@ class FedcxrController(_ControllerBase):
         if not groups:
             return {}
         targets = [s for members, _ in groups for s in members]
-        timeout = self.liveness.timeout(targets, round_)
+        timeout = self.liveness.timeout(targets, round_, base=timeout)
+        self.last_wait = timeout
         models = [(members, FLModel(params=params, meta=meta, current_round=round_)) for members, (params, meta)
                   in groups]
         if len(models) == 1:

@@ -47,6 +47,11 @@ def check_flare_sites(cfg) -> list[str]:
         raise UserError(f"method {cfg.method} pools every site's images in one place; it cannot run federated "
                         "on FLARE (run it with `fedcxr train`)")
     protocol.validate_secure_aggregation(cfg)
+    protocol.validate_participation(cfg)
+    if cfg.simulate is not None:
+        raise UserError("simulate: runs a consortium on a simulated clock in one process (`fedcxr train`); on FLARE "
+                        "the clock and the sites are real: remove `simulate:` (participation.deadline_s bounds each "
+                        "round in wall time)")
     sites = [cfg.site_name(s) for s in cfg.all_sites()]
     bad = [s for s in sites if not re.match(CLIENT_NAME, s) or s == CENTRAL_SITE]
     if bad:

@@ -85,17 +85,19 @@ class SiteLiveness:
                             what or "now", DISCONNECTED)
         return live, gone
 
-    def timeout(self, targets: Iterable[str], round_: Optional[int] = None) -> int:
-        """Seconds to wait for ``targets`` (0: no limit): ``--timeout``, plus :data:`STARTUP_ALLOWANCE_S`
-        while one of them has not been asked a round's task in this job before (round-less tasks,
-        e.g. the metadata query, and its first round). ``round_``: the task's round (None: none)."""
+    def timeout(self, targets: Iterable[str], round_: Optional[int] = None, base: Optional[int] = None) -> int:
+        """Seconds to wait for ``targets`` (0: no limit): ``base`` (default ``--timeout``; a round's
+        ``participation.deadline_s``), plus :data:`STARTUP_ALLOWANCE_S` while one of them has not been
+        asked a round's task in this job before (round-less tasks, e.g. the metadata query, and its
+        first round). ``round_``: the task's round (None: none)."""
         targets = list(targets)
         starting = any(site not in self.started for site in targets)
         if isinstance(round_, int):
             self.started.update(targets)
-        if not self.task_timeout:
+        wait = self.task_timeout if base is None else int(base)
+        if not wait:
             return 0
-        return self.task_timeout + (self.startup_allowance if starting else 0)
+        return wait + (self.startup_allowance if starting else 0)
 
     def note_unanswered(self, sites: Iterable[str], waited: int) -> None:
         """The reason of the ``sites`` asked that sent nothing back: FLARE deemed them disconnected

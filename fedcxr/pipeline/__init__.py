@@ -11,8 +11,9 @@ run                   ``run_driver`` (the transport-agnostic run driver: rounds,
                       ``predictions`` (a finished run's ``predictions/<split>.parquet``),
                       ``inference`` (a finished run's model on image files), ``checkpoints``,
                       ``dp_ledger`` (each site's DP spending over a run → ε in run.json)
-transports            ``inprocess`` (every site in this process, the default); NVIDIA FLARE
-                      lives one level up in :mod:`fedcxr.flare` (it imports this package)
+transports            ``inprocess`` (every site in this process, the default),
+                      ``simulated_consortium`` (those sites on a virtual clock: ``simulate:``);
+                      NVIDIA FLARE lives one level up in :mod:`fedcxr.flare` (it imports this package)
 protocols             ``protocols/`` (one module per family of methods, by the papers' names;
                       ``protocols/methods`` the one table of method names; what other modules
                       need to know about a method is a property of its protocol)
@@ -32,7 +33,9 @@ rules and helpers     ``aggregate/`` (pure aggregation rules, one module per fam
                       (pure checks of a reply's counts and update norm), ``state`` (state-dict
                       plumbing, the one flatten), ``messages`` (a leaf: the typed task configs,
                       the reply with its weight type, the payload layouts), ``config`` (the
-                      experiment YAML), ``engine`` (how training uses the hardware: AMP,
+                      experiment YAML; ``config_consortium`` its ``participation:`` and
+                      ``simulate:`` blocks), ``participation`` (which sources a round asks),
+                      ``virtual_clock`` (a simulated consortium's arithmetic), ``engine`` (how training uses the hardware: AMP,
                       channels-last, cuDNN, loader workers, offloading), ``keys`` (derived seeds,
                       local-state key prefixes: server and sites alike), ``run_log``
 ====================  ========================================================================

@@ -39,6 +39,7 @@ from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, StrictInt, Val
 
 from fedcxr.errors import UserError
 from fedcxr.escape import short
+from fedcxr.pipeline import config_consortium as consortium
 from fedcxr.pipeline.config_errors import error_line
 from fedcxr.suggest import did_you_mean
 from fedcxr.site_adapters.site_names import MAX_SITE_NAME
@@ -443,8 +444,9 @@ class ExperimentConfig(_Strict):
     optimizer_state: Optional[Literal["fresh", "kept"]] = Field(
         None, description="`kept`: each site's optimiser state carries over from round to round (saved in "
         "checkpoints); `fresh`: a new optimiser every round; " + METHOD_DEFAULT)
-    min_sites: int = Field(1, ge=1, le=MAX_SITES, description="a round needs at least this many source replies "
-                           "(at most the number of `sites`)")
+    participation: consortium.ParticipationConfig = Field(consortium.ParticipationConfig(),
+                                                          description=consortium.ParticipationConfig.__doc__)
+    simulate: Optional[consortium.SimulateConfig] = Field(None, description=consortium.SimulateConfig.__doc__)
     fedprox_mu: Optional[float] = Field(
         None, ge=0, description="FedProx(_Finetune): μ of the proximal term μ/2·‖w − w^t‖² in every source's loss "
         "(Li et al. 2020, Eq. 2; μ = 0 is FedAvg); " + METHOD_DEFAULT)
@@ -487,6 +489,7 @@ class ExperimentConfig(_Strict):
             for old, new in RENAMED_KEYS.items():
                 if old in data:
                     raise ValueError(f"`{old}` was replaced: {new}")
+            data = consortium.move_min_sites(data)  # the former top-level key of participation.min_sites
             if "method" in data and "strategy" in data:
                 raise ValueError("both `method` and `strategy` are given: they are one key (`strategy` is the former "
                                  "name of `method`); keep `method`")
@@ -581,11 +584,12 @@ class ExperimentConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _min_sites_possible(self) -> "ExperimentConfig":
-        if self.min_sites > len(self.sites):
-            raise ValueError(f"min_sites: {self.min_sites} is more than the {len(self.sites)} site(s) under `sites`; "
-                             "no round could ever have that many replies")
-        return self
+    def _consortium_possible(self) -> "ExperimentConfig":
+        return consortium.check_consortium(self)
+
+    @property
+    def min_sites(self) -> int:  # participation.min_sites (min_sites is its former top-level name)
+        return self.participation.min_sites
 
     # ------------------------------------------------------------------ resolved views
     def base_dir(self) -> Path:
@@ -678,7 +682,7 @@ def _set_dotted(data: dict, key: str, value: Any) -> None:
 
 
 #: ``--set`` keys that are another name of a top-level key (``strategy`` is the former name of ``method``)
-KEY_ALIASES = {"strategy": "method"}
+KEY_ALIASES = {"strategy": "method", "min_sites": "participation.min_sites"}
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
@@ -782,7 +786,7 @@ def config_fingerprint(cfg: ExperimentConfig) -> str:
     where the manifests folder lies do not: the sites' content is checked separately, by manifest
     hash, on resume). ``method`` is hashed under its former name ``strategy``: configs keep the
     fingerprint of earlier versions, so their runs resume."""
-    data = cfg.model_dump(mode="json")
+    data = consortium.fingerprint_view(cfg.model_dump(mode="json"))  # earlier versions' layout
     data["strategy"] = data.pop("method")
     for key in ("device", "num_workers", "cache_dir", "manifests", "engine", "tracking"):
         data.pop(key, None)

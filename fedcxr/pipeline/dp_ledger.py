@@ -37,6 +37,11 @@ class PrivacyLedger(Transport):
     def absence_reason(self, site: str) -> Optional[str]:
         return self.inner.absence_reason(site)
 
+    @property
+    def absent(self):
+        """Why the inner transport's absent sites did not answer (:attr:`Transport.absent`)."""
+        return self.inner.absent
+
     def local_states(self) -> dict[str, dict]:
         return self.inner.local_states()
 

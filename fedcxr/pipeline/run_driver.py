@@ -47,6 +47,7 @@ from fedcxr.pipeline.protocols import Context, RoundProtocol, get_protocol
 from fedcxr.pipeline.run_log import round_line, round_number, rounds_log, run_log
 from fedcxr.pipeline.screening import count_problem, refusal_pattern, size_problem
 from fedcxr.pipeline.keys import PRIVATE_PREFIXES, derive_seed
+from fedcxr.pipeline.simulated_consortium import clock_record, simulated
 from fedcxr.pipeline.transport import Transport
 from fedcxr.rundir import RunDir, read_metrics, write_config, write_metrics, write_run_info
 from fedcxr.runlock import run_lock
@@ -180,6 +181,12 @@ def _start(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transp
                         cfg.site_name(cfg.target) if cfg.target else "none", run_dir)
         dev = resolve_device(device or cfg.device)
         ours = transport is None  # ours is closed after the run (no site worker outlives it); FLARE's stays open
+        if cfg.simulate is not None and not ours:
+            raise UserError("simulate: simulates a consortium's clock in one process; this run's sites are real "
+                            "(FLARE): remove `simulate:`")
+        if ours and cfg.participation.deadline_s is not None and cfg.simulate is None:
+            log.warning("participation.deadline_s bounds a round in wall time on FLARE and on the simulated clock of "
+                        "`simulate:` in-process; this in-process run has no `simulate:` block, so no site is late")
         if ours:
             transport = site_transport(cfg, dev, progress)  # sites in this process, or engine.site_workers processes
         # threads, cuDNN autotuning / deterministic kernels, restored after; on a FLARE server too: its
@@ -192,6 +199,7 @@ def _start(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transp
 def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transport: Transport, *,
          resume: bool, progress: bool) -> dict:
     transport, ledger = ledger_for(cfg, transport)  # privacy.dp: each site's ε over the rounds
+    transport = simulated(cfg, transport)  # simulate: the sites on a virtual clock (a late site's ε is spent)
     ctx = build_context(cfg, protocol, transport)
     theta = initial_model(cfg, ctx)
     state, start, history, best = protocol.init_state(ctx, theta), 0, [], None
@@ -213,9 +221,10 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
         try:
             state, metrics = protocol.run_round(ctx, r, state)
         except RunFailed:  # the refusals and absences of the failed round stay on record in run.json
-            _write_run_files(run_dir, cfg, ctx, protocol, status="stopped", rounds_done=r + 1)
+            _write_run_files(run_dir, cfg, ctx, protocol, status="stopped", rounds_done=r + 1, history=history)
             raise
-        metrics = {"round": r, **metrics, **_round_record(ctx, r), "val": _validate(ctx, protocol, state, r)}
+        metrics = {"round": r, **metrics, **_round_record(ctx, r), **clock_record(transport, r, history),
+                   "val": _validate(ctx, protocol, state, r)}
         metrics["seconds"] = round(time.perf_counter() - t0, 3)
         best = _keep_best(cfg, best, r, metrics["val"], state, transport)
         history.append(metrics)
@@ -243,15 +252,20 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
         "model": cfg.model.model_dump(mode="json"), "image_size": cfg.image_size,
     })
     payload = _write_run_files(run_dir, cfg, ctx, protocol, status="finished", ledger=ledger, rounds_done=cfg.rounds,
-                               selected={"round": best["round"], "val_auroc": best["score"]} if best else None)
+                               selected={"round": best["round"], "val_auroc": best["score"]} if best else None,
+                               history=history)
     rounds_log.info("finished: final_model.pt holds round %d of %d", round_number(best["round"] if best else cfg.rounds - 1),
                     cfg.rounds, extra={"console": False})
     return payload
 
 
 def _round_record(ctx: Context, r: int) -> dict:
-    """What the defences and a robust rule did this round, for ``metrics.jsonl`` (empty when nothing)."""
+    """What the defences, a robust rule and participation did this round, for ``metrics.jsonl`` (empty
+    when nothing): ``missed`` maps every asked site that took no part to why (:func:`missed_map`)."""
     out = {}
+    missed = missed_map(ctx.missed, r)
+    if missed:
+        out["missed"] = missed
     refused = [e for e in ctx.refused if e["round"] == r]
     if refused:
         out["refused"] = refused
@@ -265,6 +279,17 @@ def _round_record(ctx: Context, r: int) -> dict:
     if ctx.notes:
         out.update(ctx.notes)
         ctx.notes = {}
+    return out
+
+
+def missed_map(missed: list[dict], r: int) -> dict[str, dict]:
+    """``{site: {"why", "task", "reason"}}`` of round ``r``: each asked site that took no part and why
+    (``late``, ``dropped``, ``error``, ``refused``, ``no reply``; the first task it missed)."""
+    out: dict[str, dict] = {}
+    for e in missed:
+        if e.get("round") == r and e.get("site") not in out:
+            why = e.get("why") or ("refused" if str(e.get("reason", "")).startswith("rejected") else "no reply")
+            out[e["site"]] = {"why": why, "task": e.get("task"), "reason": e.get("reason") or why}
     return out
 
 
@@ -393,7 +418,8 @@ def _read_metrics(run_dir: Path, upto: int) -> list[dict]:
 
 
 def _write_run_files(run_dir: Path, cfg: ExperimentConfig, ctx: Context, protocol: RoundProtocol, *,
-                     status: str, ledger=None, selected: Optional[dict] = None, rounds_done: int = 0) -> dict:
+                     status: str, ledger=None, selected: Optional[dict] = None, rounds_done: int = 0,
+                     history: Optional[list] = None) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     write_config(run_dir, dump_config(cfg))
     payload = {
@@ -412,5 +438,9 @@ def _write_run_files(run_dir: Path, cfg: ExperimentConfig, ctx: Context, protoco
         payload["dp"] = ledger.report()
     if selected is not None:  # select_round: best_val — the round final_model.pt holds
         payload["selected_round"] = selected
+    clock = [row["simulated"] for row in history or [] if isinstance(row.get("simulated"), dict)]
+    if clock:  # simulate: the run on its virtual clock
+        payload["simulated"] = {"clock_s": clock[-1]["clock_s"], "round_s": [c["round_s"] for c in clock],
+                                "deadline_s": cfg.participation.deadline_s}
     write_run_info(run_dir, payload)
     return payload

@@ -11,6 +11,7 @@ and metrics — never images, labels or identifiers.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from types import MappingProxyType
 from typing import Mapping, Optional
 
 from fedcxr.pipeline.messages import Reply, StateDict, TaskConfig
@@ -25,6 +26,10 @@ class Transport(ABC):
     #: average replies through it (:func:`fedcxr.pipeline.protocols.base.sealed_aggregation`). None:
     #: replies are plain tensors.
     sealed = None
+    #: Why each target of the latest :meth:`run` that is absent from its replies did not answer:
+    #: ``{site: {"why": "late" | "dropped" | "error" | "refused" | "no reply", "reason": text}}``
+    #: (a transport replaces it on every call; the protocols record it in ``run.json`` ``missed``).
+    absent: Mapping[str, dict] = MappingProxyType({})
 
     @abstractmethod
     def run(
@@ -40,8 +45,8 @@ class Transport(ABC):
 
         ``config`` is the task's typed config (:mod:`fedcxr.pipeline.messages`; ``None`` for a
         task that takes none). ``per_site`` overrides ``(params, config)`` for the named sites
-        (e.g. FedBN's per-site models). A site that died or timed out is simply absent from the result;
-        the protocol decides whether the round can go on (``min_sites``).
+        (e.g. FedBN's per-site models). A site that died or timed out is simply absent from the result
+        (why: :attr:`absent`); the protocol decides whether the round can go on (``participation.min_sites``).
         """
 
     def absence_reason(self, site: str) -> Optional[str]:

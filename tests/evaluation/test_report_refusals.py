@@ -24,12 +24,42 @@ def test_refusals_and_absences_are_summarised_per_site():
         {"site": "evil", "n": 5, "rounds": [0, 1, 2, 4, 5], "checks": {"norm": 4, "counts": 1},
          "reason": "update norm 0"},
         {"site": "odd", "n": 1, "rounds": [3], "checks": {"values": 1}, "reason": "NaN"}]
-    assert record["missed"] == [{"site": "slow", "n": 2, "rounds": [2, 3], "why": {"no reply": 2}}]  # a refusal is not
-    # an absence; report.json keeps run.json's 0-based round indices, report.md counts rounds from 1
+    assert record["missed"] == [{"site": "slow", "n": 2, "rounds": [2, 3], "why": {"no reply": 2}, "first": {}}]
+    # a refusal is not an absence; report.json keeps run.json's 0-based round indices, report.md counts from 1
     text = "\n".join(training_section({"training": record}))
     assert "refused 6 replies of 2 sites" in text
     assert "| evil | 5 | 1–3, 5–6 | counts × 1, norm × 4 | update norm 0 |" in text
     assert "| slow | 2 | 3–4 | no reply × 2 |" in text
+
+
+def test_missed_rounds_say_late_dropped_out_error_or_refused_and_the_simulated_clock():
+    """Issue 31: a missed round says why — late (deadline), dropped out, an error, refused by the transport."""
+    info = {"status": "finished", "refused": [], "sources": [f"s{i}" for i in range(10)],
+            "config": {"participation": {"fraction": 0.3, "min_sites": 2, "deadline_s": 600.0}},
+            "simulated": {"clock_s": 7200.0, "round_s": [2400.0, 2400.0, 2400.0], "deadline_s": 600.0},
+            "missed": [{"round": 0, "task": "train", "site": "s1", "why": "late", "reason": "reply at 700 s"},
+                       {"round": 2, "task": "train", "site": "s1", "why": "dropped", "reason": "dropped out"},
+                       {"round": 1, "task": "train", "site": "s2", "why": "error", "reason": "error: code 5"},
+                       {"round": 1, "task": "train", "site": "s3", "why": "refused", "reason": "wire: NaN"},
+                       {"round": 1, "task": "train", "site": "s4", "why": "<script>", "reason": "?"}]}
+    record = training_record(info)
+    assert {row["site"]: row["why"] for row in record["missed"]} == {
+        "s1": {"late (deadline)": 1, "dropped out": 1}, "s2": {"error": 1}, "s3": {"refused": 1},
+        "s4": {"no reply": 1}}
+    assert record["consortium"] == {"fraction": 0.3, "min_sites": 2.0, "deadline_s": 600.0, "sources": 10,
+                                    "clock_s": 7200.0, "rounds": 3}
+    text = "\n".join(training_section({"training": record}))
+    assert "| s1 | 2 | 1, 3 | dropped out × 1, late (deadline) × 1 (first: reply at 700 s) |" \
+        in text  # report.md counts rounds from 1
+    assert "| s4 | 1 | 2 | no reply × 1 (first: ?) |" in text  # an unknown kind is read as no reply
+    assert "Each round asked a share of 0.3 of the 10 sources (at least 2" in text
+    assert "a site that was not asked did not miss the round" in text
+    assert "closed at 600 s; on the simulated clock (`simulate:`) the 3 rounds took 7200.0 s (2.00 h)." in text
+    plain = training_record({"refused": [], "missed": [], "config": {"participation": {"fraction": 1.0}}})
+    assert plain["consortium"] is None
+    hostile = training_record({"refused": [], "missed": [], "simulated": {"clock_s": "1e999", "round_s": "x"},
+                               "config": {"participation": {"fraction": float("nan")}}})
+    assert hostile["consortium"] is None
 
 
 def test_a_run_without_refusals_says_so_and_an_old_run_json_adds_nothing():
@@ -64,11 +94,18 @@ def test_a_site_that_missed_rounds_is_named_with_the_rounds_and_why():
                        {"round": 2, "task": "train", "site": "hospital_a", "reason": "disconnected"},
                        {"round": 3, "task": "train", "site": "hospital_a", "reason": "disconnected"}]}
     text = "\n".join(training_section({"training": training_record(info)}))
-    assert "| hospital_a | 3 | 2–4 | no answer within 20 s × 1, disconnected × 2 |" in text
-    assert "went on without them (“disconnected”: the FLARE server had lost the site's client and did not ask " \
-           "it; “no answer within N s”: the round's deadline (`--timeout`) passed first):" in text
-    many = [{"round": r, "task": "train", "site": "a", "reason": f"reason {r}"} for r in range(50)]
-    assert len(training_record({"missed": many})["missed"][0]["why"]) == 5  # bounded
+    # a run.json written before kinds were kept: the kind read from FLARE's reason, the first reason quoted
+    assert "| hospital_a | 3 | 2–4 | dropped out × 2 (first: disconnected), late (deadline) × 1 (first: no answer " \
+           "within 20 s) |" in text
+    assert "(on FLARE, \"disconnected\": the server had lost the site's client and did not ask it)" in text
+    info["missed"] = [{"round": 1, "task": "train", "site": "h", "why": "late",
+                       "reason": "no reply within 4 s (--timeout)"},
+                      {"round": 2, "task": "train", "site": "h", "why": "dropped", "reason": "disconnected"}]
+    assert "| h | 2 | 2–3 | dropped out × 1 (first: disconnected), late (deadline) × 1 (first: no reply within 4 s " \
+           "(--timeout)) |" in "\n".join(training_section({"training": training_record(info)}))
+    many = [{"round": r, "task": "train", "site": "a", "why": "late", "reason": f"reason {r}"} for r in range(50)]
+    row = training_record({"missed": many})["missed"][0]
+    assert row["why"] == {"late (deadline)": 50} and row["first"] == {"late (deadline)": "reason 0"}  # bounded
 
 
 def test_round_lists_are_compressed_and_bounded():

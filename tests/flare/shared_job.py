@@ -5,6 +5,7 @@ site start, import torch and fedcxr, and stop after NVFLARE's fixed grace period
 experiments that ``test_controller.py`` checks share the two jobs of one fixture:
 
 * job 1 runs, one after the other, E2 (FL_Surgical), E3 (FedAvg_Finetune_GP), SCAFFOLD, FedAdam,
+  ``sampled`` (FedAvg asking two of the four sources per round: ``participation:``),
   ``hostile`` (FedAvg with ``aggregation: median`` over four sources, so that three are left for
   the median each round: one sends a 1e30 update at
   round 0, another claims 10¹² samples at round 1), E1 (FedAvg over four sites: at round 1 one
@@ -48,7 +49,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 ALL = ["nih_style", "chexpert_style", "midrc_style", "dicom_style"]
 #: job 1's order: E1 stops its dicom site for good, so only E4 (which does not need it) follows it
-ORDER = ("E2", "E3", "SCAFFOLD", "FedAdam", "hostile", "E1", "E4")
+ORDER = ("E2", "E3", "SCAFFOLD", "FedAdam", "sampled", "hostile", "E1", "E4")
+#: the sampled experiment: half of the four sources per round (participation:), a deadline on FLARE's clock
+SAMPLED = {"fraction": 0.5, "deadline_s": 300}
 #: the hostile experiment's sources and faults (``benchmarks/hostile_sites.py`` names)
 HOSTILE_SOURCES = ["nih_style", "chexpert_style", "midrc_style", "dicom_style"]  # 3 left after a refusal
 HOSTILE_FAULTS = {"chexpert_style": {"0": "huge"}, "midrc_style": {"1": "inflate"}}
@@ -122,6 +125,7 @@ def experiments(manifests: Path, cache: Path) -> dict:
         "E4": cfg(strategy="FedAvg", sites=ALL[:3], target=None, rounds=2, backbone_aggregation="fedbn", eval_every=0),
         "SCAFFOLD": cfg(strategy="SCAFFOLD", source=SGD, **sources_only),
         "FedAdam": cfg(strategy="FedAdam", **sources_only),
+        "sampled": cfg(strategy="FedAvg", sites=ALL, participation=SAMPLED, **sources_only),
         "hostile": cfg(strategy="FedAvg", sites=HOSTILE_SOURCES, aggregation="median",
                        source={"lr": 2e-3, "batch_size": 16, "steps": 2},
                        model={"backbone": "resnet_tiny", "hidden": 16, "classes": ["cardiomegaly", "covid19"]},

@@ -269,6 +269,45 @@ def test_a_site_that_stops_mid_run_is_recorded_and_the_rounds_go_on(flare_runs):
     assert "did not answer task train" in _logs(flare_runs.dirs[ORDER[0]])
 
 
+def test_a_sampled_round_asks_only_the_drawn_clients_and_the_others_are_not_missed(flare_runs, in_process_refs):
+    """participation.fraction 0.5 of four clients: FLARE asks the in-process draw; a site not asked is not missed."""
+    from fedcxr.pipeline.participation import sample_sites
+
+    cfg = flare_runs.exps["sampled"]
+    draws = [sample_sites(ALL, 0.5, 1, cfg.seed, r) for r in range(cfg.rounds)]
+    rows = _metrics(flare_runs.dirs["sampled"])
+    assert [row["asked"] for row in rows] == draws and len({tuple(d) for d in draws}) == 2
+    assert [list(row["train"]) for row in rows] == draws
+    assert flare_runs.payloads["sampled"]["missed"] == [] and not any("missed" in row for row in rows)
+    ref = _final(in_process_refs("sampled"))
+    assert _max_diff(_final(flare_runs.dirs["sampled"])["global"], ref["global"]) <= 1e-5
+
+
+def test_participation_deadline_bounds_a_rounds_training_tasks_and_timeout_the_rest():
+    """participation.deadline_s is FLARE's wait for a round's tasks; --timeout (task_timeout) for every other."""
+    from types import SimpleNamespace
+
+    from fedcxr.flare.controller import FlareTransport
+    from fedcxr.pipeline.messages import EvaluateTask, TrainTask
+
+    waits = []
+    controller = SimpleNamespace(task_timeout=20, dispatch=lambda task, groups, round_, timeout: waits.append(
+        (task, round_, timeout)) or {})
+    train = TrainTask.build(round=3, seed=0, role="source", head_classes=["edema"], param_classes=["edema"], lr=1e-3,
+                            batch_size=4)
+    evaluate = EvaluateTask.build(head_classes=["edema"], param_classes=["edema"])
+    for deadline in (None, 12.5):
+        transport = FlareTransport(controller, ["a", "b"], runner={}, run="x", deadline_s=deadline)
+        assert transport.run("train", ["a", "b"], {}, train) == {}
+        assert transport.absent["a"] == {"why": "late", "reason": f"no reply within {13 if deadline else 20} s ("
+                                         f"{'participation.deadline_s' if deadline else '--timeout'})"}
+        transport.run("evaluate", ["a"], {}, evaluate)
+    assert waits == [("train", 3, 20), ("evaluate", None, 20), ("train", 3, 13), ("evaluate", None, 20)]
+    controller.task_timeout = 0
+    FlareTransport(controller, ["a"], runner={}, run="x").run("train", ["a"], {}, train)
+    assert waits[-1] == ("train", 3, 0)
+
+
 def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

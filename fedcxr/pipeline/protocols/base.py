@@ -26,6 +26,7 @@ from fedcxr.pipeline import aggregate as agg
 from fedcxr.pipeline import screening
 from fedcxr.pipeline.config import ExperimentConfig
 from fedcxr.pipeline.messages import Reply, StateDict, TaskConfig, TrainTask
+from fedcxr.pipeline.participation import sample_size, sample_sites
 from fedcxr.pipeline.state import _structure_problem, nonfinite_problem
 from fedcxr.pipeline.run_log import round_number
 from fedcxr.pipeline.transport import Transport
@@ -61,7 +62,7 @@ class Context:
     target: Optional[str]
     bn_keys: list[str] = field(default_factory=list)
     head_keys: list[str] = field(default_factory=list)
-    missed: list[dict] = field(default_factory=list)  # {"round", "task", "site"} for absent replies
+    missed: list[dict] = field(default_factory=list)  # {"round", "task", "site", "why", "reason"}: no part taken
     refused: list[dict] = field(default_factory=list)  # {"round", "task", "site", "check", "reason"} (screen)
     sent: dict = field(default_factory=dict)  # site → the task config it got in the latest ask (lr, step budget)
     notes: dict = field(default_factory=dict)  # this round's extra metrics (robust rule: who was kept/clipped)
@@ -132,32 +133,62 @@ def target_batch_size(ctx: Context) -> int:
     return int(value) if value is not None else int(default)
 
 
+def round_sources(ctx: Context, r: int) -> list[str]:
+    """The sources round ``r`` asks (``participation:``): every source, or a share drawn from the
+    run's seed and the round (:func:`~fedcxr.pipeline.participation.sample_sites`), in ``sources``
+    order. A sampled round's metrics name them (``asked``); the target is never sampled out."""
+    spec = ctx.cfg.participation
+    asked = sample_sites(ctx.sources, spec.fraction, spec.min_sites, ctx.cfg.seed, r)
+    if len(asked) < len(ctx.sources):
+        ctx.notes["asked"] = list(asked)
+    return asked
+
+
 def ask(ctx: Context, task: str, sites: list[str], params: Optional[StateDict], config: Optional[TaskConfig], *,
         r: int, per_site=None, minimum: Optional[int] = None) -> dict[str, Reply]:
-    """Run a task; record absent sites; fail the round when fewer than ``minimum`` answered.
+    """Run a task; record absent sites with why (late, dropped out, error: the transport's ``absent``);
+    fail the round when fewer than ``minimum`` (default ``participation.min_sites``) answered.
 
     ``config`` is the task's typed config (``None`` when ``per_site`` gives every site its own)."""
     replies = ctx.transport.run(task, sites, params, config, per_site=per_site)
+    absent = getattr(ctx.transport, "absent", None) or {}
     for site in sites:
         ctx.sent[site] = (per_site or {}).get(site, (params, config))[1]
         if site not in replies:
-            missed_reply(ctx, r, task, site)
+            why, reason = absence(absent.get(site))
+            ctx.missed.append({"round": r, "task": task, "site": site, "why": why, "reason": reason})
+            log.warning("round %d: site %s did not answer task %s (%s)", round_number(r), site, task, reason)
     need = min(len(sites), ctx.cfg.min_sites if minimum is None else minimum)
     if len(replies) < need:
-        raise RoundFailed(f"round {round_number(r)}: only {len(replies)} of {len(sites)} sites answered {task!r} (need {need})")
+        raise RoundFailed(f"round {round_number(r)}: only {len(replies)} of {len(sites)} sites answered {task!r} "
+                          f"(need {need}{', participation.min_sites' if minimum is None else ''}); {missed_text(ctx, r)}")
     return replies
 
 
-def missed_reply(ctx: Context, r: int, task: str, site: str) -> None:
-    """Record that ``site`` sent no reply to ``task`` in round ``r`` (``run.json`` ``missed``), with the
-    reason when the transport knows it (FLARE: disconnected, no answer within the timeout, ...)."""
-    entry = {"round": r, "task": task, "site": site}
-    reason = ctx.transport.absence_reason(site)
-    if reason:
-        entry["reason"] = reason
-    ctx.missed.append(entry)
-    log.warning("round %d: site %s did not answer task %s%s", round_number(r), site, task,
-                f" ({reason})" if reason else "")
+#: why an asked site did not take part (``run.json`` ``missed``, ``metrics.jsonl`` ``missed``)
+ABSENCES = ("late", "dropped", "error", "refused", "no reply")
+
+
+def absence(entry) -> tuple[str, str]:
+    """``(why, reason)`` of a transport's :attr:`~fedcxr.pipeline.transport.Transport.absent` entry."""
+    if isinstance(entry, dict) and entry.get("why") in ABSENCES:
+        return entry["why"], str(entry.get("reason") or entry["why"])
+    return "no reply", "no reply"
+
+
+def missed_text(ctx: Context, r: int, limit: int = 8) -> str:
+    """Who did not take part in round ``r`` and why, for a failed round's message."""
+    seen = {}
+    for e in ctx.missed:
+        if e.get("round") == r:
+            seen.setdefault(e["site"], e.get("reason") or e.get("why") or "no reply")
+    if not seen:
+        return "every asked site answered"
+    shown = "; ".join(f"{site}: {reason}" for site, reason in list(seen.items())[:limit])
+    more = f"; and {len(seen) - limit} more" if len(seen) > limit else ""
+    return (f"not taking part: {shown}{more} (run.json `missed`). The run stops; --resume retries the round (a "
+            "simulated consortium draws the same again: lower participation.min_sites or raise its fraction or "
+            "deadline_s)")
 
 
 def ask_one(ctx: Context, task: str, site: str, params: Optional[StateDict], config: TaskConfig, *, r: int,
@@ -235,7 +266,8 @@ def valid_replies(ctx: Context, replies: dict[str, Reply], reference: StateDict 
     stop_if_majority_refused(ctx, r, screened, refused, list(kept))
     need = min(len(replies), ctx.cfg.min_sites if minimum is None else minimum)
     if not kept or len(kept) < need:
-        raise RoundFailed(f"round {round_number(r)}: only {len(kept)} valid updates (need {max(need, 1)})")
+        raise RoundFailed(f"round {round_number(r)}: only {len(kept)} valid updates (need {max(need, 1)}); "
+                          f"{missed_text(ctx, r)}")
     return credit_counts(ctx, kept, r)
 
 
@@ -447,7 +479,7 @@ def refuse(ctx: Context, r: int, task: str, site: str, check: str, reason: str) 
     """Record a refused reply (``run.json`` ``refused`` and ``missed``, ``metrics.jsonl``) and log it."""
     log.warning("round %d: rejected update from %s: %s (task %s)", round_number(r), site, reason, task)
     ctx.refused.append({"round": r, "task": task, "site": site, "check": check, "reason": reason})
-    ctx.missed.append({"round": r, "task": task, "site": site, "reason": f"rejected: {reason}"})
+    ctx.missed.append({"round": r, "task": task, "site": site, "why": "refused", "reason": f"rejected: {reason}"})
 
 
 def stop_if_suspect(ctx: Context, r: int, failed: list[str]) -> None:
@@ -511,6 +543,9 @@ class RoundProtocol:
     #: hide it (a string completing "method X ..."); None where the server needs only a weighted sum
     #: of the sites' models (:meth:`secure_aggregation_problem`).
     reads_each_update: Optional[str] = "reads each site's own update at the server"
+    #: Whether a round may ask a share of the sources (``participation.fraction`` < 1, through
+    #: :func:`round_sources`); a string completing "method X ..." says why not (README "Running a consortium").
+    samples_sources: bool | str = True
 
     def __init__(self, name: str):
         self.name = name
@@ -531,6 +566,15 @@ class RoundProtocol:
             raise UserError(f"method {self.name} needs at least one source site in `sites:`")
         self.validate_aggregation(cfg)
         self.validate_secure_aggregation(cfg)
+        self.validate_participation(cfg)
+
+    def validate_participation(self, cfg: ExperimentConfig) -> None:
+        """``participation.fraction`` < 1 needs a method whose rounds ask a share of the sources (exit 2 saying
+        why not)."""
+        if cfg.participation.fraction < 1 and self.samples_sources is not True:
+            raise UserError(f"participation.fraction {cfg.participation.fraction:g}: method {self.name} "
+                            f"{self.samples_sources}; use participation.fraction: 1 (participation.deadline_s and "
+                            "min_sites still apply)")
 
     def secure_aggregation_problem(self, cfg: ExperimentConfig) -> Optional[str]:
         """Why this method cannot run with ``privacy.secure_aggregation`` (None: it can):
@@ -555,14 +599,17 @@ class RoundProtocol:
         if self.averages_sites is not True:
             raise UserError(f"aggregation.rule {rule.rule}: method {self.name} {self.averages_sites}; "
                             "use aggregation.rule: mean (the reply checks of `defences:` still apply)")
-        n = len(cfg.source_sites())
+        spec = cfg.participation
+        n = sample_size(len(cfg.source_sites()), spec.fraction, spec.min_sites)  # the sources a round asks
         if n < 3:
-            raise UserError(f"aggregation.rule {rule.rule} needs at least 3 source sites ({n} in `sites:`): with "
-                            "two, no rule can tell which one is wrong (the median of two is their mean); use "
+            raise UserError(f"aggregation.rule {rule.rule} needs at least 3 source sites per round ({n} asked: "
+                            "`sites:`, `participation:`): with two, no rule can tell which one is wrong (the median "
+                            "of two is their mean); use "
                             "aggregation.rule: mean — `defences:` still refuses implausible replies")
         if rule.rule in ("krum", "multi_krum") and n < 2 * rule.byzantine + 3:
             raise UserError(f"aggregation.rule {rule.rule} with byzantine (f) = {rule.byzantine} needs at least "
-                            f"2f+3 = {2 * rule.byzantine + 3} source sites, `sites:` has {n}; lower "
+                            f"2f+3 = {2 * rule.byzantine + 3} source sites per round, {n} asked (`sites:`, "
+                            "`participation:`); lower "
                             "aggregation.byzantine")
         if rule.rule == "multi_krum" and rule.select is not None and rule.select > n:
             raise UserError(f"aggregation.select (m) = {rule.select} is more than the {n} source sites")

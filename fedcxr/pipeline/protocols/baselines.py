@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from fedcxr.errors import UserError
-from fedcxr.pipeline.protocols.base import CENTRAL_SITE, RoundProtocol, ask, ask_one, task_config
+from fedcxr.pipeline.protocols.base import CENTRAL_SITE, RoundProtocol, ask, ask_one, round_sources, task_config
 
 
 class TargetOnlyProtocol(RoundProtocol):
@@ -19,6 +19,7 @@ class TargetOnlyProtocol(RoundProtocol):
     needs_sources = False
     averages_sites = "trains the target alone (no server-side average of site models)"
     reads_each_update = "trains the target alone: its model is the only one the server holds, nothing is summed"
+    samples_sources = "trains the target alone (no source to sample)"
 
     def __init__(self, name: str, *, oracle: bool):
         super().__init__(name)
@@ -45,6 +46,7 @@ class CentralProtocol(RoundProtocol):
     averages_sites = "trains one pooled model (no server-side average of site models)"
     reads_each_update = "pools every site's images in one place"
     pooled_site = CENTRAL_SITE
+    samples_sources = "trains one pooled site (no source to sample)"
 
     def __init__(self, name: str):
         super().__init__(name)
@@ -52,6 +54,7 @@ class CentralProtocol(RoundProtocol):
     def validate(self, cfg, meta, classes):
         self.validate_aggregation(cfg)
         self.validate_secure_aggregation(cfg)
+        self.validate_participation(cfg)
 
     def run_round(self, ctx, r, state):
         cfg = task_config(ctx, r, "source", use_aux=bool(ctx.aux_tasks), missing_as_negative=True)
@@ -77,8 +80,9 @@ class IndividualProtocol(RoundProtocol):
         return {"global": theta, "per_site": {s: dict(theta) for s in ctx.sources}}
 
     def run_round(self, ctx, r, state):
-        per_site = {s: (state["per_site"][s], task_config(ctx, r, "source")) for s in ctx.sources}
-        replies = ask(ctx, "train", ctx.sources, None, None, r=r, per_site=per_site, minimum=1)
+        asked = round_sources(ctx, r)  # participation: the sites not asked keep their model
+        per_site = {s: (state["per_site"][s], task_config(ctx, r, "source")) for s in asked}
+        replies = ask(ctx, "train", asked, None, None, r=r, per_site=per_site, minimum=1)
         new = dict(state["per_site"])
         for s, rep in replies.items():
             new[s] = rep.params

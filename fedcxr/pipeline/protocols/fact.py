@@ -45,6 +45,7 @@ class FACTProtocol(RoundProtocol):
     needs_target = True
     averages_sites = "averages exactly the two sources of each round (no rule can tell which of two is wrong)"
     reads_each_update = "sends each source's own head to the target and keeps the sources' feature extractors apart"
+    samples_sources = "asks two sources drawn at random every round already (the FACT paper's pairs)"
 
     def __init__(self, name: str, *, finetune: bool):
         super().__init__(name)

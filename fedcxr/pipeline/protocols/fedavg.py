@@ -16,6 +16,7 @@ from fedcxr.pipeline.protocols.base import (
     aggregate_backbone,
     ask,
     ask_one,
+    round_sources,
     task_config,
     valid_replies,
 )
@@ -52,7 +53,7 @@ class FedAvgProtocol(RoundProtocol):
 
     def fedavg_round(self, ctx: Context, r: int, theta0: StateDict) -> tuple[StateDict, dict]:
         cfg = self.source_config(ctx, r)
-        replies = ask(ctx, "train", ctx.sources, theta0, cfg, r=r)
+        replies = ask(ctx, "train", round_sources(ctx, r), theta0, cfg, r=r)  # participation: a share of them
         replies = valid_replies(ctx, replies, theta0, r)
         theta = aggregate_backbone(ctx, replies, theta0, uniform=self.uniform_backbone(ctx))
         if ctx.cfg.backbone_aggregation == "fedbn_plus":

@@ -24,6 +24,11 @@ client), so a killed run resumes bit-identical. Both cover the model's trainable
 running statistics and ``num_batches_tracked`` are averaged as in FedAvg. FedProx's term, too,
 covers the trainable parameters only.
 
+A sampled round (``participation:``; README "Running a consortium"): SCAFFOLD's c moves by
+(|S|/N) × the mean Δc_i of the |S| valid replies, N all sources (Algorithm 1, line 17), and the
+sites not asked keep their c_i; FedOpt's optimiser steps on the mean of the replies that came
+(Algorithm 2 samples S too), its m and v carrying over.
+
 Refused, with the reason (exit 2): FedProx with DP-SGD (Opacus drops the term's gradient);
 SCAFFOLD with an adaptive or momentum optimiser at the sources (option II's c_i assumes plain
 SGD steps) or with FLARE result filters (Δc_i would carry the unfiltered update past them); FedBN
@@ -44,6 +49,7 @@ from fedcxr.pipeline.protocols.base import (
     RoundFailed,
     aggregate_backbone,
     ask,
+    round_sources,
     valid_replies,
 )
 from fedcxr.pipeline.protocols.fedavg import FedAvgProtocol
@@ -151,8 +157,8 @@ class SCAFFOLDProtocol(FedAvgProtocol):
 
     def run_round(self, ctx, r, state):
         theta0, control = state["global"], state["control"]
-        replies = ask(ctx, "train_scaffold", ctx.sources, pack_control(theta0, control), self.source_config(ctx, r),
-                      r=r)
+        replies = ask(ctx, "train_scaffold", round_sources(ctx, r), pack_control(theta0, control),
+                      self.source_config(ctx, r), r=r)
         replies = _with_control_updates(ctx, valid_replies(ctx, replies, theta0, r), control, r)
         uniform = self.uniform_backbone(ctx)
         average = aggregate_backbone(ctx, replies, theta0, uniform=uniform)
@@ -175,7 +181,7 @@ def _with_control_updates(ctx: Context, replies: dict[str, Reply], control: Stat
         reason = check_update(unpack_control_delta(reply.extra), control)
         if reason:
             log.warning("round %d: rejected the control-variate update of %s: %s", round_number(r), site, reason)
-            ctx.missed.append({"round": r, "task": "train_scaffold", "site": site,
+            ctx.missed.append({"round": r, "task": "train_scaffold", "site": site, "why": "refused",
                                "reason": f"rejected control update: {reason}"})
             continue
         kept[site] = reply

@@ -11,6 +11,7 @@ from fedcxr.pipeline.protocols.base import (
     RoundProtocol,
     aggregate_backbone,
     ask,
+    round_sources,
     task_config,
     valid_replies,
 )
@@ -68,20 +69,21 @@ class SurgicalFamilyProtocol(RoundProtocol):
                            missing_as_negative=self.mode == "fl",  # FL: a class a site does not label is negative
                            head_classes=ctx.class_set(site) if self.mode == "surgical" else list(ctx.classes))
 
-    def warm_up_heads(self, ctx: Context, theta0: StateDict) -> dict[str, Reply]:
-        """Before round 0: each client trains its head alone and keeps the best-validation one."""
+    def warm_up_heads(self, ctx: Context, theta0: StateDict, sites: list[str]) -> dict[str, Reply]:
+        """Before round 0: each client of round 0 trains its head alone and keeps the best-validation one."""
         hw = ctx.cfg.head_warmup
         per_site = {s: (theta0, self._site_config(ctx, 0, s).replace(
             trainable="head", lr=hw.lr, epochs=hw.epochs, steps=None,
             batch_size=hw.batch_size or ctx.cfg.source.batch_size, keep_optimizer=False, optimizer="adam"))
-            for s in ctx.sources}
-        return ask(ctx, "warmup_head", ctx.sources, theta0, None, r=0, per_site=per_site)
+            for s in sites}
+        return ask(ctx, "warmup_head", sites, theta0, None, r=0, per_site=per_site)
 
     def run_round(self, ctx, r, state):
         theta0 = state["global"]
-        warmed = self.warm_up_heads(ctx, theta0) if r == 0 and ctx.cfg.head_warmup.epochs > 0 else {}
-        per_site = {s: (theta0, self._site_config(ctx, r, s).replace(from_warm=s in warmed)) for s in ctx.sources}
-        replies = ask(ctx, "train", ctx.sources, theta0, None, r=r, per_site=per_site)
+        asked = round_sources(ctx, r)  # participation: a class whose every site is absent keeps its head rows
+        warmed = self.warm_up_heads(ctx, theta0, asked) if r == 0 and ctx.cfg.head_warmup.epochs > 0 else {}
+        per_site = {s: (theta0, self._site_config(ctx, r, s).replace(from_warm=s in warmed)) for s in asked}
+        replies = ask(ctx, "train", asked, theta0, None, r=r, per_site=per_site)
         if self.mode == "surgical":
             replies = valid_replies(ctx, replies, self._site_reference(ctx, theta0), r)
             theta = self._surgical(ctx, replies, theta0)

@@ -44,6 +44,8 @@ from fedcxr.pipeline.protocols.base import (
     ask,
     ask_one,
     check_one,
+    missed_text,
+    round_sources,
     target_batch_size,
     task_config,
     valid_replies,
@@ -158,7 +160,8 @@ class TargetCombineProtocol(FedAvgProtocol):
         else:
             replies, target = self.train_together(ctx, r, theta0, self.target_config(ctx, r, scale), scale)
             if target is None:
-                raise RoundFailed(f"round {round_number(r)}: the target {ctx.target} did not answer its fine-tuning task")
+                raise RoundFailed(f"round {round_number(r)}: the target {ctx.target} did not answer its fine-tuning task; "
+                                  f"{missed_text(ctx, r)}")
             check_target(ctx, target, theta0, r)
         order = list(replies)
         spec = self.combine_spec(ctx, replies, scale)
@@ -176,7 +179,7 @@ class TargetCombineProtocol(FedAvgProtocol):
     def train_sources(self, ctx: Context, r: int, theta0, scale: float) -> dict[str, Reply]:
         """The sources alone train from θ0 (GP's warm-up: the target waits for their average)."""
         scfg = task_config(ctx, r, "source", lr=ctx.cfg.source.lr * scale)
-        return valid_replies(ctx, ask(ctx, "train", ctx.sources, theta0, scfg, r=r), theta0, r)
+        return valid_replies(ctx, ask(ctx, "train", round_sources(ctx, r), theta0, scfg, r=r), theta0, r)
 
     def train_together(self, ctx: Context, r: int, theta0, target_config: TrainTask, scale: float = 1.0
                        ) -> tuple[dict[str, Reply], Optional[Reply]]:
@@ -185,15 +188,15 @@ class TargetCombineProtocol(FedAvgProtocol):
         Returns the sources' valid replies (``min_sites`` enforced) and the target's reply, or
         ``None`` when the target did not answer.
         """
-        sites = [*ctx.sources, ctx.target]
+        asked = round_sources(ctx, r)  # participation: a share of the sources; the target always
         scfg = task_config(ctx, r, "source", lr=ctx.cfg.source.lr * scale)
-        answered = ask(ctx, "train", sites, theta0, scfg, r=r,
+        answered = ask(ctx, "train", [*asked, ctx.target], theta0, scfg, r=r,
                        per_site={ctx.target: (theta0, target_config)}, minimum=1)
         target = answered.pop(ctx.target, None)
-        need = min(len(ctx.sources), ctx.cfg.min_sites)
+        need = min(len(asked), ctx.cfg.min_sites)
         if len(answered) < need:
-            raise RoundFailed(f"round {round_number(r)}: only {len(answered)} of {len(ctx.sources)} sources answered 'train' "
-                              f"(need {need})")
+            raise RoundFailed(f"round {round_number(r)}: only {len(answered)} of {len(asked)} sources answered 'train' "
+                              f"(need {need}, participation.min_sites); {missed_text(ctx, r)}")
         return valid_replies(ctx, answered, theta0, r), target
 
     def combine_spec(self, ctx: Context, replies: dict[str, Reply], lr_scale: float = 1.0) -> CombineSpec:

@@ -79,11 +79,13 @@ def test_ask_records_absent_sites_and_fails_the_round_below_min_sites(caplog):
     with caplog.at_level(logging.WARNING):
         replies = ask(ctx, "train", ["a", "b", "c"], tensors(w=[1.0]), config, r=2)
     assert list(replies) == ["a"]
-    assert ctx.missed == [{"round": 2, "task": "train", "site": "b"}, {"round": 2, "task": "train", "site": "c"}]
+    assert ctx.missed == [{"round": 2, "task": "train", "site": s, "why": "no reply", "reason": "no reply"}
+                          for s in ("b", "c")]
     assert "round 3: site b did not answer task train" in caplog.text  # index 2 is the third round
     assert ctx.sent["c"] is config, "what each site was sent is kept (the reply checks read its lr and steps)"
     strict = context("FedAvg", only_a, sites=["a", "b", "c"], min_sites=2)
-    with pytest.raises(RoundFailed, match=r"round 1: only 1 of 3 sites answered 'train' \(need 2\)"):
+    with pytest.raises(RoundFailed, match=r"round 1: only 1 of 3 sites answered 'train' \(need 2, participation"
+                                          r".min_sites\); not taking part: b: no reply; c: no reply"):
         ask(strict, "train", ["a", "b", "c"], tensors(w=[1.0]), config, r=0)
     assert list(ask(strict, "train", ["a", "b"], tensors(w=[1.0]), config, r=0, minimum=1)) == ["a"]
 

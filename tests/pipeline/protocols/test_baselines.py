@@ -62,4 +62,4 @@ def test_individual_sites_train_their_own_models_from_round_to_round():
     assert {s: m["w"].tolist() for s, m in final["per_site"].items()} == {"a": [2.0], "b": [2.0]}
     assert final["global"]["w"].tolist() == [0.0], "no shared model is trained"
     assert protocol.default_eval_sites(ctx) == ["a", "b"]
-    assert ctx.missed == [{"round": 1, "task": "train", "site": "b"}]
+    assert ctx.missed == [{"round": 1, "task": "train", "site": "b", "why": "no reply", "reason": "no reply"}]
