@@ -140,15 +140,21 @@ def cell_config(work: Path, manifests: Path, shift: str, labels: int, rounds: in
 # --------------------------------------------------------------------------- runs
 
 
-def run_settings(method: str, seed: int, rounds: int, label_draw: str = "seed") -> list[str]:
+def run_settings(method: str, seed: int, rounds: int, label_draw: str = "seed", cell_keys=()) -> list[str]:
     """The ``--set`` strings of one (method, seed) of a cell: the method, the seed, the seed's label
-    draw, the method's own overrides and its round-matched target passes."""
+    draw, the method's own overrides and its round-matched target passes (unless the cell's config
+    sets that key itself: ``--set finetune_offline_epochs=50`` reproduces the first map's 50)."""
     settings = [f"strategy={method}", f"seed={seed}", *METHOD_OVERRIDES.get(method, [])]
     if label_draw == "seed":
         settings.append(f"target_train.label_draw={seed}")
-    if method in ROUND_MATCHED:
+    if method in ROUND_MATCHED and ROUND_MATCHED[method] not in cell_keys:
         settings.append(f"{ROUND_MATCHED[method]}={rounds}")
     return settings
+
+
+def cell_keys(config) -> set[str]:
+    """The top-level keys a cell's config sets (its ``--set`` ones among them)."""
+    return set(yaml.safe_load(Path(config).read_text()) or {})
 
 
 def run_one(job: tuple) -> float:
@@ -189,8 +195,8 @@ def cell_jobs(configs: dict, methods: Sequence[str], seeds, label_draw: str = "s
                     if not run_dir.is_symlink() and not run_dir.exists():
                         run_dir.symlink_to(Path("..", "..", "_shared", f"{shift}-r{rounds}", "runs", run_dir.name))
                     run_dir = shared
-                jobs.setdefault(str(run_dir), (str(config), run_settings(method, seed, rounds, label_draw),
-                                               str(run_dir), True))
+                jobs.setdefault(str(run_dir), (str(config), run_settings(method, seed, rounds, label_draw,
+                                                                         cell_keys(config)), str(run_dir), True))
     return list(jobs.values())
 
 
@@ -204,7 +210,7 @@ def select_jobs(configs: dict, candidates: Sequence[str], seeds, folds: int, lab
             for seed in seeds:
                 for fold in range(folds):
                     run_dir = Path(config).parent / "select" / f"{method}-seed{seed}-fold{fold}"
-                    jobs.append((str(config), [*run_settings(method, seed, rounds, label_draw),
+                    jobs.append((str(config), [*run_settings(method, seed, rounds, label_draw, cell_keys(config)),
                                                *holdout_settings(folds, fold)], str(run_dir), False))
     return jobs
 

@@ -61,6 +61,8 @@ def test_each_method_makes_at_most_the_rounds_target_passes_and_each_seed_its_ow
     offline = bench.run_settings("Finetune_Offline", 3, 20)
     assert "finetune_offline_epochs=20" in offline and "target_train.label_draw=3" in offline and "seed=3" in offline
     assert not any("finetune_offline" in s for s in bench.run_settings("FedAvg_Finetune", 3, 20))
+    assert not any("finetune_offline" in s  # a cell that sets the passes itself (the first map's 50) keeps them
+                   for s in bench.run_settings("Finetune_Offline", 3, 20, cell_keys={"finetune_offline_epochs"}))
     assert not any("label_draw" in s for s in bench.run_settings("FedGP", 1, 20, label_draw="fixed"))
     assert "steps" not in bench.REGIME_CONFIG["source"] and bench.REGIME_CONFIG["source"]["epochs"] == 1
 
