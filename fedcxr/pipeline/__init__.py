@@ -34,7 +34,9 @@ rules and helpers     ``aggregate/`` (pure aggregation rules, one module per fam
                       the reply with its weight type, the payload layouts), ``config`` (the
                       experiment YAML), ``engine`` (how training uses the hardware: AMP,
                       channels-last, cuDNN, loader workers, offloading), ``keys`` (derived seeds,
-                      local-state key prefixes: server and sites alike), ``run_log``
+                      local-state key prefixes: server and sites alike), ``run_log``,
+                      ``labeled_rows`` (which labeled target rows a site trains on: the cap, the
+                      draw, the held-out fold)
 ====================  ========================================================================
 
 ``evaluation`` never imports this package and this package never imports ``evaluation``:

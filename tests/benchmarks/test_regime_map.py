@@ -18,7 +18,7 @@ def test_every_grid_is_cut_into_parts_that_fit_the_budget_and_run_each_planned_s
         parts = maps.parts(grid)
         seeds: dict[tuple, list[int]] = {}
         for name, part in parts.items():
-            assert name.startswith(f"{grid}:") and part["est_s"] <= maps.PART_SECONDS * 1.05 or len(part["seeds"]) == 1
+            assert name.startswith(f"{grid}:") and (part["est_s"] <= maps.PART_SECONDS * 1.05 or len(part["seeds"]) == 1)
             seeds.setdefault(part["cell"], []).extend(part["seeds"])
         assert set(seeds) == set(spec["cells"]), grid
         assert all(sorted(s) == list(range(maps.SEEDS)) for s in seeds.values()), grid  # the same seeds everywhere
