@@ -1,38 +1,52 @@
-"""The regime map of issue 18 §3 on real PneumoniaMNIST, in parts: which method wins where.
+"""The regime map on real PneumoniaMNIST, planned in parts: which method wins where, and by how much.
 
-The grid (fixed before any of its results was seen):
+The grid of the map with fresh draws (fixed before any of its results was seen, issue 30):
 
 * shift type: ``none``; ``mix4`` (pixel: gamma 2.5, blur σ 0.05 of the side, noise σ 0.15 on the
-  target — the covariate-shift sweep's strongest level); ``shortcut`` (a corner marker on 95 % of
-  pneumonia / 5 % of normal images at every source, reversed at the target: the FedGP papers'
-  ColoredMNIST −90 % case); ``labelnoise40`` (every source's training labels flipped at rate 0.4);
-* target labels 10, 25, 50, 100, 500 (the same nested rows for every method and seed);
-* rounds 20, 50 (counting the warm-up rounds);
-* methods :data:`METHODS`; 3 seeds, and 5 seeds for a cell's winner and runner-up where their
-  margin is under 0.03 (repeated while the new seeds change who they are).
+  target); ``shortcut`` (a corner marker on 95 % of pneumonia / 5 % of normal images at every source,
+  reversed at the target: the FedGP papers' ColoredMNIST −90 % case); ``labelnoise40`` (every
+  source's training labels flipped at rate 0.4);
+* target labels 10, 25, 50, 100, 500; rounds 20, 50 (counting the warm-up rounds);
+* methods :data:`METHODS`; :data:`SEEDS` seeds for every method of every cell, each seed its own
+  initial weights, batch order **and draw of the labeled target rows** (``target_train.label_draw``);
+* ``bench_regime.REGIME_CONFIG``: the sources train one epoch a round (the authors' local training);
+  the target one pass over its labeled rows a round (Finetune_Offline: as many passes as rounds,
+  after the last); verdicts corrected for the winner's selection and the number of cells
+  (:mod:`fedcxr.advice.verdicts`).
 
-Sites: ``bench_regime.py``'s sources (the official *train* rows dealt to 3 sites by patient hash,
-~1,400 training rows each) and a target built from the official *val + test* rows (1,145 images,
-50/10/40 by patient hash: 533 training rows — enough for 500 labels — 108 validation, 504 test).
-Every run: ``bench_regime.REGIME_CONFIG`` (resnet_tiny, 28 px, sources Adam lr 1e-3, 8 steps of 32
-a round; target lr 2e-4, one pass over its labeled rows a round, each method's default target batch
-size), scored on the target's 504 test images.
+Sites: sources = the official *train* rows dealt to 3 sites by patient hash (~1,400 training rows
+each); target = the official *val + test* rows (1,145 images) split 50/10/40 by patient hash: 533
+training rows (enough for 500 labels), 108 validation, 504 test.
 
-Each part trains at most ~30 minutes on 2 shared cores; finished runs are skipped, so the parts can
-be run in any order, interrupted and re-run. From scratch::
+Grids (``--grid``; every part is one cell × a block of seeds, sized to ~30 minutes with 2 workers by
+:func:`estimate_seconds`, measured from one run):
 
-    python benchmarks/regime_map.py --list                      # the parts, one per line
-    for part in $(python benchmarks/regime_map.py --list); do
-        nice -n 10 python benchmarks/regime_map.py --part "$part" --workers 2
+* ``core``   — :data:`CORE`: the 14 cells to run first (the first map's resolved cells and the cells
+  the README's advice rests on);
+* ``map``    — every cell of the grid (the core's parts are among them: finished runs are skipped);
+* ``select`` — the chooser's fold runs (``Selected``: :data:`bench_regime.SELECT_CANDIDATES`, 3 folds)
+  in the core cells;
+* ``steps8`` — the first map's 8 source steps a round, a labelled variant in :data:`STEPS8_CELLS`,
+  compared run by run with the default (``--tables`` writes ``regime_map_versus_steps8.csv``);
+* ``papers`` — closer to the papers (item 5): sources that differ from each other (``hetero``, each
+  source its own shift), 133 target labels (25 % of the target's 533, the AuxInfo+GP paper's setting);
+* ``kermany`` — the resolution check: the 224 px originals of PneumoniaMNIST at 64 px with ResNet-18,
+  in its own work folder (its estimates are not measured: see :data:`KERMANY_FACTOR`).
+
+Run, from scratch (finished runs are skipped, so parts run in any order, interrupted and re-run)::
+
+    python benchmarks/regime_map.py --plan                            # every grid: parts, runs, hours
+    python benchmarks/regime_map.py --list --grid core                # the core's parts, one per line
+    for part in $(python benchmarks/regime_map.py --list --grid core); do
+        nice -n 15 python benchmarks/regime_map.py --part "$part" --workers 2
     done
-    python benchmarks/regime_map.py --tables                    # CSVs, Markdown, heatmap
-    python benchmarks/build_regime_map.py                       # fedcxr/advice/regime_map.csv
+    python benchmarks/regime_map.py --tables                          # CSVs, Markdown, heatmap
+    python benchmarks/build_regime_map.py                             # fedcxr/advice/regime_map.csv
 
-Outputs (``benchmarks/results/``): ``regime_map_runs.csv`` (one row per run),
-``regime_map_cells.csv`` (cell × method: mean, 95 % t-interval, n), ``regime_map_pairs.csv`` (each
-cell's winner against every other method, paired by seed), ``regime_map_papers.csv`` (each papers'
-method per cell: behind the winner or tied with it, and against FedAvg_Finetune), ``regime_map.md``
-(every cell, every method), ``regime_map_summary.md`` (BENCHMARKS.md's tables) and ``regime_map.png``.
+Outputs (``benchmarks/results/``): ``regime_map_runs.csv`` (one row per run), ``_cells.csv``,
+``_pairs.csv``, ``_verdicts.csv`` (bench_regime's), ``_papers.csv`` (each papers' method per cell),
+``regime_map.md``, ``regime_map_summary.md``, ``regime_map.png``, ``regime_map_parts.csv`` (each
+part's wall time, runs, commit and load).
 """
 
 from __future__ import annotations
@@ -50,40 +64,149 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bench_regime  # noqa: E402
-import bench_shift  # noqa: E402
+import regime_figures  # noqa: E402
+import regime_tables  # noqa: E402
 
 REPO = HERE.parent
 SHIFTS = ["none", "mix4", "shortcut", "labelnoise40"]
 LABELS = [10, 25, 50, 100, 500]
 ROUNDS = [20, 50]
-#: parts of the label axis (each part: one shift × one rounds value × one group)
-LABEL_GROUPS = {"few": [10, 25], "mid": [50, 100], "500": [500]}
 METHODS = ["Target_Only", "Finetune_Offline", "FedAvg", "FedAvg_Finetune", "FedDA", "FedDA_Auto", "FedGP",
            "FedGP_Auto", "FedAvg_Finetune_GP", "FedProx_Finetune", "SCAFFOLD_Finetune", "FedAdam_Finetune"]
 #: the papers' methods (FedDA/FedGP and their auto versions: Jiang et al.; GP: the AuxInfo+GP paper)
 PAPERS = ["FedDA", "FedDA_Auto", "FedGP", "FedGP_Auto", "FedAvg_Finetune_GP"]
-SEEDS, CLOSE_SEEDS, CLOSE = 3, 5, 0.03
+#: seeds 0..SEEDS-1 for every method of every cell, fixed before any result: with 12 methods and 40
+#: cells, the first Holm step needs p_iut < 0.05 / 480 — a winner ahead of every other method by
+#: about 1.9 standard deviations of the paired differences with 10 seeds (5.8 with 5).
+SEEDS = 10
 TARGET_FROM, TARGET_SPLIT = ["val", "test"], [0.5, 0.1, 0.4]
-VARIANT, STEM = "map", "regime_map"
+VARIANT, STEM = "epoch1", "regime_map"
 #: the map's shift names (fedcxr/advice/regime.py SHIFT_TYPES) for the grid's
 SHIFT_TYPE = {"none": "none", "mix4": "pixel", "shortcut": "shortcut", "labelnoise40": "label_noise"}
 
+#: The cells to run first: the six the first map resolved (none 500 / 20 rounds; pixel 10, 25 / 20;
+#: label noise 500 / 20; pixel 25, 50 / 50), and those the README's advice rests on (no shift with
+#: few labels; the shortcut with 10–50; label noise with 10 and 50; pixel 50 at 20 rounds).
+CORE = [("none", 10, 20), ("none", 50, 20), ("none", 500, 20),
+        ("mix4", 10, 20), ("mix4", 25, 20), ("mix4", 50, 20),
+        ("shortcut", 10, 20), ("shortcut", 25, 20), ("shortcut", 50, 20),
+        ("labelnoise40", 10, 20), ("labelnoise40", 50, 20), ("labelnoise40", 500, 20),
+        ("mix4", 25, 50), ("mix4", 50, 50)]
+#: the 8-steps-a-round variant (the first map's setting) where issue 30 saw it decide a verdict
+STEPS8_CELLS = [("mix4", 25, 20), ("shortcut", 25, 20), ("labelnoise40", 50, 20), ("none", 50, 20)]
+STEPS8 = ("steps8", ["source.steps=8"])
+#: item 5: sources that differ from each other, and 25 % target labels (133 of 533)
+PAPERS_CELLS = [("hetero", 25, 20), ("hetero", 133, 20), ("hetero_mix4", 25, 20), ("hetero_mix4", 133, 20),
+                ("mix4", 133, 20), ("shortcut", 133, 20), ("labelnoise40", 133, 20)]
+#: the resolution check: Kermany's originals at 64 px, ResNet-18 (its own work folder and variant)
+KERMANY_CELLS = [("none", 25, 20), ("none", 100, 20), ("mix4", 25, 20), ("mix4", 100, 20)]
+KERMANY_METHODS = ["Target_Only", "Finetune_Offline", "FedAvg_Finetune", "FedAvg_Finetune_GP", "FedGP"]
+KERMANY = ("kermany64", ["image_size=64", "model.backbone=resnet18", "model.hidden=128"])
+#: Kermany's sites: 1,081 train images in 3 sources (~330 rows each, a quarter of the 28 px map's) at
+#: 64 px with ResNet-18 (~8× resnet_tiny's work per pixel, 5.2× the pixels): × 10 per run is a guess,
+#: NOT measured here — time the first part before planning the rest.
+KERMANY_FACTOR = 10.0
 
-def parts(shifts: Sequence[str] = SHIFTS, rounds: Sequence[int] = ROUNDS) -> dict[str, tuple[str, list[int], int]]:
-    """Part name → (shift, labels, rounds); the 20-round parts first (they decide nothing about the 50-round ones)."""
-    return {f"{s}-r{r}-{g}": (s, labels, r) for r in rounds for s in shifts for g, labels in LABEL_GROUPS.items()}
+#: Seconds of one 20-round run of a federated method, one torch thread, measured: FedAvg_Finetune_GP,
+#: no shift, 50 labels, seed 0, this config: 54.1 s of training + ~8 s to start, validate and evaluate
+#: (62 s in all; nice 15, load 3.5–4.7 on the 2 shared cores; 8 steps a round: 13.7 s of training).
+SECONDS_PER_ROUND, RUN_OVERHEAD_S = 54.1 / 20, 8.0
+#: Target_Only trains no source: about a tenth of a federated round; 500 labels add ~12 % (the
+#: target's 500 rows beside 3 × ~1,400 source rows)
+TARGET_ONLY_SHARE, MANY_LABELS_FACTOR = 0.1, 1.12
+#: a part's budget: 30 minutes with 2 workers
+PART_SECONDS, WORKERS = 1800, 2
 
 
-def part_argv(shift: str, labels: Sequence[int], rounds: int, *, work: Path, out: Path, workers: int,
-              methods: Sequence[str] = METHODS, seeds: int = SEEDS, close_seeds: int = CLOSE_SEEDS,
-              npz: Optional[Path] = None, extra: Sequence[str] = ()) -> list[str]:
+def estimate_seconds(method: str, labels: int, rounds: int, factor: float = 1.0) -> float:
+    """The estimated wall seconds of one run of ``method`` (one worker)."""
+    per_round = SECONDS_PER_ROUND * (TARGET_ONLY_SHARE if method == "Target_Only" else 1.0)
+    return factor * (RUN_OVERHEAD_S + rounds * per_round * (MANY_LABELS_FACTOR if labels >= 500 else 1.0))
+
+
+def cell_seed_seconds(cell: tuple, methods: Sequence[str], kind: str, factor: float = 1.0) -> float:
+    """One seed of a cell: its runs (``main``) or its fold runs (``select``), in worker-seconds."""
+    _, labels, rounds = cell
+    if kind == "select":
+        return bench_regime.SELECT_FOLDS * sum(estimate_seconds(m, labels, rounds, factor)
+                                               for m in bench_regime.SELECT_CANDIDATES)
+    return sum(estimate_seconds(m, labels, rounds, factor) for m in methods)
+
+
+# --------------------------------------------------------------------------- grids and parts
+
+
+def grids() -> dict[str, dict]:
+    """Grid name → its cells, methods, kind (runs or the chooser's fold runs), variant and settings."""
+    every = [(s, n, r) for r in ROUNDS for s in SHIFTS for n in LABELS]
+    return {
+        "core": {"cells": CORE, "methods": METHODS, "kind": "main", "variant": VARIANT, "set": [], "factor": 1.0},
+        "map": {"cells": every, "methods": METHODS, "kind": "main", "variant": VARIANT, "set": [], "factor": 1.0},
+        "select": {"cells": CORE, "methods": METHODS, "kind": "select", "variant": VARIANT, "set": [], "factor": 1.0},
+        "steps8": {"cells": STEPS8_CELLS, "methods": METHODS, "kind": "main", "variant": STEPS8[0], "set": STEPS8[1],
+                   "factor": 13.7 / 54.1},
+        "papers": {"cells": PAPERS_CELLS, "methods": METHODS, "kind": "main", "variant": VARIANT, "set": [],
+                   "factor": 1.0},
+        "kermany": {"cells": KERMANY_CELLS, "methods": KERMANY_METHODS, "kind": "main", "variant": KERMANY[0],
+                    "set": KERMANY[1], "factor": KERMANY_FACTOR, "dataset": "kermany"},
+    }
+
+
+def parts(grid: str) -> dict[str, dict]:
+    """Part name → {grid, cell, seeds (a range), est_s}: one cell × the most seeds that fit :data:`PART_SECONDS`."""
+    spec = grids()[grid]
+    out = {}
+    for cell in spec["cells"]:
+        per_seed = cell_seed_seconds(cell, spec["methods"], spec["kind"], spec["factor"]) / WORKERS
+        block = max(1, min(SEEDS, int(PART_SECONDS // per_seed)))
+        blocks = -(-SEEDS // block)
+        block = -(-SEEDS // blocks)  # even blocks: 10 seeds as 5 + 5, not 7 + 3
+        for start in range(0, SEEDS, block):
+            seeds = range(start, min(SEEDS, start + block))
+            name = f"{grid}:{bench_regime.cell_name(*cell)}:s{seeds.start}-{seeds.stop - 1}"
+            out[name] = {"grid": grid, "cell": cell, "seeds": seeds, "est_s": per_seed * len(seeds)}
+    return out
+
+
+def all_parts() -> dict[str, dict]:
+    return {name: part for grid in grids() for name, part in parts(grid).items()}
+
+
+def part_argv(part: dict, *, work: Path, out: Path, workers: int, npz: Optional[Path] = None,
+              extra: Sequence[str] = ()) -> list[str]:
     """``bench_regime.py`` arguments of one part."""
-    argv = ["--work", str(work), "--out", str(out), "--stem", STEM, "--variant", VARIANT,
+    spec = grids()[part["grid"]]
+    shift, labels, rounds = part["cell"]
+    argv = ["--work", str(part_work(work, part["grid"])), "--out", str(out), "--stem", STEM,
+            "--variant", spec["variant"], "--dataset", spec.get("dataset", "pneumoniamnist"),
             "--target-from", *TARGET_FROM, "--target-split", *map(str, TARGET_SPLIT),
-            "--shifts", shift, "--labels", *map(str, labels), "--rounds", str(rounds),
-            "--methods", *methods, "--seeds", str(seeds), "--close-seeds", str(close_seeds), "--close", str(CLOSE),
-            "--workers", str(workers), *extra]
-    return argv + (["--npz", str(npz)] if npz else [])
+            "--shifts", shift, "--labels", str(labels), "--rounds", str(rounds),
+            "--seeds", str(part["seeds"].stop), "--from-seed", str(part["seeds"].start), "--workers", str(workers)]
+    argv += [a for s in spec["set"] for a in ("--set", s)] + list(extra)
+    if spec["kind"] == "select":  # the candidates' own runs and their fold runs
+        argv += ["--methods", *bench_regime.SELECT_CANDIDATES, "--select"]
+    else:
+        argv += ["--methods", *spec["methods"]]
+    return argv + (["--npz", str(npz)] if npz and not spec.get("dataset") else [])
+
+
+def part_work(work: Path, grid: str) -> Path:
+    """Kermany's sites are not PneumoniaMNIST's: its own work folder beside the map's."""
+    return work.parent / f"{work.name}_kermany" if grids()[grid].get("dataset") == "kermany" else work
+
+
+def plan_table() -> pd.DataFrame:
+    """Per grid: cells, parts, runs, estimated hours with 2 workers."""
+    rows = []
+    for grid, spec in grids().items():
+        mine = parts(grid)
+        runs_per_seed = (bench_regime.SELECT_FOLDS * len(bench_regime.SELECT_CANDIDATES) if spec["kind"] == "select"
+                         else len(spec["methods"]))
+        rows.append({"grid": grid, "cells": len(spec["cells"]), "parts": len(mine),
+                     "runs": len(spec["cells"]) * SEEDS * runs_per_seed,
+                     "est_hours": round(sum(p["est_s"] for p in mine.values()) / 3600, 1),
+                     "longest_part_min": round(max(p["est_s"] for p in mine.values()) / 60)})
+    return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------- tables
@@ -92,208 +215,132 @@ def part_argv(shift: str, labels: Sequence[int], rounds: int, *, work: Path, out
 def papers_table(runs: pd.DataFrame, pairs: pd.DataFrame, papers: Sequence[str] = PAPERS,
                  baseline: str = "FedAvg_Finetune") -> pd.DataFrame:
     """Each papers' method per cell: its mean, where it stands against the cell's winner (``winner``,
-    ``tied`` — the paired interval of winner − it includes 0 — or ``behind``) and against ``baseline``
-    (paired: ``better``, ``same`` or ``worse``)."""
+    ``tied`` or ``behind``: Holm's p_adj of the pair below α) and against ``baseline`` (``better``,
+    ``same`` or ``worse``: the same family of every pair of every cell)."""
+    from fedcxr.advice.verdicts import pair_lookup, pair_tests
+
+    cells = regime_tables.by_cell(runs)
+    lookup = pair_lookup(pair_tests(cells))
     rows = []
-    for key, cell in runs.groupby(bench_regime.CELL):
-        by_seed = cell.pivot_table(index="seed", columns="method", values="auroc")
-        mine = pairs.loc[(pairs[bench_regime.CELL] == pd.Series(dict(zip(bench_regime.CELL, key)))).all(axis=1)]
+    for key, methods in cells.items():
+        mine = pairs.loc[(pairs[regime_tables.CELL] == pd.Series(dict(zip(regime_tables.CELL, key)))).all(axis=1)]
         for method in papers:
-            if method not in by_seed:
+            if method not in methods:
                 continue
-            row = {**dict(zip(bench_regime.CELL, key)), "method": method, "mean": by_seed[method].mean()}
+            row = {**dict(zip(regime_tables.CELL, key)), "method": method,
+                   "mean": float(np.mean(list(methods[method].values())))}
             versus = mine.loc[mine["other"] == method]
             if versus.empty:
-                row.update(vs_winner="winner", winner_minus=0.0, winner_lo=np.nan, winner_hi=np.nan)
+                row.update(vs_winner="winner", winner_minus=0.0, winner_lo=np.nan, winner_hi=np.nan, winner_p_adj=np.nan)
             else:
                 v = versus.iloc[0]
-                row.update(vs_winner="behind" if v["verdict"] == "resolved" else "tied",
-                           winner_minus=v["diff"], winner_lo=v["lo"], winner_hi=v["hi"])
-            if baseline in by_seed and method != baseline:
-                both = by_seed[[method, baseline]].dropna()
-                mean, lo, hi = bench_shift.t_interval((both[method] - both[baseline]).tolist())
-                verdict = "better" if lo > 0 else "worse" if hi < 0 else "same"
-                row.update(vs_baseline=verdict, baseline_diff=mean, baseline_lo=lo, baseline_hi=hi)
+                row.update(vs_winner=v["verdict"], winner_minus=v["diff"], winner_lo=v["lo"], winner_hi=v["hi"],
+                           winner_p_adj=v["p_adj"])
+            if baseline in methods and method != baseline:
+                test = lookup[(key, method, baseline)]
+                diff = float(np.mean([methods[method][s] - methods[baseline][s]
+                                      for s in methods[method] if s in methods[baseline]]))
+                verdict = "same" if not test["significant"] else "better" if diff > 0 else "worse"
+                row.update(vs_baseline=verdict, baseline_diff=diff, baseline_p_adj=test["p_adj"])
             rows.append(row)
-    columns = [*bench_regime.CELL, "method", "mean", "vs_winner", "winner_minus", "winner_lo", "winner_hi",
-               "vs_baseline", "baseline_diff", "baseline_lo", "baseline_hi"]
-    return pd.DataFrame(rows, columns=columns)  # the columns even without a papers' method (the smoke test's cell)
+    columns = [*regime_tables.CELL, "method", "mean", "vs_winner", "winner_minus", "winner_lo", "winner_hi",
+               "winner_p_adj", "vs_baseline", "baseline_diff", "baseline_p_adj"]
+    return pd.DataFrame(rows, columns=columns)
 
 
-def winners(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell: winner, runner-up, margin and paired interval (:func:`fedcxr.advice.cells.cell_row`);
-    ``n_seeds``: the seeds the winner and runner-up were paired over."""
-    from fedcxr.advice.cells import cell_row
-
-    rows = []
-    for (shift, labels, rounds), cell in runs.groupby(bench_regime.CELL):
-        row = cell_row(cell.to_dict("records"), shift=shift, target_labels=labels, rounds=rounds, source="")
-        if row["winner"] and row["runner_up"]:  # the seeds the two were paired over (5 where close, else 3)
-            by_seed = cell.pivot_table(index="seed", columns="method", values="auroc")
-            row["n_seeds"] = int(by_seed[[row["winner"], row["runner_up"]]].dropna().shape[0])
-        rows.append({k: row[k] for k in ("shift", "target_labels", "rounds", "winner", "runner_up", "margin",
-                                         "ci_low", "ci_high", "resolved", "n_seeds")})
-    return pd.DataFrame(rows)
+def map_runs(work: Path) -> pd.DataFrame:
+    """The map's runs: its variant, its shifts, labels and methods (and the chooser's Selected rows)."""
+    runs = bench_regime.collect(work, VARIANT)
+    return runs.loc[runs["method"].isin([*METHODS, regime_tables.SELECTED]) & runs["shift"].isin(SHIFTS)
+                    & runs["labels"].isin(LABELS)]
 
 
-def heatmap(cells: pd.DataFrame, path: Path, methods: Sequence[str] = METHODS) -> None:
-    """Rows: shift × rounds; columns: target labels. Each cell: the winner (colour), its margin over
-    the runner-up with the paired 95 % interval, and whether that is resolved (solid) or not (hatched,
-    the runner-up named)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch, Rectangle
-
-    palette = dict(zip(methods, plt.get_cmap("tab20").colors[::1][:len(methods)]))
-    labels_axis = sorted(set(LABELS) | set(cells["target_labels"].astype(int)))
-    row_keys = [(s, r) for s in SHIFTS for r in sorted(set(ROUNDS) | set(cells["rounds"].astype(int)))]
-    fig, ax = plt.subplots(figsize=(15, 10.5))
-    for i, (shift, rounds) in enumerate(row_keys):
-        for j, labels in enumerate(labels_axis):
-            hit = cells.loc[(cells["shift"] == shift) & (cells["target_labels"] == labels) & (cells["rounds"] == rounds)]
-            y = len(row_keys) - 1 - i
-            if hit.empty:
-                ax.add_patch(Rectangle((j, y), 1, 1, facecolor="white", edgecolor="grey"))
-                ax.text(j + 0.5, y + 0.5, "not run", ha="center", va="center", fontsize=8, color="grey")
-                continue
-            c = hit.iloc[0]
-            resolved = str(c["resolved"]).lower() == "true"
-            colour = palette.get(c["winner"], (0.8, 0.8, 0.8))
-            ax.add_patch(Rectangle((j, y), 1, 1, facecolor=colour, alpha=1.0 if resolved else 0.45,
-                                   hatch=None if resolved else "//", edgecolor="white", linewidth=2))
-            interval = f" [{float(c['ci_low']):+.3f}, {float(c['ci_high']):+.3f}]" if c["ci_low"] != "" else ""
-            lines = [f"{c['winner']}",
-                     f"+{float(c['margin']):.3f}{interval}",
-                     ("resolved" if resolved else f"≈ {c['runner_up']}") + f" (n={int(c['n_seeds'])})"]
-            ax.text(j + 0.5, y + 0.5, "\n".join(lines), ha="center", va="center", fontsize=7.5,
-                    fontweight="bold" if resolved else "normal")
-    ax.set_xlim(0, len(labels_axis))
-    ax.set_ylim(0, len(row_keys))
-    ax.set_xticks(np.arange(len(labels_axis)) + 0.5, [str(n) for n in labels_axis])
-    ax.set_yticks(np.arange(len(row_keys)) + 0.5,
-                  [f"{SHIFT_TYPE[s]} ({s}), {r} rounds" for s, r in reversed(row_keys)])
-    ax.set_xlabel("labeled target training rows (the same for every method)")
-    ax.set_title("PneumoniaMNIST regime map: winner by mean target test AUROC; margin over the runner-up, paired "
-                 "95 % t-interval over seeds\nsolid = resolved (interval excludes 0); hatched = unresolved "
-                 "(the runner-up named)", fontsize=10)
-    for spine in ax.spines.values():
-        spine.set_visible(False)
-    used = [m for m in methods if m in set(cells["winner"])]
-    ax.legend(handles=[Patch(facecolor=palette[m], label=m) for m in used], loc="upper center",
-              bbox_to_anchor=(0.5, -0.07), ncol=min(len(used), 6), fontsize=8, frameon=False)
-    fig.subplots_adjust(left=0.2, right=0.98, top=0.93, bottom=0.12)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def write_tables(work: Path, out: Path, meta: dict) -> pd.DataFrame:
+    """Every finished run of the map → the CSVs, ``regime_map.md``, the summary and the heatmap; the
+    papers' cells and the 8-step variant get their own files."""
+    runs = map_runs(work)
+    bench_regime.write_outputs(runs, out, STEM, METHODS, meta)
+    pairs, verdicts = pd.read_csv(out / f"{STEM}_pairs.csv"), pd.read_csv(out / f"{STEM}_verdicts.csv")
+    papers = papers_table(runs, pairs)
+    papers.to_csv(out / f"{STEM}_papers.csv", index=False)
+    regime_figures.heatmap(verdicts, out / f"{STEM}.png", METHODS, SHIFTS, ROUNDS, LABELS, SHIFT_TYPE)
+    (out / f"{STEM}_summary.md").write_text(regime_figures.summary_markdown(verdicts, runs, papers, SHIFTS,
+                                                                              SHIFT_TYPE, PAPERS))
+    steps8 = bench_regime.collect(work, STEPS8[0])
+    if len(steps8):
+        regime_tables.versus_table(steps8, runs).to_csv(out / f"{STEM}_versus_steps8.csv", index=False)
+    every = bench_regime.collect(work, VARIANT)
+    extra = every.loc[~every["shift"].isin(SHIFTS) | ~every["labels"].isin(LABELS)]
+    if len(extra):
+        bench_regime.write_outputs(extra, out, f"{STEM}_papers_cells", METHODS, meta)
+    kermany = bench_regime.collect(part_work(work, "kermany"), KERMANY[0])
+    if len(kermany):
+        bench_regime.write_outputs(kermany, out, f"{STEM}_kermany", KERMANY_METHODS, {**meta, "kermany": KERMANY})
+    print(f"{len(runs)} runs in {len(verdicts)} cells → {out}/{STEM}_*.csv, {STEM}.md, {STEM}.png")
+    return runs
 
 
-def summary_markdown(cells: pd.DataFrame, runs: pd.DataFrame, papers: pd.DataFrame) -> str:
-    """BENCHMARKS.md's tables: one line per cell (winner, runner-up, margin, the best papers' method and
-    Target_Only), and per papers' method the cells where it wins, ties with the winner or is behind it,
-    and where it beats, matches or loses to FedAvg_Finetune."""
-    means = runs.groupby([*bench_regime.CELL, "method"])["auroc"].mean()
-    out = ["| shift | rounds | labels | winner | runner-up | winner − runner-up [95 %], seeds | best papers' method: "
-           "mean, winner − it [95 %] | Target_Only | FedAvg_Finetune |", "|---|---|---|---|---|---|---|---|---|"]
-    order = {s: i for i, s in enumerate(SHIFTS)}
-    cells = cells.sort_values(["shift", "rounds", "target_labels"], key=lambda c: c.map(order) if c.name == "shift" else c)
-    for _, c in cells.iterrows():
-        key = (c["shift"], int(c["target_labels"]), int(c["rounds"]))
-        mine = papers.loc[(papers["shift"] == key[0]) & (papers["labels"] == key[1]) & (papers["rounds"] == key[2])]
-        best = mine.sort_values("mean", ascending=False).iloc[0] if len(mine) else None
-        resolved = str(c["resolved"]).lower() == "true"
-        interval = f" [{float(c['ci_low']):+.3f}, {float(c['ci_high']):+.3f}]" if c["ci_low"] != "" else ""
-        margin = f"{'**' if resolved else ''}+{float(c['margin']):.3f}{interval}{'**' if resolved else ''}, {int(c['n_seeds'])}"
-        if best is None:
-            paper = ""
-        elif best["vs_winner"] == "winner":
-            paper = f"{best['method']} {best['mean']:.3f} (the winner)"
-        else:
-            paper = (f"{best['method']} {best['mean']:.3f}, {best['winner_minus']:+.3f} [{best['winner_lo']:+.3f}, "
-                     f"{best['winner_hi']:+.3f}] ({best['vs_winner']})")
-        def mean_of(m):
-            return f"{means.get((*key, m)):.3f}" if (*key, m) in means.index else ""
-        out.append(f"| {SHIFT_TYPE[key[0]]} | {key[2]} | {key[1]} | {c['winner']} {mean_of(c['winner'])} | "
-                   f"{c['runner_up']} {mean_of(c['runner_up'])} | {margin} | {paper} | {mean_of('Target_Only')} | "
-                   f"{mean_of('FedAvg_Finetune')} |")
-    out += ["", "| papers' method | wins (resolved / not) | tied with the winner | behind the winner | vs FedAvg_Finetune: "
-            "better / same / worse |", "|---|---|---|---|---|"]
-    for method in PAPERS:
-        mine = papers.loc[papers["method"] == method]
-        wins = mine.loc[mine["vs_winner"] == "winner"]
-        resolved_wins = sum(str(r).lower() == "true" for r in cells.loc[cells["winner"] == method, "resolved"])
-        counts = mine["vs_baseline"].value_counts()
-        out.append(f"| {method} | {len(wins)} ({resolved_wins} / {len(wins) - resolved_wins}) | "
-                   f"{(mine['vs_winner'] == 'tied').sum()} | {(mine['vs_winner'] == 'behind').sum()} | "
-                   f"{counts.get('better', 0)} / {counts.get('same', 0)} / {counts.get('worse', 0)} |")
-    return "\n".join(out) + "\n"
-
-
-def log_part(path: Path, name: str, started: float, new_runs: int) -> None:
-    """Append one line to the parts log: which part, when, how long, how many new runs, on which commit, load."""
+def log_part(path: Path, name: str, started: float, new_runs: int, est_s: float) -> None:
+    """Append one line to the parts log: which part, when, how long (and the estimate), new runs, commit, load."""
     import os
     import subprocess
 
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     row = pd.DataFrame([{"part": name, "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),
-                         "wall_s": round(time.time() - started), "new_runs": new_runs, "commit": commit,
-                         "load_1min_at_end": round(os.getloadavg()[0], 1)}])
+                         "wall_s": round(time.time() - started), "est_s": round(est_s), "new_runs": new_runs,
+                         "commit": commit, "load_1min_at_end": round(os.getloadavg()[0], 1)}])
     row.to_csv(path, mode="a", header=not path.exists(), index=False)
-
-
-def write_tables(work: Path, out: Path, meta: dict) -> pd.DataFrame:
-    """Every finished run of the map → the CSVs, ``regime_map.md`` and ``regime_map.png``."""
-    runs = bench_regime.collect(work, VARIANT)
-    runs = runs.loc[runs["method"].isin(METHODS) & runs["shift"].isin(SHIFTS)]
-    bench_regime.write_outputs(runs, out, STEM, METHODS, meta)
-    pairs = pd.read_csv(out / f"{STEM}_pairs.csv")
-    papers = papers_table(runs, pairs)
-    papers.to_csv(out / f"{STEM}_papers.csv", index=False)
-    cells = winners(runs)
-    cells.to_csv(out / f"{STEM}_winners.csv", index=False)
-    heatmap(cells, out / f"{STEM}.png")
-    (out / f"{STEM}_summary.md").write_text(summary_markdown(cells, runs, papers))
-    print(f"{len(runs)} runs in {len(cells)} cells → {out}/{STEM}_*.csv, {STEM}.md, {STEM}.png")
-    return runs
 
 
 def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--list", action="store_true", help="print the parts, one per line")
+    what.add_argument("--list", action="store_true", help="print the parts of --grid, one per line")
+    what.add_argument("--plan", action="store_true", help="every grid: cells, parts, runs, estimated hours")
     what.add_argument("--part", nargs="+", metavar="PART", help="train these parts (names from --list)")
     what.add_argument("--tables", action="store_true", help="write the tables and the heatmap from every finished run")
+    p.add_argument("--grid", default="core", choices=sorted(grids()), help="--list: which grid (default core)")
     p.add_argument("--work", type=Path, default=REPO / "runs" / "regime_map")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--workers", type=int, default=WORKERS)
     p.add_argument("--npz", type=Path, default=None, help="PneumoniaMNIST npz (default: ../shared/data/medmnist)")
     return p.parse_args(argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse(argv)
-    known = parts()
     if args.list:
-        print("\n".join(known))
+        print("\n".join(parts(args.grid)))
+        return
+    if args.plan:
+        print(plan_table().to_string(index=False))
+        for grid in grids():
+            for name, part in parts(grid).items():
+                print(f"  {name}  ~{part['est_s'] / 60:.0f} min")
         return
     meta = {"grid": {"shifts": SHIFTS, "labels": LABELS, "rounds": ROUNDS, "methods": METHODS, "seeds": SEEDS,
-                     "close_seeds": CLOSE_SEEDS, "close": CLOSE, "target_from": TARGET_FROM,
-                     "target_split": TARGET_SPLIT},
-            "config": bench_regime.REGIME_CONFIG, "method_overrides": bench_regime.METHOD_OVERRIDES}
+                     "target_from": TARGET_FROM, "target_split": TARGET_SPLIT, "core": CORE},
+            "config": bench_regime.REGIME_CONFIG, "method_overrides": bench_regime.METHOD_OVERRIDES,
+            "round_matched": bench_regime.ROUND_MATCHED,
+            "select": {"candidates": bench_regime.SELECT_CANDIDATES, "folds": bench_regime.SELECT_FOLDS}}
     if args.tables:
         write_tables(args.work, args.out, meta)
         return
+    known = all_parts()
     unknown = [p for p in args.part if p not in known]
     if unknown:
-        raise SystemExit(f"--part: unknown part(s) {unknown}; see --list")
+        raise SystemExit(f"--part: unknown part(s) {unknown}; see --list --grid GRID")
     for name in args.part:
-        shift, labels, rounds = known[name]
-        print(f"== part {name}: {shift}, labels {labels}, {rounds} rounds", flush=True)
-        started, before = time.time(), len(bench_regime.collect(args.work, VARIANT))
-        bench_regime.main(part_argv(shift, labels, rounds, work=args.work, out=args.work / "part_tables",
-                                    workers=args.workers, npz=args.npz))
-        log_part(args.out / f"{STEM}_parts.csv", name, started, len(bench_regime.collect(args.work, VARIANT)) - before)
+        part = known[name]
+        print(f"== part {name}: ~{part['est_s'] / 60:.0f} min estimated", flush=True)
+        variant = grids()[part["grid"]]["variant"]
+        work = part_work(args.work, part["grid"])
+        started, before = time.time(), len(bench_regime.collect(work, variant))
+        bench_regime.main(part_argv(part, work=args.work, out=args.work / "part_tables", workers=args.workers,
+                                    npz=args.npz))
+        log_part(args.out / f"{STEM}_parts.csv", name, started, len(bench_regime.collect(work, variant)) - before,
+                 part["est_s"])
     write_tables(args.work, args.out, {**meta, "last_parts": args.part})
     print(json.dumps({"parts": args.part}))
 

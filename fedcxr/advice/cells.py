@@ -1,13 +1,17 @@
-"""One regime-map row from per-seed results: winner, runner-up and their paired interval.
+"""Regime-map rows from per-seed results: winner, runner-up, their paired interval, the corrected verdict.
 
-The benchmark that measures the map (and ``benchmarks/build_regime_map.py`` for the cells
-measured before it) turns each cell's runs — one row per (method, seed, AUROC) — into the
-columns :mod:`fedcxr.advice.regime` reads, the same way every time:
+The benchmark that measures the map (``benchmarks/regime_map.py``, ``build_regime_map.py``)
+turns each cell's runs — one row per (method, seed, AUROC) — into the columns
+:mod:`fedcxr.advice.regime` reads, the same way every time:
 
-* methods whose target budget differs (``Oracle`` trains on every target label) are left out;
-* winner / runner-up: the two highest mean AUROCs over seeds;
-* margin: their difference; the interval: a Student-t 95 % interval of the per-seed paired
-  differences (seeds both methods ran); ``resolved`` when it excludes 0.
+* methods whose target budget differs (``Oracle`` trains on every target label) and the chooser
+  (``Selected``: one of the others, picked per seed) are left out of the contest;
+* winner / runner-up: the two highest mean AUROCs over seeds; margin: their difference; the
+  interval: a Student-t 95 % interval of their per-seed paired differences (unadjusted, shown);
+* ``p_best``: the intersection-union p-value of "the winner beats every other method", times the
+  number of methods for the winner's selection; ``p_adj``: Holm over every cell of the map;
+  ``resolved`` when ``p_adj`` < 0.05 (:mod:`fedcxr.advice.verdicts` states the procedure and its
+  sources). One row alone is adjusted over itself only: :func:`map_rows` adjusts over the map.
 """
 
 from __future__ import annotations
@@ -15,52 +19,61 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Sequence
 
-EXCLUDED = ("Oracle",)
+from fedcxr.advice.verdicts import ALPHA, adjust_cells, best_test, ranked, t_interval
+
+__all__ = ["EXCLUDED", "by_method", "cell_row", "map_rows", "t_interval"]
+
+EXCLUDED = ("Oracle", "Selected")
 
 
-def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
-    """Mean and Student-t interval of the mean (NaN half-width below two values)."""
-    from scipy import stats
-
-    x = [float(v) for v in values if math.isfinite(float(v))]
-    if not x:
-        return math.nan, math.nan, math.nan
-    mean = sum(x) / len(x)
-    if len(x) < 2:
-        return mean, math.nan, math.nan
-    sd = math.sqrt(sum((v - mean) ** 2 for v in x) / (len(x) - 1))
-    half = float(stats.t.ppf(0.5 + confidence / 2, len(x) - 1)) * sd / math.sqrt(len(x))
-    return mean, mean - half, mean + half
+def by_method(runs: Iterable[dict], exclude: Sequence[str] = EXCLUDED) -> dict[str, dict[int, float]]:
+    """method → seed → AUROC of one cell's runs (``exclude``: methods left out of the contest)."""
+    out: dict[str, dict[int, float]] = {}
+    for run in runs:
+        if run["method"] in exclude:
+            continue
+        out.setdefault(str(run["method"]), {})[int(run["seed"])] = float(run["auroc"])
+    return out
 
 
 def cell_row(runs: Iterable[dict], *, shift: str, target_labels: int, rounds: int, source: str,
              methods: Sequence[str] = (), exclude: Sequence[str] = EXCLUDED) -> dict[str, Any]:
-    """A map row from ``runs`` (dicts with ``method``, ``seed``, ``auroc``) of one cell."""
-    by_method: dict[str, dict[int, float]] = {}
-    for run in runs:
-        if run["method"] in exclude:
-            continue
-        by_method.setdefault(str(run["method"]), {})[int(run["seed"])] = float(run["auroc"])
-    means = {m: t_interval(list(seeds.values()))[0] for m, seeds in by_method.items()}
-    ranked = sorted(means, key=lambda m: -means[m])
+    """A map row from ``runs`` (dicts with ``method``, ``seed``, ``auroc``) of one cell; its ``p_adj``
+    and ``resolved`` are this cell's alone (:func:`map_rows` adjusts them over the map)."""
+    seeds = by_method(runs, exclude)
+    means = {m: t_interval(list(s.values()))[0] for m, s in seeds.items()}
+    order = ranked(seeds)
     row: dict[str, Any] = {"shift": shift, "target_labels": int(target_labels), "rounds": int(rounds),
                            "winner": "", "runner_up": "", "margin": "", "ci_low": "", "ci_high": "",
-                           "resolved": "false", "n_seeds": min((len(s) for s in by_method.values()), default=0)}
-    if len(ranked) >= 2:
-        win, second = ranked[0], ranked[1]
-        paired = [by_method[win][s] - by_method[second][s] for s in by_method[win] if s in by_method[second]]
-        margin, lo, hi = t_interval(paired)
+                           "p_best": "", "p_adj": "", "resolved": "false",
+                           "n_seeds": min((len(s) for s in seeds.values()), default=0), "n_methods": len(seeds)}
+    if len(order) >= 2:
+        win, second = order[0], order[1]
+        _, lo, hi = t_interval([seeds[win][s] - seeds[second][s] for s in seeds[win] if s in seeds[second]])
+        p_best = best_test(seeds)["p_best"]
         row.update(winner=win, runner_up=second, margin=_fmt(means[win] - means[second]),
-                   ci_low=_fmt_bound(lo), ci_high=_fmt_bound(hi),
-                   resolved="true" if math.isfinite(lo) and (lo > 0 or hi < 0) else "false")
-    for method in list(methods) or ranked:
+                   ci_low=_fmt_bound(lo), ci_high=_fmt_bound(hi), p_best=_fmt_p(p_best), p_adj=_fmt_p(p_best),
+                   resolved="true" if math.isfinite(p_best) and p_best < ALPHA else "false")
+    for method in list(methods) or order:
         row[f"auroc__{method}"] = _fmt(means[method]) if method in means else ""
     row["source"] = source
     return row
 
 
+def map_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The map's rows with ``p_adj`` (Holm over every row's ``p_best``) and ``resolved`` set."""
+    p_best = [float(r["p_best"]) if str(r.get("p_best", "")) != "" else math.nan for r in rows]
+    return [{**row, "p_adj": _fmt_p(p_adj), "resolved": "true" if resolved else "false"}
+            for row, (p_adj, resolved) in zip(rows, adjust_cells(p_best))]
+
+
 def _fmt(value: float) -> str:
     return "" if value is None or not math.isfinite(value) else f"{value:.4f}"
+
+
+def _fmt_p(value: float) -> str:
+    """A p-value to 4 significant digits (blank when undefined): a small one stays readable."""
+    return "" if value is None or not math.isfinite(value) else f"{value:.4g}"
 
 
 def _fmt_bound(value: float) -> str:

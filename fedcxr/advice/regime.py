@@ -12,10 +12,18 @@ One row per measured cell (``regime_map.csv`` beside this module; regenerate wit
                        stood out (recorded as measured, e.g. "all noisy")
 ``runner_up``          the second best
 ``margin``             winner − runner-up mean AUROC
-``ci_low`` ``ci_high`` paired 95 % interval of the margin over seeds (Student t); blank when the
-                       source reported none
-``resolved``           true when the interval excludes 0
-``n_seeds``            seeds per method
+``ci_low`` ``ci_high`` paired 95 % interval of the margin over seeds (Student t, unadjusted); blank
+                       when the source reported none
+``p_best``             the cell's p-value of "the winner beats every other method": the largest
+                       one-sided paired t p-value against each other method (intersection-union),
+                       times the number of methods (the winner is chosen by the same data)
+``p_adj``              ``p_best`` adjusted by Holm over every cell of the map
+                       (:mod:`fedcxr.advice.verdicts`); blank when it could not be computed
+``resolved``           true exactly when ``p_adj`` < 0.05 — the only verdict that recommends
+``n_seeds``            seeds per method (planned before any result, the same in every cell)
+``n_methods``          (optional) methods in the contest
+``selected_regret``    (optional) the chooser's regret (winner − ``Selected``, mean over seeds) and
+``selected_lo/hi``     its 95 % interval: what ``fedcxr sweep --select`` lost against the winner here
 ``auroc__<Method>``    each method's mean AUROC (blank: not run in that cell)
 ``source``             where the numbers come from (file or issue, code version)
 =====================  ============================================================================
@@ -37,12 +45,18 @@ from fedcxr.errors import UserError
 
 SHIFT_TYPES = ("none", "pixel", "shortcut", "label_noise")
 REQUIRED = ("shift", "target_labels", "rounds", "winner", "runner_up", "margin", "ci_low", "ci_high",
-            "resolved", "n_seeds")
+            "p_best", "p_adj", "resolved", "n_seeds")
+#: the optional columns: the chooser's regret in the cell
+OPTIONAL_NUMBERS = ("selected_regret", "selected_lo", "selected_hi")
+#: the family-wise error rate a resolved cell's ``p_adj`` is below (fedcxr.advice.verdicts.ALPHA)
+ALPHA = 0.05
 METHOD_PREFIX = "auroc__"
 #: A cell is close enough when the target's label budget and the planned rounds are each within
 #: this factor of the cell's (|log2 ratio| ≤ 1): 50 labels match cells of 25–100.
 MAX_FACTOR = 2.0
 UNRESOLVED = "unresolved: run a sweep"
+#: the advice where the map cannot tell: choose on the hospital's own labels, within its budget
+SELECT_HINT = "choose on your own labels: fedcxr sweep --select (cross-fit within your label budget)"
 NO_CELL = "no cell close enough"
 
 
@@ -61,14 +75,18 @@ class Cell:
     ci_high: Optional[float]
     resolved: bool
     n_seeds: int
+    p_best: Optional[float] = None
+    p_adj: Optional[float] = None
     auroc: dict[str, float] = field(default_factory=dict)
+    selected: dict[str, float] = field(default_factory=dict)
     source: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {"row": self.row, "shift": self.shift, "target_labels": self.target_labels, "rounds": self.rounds,
                 "winner": self.winner, "runner_up": self.runner_up, "margin": self.margin, "ci_low": self.ci_low,
-                "ci_high": self.ci_high, "resolved": self.resolved, "n_seeds": self.n_seeds,
-                "auroc": dict(self.auroc), "source": self.source}
+                "ci_high": self.ci_high, "p_best": self.p_best, "p_adj": self.p_adj, "resolved": self.resolved,
+                "n_seeds": self.n_seeds, "auroc": dict(self.auroc), "selected": dict(self.selected),
+                "source": self.source}
 
 
 def map_path() -> Path:
@@ -87,7 +105,9 @@ def load_regime_map(path: Path | str | None = None) -> list[Cell]:
         raise UserError(f"{path}: cannot read the regime map ({exc})") from None
     missing = [c for c in REQUIRED if c not in frame.columns]
     if missing:
-        raise UserError(f"{path}: the regime map lacks column(s) {missing}; needs {list(REQUIRED)} and auroc__<Method>")
+        raise UserError(f"{path}: the regime map lacks column(s) {missing}; needs {list(REQUIRED)} and auroc__<Method> "
+                        "(a map without p_best/p_adj predates the corrected verdicts: rebuild it with "
+                        "benchmarks/build_regime_map.py)")
     methods = [c for c in frame.columns if c.startswith(METHOD_PREFIX)]
     return [_cell(path, i + 2, row, methods) for i, row in enumerate(frame.to_dict("records"))]
 
@@ -99,7 +119,11 @@ def _cell(path: Path, line: int, row: dict, methods: list[str]) -> Cell:
     shift = row["shift"].strip()
     if shift not in SHIFT_TYPES:
         raise bad("shift", f"one of {', '.join(SHIFT_TYPES)}")
-    numbers = {c: _number(row[c], lambda why, c=c: bad(c, why)) for c in ("margin", "ci_low", "ci_high")}
+    numbers = {c: _number(row[c], lambda why, c=c: bad(c, why)) for c in ("margin", "ci_low", "ci_high", "p_best", "p_adj")}
+    for c in ("p_best", "p_adj"):
+        if numbers[c] is not None and not 0 <= numbers[c] <= 1:
+            raise bad(c, "a p-value in [0, 1] or blank")
+    selected = {c: _number(row[c], lambda why, c=c: bad(c, why)) for c in OPTIONAL_NUMBERS if c in row}
     counts = {}
     for column in ("target_labels", "rounds", "n_seeds"):
         value = _number(row[column], lambda why, c=column: bad(c, why))
@@ -113,6 +137,11 @@ def _cell(path: Path, line: int, row: dict, methods: list[str]) -> Cell:
     lo, hi = numbers["ci_low"], numbers["ci_high"]
     if resolved and (lo is None or hi is None or (lo <= 0 <= hi)):
         raise bad("resolved", "true only with an interval that excludes 0")
+    p_adj = numbers["p_adj"]
+    if resolved and (p_adj is None or p_adj > ALPHA):
+        raise bad("resolved", f"true only with an adjusted p-value (p_adj) below {ALPHA}")
+    if not resolved and p_adj is not None and p_adj < ALPHA:
+        raise bad("resolved", f"false, but p_adj {p_adj} is below {ALPHA}: the row contradicts itself")
     auroc = {}
     for column in methods:
         value = _number(row[column], lambda why, c=column: bad(c, why))
@@ -122,7 +151,8 @@ def _cell(path: Path, line: int, row: dict, methods: list[str]) -> Cell:
     if resolved and not winner:
         raise bad("winner", "a resolved cell names its winner")
     return Cell(row=line, shift=shift, winner=winner, runner_up=row["runner_up"].strip() or None,
-                margin=numbers["margin"], ci_low=lo, ci_high=hi, resolved=resolved, auroc=auroc,
+                margin=numbers["margin"], ci_low=lo, ci_high=hi, p_best=numbers["p_best"], p_adj=p_adj,
+                resolved=resolved, auroc=auroc, selected={k: v for k, v in selected.items() if v is not None},
                 source=str(row.get("source", "")).strip(), **counts)
 
 
@@ -188,21 +218,45 @@ def nearest_leaders(cells: Sequence[Cell], shift: str, labels: Optional[int], ro
 
 
 def verdict(cell: Optional[Cell]) -> dict[str, Any]:
-    """The map's verdict in a cell: a recommendation only where the interval excludes 0."""
+    """The map's verdict in a cell: a recommendation only where the corrected test resolved it
+    (``p_adj`` < 0.05: the winner beat every other method, corrected for picking the winner and for
+    the number of cells); elsewhere the candidates to choose among on the hospital's own labels."""
     if cell is None:
         return {"recommendation": None, "verdict": NO_CELL}
     if not cell.winner:
         return {"recommendation": None, "verdict": UNRESOLVED,
-                "why": f"no method stood out in this cell ({cell.source or 'map'})", "candidates": _top(cell)}
+                "why": f"no method stood out in this cell ({cell.source or 'map'}); {SELECT_HINT}",
+                "candidates": _top(cell)}
     interval = _interval(cell)
     if cell.resolved:
         return {"recommendation": cell.winner, "verdict": "resolved",
-                "why": (f"{cell.winner} beat the runner-up {cell.runner_up} by {cell.margin:+.3f} AUROC{interval} "
-                        f"over {cell.n_seeds} seeds")}
+                "why": (f"{cell.winner} beat every other of the cell's {cell_methods(cell)} methods (runner-up "
+                        f"{cell.runner_up} by {cell.margin:+.3f} AUROC{interval}) over {cell.n_seeds} seeds; "
+                        f"adjusted p = {cell.p_adj:.2g} (intersection-union test, Holm over the map's cells)")}
     margin = f" by {cell.margin:+.3f}" if cell.margin is not None else ""
-    reason = (f"{cell.winner} led {cell.runner_up}{margin}{interval} over {cell.n_seeds} seeds, "
-              + ("but the interval includes 0" if interval else "but no paired interval was reported"))
-    return {"recommendation": None, "verdict": UNRESOLVED, "why": reason, "candidates": _top(cell)}
+    if cell.p_adj is not None:
+        because = (f"but the map cannot tell: adjusted p = {cell.p_adj:.2g} for \"{cell.winner} beats every other "
+                   "method\" (intersection-union test, corrected for the winner's selection and Holm over the cells)")
+    else:
+        because = "but the interval includes 0" if interval else "but no paired interval was reported"
+    reason = f"{cell.winner} led {cell.runner_up}{margin}{interval} over {cell.n_seeds} seeds, {because}"
+    regret = _regret(cell)
+    return {"recommendation": None, "verdict": UNRESOLVED, "why": f"{reason}{regret}; {SELECT_HINT}",
+            "candidates": _top(cell)}
+
+
+def cell_methods(cell: Cell) -> int:
+    """The number of methods the cell's contest had (its ``auroc__`` columns)."""
+    return len(cell.auroc)
+
+
+def _regret(cell: Cell) -> str:
+    value = cell.selected.get("selected_regret")
+    if value is None:
+        return ""
+    lo, hi = cell.selected.get("selected_lo"), cell.selected.get("selected_hi")
+    interval = f" [95 % {lo:+.3f}, {hi:+.3f}]" if lo is not None and hi is not None else ""
+    return f"; in this cell the chooser lost {value:+.3f}{interval} AUROC against the winner"
 
 
 def _interval(cell: Cell) -> str:

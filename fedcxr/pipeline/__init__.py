@@ -37,7 +37,9 @@ rules and helpers     ``aggregate/`` (pure aggregation rules, one module per fam
                       ``simulate:`` blocks), ``participation`` (which sources a round asks),
                       ``virtual_clock`` (a simulated consortium's arithmetic), ``engine`` (how training uses the hardware: AMP,
                       channels-last, cuDNN, loader workers, offloading), ``keys`` (derived seeds,
-                      local-state key prefixes: server and sites alike), ``run_log``
+                      local-state key prefixes: server and sites alike), ``run_log``,
+                      ``labeled_rows`` (which labeled target rows a site trains on: the cap, the
+                      draw, the held-out fold)
 ====================  ========================================================================
 
 ``evaluation`` never imports this package and this package never imports ``evaluation``:

@@ -121,6 +121,20 @@ class LocalTrainingConfig(_Strict):
         None, ge=0, lt=1, description="SGD momentum; " + METHOD_DEFAULT)
 
 
+class HoldoutConfig(_Strict):
+    """Fold ``fold`` of ``folds`` (the labeled rows' patients) held out of training: cross-fitting within
+    the label budget (:mod:`fedcxr.pipeline.labeled_rows`; ``fedcxr sweep --select`` sets it)."""
+
+    folds: int = Field(..., ge=2, le=20)
+    fold: int = Field(..., ge=0, le=19)
+
+    @model_validator(mode="after")
+    def _fold_in_range(self) -> "HoldoutConfig":
+        if self.fold >= self.folds:
+            raise ValueError(f"fold {self.fold} is not one of 0..{self.folds - 1}")
+        return self
+
+
 class TargetTrainingConfig(LocalTrainingConfig):
     """Target-site fine-tuning; ``labeled`` limits the labeled rows it may use."""
 
@@ -131,6 +145,10 @@ class TargetTrainingConfig(LocalTrainingConfig):
     labeled: Optional[Union[int, float]] = Field(
         None, description="labeled target rows used: a count (int ≥ 1) or a fraction of train rows (float in (0, 1])"
     )
+    label_draw: Optional[int] = Field(None, ge=0, le=2**31 - 1, description=(
+        "which labeled rows the cap keeps: null = the one fixed draw of earlier versions (their rows and "
+        "fingerprint); k = draw k, other whole patients, as many (fedcxr.pipeline.labeled_rows)"))
+    holdout: Optional[HoldoutConfig] = Field(None, description="{folds: K, fold: i}: fold i held out of training")
 
     @field_validator("labeled")
     @classmethod
@@ -810,6 +828,9 @@ def config_fingerprint(cfg: ExperimentConfig) -> str:
     for block in ("source", "target_train"):
         if data.get(block, {}).get("momentum") is None:
             data.get(block, {}).pop("momentum", None)
+    for key in ("label_draw", "holdout"):  # unset: the fingerprint of earlier versions (the same rows)
+        if data.get("target_train", {}).get(key) is None:
+            data.get("target_train", {}).pop(key, None)
     if data.get("auto_alignment") == "lr_s_over_lr_t":  # the default: the fingerprint of earlier versions
         data.pop("auto_alignment")
     if data.get("aux_reduction") == "sum":  # the default: the fingerprint of earlier versions

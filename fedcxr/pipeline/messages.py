@@ -248,6 +248,9 @@ class TrainTask(TaskConfig):
     freeze_bn: bool = False  # FedBN+: BatchNorm frozen in eval mode
     frozen_bn_trains: bool = False  # FACT's heads: frozen BatchNorm layers still on batch statistics
     labeled: Optional[Union[int, float]] = None  # target: a count of labeled rows or a fraction
+    label_draw: Optional[int] = None  # target: which rows the cap keeps (None: the fixed draw; labeled_rows)
+    holdout_folds: int = 0  # target, cross-fitting: ≥ 2 folds of the labeled rows' patients (0: none) ...
+    holdout_fold: int = 0  # ... and this fold is held out of training (fedcxr.pipeline.labeled_rows)
     dp: Optional[dict] = None  # privacy.dp (noise_multiplier, max_grad_norm, delta)
     prox_mu: float = 0.0  # FedProx's μ
     hold_for_combine: bool = False  # GP family at the target: keep the model for the round's train_combine

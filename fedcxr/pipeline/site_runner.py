@@ -55,7 +55,7 @@ from fedcxr.pipeline.messages import (
     parse_task_config,
 )
 from fedcxr.pipeline.state import cpu_state
-from fedcxr.site_adapters.manifest import content_hash, patient_bucket
+from fedcxr.site_adapters.manifest import content_hash
 from fedcxr.vocab import AUX_VOCAB, CLASSES, label_column
 
 if TYPE_CHECKING:
@@ -309,30 +309,39 @@ class SiteRunner:
             self._datasets[key] = parts[0] if len(parts) == 1 else ConcatDataset(parts)
         return self._datasets[key]
 
-    def labeled_rows(self, split: str, classes: list[str], labeled) -> list[int]:
+    def labeled_rows(self, split: str, classes: list[str], labeled, draw: Optional[int] = None,
+                     holdout: tuple[int, int] = (0, 0), *, held_out: bool = False) -> list[int]:
         """Indices of rows with a label among ``classes``; ``labeled`` caps them (count or fraction).
 
-        The cap keeps whole patients in a stable hash order, so the same rows are chosen in
-        every round and every run (computed once per site and asked for from the cache after).
+        The cap keeps whole patients in the patient-hash order of draw ``draw``
+        (:mod:`fedcxr.pipeline.labeled_rows`: ``None`` is the fixed draw of earlier versions), so the
+        same rows are chosen in every round and every run of that draw. ``holdout`` = (folds, fold),
+        folds ≥ 2: fold ``fold`` of the capped rows' patients is left out — or, with ``held_out``,
+        only it is returned (the rows the model is scored on). Computed once per site and asked for
+        from the cache after.
         """
-        key = (split, tuple(classes), labeled)
+        key = (split, tuple(classes), labeled, draw, tuple(holdout), held_out)
         if key not in self._labeled:
-            self._labeled[key] = self._select_labeled(split, classes, labeled)
+            self._labeled[key] = self._select_labeled(split, classes, labeled, draw, holdout, held_out)
         return self._labeled[key]
 
-    def _select_labeled(self, split: str, classes: list[str], labeled) -> list[int]:
-        frames = [s.manifest.loc[s.manifest["split"] == split].reset_index(drop=True) for s in self.sites]
+    def _select_labeled(self, split: str, classes: list[str], labeled, draw: Optional[int],
+                        holdout: tuple[int, int], held_out: bool) -> list[int]:
         import pandas as pd
 
+        from fedcxr.pipeline.labeled_rows import select_labeled, split_holdout
+
+        frames = [s.manifest.loc[s.manifest["split"] == split].reset_index(drop=True) for s in self.sites]
         frame = pd.concat(frames, ignore_index=True)
-        cols = [label_column(c) for c in classes if label_column(c) in frame]
-        has_label = frame[cols].notna().any(axis=1).to_numpy() if cols else np.zeros(len(frame), bool)
-        rows = np.flatnonzero(has_label)
-        if labeled is None or len(rows) == 0:
-            return rows.tolist()
-        limit = int(round(labeled * len(frame))) if isinstance(labeled, float) and labeled <= 1 else int(labeled)
-        order = np.argsort(patient_bucket(frame["patient_id"].iloc[rows], salt="fedcxr-labeled"), kind="stable")
-        return sorted(rows[order][: max(1, limit)].tolist())
+        cols = [label_column(c) for c in classes]
+        rows = select_labeled(frame, cols, labeled, draw)
+        folds, fold = holdout
+        if folds:
+            kept, out = split_holdout(frame, rows, cols, folds, fold, draw)
+            rows = out if held_out else kept
+        elif held_out:
+            raise ValueError(f"site {self.name}: held-out rows asked for without a holdout (folds ≥ 2)")
+        return rows.tolist()
 
     # ------------------------------------------------------------------ train
     def training_data(self, config: TrainTask, head_classes: list[str], aux_tasks: list[str]) -> Subset:
@@ -345,7 +354,8 @@ class SiteRunner:
             # AuxInfo: rows without a finding label still teach the aux heads (masked main loss).
             rows = list(range(len(base)))
         else:
-            rows = self.labeled_rows("train", head_classes if negatives else loss_classes, config.labeled)
+            rows = self.labeled_rows("train", head_classes if negatives else loss_classes, config.labeled,
+                                     config.label_draw, (config.holdout_folds, config.holdout_fold))
         if config.max_rows:
             rows = rows[: int(config.max_rows)]
         return Subset(base, rows)

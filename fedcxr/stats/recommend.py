@@ -9,9 +9,12 @@ inputs, each shown with where it came from:
   capped as training caps them (``target_train.labeled``, ``target_train.max_rows``);
 * **rounds** — the config's planned ``rounds``.
 
-The map's verdict there is the advice: a method only where the cell's paired interval
-excludes 0; "unresolved: run a sweep" (with the sweep to run) where it does not; "no cell
-close enough" where the map has nothing near. The pilot's σ², τ²d² and β_i are reported beside
+The map's verdict there is the advice: a method only where the cell is resolved (the winner
+beat every other method, corrected for picking the winner and for the number of cells:
+:mod:`fedcxr.advice.verdicts`); "unresolved: run a sweep" where it is not, with the
+``fedcxr sweep --select`` that chooses among the cell's candidates on the hospital's own labeled
+rows, within its budget (:mod:`fedcxr.workflows.choose`); "no cell close enough" where the map
+has nothing near. The pilot's σ², τ²d² and β_i are reported beside
 it as the FedGP theory's reading of this very federation; they never pick the method alone.
 """
 
@@ -117,16 +120,16 @@ def advise(cfg: ExperimentConfig, payloads: dict[str, dict], shift: dict[str, An
         if len(candidates) > 1:
             out["candidates"] = candidates
             out["next"] = sweep_command(candidates)
-            out["why"] += (f"; the map has measured nothing near this federation, so no method is advised: compare "
-                           f"your {cfg.method} with the nearest cell's leaders ({', '.join(leaders)}) on your own data "
-                           "(the sweep below, 5 seeds)")
+            out["why"] += (f"; the map has measured nothing near this federation, so no method is advised: choose "
+                           f"between your {cfg.method} and the nearest cell's leaders ({', '.join(leaders)}) on your "
+                           "own labeled rows (the sweep --select below: cross-fitted within your label budget)")
     return out
 
 
 def sweep_command(candidates: list[str]) -> str:
-    """The ``fedcxr sweep`` that settles the advice on the user's data (the first method is the baseline)."""
-    return (f"fedcxr sweep CONFIG.yaml --methods {' '.join(candidates)} --seeds 5 --out sweep "
-            f"--baseline {candidates[0]}")
+    """The ``fedcxr sweep --select`` that chooses among ``candidates`` on the user's own labeled target rows
+    (cross-fitted within the label budget; no validation or test label), then trains the choice on them all."""
+    return f"fedcxr sweep CONFIG.yaml --select --methods {' '.join(candidates)} --out select"
 
 
 def _why(out: dict, placed: dict) -> str:

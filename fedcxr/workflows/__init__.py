@@ -25,6 +25,8 @@ module             workflow (API name)
 ``report``         ``report`` — the method-comparison table across runs (evaluation only)
 ``stats``          ``statistics`` — federated statistics, shift diagnosis, advice (:mod:`fedcxr.stats`)
 ``sweep``          ``sweep`` — methods × seeds, each trained, evaluated, then compared
+``choose``         ``choose_method``, ``select_and_train`` — ``fedcxr sweep --select``: a method
+                   chosen by cross-fitting on the target's labeled rows only, then trained
 ``demo``           ``run_demo``, ``demo_config`` — the embedded default, synth → ingest → train → evaluate
 =================  ==========================================================================
 """

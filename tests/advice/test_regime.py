@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from fedcxr.advice import regime
-from fedcxr.advice.cells import cell_row
+from fedcxr.advice.cells import cell_row, map_rows
 from fedcxr.errors import UserError
 
-HEADER = "shift,target_labels,rounds,winner,runner_up,margin,ci_low,ci_high,resolved,n_seeds,auroc__A,auroc__B,source\n"
+HEADER = ("shift,target_labels,rounds,winner,runner_up,margin,ci_low,ci_high,p_best,p_adj,resolved,n_seeds,"
+          "auroc__A,auroc__B,source\n")
 
 
 def write(tmp_path, *rows: str):
@@ -27,18 +28,21 @@ def test_the_shipped_map_loads_and_every_resolved_cell_names_a_winner_with_an_in
 
 
 def test_the_code_does_not_care_how_many_cells_or_methods_there_are(tmp_path):
-    path = write(tmp_path, "pixel,50,20,A,B,0.05,0.01,0.09,true,5,0.9,0.85,bench")
+    path = write(tmp_path, "pixel,50,20,A,B,0.05,0.01,0.09,0.001,0.01,true,5,0.9,0.85,bench")
     (cell,) = regime.load_regime_map(path)
     assert cell.auroc == {"A": 0.9, "B": 0.85} and cell.resolved
     assert regime.load_regime_map(write(tmp_path)) == []
 
 
 @pytest.mark.parametrize("row, column", [
-    ("blur,50,20,A,B,0.05,0.01,0.09,true,5,0.9,0.85,x", "shift"),
-    ("pixel,0,20,A,B,0.05,0.01,0.09,true,5,0.9,0.85,x", "target_labels"),
-    ("pixel,50,20,A,B,0.05,-0.01,0.09,true,5,0.9,0.85,x", "resolved"),  # interval spans 0
-    ("pixel,50,20,A,B,0.05,0.01,0.09,maybe,5,0.9,0.85,x", "resolved"),
-    ("pixel,50,20,A,B,0.05,0.01,0.09,false,5,high,0.85,x", "auroc__A"),
+    ("blur,50,20,A,B,0.05,0.01,0.09,0.001,0.01,true,5,0.9,0.85,x", "shift"),
+    ("pixel,0,20,A,B,0.05,0.01,0.09,0.001,0.01,true,5,0.9,0.85,x", "target_labels"),
+    ("pixel,50,20,A,B,0.05,-0.01,0.09,0.001,0.01,true,5,0.9,0.85,x", "resolved"),  # interval spans 0
+    ("pixel,50,20,A,B,0.05,0.01,0.09,0.01,0.2,true,5,0.9,0.85,x", "resolved"),  # p_adj above 0.05
+    ("pixel,50,20,A,B,0.05,0.01,0.09,0.001,0.01,false,5,0.9,0.85,x", "resolved"),  # p_adj below, not resolved
+    ("pixel,50,20,A,B,0.05,0.01,0.09,0.001,1.5,false,5,0.9,0.85,x", "p_adj"),  # not a p-value
+    ("pixel,50,20,A,B,0.05,0.01,0.09,0.001,0.01,maybe,5,0.9,0.85,x", "resolved"),
+    ("pixel,50,20,A,B,0.05,0.01,0.09,0.2,0.6,false,5,high,0.85,x", "auroc__A"),
 ])
 def test_a_bad_row_is_named_by_file_row_and_column(tmp_path, row, column):
     path = write(tmp_path, row)
@@ -49,9 +53,9 @@ def test_a_bad_row_is_named_by_file_row_and_column(tmp_path, row, column):
 def cells(tmp_path):
     return regime.load_regime_map(write(
         tmp_path,
-        "pixel,50,20,A,B,0.05,0.01,0.09,true,5,0.9,0.85,x",
-        "pixel,100,20,B,A,0.01,-0.02,0.04,false,3,0.8,0.81,x",
-        "none,50,5,A,B,0.01,,,false,3,0.9,0.89,x",
+        "pixel,50,20,A,B,0.05,0.01,0.09,0.001,0.01,true,5,0.9,0.85,x",
+        "pixel,100,20,B,A,0.01,-0.02,0.04,0.8,1,false,3,0.8,0.81,x",
+        "none,50,5,A,B,0.01,,,,,false,3,0.9,0.89,x",
     ))
 
 
@@ -82,12 +86,33 @@ def test_an_unresolved_cell_gives_no_recommendation_but_the_candidates(tmp_path)
 def test_cell_row_by_hand():
     runs = [{"method": "A", "seed": s, "auroc": a} for s, a in enumerate([0.90, 0.92, 0.94])]
     runs += [{"method": "B", "seed": s, "auroc": a} for s, a in enumerate([0.80, 0.83, 0.86])]
-    runs += [{"method": "Oracle", "seed": 0, "auroc": 0.99}]
+    runs += [{"method": "Oracle", "seed": 0, "auroc": 0.99}, {"method": "Selected", "seed": 0, "auroc": 0.99}]
     row = cell_row(runs, shift="pixel", target_labels=50, rounds=5, source="test")
     assert (row["winner"], row["runner_up"], row["margin"], row["n_seeds"]) == ("A", "B", "0.0900", 3)
     # paired differences 0.10, 0.09, 0.08: mean 0.09, sd 0.01, t(0.975, 2) = 4.3027 → ± 0.0248
     assert row["ci_low"] == "0.0652" and row["ci_high"] == "0.1148" and row["resolved"] == "true"
-    assert "auroc__Oracle" not in row
+    # one-sided t = 0.09 / (0.01 / √3) = 15.59 on 2 df: p = 0.002045; × 2 methods for the winner's selection
+    assert row["p_best"] == "0.00409" and row["n_methods"] == 2
+    assert "auroc__Oracle" not in row and "auroc__Selected" not in row
+
+
+def test_the_map_adjusts_over_every_cell_so_a_cell_resolved_alone_may_not_be_in_the_map(tmp_path):
+    """Holm over the cells: the same cell that is resolved alone (p_best 0.049) is not beside a second cell."""
+    near = [{"method": "A", "seed": s, "auroc": a} for s, a in enumerate([0.9009, 0.9015, 0.9021])]
+    near += [{"method": "B", "seed": s, "auroc": 0.9} for s in range(3)]
+    alone = cell_row(near, shift="none", target_labels=500, rounds=20, source="test")
+    assert alone["p_best"] == "0.04941" and alone["resolved"] == "true"
+    flat = [{"method": m, "seed": s, "auroc": 0.8 + 0.01 * s} for m in "AB" for s in range(3)]
+    rows = map_rows([alone, cell_row(flat, shift="none", target_labels=50, rounds=20, source="test")])
+    assert [r["p_adj"] for r in rows] == ["0.09882", "1"] and [r["resolved"] for r in rows] == ["false", "false"]
+    path = tmp_path / "map.csv"
+    columns = list(rows[0])
+    path.write_text("\n".join([",".join(columns)] + [",".join(str(r.get(c, "")) for c in columns) for r in rows]) + "\n")
+    loaded = regime.load_regime_map(path)
+    assert [c.resolved for c in loaded] == [False, False] and loaded[0].p_adj == pytest.approx(0.09882)
+    verdict = regime.verdict(loaded[0])
+    assert verdict["recommendation"] is None and "adjusted p = 0.099" in verdict["why"]
+    assert "fedcxr sweep --select" in verdict["why"]
 
 
 def test_a_bound_beside_zero_keeps_its_sign_so_a_resolved_cell_still_loads(tmp_path):
@@ -96,7 +121,16 @@ def test_a_bound_beside_zero_keeps_its_sign_so_a_resolved_cell_still_loads(tmp_p
     row = cell_row(runs, shift="none", target_labels=500, rounds=20, source="test")
     # paired differences 0.0009, 0.0015, 0.0021: mean 0.0015, sd 0.0006, t(0.975, 2) = 4.3027 → ± 0.00149048
     assert (row["ci_low"], row["ci_high"], row["resolved"]) == ("9.5e-06", "0.0030", "true")
-    line = ",".join([row["shift"], "500", "20", "A", "B", row["margin"], row["ci_low"], row["ci_high"], "true", "3",
-                     "0.9015", "0.9", "x"])
+    line = ",".join([row["shift"], "500", "20", "A", "B", row["margin"], row["ci_low"], row["ci_high"], row["p_best"],
+                     row["p_adj"], "true", "3", "0.9015", "0.9", "x"])
     (cell,) = regime.load_regime_map(write(tmp_path, line))
     assert cell.resolved and cell.ci_low > 0
+    assert "beat every other of the cell's 2 methods" in regime.verdict(cell)["why"]
+
+
+def test_a_map_without_the_corrected_verdicts_is_refused_with_how_to_rebuild_it(tmp_path):
+    path = tmp_path / "old.csv"
+    path.write_text("shift,target_labels,rounds,winner,runner_up,margin,ci_low,ci_high,resolved,n_seeds,auroc__A,source\n"
+                    "pixel,50,20,A,B,0.05,0.01,0.09,true,5,0.9,x\n")
+    with pytest.raises(UserError, match="lacks column.*p_best.*build_regime_map.py"):
+        regime.load_regime_map(path)

@@ -1,6 +1,6 @@
-"""Smoke test of ``benchmarks/regime_map.py`` on real PneumoniaMNIST: one cell (two label counts of it),
-two methods, one seed, a tiny slice of the data — a label-free method trained once for both label counts,
-the tables, the heatmap and the map rows ``build_regime_map.py`` writes from them."""
+"""``benchmarks/regime_map.py``: the planned parts (each ~30 min, every planned seed once), and a smoke run on
+real PneumoniaMNIST — a label-free method trained once for two label counts, the tables, the heatmap and the
+map rows ``build_regime_map.py`` writes from them."""
 
 from __future__ import annotations
 
@@ -12,40 +12,78 @@ from fedcxr.advice import regime
 from .conftest import load_bench
 
 
-@pytest.mark.slow  # four runs, the tables and the heatmap: ~28 s on 2 cores at load 4
+def test_every_grid_is_cut_into_parts_that_fit_the_budget_and_run_each_planned_seed_once():
+    maps = load_bench("regime_map")
+    for grid, spec in maps.grids().items():
+        parts = maps.parts(grid)
+        seeds: dict[tuple, list[int]] = {}
+        for name, part in parts.items():
+            assert name.startswith(f"{grid}:") and (part["est_s"] <= maps.PART_SECONDS * 1.05 or len(part["seeds"]) == 1)
+            seeds.setdefault(part["cell"], []).extend(part["seeds"])
+        assert set(seeds) == set(spec["cells"]), grid
+        assert all(sorted(s) == list(range(maps.SEEDS)) for s in seeds.values()), grid  # the same seeds everywhere
+    assert set(maps.CORE) <= set(maps.grids()["map"]["cells"])
+    plan = maps.plan_table().set_index("grid")
+    assert plan.loc["map", "cells"] == 40 and plan.loc["core", "cells"] == len(maps.CORE)
+    assert plan.loc["map", "est_hours"] > plan.loc["core", "est_hours"] > 0
+
+
+def test_a_part_names_its_cell_seeds_variant_and_settings(tmp_path):
+    maps = load_bench("regime_map")
+    core = next(p for p in maps.parts("core").values() if p["cell"] == ("mix4", 25, 50))
+    argv = maps.part_argv(core, work=tmp_path / "w", out=tmp_path / "o", workers=2)
+    assert argv[argv.index("--variant") + 1] == maps.VARIANT and "--select" not in argv
+    assert argv[argv.index("--from-seed") + 1] == str(core["seeds"].start)
+    assert argv[argv.index("--seeds") + 1] == str(core["seeds"].stop)
+    select = next(iter(maps.parts("select").values()))
+    assert "--select" in maps.part_argv(select, work=tmp_path / "w", out=tmp_path / "o", workers=2)
+    steps8 = next(iter(maps.parts("steps8").values()))
+    argv = maps.part_argv(steps8, work=tmp_path / "w", out=tmp_path / "o", workers=2)
+    assert "source.steps=8" in argv and argv[argv.index("--variant") + 1] == "steps8"
+    kermany = next(iter(maps.parts("kermany").values()))
+    argv = maps.part_argv(kermany, work=tmp_path / "w", out=tmp_path / "o", workers=2, npz=tmp_path / "x.npz")
+    assert argv[argv.index("--dataset") + 1] == "kermany" and "--npz" not in argv and "model.backbone=resnet18" in argv
+    assert argv[argv.index("--work") + 1] == str(tmp_path / "w_kermany")  # its own sites
+
+
+@pytest.mark.slow  # four runs, the tables and the heatmap: ~30 s on 2 cores at load 4
 def test_one_cell_two_methods_one_seed_to_the_advice_map(small_npz, tmp_path, one_torch_thread):
     bench, maps, build = load_bench("bench_regime"), load_bench("regime_map"), load_bench("build_regime_map")
     work, out = tmp_path / "work", tmp_path / "results"
-    argv = maps.part_argv("labelnoise40", [5, 10], 2, work=work, out=tmp_path / "parts", workers=1,
-                          methods=["Target_Only", "FedAvg"], seeds=1, close_seeds=0, npz=small_npz,
-                          extra=["--set", "source.steps=1"])
-    bench.main(argv)
+    bench.main(["--npz", str(small_npz), "--work", str(work), "--out", str(tmp_path / "parts"), "--variant",
+                maps.VARIANT, "--target-from", "val", "test", "--shifts", "labelnoise40", "--labels", "10", "25",
+                "--rounds", "2", "--methods", "Target_Only", "FedAvg", "--seeds", "1", "--set", "source.steps=1"])
     # FedAvg never reads a target label: one run serves both label counts (a link in each cell)
     cells = work / "sweep" / maps.VARIANT
-    linked = [cells / f"labelnoise40-n{n}-r2" / "runs" / "FedAvg-seed0" for n in (5, 10)]
+    linked = [cells / f"labelnoise40-n{n}-r2" / "runs" / "FedAvg-seed0" for n in (10, 25)]
     assert all(p.is_symlink() for p in linked) and linked[0].resolve() == linked[1].resolve()
-    assert not (cells / "labelnoise40-n5-r2" / "runs" / "Target_Only-seed0").is_symlink()
+    assert not (cells / "labelnoise40-n10-r2" / "runs" / "Target_Only-seed0").is_symlink()
 
     runs = maps.write_tables(work, out, {"smoke": True})
-    assert set(runs["labels"]) == {5, 10} and len(runs) == 4 and runs["auroc"].between(0, 1).all()
-    for name in ("runs", "cells", "pairs", "papers", "winners"):
+    assert set(runs["labels"]) == {10, 25} and len(runs) == 4 and runs["auroc"].between(0, 1).all()
+    for name in ("runs", "cells", "pairs", "verdicts", "papers"):
         assert (out / f"regime_map_{name}.csv").is_file(), name
     assert (out / "regime_map.png").stat().st_size > 10_000
+    assert "p_adj" in (out / "regime_map_summary.md").read_text()
 
     path = tmp_path / "map.csv"
-    build.main(["--runs", str(out / "regime_map_runs.csv"), "--out", str(path)])
+    with pytest.raises(SystemExit, match="lacks planned seed"):
+        build.main(["--runs", str(out / "regime_map_runs.csv"), "--out", str(path), "--seeds", "2"])
+    build.main(["--runs", str(out / "regime_map_runs.csv"), "--out", str(path), "--seeds", "1"])
     rows = regime.load_regime_map(path)
-    assert [(c.shift, c.target_labels, c.rounds) for c in rows] == [("label_noise", 5, 2), ("label_noise", 10, 2)]
-    assert all(c.n_seeds == 1 and not c.resolved and set(c.auroc) == {"Target_Only", "FedAvg"} for c in rows)
+    assert [(c.shift, c.target_labels, c.rounds) for c in rows] == [("label_noise", 10, 2), ("label_noise", 25, 2)]
+    assert all(c.n_seeds == 1 and not c.resolved and c.p_adj == 1 and set(c.auroc) == {"Target_Only", "FedAvg"}
+               for c in rows)
     assert all("regime_map_runs.csv" in c.source for c in rows)
 
 
-def test_more_seeds_only_where_the_winner_is_close():
-    maps = load_bench("regime_map")
-    close = maps.bench_regime.close_methods
-    cell = pd.DataFrame({"method": ["A", "A", "B", "B", "C", "C"], "auroc": [0.90, 0.92, 0.90, 0.91, 0.89, 0.90]})
-    assert close(cell, 0.03) == ["A", "B"]  # A 0.910, B 0.905: the winner and the runner-up (C, 0.895, waits)
-    cell.loc[cell["method"] == "B", "auroc"] = [0.85, 0.86]
-    assert close(cell, 0.03) == ["A", "C"]  # B fell back: C is the runner-up now
-    cell.loc[cell["method"] == "C", "auroc"] = [0.85, 0.86]
-    assert close(cell, 0.03) == []  # A leads by 0.055: clear
+def test_the_map_counts_only_the_planned_seeds(tmp_path):
+    """Seeds past the plan (the first map's top-ups where a margin looked close) are left out of the verdicts."""
+    build = load_bench("build_regime_map")
+    rows = [{"shift": "none", "labels": 10, "rounds": 20, "method": m, "seed": s, "auroc": 0.9 + 0.01 * s}
+            for m in ("A", "B") for s in range(3)]
+    rows += [{"shift": "none", "labels": 10, "rounds": 20, "method": "A", "seed": s, "auroc": 0.99} for s in (3, 4)]
+    kept = build.planned(pd.DataFrame(rows), 3, "runs.csv")
+    assert sorted(set(kept["seed"])) == [0, 1, 2] and len(kept) == 6
+    (row,) = build.map_table(kept, "runs.csv")
+    assert row["n_seeds"] == 3 and row["p_adj"] == "1"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 import yaml
 
 from fedcxr.cli import main
@@ -35,3 +36,19 @@ def test_sweep_refuses_an_unknown_method_before_training(tiny_manifests, tmp_pat
     assert main(["sweep", str(config), "--methods", "FedAvg", "FedMagic", "--out", str(tmp_path / "s")]) == 2
     assert re.search(r"unknown method 'FedMagic'( \(did you mean .*\))?; known: FedAvg", capsys.readouterr().err)
     assert not (tmp_path / "s" / "runs").exists()
+
+
+@pytest.mark.slow  # 4 fold runs and the chosen method's run of the tiny federation: ~15 s on 2 cores
+def test_sweep_select_chooses_on_the_labeled_rows_and_trains_only_the_choice(tiny_manifests, tmp_path, capsys):
+    data = tiny_config(tiny_manifests, tmp_path / "cache", rounds=1)
+    data["target_train"] = {**data["target_train"], "labeled": 12}
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump(data))
+    out = tmp_path / "select"
+    assert main(["sweep", str(config), "--select", "--methods", "Target_Only", "FedAvg_Finetune", "--folds", "2",
+                 "--seeds", "1", "--out", str(out), "--device", "cpu", "-q"]) == 0
+    printed = capsys.readouterr().out
+    choice = json.loads((out / "select" / "choice.json").read_text())
+    assert printed.count("held out: training") == 4 and f"chose {choice['chosen']}" in printed
+    assert [p.name for p in (out / "runs").iterdir()] == [f"{choice['chosen']}-seed0"]  # only the choice, on all 12
+    assert (out / "comparison.json").is_file()

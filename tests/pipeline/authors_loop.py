@@ -29,7 +29,8 @@ The batches are handed in (the very batches fedcxr's sites drew), so the loop is
 same data, order, initial weights and hyper-parameters. The few places where fedcxr departs on
 purpose are arguments here, so the replay test can show each departure and its size:
 ``alignment`` (the target-update factor), ``estimator_keys`` (BN running statistics in the
-auto-β estimators) and ``zero_dim`` (``num_batches_tracked``).
+auto-β estimators: re-expressed here from the model's parameters, :func:`parameter_keys`, so a change
+of fedcxr's own key list shows) and ``zero_dim`` (``num_batches_tracked``).
 
 The algorithm is the authors'; where only the float order is at stake, the loop uses fedcxr's, so
 that equal algorithms give equal bits: Adam with ``foreach=True`` (:func:`adam`) and the sources'
@@ -61,6 +62,15 @@ def param_list(model: torch.nn.Module, keys: Optional[Sequence[str]] = None) -> 
     state = model.state_dict()
     keys = [k for k, v in state.items() if v.dim() > 0] if keys is None else keys
     return torch.cat([state[k].detach().clone().flatten().float() for k in keys])
+
+
+def parameter_keys(model: torch.nn.Module) -> list[str]:
+    """The state-dict entries an optimiser steps: the model's ``named_parameters``. fedcxr's departure in
+    the auto-β estimators (its ``estimator_keys``) re-expressed from the model itself, not from fedcxr's
+    function: BatchNorm running statistics are buffers, changed by the forward pass and not by a step,
+    so they are not parameters (the authors' networks had no moving ones; their estimators ran over
+    every non-0-dim entry)."""
+    return [name for name, _ in model.named_parameters()]
 
 
 def adam(model: torch.nn.Module, lr: float) -> torch.optim.Adam:
@@ -226,7 +236,9 @@ class Setting:
     beta: float = 0.5  # proj_w / b
     post_warmup_lr_scale: float = 0.1  # the auto script's hparams["lr"] *= 0.1
     alignment: str = "lr_t_over_lr_s"  # the authors' grads × lr_ratio; fedcxr: "lr_s_over_lr_t"
-    estimator_keys: Optional[Callable[[StateDict], list[str]]] = None  # None: every non-0-dim entry (theirs)
+    #: the entries the auto-β estimators run over: None, every non-0-dim entry (theirs); "parameters", the
+    #: model's trained parameters only (fedcxr's departure: :func:`parameter_keys`)
+    estimator_keys: Optional[str] = None
     zero_dim: str = "keep"
 
 
@@ -290,7 +302,7 @@ def replay(setting: Setting, make_model: Callable[[], torch.nn.Module], theta: S
         record.lr_target, record.steps_target = lr_t, len(batches(target, r))
         betas = [setting.beta] * len(sources)
         if setting.auto:
-            est_keys = setting.estimator_keys(theta) if setting.estimator_keys else None
+            est_keys = parameter_keys(make_model()) if setting.estimator_keys == "parameters" else None
             all_keys = [k for k, v in theta.items() if v.dim() > 0]
             if est_keys is not None:
                 columns = torch.cat([torch.full((theta[k].numel(),), k in set(est_keys)) for k in all_keys])

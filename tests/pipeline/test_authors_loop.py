@@ -31,7 +31,6 @@ import pytest
 import torch
 
 from fedcxr.pipeline import aggregate as agg
-from fedcxr.pipeline.combine import estimator_keys
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.run_driver import run_experiment, run_threads
 from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
@@ -240,7 +239,7 @@ def _setting(rule: str, auto: bool, warmup: int, **changes) -> Setting:
 # --------------------------------------------------------------------------- equal, with fedcxr's departures
 
 
-FEDCXR = dict(alignment="lr_s_over_lr_t", estimator_keys=estimator_keys)
+FEDCXR = dict(alignment="lr_s_over_lr_t", estimator_keys="parameters")
 
 
 @pytest.mark.parametrize("strategy,rule", [("FedGP_Auto", "fedgp"), ("FedDA_Auto", "fedda")])
@@ -287,7 +286,7 @@ def test_the_authors_alignment_factor_changes_fedda_auto_only(tiny_manifests, ro
     τ²d² scale alike), FedDA_Auto's is not (d² compares the target's steps with the sources')."""
     for strategy, rule in (("FedGP_Auto", "fedgp"), ("FedDA_Auto", "fedda")):
         run = _fedcxr_run(tiny_manifests, root, strategy, 4)
-        theirs = _replay(run, _setting(rule, True, 2, alignment="lr_t_over_lr_s", estimator_keys=estimator_keys), 3)
+        theirs = _replay(run, _setting(rule, True, 2, alignment="lr_t_over_lr_s", estimator_keys="parameters"), 3)
         ours = [run["metrics"][2]["betas"][s] for s in SOURCES]
         if rule == "fedgp":
             assert theirs[2].betas == pytest.approx(ours, rel=1e-4)
@@ -299,7 +298,7 @@ def test_the_authors_alignment_factor_changes_fedda_auto_only(tiny_manifests, ro
 def test_the_same_factor_in_a_config_replays_the_authors(tiny_manifests, root):
     """``auto_alignment: lr_t_over_lr_s`` makes fedcxr compute the authors' FedDA_Auto β."""
     run = _fedcxr_run(tiny_manifests, root, "FedDA_Auto", 3, auto_alignment="lr_t_over_lr_s")
-    records = _replay(run, _setting("fedda", True, 2, alignment="lr_t_over_lr_s", estimator_keys=estimator_keys), 3)
+    records = _replay(run, _setting("fedda", True, 2, alignment="lr_t_over_lr_s", estimator_keys="parameters"), 3)
     _check_round(run, records, 3)
 
 

@@ -25,6 +25,7 @@ from fedcxr.errors import RunFailed, UserError
 from fedcxr.pipeline import aggregate as agg
 from fedcxr.pipeline import screening
 from fedcxr.pipeline.config import ExperimentConfig
+from fedcxr.pipeline.labeled_rows import target_rows
 from fedcxr.pipeline.messages import Reply, StateDict, TaskConfig, TrainTask
 from fedcxr.pipeline.participation import sample_size, sample_sites
 from fedcxr.pipeline.state import _structure_problem, nonfinite_problem
@@ -121,6 +122,7 @@ def task_config(ctx: Context, r: int, role: str, **overrides) -> TrainTask:
         # FedBN+ (surgical aggregation paper): BN frozen in eval mode during local training
         "freeze_bn": cfg.backbone_aggregation == "fedbn_plus",
         "labeled": cfg.target_train.labeled if role == "target" else None,
+        **(target_rows(cfg.target_train) if role == "target" else {}),
         "dp": cfg.privacy.dp.model_dump() if cfg.privacy.dp is not None else None,
     }
     return TrainTask.build(**{**values, **overrides})
