@@ -36,7 +36,7 @@ def run_sweep(config: Path, methods: Sequence[str], *, seeds: int, out: Path, ba
     for method in methods:
         for seed in range(seeds):
             cfg = load_config(config, overrides=[*overrides, f"method={method}", f"seed={seed}"])
-            run_dir = Path(out) / "runs" / f"{method}-seed{seed}"
+            run_dir = Path(out) / "runs" / f"{cfg.method_name}-seed{seed}"
             if not RunDir(run_dir).final_model.exists():
                 resume = latest_checkpoint(run_dir) is not None
                 print(f"{method} seed {seed}: training{' (resuming)' if resume else ''}")

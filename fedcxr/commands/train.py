@@ -17,7 +17,7 @@ from fedcxr.rundir import RunDir, finished_run
 
 def default_run_dir(cfg) -> Path:
     """``runs/<name>-<method>-seed<seed>`` when ``--out`` is not given."""
-    return Path("runs") / f"{cfg.name}-{cfg.method}-seed{cfg.seed}"
+    return Path("runs") / f"{cfg.name}-{cfg.method_name}-seed{cfg.seed}"
 
 
 def cli_train(args: argparse.Namespace) -> int:

@@ -221,7 +221,7 @@ class FedcxrController(_ControllerBase):
         from fedcxr.flare.persistor import to_numpy
 
         final = load_final_model(run_dir)
-        self.save_model(FLModel(params=to_numpy(final["global"]), meta={"method": cfg.method}))
+        self.save_model(FLModel(params=to_numpy(final["global"]), meta={"method": cfg.method_name}))
 
     def _cross_site(self, run_dir: Path, transport: FlareTransport, settings: dict) -> str:
         """Cross-site evaluation (:mod:`fedcxr.flare.cross_site`); its failure does not undo the training."""

@@ -186,7 +186,7 @@ def site_tracking_wanted(cfgs) -> bool:
 
 
 def job_name(cfg) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", f"fedcxr-{cfg.name}-{cfg.method}".lower()).strip("-")[:60]
+    return re.sub(r"[^a-z0-9-]+", "-", f"fedcxr-{cfg.name}-{cfg.method_name}".lower()).strip("-")[:60]
 
 
 def export_job(experiments: list, job_dir: Path, *, task_timeout: int = 0, site_configs=None,

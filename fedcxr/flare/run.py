@@ -48,7 +48,7 @@ def load_flare_config(path: Path, overrides: list[str], *, need_manifests: bool)
 
 
 def default_run_dir(cfg) -> Path:
-    return Path("runs") / f"{cfg.name}-{cfg.strategy}-seed{cfg.seed}-flare"
+    return Path("runs") / f"{cfg.name}-{cfg.method_name}-seed{cfg.seed}-flare"
 
 
 def check_run_dir(run_dir: Path, resume: bool) -> None:

@@ -15,9 +15,15 @@ Example::
     seed: 0
 
 Every key is checked: an unknown key, a missing site folder, an unknown class or method
-stops with exit code 2 and a message naming the key. ``method`` was called ``strategy`` before;
-both names are accepted (in the YAML and in ``--set``), and a config's fingerprint is the same
-under either, so runs started with ``strategy:`` resume.
+stops with exit code 2 and a message naming the key.
+
+A method's own options live under its own key, declared by its module (docs/methods.md):
+``fedprox: {mu: 0.01}``, ``gp: {beta: 0.5, warmup_rounds: 2}``, ... Every registered method's
+block is accepted (a sweep runs one config under several methods) and checked at load
+(:func:`fedcxr.pipeline.protocols.methods.option_models`; ``method: path/to/file.py:Name`` adds that
+method's block); :meth:`ExperimentConfig.options` reads one, typed. Former names of keys (``strategy``
+for ``method``, the method options that were top-level keys) keep loading, with the same
+fingerprint: :mod:`fedcxr.pipeline.config_compat`, the one place that knows them.
 
 Per-method defaults (optimiser, target batch size, warm-up rounds, ...) are the method's, set
 and documented in its protocol (:mod:`fedcxr.pipeline.protocols`: ``task_defaults`` and the class
@@ -34,23 +40,24 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from fedcxr.errors import UserError
+from fedcxr.pipeline import config_compat
 from fedcxr.escape import short
 from fedcxr.site_adapters.site_names import MAX_SITE_NAME
 from fedcxr.yamlfile import check_size, read_yaml
 from fedcxr.vocab import AUX_TASKS, CLASS_SET
-
-
-#: Keys of older configs that were replaced, with what to write instead (exit 2 naming it).
-RENAMED_KEYS = {
-    "head_warmup_rounds": "use `head_warmup: {epochs: N, lr: 1e-3}` (head-only local epochs before the first "
-                          "round, the best-validation head kept, as the surgical aggregation code; epochs: 0 "
-                          "turns it off)",
-    "surgical_weighting": "use `backbone_weighting: uniform|samples` (it now applies to every method's "
-                          "backbone average, not only FL_Surgical)",
-}
 
 
 #: Bounds on every size and count (SECURITY.md R7): past them a run would only die allocating memory
@@ -131,16 +138,6 @@ class TargetTrainingConfig(LocalTrainingConfig):
         if value > 1 and value == int(value) and value <= MAX_ROWS:
             return int(value)
         return _refuse(f"a fraction of the train rows is in (0, 1] (a count is a whole number ≥ 1), got {value}")
-
-
-class HeadWarmupConfig(_Strict):
-    """FL, FL_PartialLoss, FL_Surgical, PFL: head-only local epochs before round 0 (surgical aggregation code)."""
-
-    epochs: int = Field(15, ge=0, le=MAX_EPOCHS, description="head-only epochs on the frozen backbone, the head with the lowest "
-                        "validation loss kept; each client starts round 0 from its own warmed model (surgical "
-                        "aggregation code: warmup_epochs=15, ModelCheckpoint on val_loss); 0: no warm-up")
-    lr: float = Field(1e-3, gt=0, description="Adam learning rate of the warm-up (its __train_local default 1e-3)")
-    batch_size: Optional[int] = Field(None, ge=1, le=MAX_BATCH, description="default: source.batch_size")
 
 
 class SharedTaskConfig(_Strict):
@@ -352,30 +349,14 @@ class ExperimentConfig(_Strict):
     sites: list[str] = Field(..., min_length=1, max_length=MAX_SITES, description="source site folders (or all sites)")
     target: Optional[str] = None
     method: str = Field(
-        None, max_length=MAX_NAME, validation_alias=AliasChoices("method", "strategy"), validate_default=True,
-        description="the method, by its paper's name (README 'Methods'; unset: FedAvg); `strategy` is its former "
-        "name, still accepted")
+        None, max_length=MAX_PATH, validation_alias=config_compat.METHOD_KEYS, validate_default=True,
+        description="the method, by its paper's name (README 'Methods'; unset: FedAvg), or a method of your own: "
+        "path/to/file.py:Name or package.module:Name (README 'Your own method'); `strategy` is its former name, "
+        "still accepted")
     rounds: int = Field(5, ge=0, le=MAX_ROUNDS)
-    warmup_rounds: Optional[int] = Field(
-        None, ge=0, le=MAX_ROUNDS, description="GP/FedDA/FedGP: the first rounds (counted in `rounds`) are warm-up "
-        "rounds (plain FedAvg; GP: FedAvg, then the projection starts from it); " + METHOD_DEFAULT)
-    post_warmup_lr_scale: Optional[float] = Field(
-        None, gt=0, description="multiplies source and target learning rates after the warm-up rounds; "
-        + METHOD_DEFAULT)
-    auto_alignment: Literal["lr_s_over_lr_t", "lr_t_over_lr_s"] = Field(
-        "lr_s_over_lr_t", description="FedDA_Auto/FedGP_Auto: the factor the target's per-batch updates are "
-        "multiplied by before the β estimators compare them with the sources' mean step. lr_s_over_lr_t "
-        "(default): a step moves the weights by about its lr, so this brings a target step to the sources' step "
-        "size; lr_t_over_lr_s: the AutoFedGP DomainBed script's `grads_all_epochs * args.lr_ratio`, kept to "
-        "replay it (README: a deliberate departure; FedGP_Auto's β does not depend on it, FedDA_Auto's does)")
     source: LocalTrainingConfig = LocalTrainingConfig()
     target_train: TargetTrainingConfig = TargetTrainingConfig()
-    finetune_offline_epochs: int = Field(
-        50, ge=1, le=MAX_EPOCHS, description="Finetune_Offline: target fine-tuning passes after the last FedAvg round, each "
-        "one `target_train` budget with a fresh optimiser (FedGP paper App. C: 'the same number of 50 epochs "
-        "of fine-tuning after FedAvg'; AutoFedGP main_domain_bed_offline.py calls train() once per epoch)")
     alpha: float = Field(1.0, ge=0, description="weight of auxiliary losses (AuxInfo)")
-    beta: float = Field(0.5, ge=0, le=1, description="GP: weight of the source projection")
     aux_tasks: list[str] = Field(default_factory=lambda: list(AUX_TASKS))
     aux_info: Optional[bool] = Field(None, description="force AuxInfo (the auxiliary heads' losses) on/off; "
                                      + METHOD_DEFAULT)
@@ -385,22 +366,11 @@ class ExperimentConfig(_Strict):
         "(1/K) or `samples` (n_i/Σn); " + METHOD_DEFAULT)
     aggregation: AggregationConfig = Field(AggregationConfig(), description=AggregationConfig.__doc__)
     defences: DefencesConfig = Field(DefencesConfig(), description=DefencesConfig.__doc__)
-    head_warmup: HeadWarmupConfig = Field(HeadWarmupConfig(), description=HeadWarmupConfig.__doc__)
     optimizer_state: Optional[Literal["fresh", "kept"]] = Field(
         None, description="`kept`: each site's optimiser state carries over from round to round (saved in "
         "checkpoints); `fresh`: a new optimiser every round; " + METHOD_DEFAULT)
     min_sites: int = Field(1, ge=1, le=MAX_SITES, description="a round needs at least this many source replies "
                            "(at most the number of `sites`)")
-    fedprox_mu: Optional[float] = Field(
-        None, ge=0, description="FedProx(_Finetune): μ of the proximal term μ/2·‖w − w^t‖² in every source's loss "
-        "(Li et al. 2020, Eq. 2; μ = 0 is FedAvg); " + METHOD_DEFAULT)
-    server_lr: Optional[float] = Field(
-        None, gt=0, description="server learning rate: η of FedAdam/FedYogi/FedAdagrad(_Finetune)'s server "
-        "optimiser, SCAFFOLD(_Finetune)'s global step size η_g; " + METHOD_DEFAULT)
-    server_betas: Optional[tuple[float, float]] = Field(
-        None, description="FedOpt's decay rates (β1, β2), each in [0, 1); " + METHOD_DEFAULT)
-    server_tau: Optional[float] = Field(
-        None, gt=0, description="FedOpt's adaptivity τ (√v_t + τ in the step; v starts at τ²); " + METHOD_DEFAULT)
     model: ModelConfig = ModelConfig()
     task: Optional[SharedTaskConfig] = Field(None, description=SharedTaskConfig.__doc__)
     class_source: Literal["target", "union", "sources"] = "target"
@@ -425,43 +395,96 @@ class ExperimentConfig(_Strict):
         None, description="per-round scalars: tensorboard (RUN_DIR/tensorboard), mlflow, none; "
                           "default tensorboard when installed (fedcxr.tracking)")
 
-    @model_validator(mode="before")
+    #: every method's options block, typed (config key → MethodOptions): :meth:`options`
+    _options: dict = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
     @classmethod
-    def _renamed_keys(cls, data: Any) -> Any:
-        """An old config using a key that was replaced stops naming the new key (never silently ignored)."""
-        if isinstance(data, dict):
-            for old, new in RENAMED_KEYS.items():
-                if old in data:
-                    raise ValueError(f"`{old}` was replaced: {new}")
-            if "method" in data and "strategy" in data:
-                raise ValueError("both `method` and `strategy` are given: they are one key (`strategy` is the former "
-                                 "name of `method`); keep `method`")
-        return data
+    def _method_options(cls, data: Any, handler) -> "ExperimentConfig":
+        """Every method's options block (``fedprox: {...}``), checked by the model its method module
+        declares; errors of the blocks and of the other keys reported together, each under its key.
+
+        First, an old config using a key that was replaced stops naming the new key (never silently
+        ignored), and a method option that moved under its method's key is put there
+        (:mod:`~fedcxr.pipeline.config_compat`)."""
+        if not isinstance(data, dict):
+            return handler(data)
+        data = config_compat.upgrade(data)
+        former = config_compat.written_as(data)
+        models, problem = _option_models(data)
+        rest = {k: v for k, v in data.items() if k not in models}
+        errors: list[InitErrorDetails] = []
+        blocks = {}
+        for key, model in models.items():
+            try:
+                blocks[key] = model.model_validate(data.get(key) if data.get(key) is not None else {})
+            except ValidationError as exc:
+                errors += [_located(err, (key,), former) for err in exc.errors()]
+        config = None
+        try:
+            config = handler(rest)
+        except ValidationError as exc:
+            errors = [_located(err, ()) for err in exc.errors()] + errors
+        if problem and not any(err["loc"][:1] == ("method",) for err in errors):
+            errors.insert(0, problem)
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        config._options = blocks
+        return config
+
+    @model_serializer(mode="wrap")
+    def _dump_options(self, handler, info) -> dict:
+        """The options blocks at the top level, right after ``method`` (as a user writes them)."""
+        data = handler(self)
+        if not isinstance(data, dict) or not self._options:
+            return data
+        blocks = {key: block.model_dump(mode=info.mode) for key, block in self._options.items()}
+        out: dict = {}
+        for key, value in data.items():
+            out[key] = value
+            if key == "method":
+                out.update(blocks)
+        return out if "method" in data else {**data, **blocks}
 
     @field_validator("method", mode="before")
     @classmethod
     def _known_method(cls, value: Any) -> str:
-        """A method of the protocols' table (checked at load, naming the known ones); unset: the default."""
-        # imported here: the protocols import this module (the table itself imports nothing)
-        from fedcxr.pipeline.protocols.methods import DEFAULT_METHOD, METHODS, unknown_method
+        """A method of the registry or a reference to one of your own (checked at load, naming the known
+        ones); unset: the default."""
+        # imported here: the registry imports the method modules (torch), loaded only to validate a config
+        from fedcxr.pipeline.protocols.methods import DEFAULT_METHOD, METHODS, resolve, unknown_method
 
         if value is None:
             return DEFAULT_METHOD
-        if not isinstance(value, str) or value not in METHODS:
+        if not isinstance(value, str):
             raise ValueError(unknown_method(value))
+        if value not in METHODS:
+            try:
+                resolve(value)
+            except UserError as exc:
+                raise ValueError(str(exc)) from None
         return value
 
     @property
+    def method_name(self) -> str:
+        """The method's name (run folders, reports): :attr:`method`, or the ``Name`` of ``file.py:Name``."""
+        from fedcxr.pipeline.protocols.methods import method_name
+
+        return method_name(self.method)
+
+    @property
     def strategy(self) -> str:
-        """The former name of :attr:`method`."""
+        """The former name of :attr:`method` (:mod:`~fedcxr.pipeline.config_compat`)."""
         return self.method
 
-    @field_validator("server_betas")
-    @classmethod
-    def _decay_rates(cls, value: Optional[tuple[float, float]]) -> Optional[tuple[float, float]]:
-        if value is not None and not all(0.0 <= b < 1.0 for b in value):
-            raise ValueError(f"each of β1, β2 must lie in [0, 1), got {list(value)}")
-        return value
+    def options(self, key: Optional[str]):
+        """The options block of the method whose config key is ``key`` (typed, defaults filled in);
+        ``None`` for a method without options."""
+        if key is None:
+            return None
+        if key not in self._options:
+            raise KeyError(f"no method options block `{key}` in this config (method {self.method})")
+        return self._options[key]
 
     @field_validator("device")
     @classmethod
@@ -576,6 +599,45 @@ class ExperimentConfig(_Strict):
         return Path(site).name
 
 
+def _option_models(data: dict) -> tuple[dict, Optional[InitErrorDetails]]:
+    """Config key → options model of every registered method and of the config's own (a reference
+    that cannot be loaded contributes nothing here: the ``method`` key's check says why)."""
+    from fedcxr.pipeline.protocols.methods import is_reference, option_models
+
+    value = next((data[k] for k in ("method", "strategy") if k in data), None)
+    models = option_models()
+    if isinstance(value, str) and is_reference(value):
+        try:
+            models = option_models(value)
+        except UserError:
+            return models, None
+    clash = sorted(set(models) & set(ExperimentConfig.model_fields))
+    if clash:
+        problem = InitErrorDetails(type=PydanticCustomError(
+            "options_key", "the method's options key `{key}` is a key of the config itself; choose another "
+            "options_key", {"key": clash[0]}), loc=("method",), input=value)
+        return {k: m for k, m in models.items() if k not in clash}, problem
+    return models, None
+
+
+def _located(err: dict, prefix: tuple, former: Optional[dict] = None) -> InitErrorDetails:
+    """A pydantic error as init details under ``prefix`` (a block's errors as ``fedprox.mu: ...``); an error
+    of a value written under a former key (``former``: :func:`~fedcxr.pipeline.config_compat.written_as`)
+    names that key too."""
+    loc = (*prefix, *err["loc"])
+    old = next((o for path, o in (former or {}).items() if ".".join(map(str, loc)).startswith(path)), None)
+    details = InitErrorDetails(type=err["type"], loc=loc, input=err.get("input"), ctx=err.get("ctx") or {})
+    try:
+        ValidationError.from_exception_data("check", [details])
+    except (KeyError, TypeError, ValueError):  # an error type of a validator's own: keep its message
+        old = old or ""
+    if old is not None:
+        message = str(err["msg"]).removeprefix("Value error, ")
+        details = InitErrorDetails(type=PydanticCustomError(str(err["type"]), message + (
+            f" (written as `{old}`, its former name)" if old else "")), loc=loc, input=err.get("input"))
+    return details
+
+
 def _set_dotted(data: dict, key: str, value: Any) -> None:
     node = data
     parts = key.split(".")
@@ -586,15 +648,12 @@ def _set_dotted(data: dict, key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-#: ``--set`` keys that are another name of a top-level key (``strategy`` is the former name of ``method``)
-KEY_ALIASES = {"strategy": "method"}
-
-
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """Apply ``--set key=value`` (YAML-parsed values, dotted keys) to a raw config mapping.
 
     ``--set strategy=X`` and ``--set method=X`` both replace the method, whichever name the
-    YAML used (:data:`KEY_ALIASES`)."""
+    YAML used, and a former key sets its new place (``--set warmup_rounds=0`` is ``gp.warmup_rounds``:
+    :func:`~fedcxr.pipeline.config_compat.override_key`)."""
     out = copy.deepcopy(data)
     for item in overrides or []:
         if "=" not in item:
@@ -612,10 +671,8 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
                             "write lists as [a, b]") from None
         except RecursionError:
             raise UserError(f"--set {key[:80]}: the value is nested too deeply") from None
-        key = KEY_ALIASES.get(key, key)
-        for alias, name in KEY_ALIASES.items():
-            if key == name:
-                out.pop(alias, None)
+        key = config_compat.override_key(key)
+        config_compat.forget_former(out, key)
         _set_dotted(out, key, value)
     return out
 
@@ -635,6 +692,7 @@ def load_config(path: Path | str | None = None, *, data: Optional[dict] = None,
             raise UserError(f"{path}: the config must be a mapping of keys to values")
         if data.get("manifests") is not None and not Path(data["manifests"]).is_absolute():
             data["manifests"] = str((path.parent / data["manifests"]).resolve())
+        _method_file_beside(data, path.parent)
     data = apply_overrides(data, overrides or [])
     check_size(data, f"{path}: " if path else "")
     try:
@@ -649,6 +707,16 @@ def load_config(path: Path | str | None = None, *, data: Optional[dict] = None,
     if check_sites:
         check_sites_exist(cfg)
     return cfg
+
+
+def _method_file_beside(data: dict, folder: Path) -> None:
+    """``method: path/to/file.py:Name`` relative to the config's folder, as ``manifests:``."""
+    for key in ("method", "strategy"):
+        value = data.get(key)
+        if isinstance(value, str) and ":" in value:
+            source, _, name = value.rpartition(":")
+            if source.endswith(".py") and not Path(source).expanduser().is_absolute():
+                data[key] = f"{(folder / source).resolve()}:{name}"
 
 
 def _error_line(err: dict) -> str:
@@ -681,10 +749,14 @@ def dump_config(cfg: ExperimentConfig) -> str:
 def config_fingerprint(cfg: ExperimentConfig) -> str:
     """Hash of everything that changes a run's result (device, workers, the engine block, cache and
     where the manifests folder lies do not: the sites' content is checked separately, by manifest
-    hash, on resume). ``method`` is hashed under its former name ``strategy``: configs keep the
-    fingerprint of earlier versions, so their runs resume."""
+    hash, on resume). The method is hashed by its name under its former key ``strategy`` and the
+    method options in their former flat layout (:func:`~fedcxr.pipeline.config_compat.fingerprint_view`):
+    configs keep the fingerprint of earlier versions, so their runs resume."""
     data = cfg.model_dump(mode="json")
-    data["strategy"] = data.pop("method")
+    data.pop("method")
+    data["strategy"] = cfg.method_name
+    data = config_compat.fingerprint_view(data, {key: type(block)().model_dump(mode="json")
+                                                 for key, block in cfg._options.items()})
     for key in ("device", "num_workers", "cache_dir", "manifests", "engine", "tracking"):
         data.pop(key, None)
     for key, default in (("norm", "batch"), ("stem", "imagenet")):  # defaults: the fingerprint of earlier versions
@@ -695,14 +767,9 @@ def config_fingerprint(cfg: ExperimentConfig) -> str:
     for key, default in (("aggregation", AggregationConfig()), ("defences", DefencesConfig())):
         if data.get(key) == default.model_dump(mode="json"):  # defaults: the fingerprint of earlier versions
             data.pop(key)
-    for key in ("fedprox_mu", "server_lr", "server_betas", "server_tau"):  # unset: earlier versions' fingerprint
-        if data.get(key) is None:
-            data.pop(key, None)
     for block in ("source", "target_train"):
         if data.get(block, {}).get("momentum") is None:
             data.get(block, {}).pop("momentum", None)
-    if data.get("auto_alignment") == "lr_s_over_lr_t":  # the default: the fingerprint of earlier versions
-        data.pop("auto_alignment")
     privacy = data.pop("privacy", {})
     for key in ("combine_at", "auto_weights_at"):  # where a rule is computed does not change its result
         privacy.pop(key, None)

@@ -70,11 +70,31 @@ TaskHandler = Callable[["SiteRunner", Optional[StateDict], TaskConfig], Reply]
 
 @dataclass(frozen=True)
 class SiteTask:
-    """One entry of the task registry: the handler, and whether the task may change the site's local
-    state (BN statistics, heads, optimiser state, c_i): a FLARE client saves that state after it."""
+    """One task a site answers (docs/methods.md): the handler and what the rest of fedcxr needs to know.
+
+    * ``changes_state``: the task may change the site's local state (BN statistics, heads, optimiser
+      state, a method's kept state): a FLARE client saves that state after it;
+    * ``config``: the type of its config (a :class:`~fedcxr.pipeline.messages.TaskConfig`; a method's
+      task: a :class:`~fedcxr.pipeline.messages.TrainTask` subclass with the fields only it sends);
+      ``None``: the runner's own tasks, typed in :data:`~fedcxr.pipeline.messages.TASK_CONFIGS`;
+    * ``streams``: the part of its reply's metrics a FLARE site streams to the server's tracking
+      (``train`` or ``val``; ``None``: none — :func:`fedcxr.tracking.site_scalars`);
+    * ``filtered``: its reply carries a model update that FLARE's ``privacy.filters`` act on.
+    """
 
     handler: TaskHandler
     changes_state: bool
+    config: Optional[type] = None
+    streams: Optional[str] = None
+    filtered: bool = False
+
+    def config_type(self, task: str) -> type:
+        """The config type of ``task`` (declared, or the runner's own from ``TASK_CONFIGS``)."""
+        if self.config is not None:
+            return self.config
+        if task not in TASK_CONFIGS:
+            raise ValueError(f"task {task!r} has no typed config: give its SiteTask a config type")
+        return TASK_CONFIGS[task]
 
 
 class SiteRunner:

@@ -25,6 +25,7 @@ from fedcxr.pipeline import aggregate as agg
 from fedcxr.pipeline.messages import FACT_HEAD_A, FACT_HEAD_B, StateDict
 from fedcxr.pipeline.protocols.base import Context, RoundProtocol, ask, ask_one, task_config, valid_replies
 from fedcxr.pipeline.keys import derive_seed
+from fedcxr.pipeline.protocols.spec import method
 
 
 def lr_schedule(lr0: float, r: int, rounds: int) -> float:
@@ -97,3 +98,7 @@ class FACTProtocol(RoundProtocol):
 
     def final_models(self, ctx, state):
         return {"global": state["best"], "per_site": {}}
+
+
+#: FACT with and without the heads' fine-tuning step
+METHODS = {"FACT": method(FACTProtocol, finetune=True), "FACT_NF": method(FACTProtocol, finetune=False)}

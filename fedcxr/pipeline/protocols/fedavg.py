@@ -4,7 +4,7 @@
 * ``FedAvg_Finetune`` (``_AuxInfo``) — then the target fine-tunes the averaged model.
 * ``Source_Only`` — FedAvg of the sources, evaluated on the target (no target labels).
 * ``Finetune_Offline`` — FedAvg for every round, the target fine-tunes after the last one
-  (``finetune_offline_epochs`` passes, 50 by default as the FedGP paper).
+  (``finetune_offline: {epochs: 50}`` passes by default, as the FedGP paper).
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from fedcxr.pipeline.protocols.base import (
     task_config,
     valid_replies,
 )
+from pydantic import Field
+
+from fedcxr.pipeline.protocols.spec import MAX_EPOCHS, MethodOptions, method
 from fedcxr.pipeline.state import keep_keys
 
 
@@ -71,9 +74,21 @@ class SourceOnlyProtocol(FedAvgProtocol):
         super().__init__(name, finetune=False, aux_info=False)
 
 
+class FinetuneOfflineOptions(MethodOptions):
+    """``finetune_offline:`` — Finetune_Offline's target fine-tuning after the last round."""
+
+    epochs: int = Field(
+        50, ge=1, le=MAX_EPOCHS, description="target fine-tuning passes after the last FedAvg round, each one "
+        "`target_train` budget with a fresh optimiser (FedGP paper App. C: 'the same number of 50 epochs of "
+        "fine-tuning after FedAvg'; AutoFedGP main_domain_bed_offline.py calls train() once per epoch)")
+
+
 class FinetuneOfflineProtocol(FedAvgProtocol):
     """Finetune_Offline: FedAvg of the sources for all rounds, then the target fine-tunes
-    ``finetune_offline_epochs`` passes (default 50, FedGP paper), a fresh optimiser each."""
+    ``finetune_offline.epochs`` passes (default 50, FedGP paper), a fresh optimiser each."""
+
+    options_key = "finetune_offline"
+    Options = FinetuneOfflineOptions
 
     def __init__(self, name: str):
         super().__init__(name, finetune=True, aux_info=False)
@@ -87,9 +102,19 @@ class FinetuneOfflineProtocol(FedAvgProtocol):
         theta, metrics = self.fedavg_round(ctx, r, state["global"])
         if r == ctx.cfg.rounds - 1:
             losses = []
-            for k in range(ctx.cfg.finetune_offline_epochs):
+            for k in range(self.options(ctx.cfg).epochs):
                 reply = ask_one(ctx, "train", ctx.target, theta, task_config(ctx, r, "target", repeat=k), r=r)
                 theta = reply.params
                 losses.append(reply.metrics.get("loss"))
             metrics["target"] = {"passes": len(losses), "loss": losses[-1], "first_loss": losses[0]}
         return {**state, "global": theta}, metrics
+
+
+#: The AuxInfo+GP paper's FedAvg baselines and the FedGP paper's (docs/methods.md: the names live here)
+METHODS = {
+    "FedAvg": method(FedAvgProtocol, finetune=False, aux_info=False),
+    "FedAvg_Finetune": method(FedAvgProtocol, finetune=True, aux_info=False),
+    "FedAvg_Finetune_AuxInfo": method(FedAvgProtocol, finetune=True, aux_info=True),
+    "Source_Only": method(SourceOnlyProtocol),
+    "Finetune_Offline": method(FinetuneOfflineProtocol),
+}

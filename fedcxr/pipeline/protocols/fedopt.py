@@ -1,16 +1,16 @@
 """The baselines reviewers ask for: FedProx, SCAFFOLD and FedOpt (FedAdagrad, FedAdam, FedYogi).
 
 * ``FedProx`` — FedAvg whose sources add the proximal term μ/2·‖w − w^t‖² to their loss (Li et
-  al. 2020, MLSys, Eq. 2; ``fedprox_mu``); the server averages as FedAvg.
+  al. 2020, MLSys, Eq. 2; ``fedprox: {mu}``); the server averages as FedAvg.
 * ``SCAFFOLD`` — control variates (Karimireddy et al. 2020, ICML, Algorithm 1, option II): the
   server sends the model x and its control variate c; each source takes plain-SGD steps corrected
   by c − c_i, updates its own c_i (kept at the site, across rounds and through a resume) and
-  returns its model and Δc_i; the server moves x by η_g (``server_lr``) toward the clients' mean
+  returns its model and Δc_i; the server moves x by η_g (``scaffold: {server_lr}``) toward the clients' mean
   and c by the mean Δc_i (:func:`fedcxr.pipeline.aggregate.scaffold`).
 * ``FedAdagrad``, ``FedAdam``, ``FedYogi`` — FedOpt (Reddi et al. 2021, ICLR, Algorithm 2): the
   clients' mean update is a pseudo-gradient for a server optimiser whose moments m, v live in
-  the protocol state (:func:`fedcxr.pipeline.aggregate.fedopt`; ``server_lr``, ``server_betas``,
-  ``server_tau``).
+  the protocol state (:func:`fedcxr.pipeline.aggregate.fedopt`; ``fedopt: {server_lr, betas,
+  tau}``).
 
 Each has a ``_Finetune`` variant: after the round's server step the target fine-tunes the global
 model on its labeled rows exactly as ``FedAvg_Finetune`` does (AuxInfo+GP paper, Alg. 1), so every
@@ -33,8 +33,10 @@ variants with SCAFFOLD or FedOpt (their server step covers every shared entry).
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 import torch
+from pydantic import Field, field_validator
 
 from fedcxr.errors import UserError
 from fedcxr.pipeline import aggregate as agg
@@ -47,13 +49,14 @@ from fedcxr.pipeline.protocols.base import (
     valid_replies,
 )
 from fedcxr.pipeline.protocols.fedavg import FedAvgProtocol
+from fedcxr.pipeline.protocols.spec import METHOD_DEFAULT, MethodOptions, method
 from fedcxr.pipeline.state import check_update
 
 log = logging.getLogger(__name__)
 
-#: FedProx's μ unless ``fedprox_mu`` says: NVFLARE's PTFedProxLoss default, in Li et al.'s grid {0.001, 0.01, 0.1, 1}.
+#: FedProx's μ unless ``fedprox.mu`` says: NVFLARE's PTFedProxLoss default, in Li et al.'s grid {0.001, 0.01, 0.1, 1}.
 DEFAULT_FEDPROX_MU = 0.01
-#: SCAFFOLD's global step size η_g unless ``server_lr`` says (Karimireddy et al. 2020 run η_g = 1).
+#: SCAFFOLD's global step size η_g unless ``scaffold.server_lr`` says (Karimireddy et al. 2020 run η_g = 1).
 DEFAULT_SCAFFOLD_SERVER_LR = 1.0
 #: FedOpt defaults per rule, (η, (β1, β2), τ): Reddi et al. 2021's CIFAR-10 values as Flower's baseline
 #: reproducing the paper sets them (adaptive_federated_optimization/conf/cifar10/strategy/*.yaml);
@@ -63,6 +66,36 @@ FEDOPT_DEFAULTS = {
     "yogi": (1e-2, (0.9, 0.99), 1e-3),
     "adagrad": (1e-1, (0.0, 0.99), 1e-2),
 }
+
+
+class FedProxOptions(MethodOptions):
+    """``fedprox:`` — FedProx(_Finetune)."""
+
+    mu: Optional[float] = Field(None, ge=0, description="μ of the proximal term μ/2·‖w − w^t‖² in every source's "
+                                "loss (Li et al. 2020, Eq. 2; μ = 0 is FedAvg); " + METHOD_DEFAULT)
+
+
+class ScaffoldOptions(MethodOptions):
+    """``scaffold:`` — SCAFFOLD(_Finetune)."""
+
+    server_lr: Optional[float] = Field(None, gt=0, description="the global step size η_g; " + METHOD_DEFAULT)
+
+
+class FedOptOptions(MethodOptions):
+    """``fedopt:`` — FedAdagrad, FedAdam, FedYogi (_Finetune): the server optimiser."""
+
+    server_lr: Optional[float] = Field(None, gt=0, description="η of the server optimiser; " + METHOD_DEFAULT)
+    betas: Optional[tuple[float, float]] = Field(None, description="decay rates (β1, β2), each in [0, 1); "
+                                                 + METHOD_DEFAULT)
+    tau: Optional[float] = Field(None, gt=0, description="adaptivity τ (√v_t + τ in the step; v starts at τ²); "
+                                 + METHOD_DEFAULT)
+
+    @field_validator("betas")
+    @classmethod
+    def _decay_rates(cls, value: Optional[tuple[float, float]]) -> Optional[tuple[float, float]]:
+        if value is not None and not all(0.0 <= b < 1.0 for b in value):
+            raise ValueError(f"each of β1, β2 must lie in [0, 1), got {list(value)}")
+        return value
 
 
 def parameter_keys(ctx: Context) -> list[str]:
@@ -90,12 +123,15 @@ def _refuse_fedbn(name: str, cfg) -> None:
 class FedProxProtocol(FedAvgProtocol):
     """FedProx(_Finetune): FedAvg with the proximal term μ/2·‖w − w^t‖² in every source's loss."""
 
+    options_key = "fedprox"
+    Options = FedProxOptions
+
     def __init__(self, name: str, *, finetune: bool):
         super().__init__(name, finetune=finetune, aux_info=False)
         self.needs_target = finetune
 
     def mu(self, ctx: Context) -> float:
-        value = ctx.cfg.fedprox_mu
+        value = self.options(ctx.cfg).mu
         return DEFAULT_FEDPROX_MU if value is None else float(value)
 
     def validate(self, cfg, meta, classes):
@@ -111,6 +147,9 @@ class FedProxProtocol(FedAvgProtocol):
 
 class SCAFFOLDProtocol(FedAvgProtocol):
     """SCAFFOLD(_Finetune): control variates c (server) and c_i (each source), Algorithm 1, option II."""
+
+    options_key = "scaffold"
+    Options = ScaffoldOptions
 
     def __init__(self, name: str, *, finetune: bool):
         super().__init__(name, finetune=finetune, aux_info=False)
@@ -135,7 +174,7 @@ class SCAFFOLDProtocol(FedAvgProtocol):
                             "filters")
 
     def server_lr(self, ctx: Context) -> float:
-        value = ctx.cfg.server_lr
+        value = self.options(ctx.cfg).server_lr
         return DEFAULT_SCAFFOLD_SERVER_LR if value is None else float(value)
 
     def init_state(self, ctx, theta):
@@ -184,6 +223,9 @@ def _with_control_updates(ctx: Context, replies: dict[str, Reply], control: Stat
 class FedOptProtocol(FedAvgProtocol):
     """FedAdagrad / FedAdam / FedYogi (_Finetune): a server optimiser on the sources' mean update."""
 
+    options_key = "fedopt"
+    Options = FedOptOptions
+
     def __init__(self, name: str, *, rule: str, finetune: bool):
         super().__init__(name, finetune=finetune, aux_info=False)
         self.rule = rule
@@ -196,10 +238,10 @@ class FedOptProtocol(FedAvgProtocol):
     def hyper(self, ctx: Context) -> dict:
         """η, (β1, β2), τ: the config's values, else the rule's defaults (:data:`FEDOPT_DEFAULTS`)."""
         lr, betas, tau = FEDOPT_DEFAULTS[self.rule]
-        cfg = ctx.cfg
-        return {"server_lr": lr if cfg.server_lr is None else float(cfg.server_lr),
-                "betas": betas if cfg.server_betas is None else tuple(float(b) for b in cfg.server_betas),
-                "tau": tau if cfg.server_tau is None else float(cfg.server_tau)}
+        options = self.options(ctx.cfg)
+        return {"server_lr": lr if options.server_lr is None else float(options.server_lr),
+                "betas": betas if options.betas is None else tuple(float(b) for b in options.betas),
+                "tau": tau if options.tau is None else float(options.tau)}
 
     def init_state(self, ctx, theta):
         state = super().init_state(ctx, theta)
@@ -218,3 +260,18 @@ class FedOptProtocol(FedAvgProtocol):
             theta, more = self.finetune_target(ctx, r, theta)
             metrics.update(more)
         return {**state, "global": theta, "server_opt": moments}, metrics
+
+
+#: The reviewers' baselines; ``_Finetune``: the target fine-tunes as FedAvg_Finetune
+METHODS = {
+    "FedProx": method(FedProxProtocol, finetune=False),
+    "FedProx_Finetune": method(FedProxProtocol, finetune=True),
+    "SCAFFOLD": method(SCAFFOLDProtocol, finetune=False),
+    "SCAFFOLD_Finetune": method(SCAFFOLDProtocol, finetune=True),
+    "FedAdagrad": method(FedOptProtocol, rule="adagrad", finetune=False),
+    "FedAdagrad_Finetune": method(FedOptProtocol, rule="adagrad", finetune=True),
+    "FedAdam": method(FedOptProtocol, rule="adam", finetune=False),
+    "FedAdam_Finetune": method(FedOptProtocol, rule="adam", finetune=True),
+    "FedYogi": method(FedOptProtocol, rule="yogi", finetune=False),
+    "FedYogi_Finetune": method(FedOptProtocol, rule="yogi", finetune=True),
+}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
+
+from pydantic import Field
 
 from fedcxr.pipeline import aggregate as agg
 from fedcxr.pipeline.messages import Reply, StateDict, TrainTask
@@ -14,7 +16,25 @@ from fedcxr.pipeline.protocols.base import (
     task_config,
     valid_replies,
 )
+from fedcxr.pipeline.protocols.spec import MAX_BATCH, MAX_EPOCHS, MethodOptions, method
 from fedcxr.pipeline.state import keep_keys
+
+
+class HeadWarmupConfig(MethodOptions):
+    """Head-only local epochs before round 0 (surgical aggregation code)."""
+
+    epochs: int = Field(15, ge=0, le=MAX_EPOCHS, description="head-only epochs on the frozen backbone, the head "
+                        "with the lowest validation loss kept; each client starts round 0 from its own warmed "
+                        "model (surgical aggregation code: warmup_epochs=15, ModelCheckpoint on val_loss); 0: no "
+                        "warm-up")
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate of the warm-up (its __train_local default 1e-3)")
+    batch_size: Optional[int] = Field(None, ge=1, le=MAX_BATCH, description="default: source.batch_size")
+
+
+class SurgicalOptions(MethodOptions):
+    """``surgical:`` — FL, FL_PartialLoss, FL_Surgical, PFL."""
+
+    head_warmup: HeadWarmupConfig = Field(HeadWarmupConfig(), description=HeadWarmupConfig.__doc__)
 
 
 class SurgicalFamilyProtocol(RoundProtocol):
@@ -27,7 +47,7 @@ class SurgicalFamilyProtocol(RoundProtocol):
       averaged unweighted by default (``backbone_weighting``).
     * ``PFL``: shared backbone, heads stay local.
 
-    Before round 0 every client warms its head up alone (``head_warmup``, 15 epochs at 1e-3 by
+    Before round 0 every client warms its head up alone (``surgical.head_warmup``, 15 epochs at 1e-3 by
     default) and starts round 0 from its own warmed model, as the paper's code.
 
     Every mode averages the shared entries 1/K by default, as the paper's Eq. 1 and its code
@@ -35,6 +55,8 @@ class SurgicalFamilyProtocol(RoundProtocol):
     """
 
     default_backbone_weighting = "uniform"
+    options_key = "surgical"
+    Options = SurgicalOptions
 
     def task_defaults(self) -> dict:
         # one compiled Keras model (and Adam) per client for the whole run in the authors' code
@@ -66,7 +88,7 @@ class SurgicalFamilyProtocol(RoundProtocol):
 
     def warm_up_heads(self, ctx: Context, theta0: StateDict) -> dict[str, Reply]:
         """Before round 0: each client trains its head alone and keeps the best-validation one."""
-        hw = ctx.cfg.head_warmup
+        hw = self.options(ctx.cfg).head_warmup
         per_site = {s: (theta0, self._site_config(ctx, 0, s).replace(
             trainable="head", lr=hw.lr, epochs=hw.epochs, steps=None,
             batch_size=hw.batch_size or ctx.cfg.source.batch_size, keep_optimizer=False, optimizer="adam"))
@@ -75,7 +97,7 @@ class SurgicalFamilyProtocol(RoundProtocol):
 
     def run_round(self, ctx, r, state):
         theta0 = state["global"]
-        warmed = self.warm_up_heads(ctx, theta0) if r == 0 and ctx.cfg.head_warmup.epochs > 0 else {}
+        warmed = self.warm_up_heads(ctx, theta0) if r == 0 and self.options(ctx.cfg).head_warmup.epochs > 0 else {}
         per_site = {s: (theta0, self._site_config(ctx, r, s).replace(from_warm=s in warmed)) for s in ctx.sources}
         replies = ask(ctx, "train", ctx.sources, theta0, None, r=r, per_site=per_site)
         if self.mode == "surgical":
@@ -113,3 +135,12 @@ class SurgicalFamilyProtocol(RoundProtocol):
                                             previous=previous)
         theta["head.weight"], theta["head.bias"] = global_head["weight"], global_head["bias"]
         return theta
+
+
+#: The surgical aggregation paper's federated methods (its Individual and Central: protocols/baselines.py)
+METHODS = {
+    "PFL": method(SurgicalFamilyProtocol, mode="pfl"),
+    "FL": method(SurgicalFamilyProtocol, mode="fl"),
+    "FL_PartialLoss": method(SurgicalFamilyProtocol, mode="partial"),
+    "FL_Surgical": method(SurgicalFamilyProtocol, mode="surgical"),
+}

@@ -5,7 +5,7 @@
 * ``FedDA`` / ``FedGP`` / ``FedDA_Auto`` / ``FedGP_Auto`` — FedGP paper: per-source β_i, fixed
   or estimated from the target's per-batch updates.
 
-Warm-up as the authors' code (``warmup_rounds``, counted in ``rounds``): FedDA/FedGP(_Auto)
+Warm-up as the authors' code (``gp.warmup_rounds``, counted in ``rounds``): FedDA/FedGP(_Auto)
 start with 2 plain FedAvg rounds (AutoFedGP); GP with 5 rounds whose projection starts from the
 FedAvg of the sources (AuxInfo+GP). The auto versions then run at 0.1× the learning rates
 (``post_warmup_lr_scale``).
@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Optional
+from typing import Literal, Optional
+
+from pydantic import Field
 
 from fedcxr.errors import UserError
 from fedcxr.pipeline.combine import combine_with_estimates
@@ -49,9 +51,29 @@ from fedcxr.pipeline.protocols.base import (
     valid_replies,
 )
 from fedcxr.pipeline.protocols.fedavg import FedAvgProtocol
+from fedcxr.pipeline.protocols.spec import MAX_ROUNDS, METHOD_DEFAULT, MethodOptions, method
 from fedcxr.pipeline.state import delta
 
 log = logging.getLogger(__name__)
+
+
+class GPOptions(MethodOptions):
+    """``gp:`` — the GP family's options (GP, FedDA, FedGP and their auto-weighted versions)."""
+
+    beta: float = Field(0.5, ge=0, le=1, description="GP, FedDA, FedGP: β, the weight of the sources' "
+                        "(projected) updates (auto versions: estimated per source instead)")
+    warmup_rounds: Optional[int] = Field(
+        None, ge=0, le=MAX_ROUNDS, description="the first rounds (counted in `rounds`) are warm-up rounds (plain "
+        "FedAvg; GP: FedAvg, then the projection starts from it); " + METHOD_DEFAULT)
+    post_warmup_lr_scale: Optional[float] = Field(
+        None, gt=0, description="multiplies source and target learning rates after the warm-up rounds; "
+        + METHOD_DEFAULT)
+    auto_alignment: Literal["lr_s_over_lr_t", "lr_t_over_lr_s"] = Field(
+        "lr_s_over_lr_t", description="FedDA_Auto/FedGP_Auto: the factor the target's per-batch updates are "
+        "multiplied by before the β estimators compare them with the sources' mean step. lr_s_over_lr_t "
+        "(default): a step moves the weights by about its lr, so this brings a target step to the sources' step "
+        "size; lr_t_over_lr_s: the AutoFedGP DomainBed script's `grads_all_epochs * args.lr_ratio`, kept to "
+        "replay it (README: a deliberate departure; FedGP_Auto's β does not depend on it, FedDA_Auto's does)")
 
 
 class TargetCombineProtocol(FedAvgProtocol):
@@ -62,9 +84,11 @@ class TargetCombineProtocol(FedAvgProtocol):
     model (see the module docstring). Warm-up rounds first (module docstring).
     """
 
+    options_key = "gp"
+    Options = GPOptions
     rule = "gp"
     auto = False
-    #: warm-up rounds unless ``warmup_rounds`` says: 2 plain FedAvg rounds, as AutoFedGP
+    #: warm-up rounds unless ``gp.warmup_rounds`` says: 2 plain FedAvg rounds, as AutoFedGP
     #: ``main_domain_bed*.py`` ('do fedavg for 2 epochs'); GP: 5 (:class:`GPProtocol`)
     default_warmup_rounds = 2
     #: warm-up style: ``fedavg`` (plain FedAvg rounds, AutoFedGP) or ``fedavg_base`` (FedAvg, then the
@@ -80,24 +104,25 @@ class TargetCombineProtocol(FedAvgProtocol):
         combination itself is the paper's rule (projection / convex combination), screened
         by ``defences:`` like every reply. No warm-up round: nothing for the rule to do."""
         super().validate_aggregation(cfg)
-        warmup = self.default_warmup_rounds if cfg.warmup_rounds is None else cfg.warmup_rounds
+        value = self.options(cfg).warmup_rounds
+        warmup = self.default_warmup_rounds if value is None else value
         if cfg.aggregation.rule != "mean" and min(warmup, cfg.rounds) == 0:
             raise UserError(f"aggregation.rule {cfg.aggregation.rule}: method {self.name} averages the sources "
-                            "only in its FedAvg warm-up rounds, and warmup_rounds is 0; its source combination is "
+                            "only in its FedAvg warm-up rounds, and gp.warmup_rounds is 0; its source combination is "
                             "the paper's rule (screened by `defences:`); use aggregation.rule: mean")
 
     def warmup_rounds(self, ctx: Context) -> int:
-        value = ctx.cfg.warmup_rounds
+        value = self.options(ctx.cfg).warmup_rounds
         return self.default_warmup_rounds if value is None else value
 
     def lr_scale(self, ctx: Context, r: int) -> float:
-        """1 during warm-up; then ``post_warmup_lr_scale``, by default 0.1 for the auto versions
+        """1 during warm-up; then ``gp.post_warmup_lr_scale``, by default 0.1 for the auto versions
         (AutoFedGP ``main_domain_bed_auto_beta.py``: ``hparams['lr'] *= 0.1`` after the warm-up, for its
         50 rounds; the paper's App. C.4 names 0.25 for ColoredMNIST-90%, VLCS and TerraIncognita, which
         runs much shorter than 50 rounds need: BENCHMARKS.md) and 1 otherwise."""
         if r < self.warmup_rounds(ctx):
             return 1.0
-        value = ctx.cfg.post_warmup_lr_scale
+        value = self.options(ctx.cfg).post_warmup_lr_scale
         return (0.1 if self.auto else 1.0) if value is None else value
 
     def run_round(self, ctx, r, state):
@@ -194,15 +219,15 @@ class TargetCombineProtocol(FedAvgProtocol):
 
     def combine_spec(self, ctx: Context, replies: dict[str, Reply], lr_scale: float = 1.0) -> CombineSpec:
         """What the target needs to know about the sources: counts only, never data."""
-        cfg = ctx.cfg
+        cfg, options = ctx.cfg, self.options(ctx.cfg)
         return CombineSpec.build(
-            rule=self.rule, auto=self.auto, beta=cfg.beta,
+            rule=self.rule, auto=self.auto, beta=options.beta,
             n_sources=[int(rep.n_samples) for rep in replies.values()],
             n_batches=[int(rep.n_batches) for rep in replies.values()],
             bs_source=cfg.source.batch_size, bs_target=target_batch_size(ctx),
             lr_source=cfg.source.lr * lr_scale, lr_target=cfg.target_train.lr * lr_scale,
             epochs_source=cfg.source.epochs or 1, epochs_target=cfg.target_train.epochs or 1,
-            alignment=cfg.auto_alignment,
+            alignment=options.auto_alignment,
         )
 
 
@@ -290,3 +315,27 @@ def check_auto_batches(cfg, target_meta: Reply, default_batch_size: int) -> None
         log.warning("%s; the authors' auto-weighted runs had at least %d (AutoFedGP: ColoredMNIST's 18 rows in "
                     "batches of 2). With few, β_i rests on few per-batch updates: %s (BENCHMARKS.md, 'FedGP_Auto "
                     "on the shortcut shift')", what, AUTO_MIN_BATCHES, advice)
+
+
+#: GP (AuxInfo+GP paper) and FedDA/FedGP with fixed or auto-weighted β (FedGP paper)
+METHODS = {
+    "FedAvg_Finetune_GP": method(GPProtocol, aux_info=False),
+    "FedAvg_Finetune_AuxInfo_GP": method(GPProtocol, aux_info=True),
+    "FedDA": method(FedDAGPProtocol, rule="fedda", auto=False),
+    "FedGP": method(FedDAGPProtocol, rule="fedgp", auto=False),
+    "FedDA_Auto": method(FedDAGPProtocol, rule="fedda", auto=True),
+    "FedGP_Auto": method(FedDAGPProtocol, rule="fedgp", auto=True),
+}
+
+
+#: The method ``fedcxr stats`` runs one round of to estimate the FedGP paper's σ², d², τ²d² and β_i
+#: (:mod:`fedcxr.stats.pilot`): its estimators are the ones auto-weighting uses.
+PILOT_METHOD = "FedGP_Auto"
+
+
+def pilot_settings(data: dict) -> dict:
+    """A raw config mapping set up for the pilot round: :data:`PILOT_METHOD`, no warm-up round, the
+    configured learning rates (no post-warm-up scale)."""
+    gp = {**(data.get(TargetCombineProtocol.options_key) or {}), "warmup_rounds": 0, "post_warmup_lr_scale": 1.0}
+    return {**data, "method": PILOT_METHOD, TargetCombineProtocol.options_key: gp}
+

@@ -180,7 +180,7 @@ def test_finetune_offline_fine_tunes_the_configured_number_of_passes_after_the_l
 def test_finetune_offline_defaults_to_fifty_passes_as_the_fedgp_paper():
     from fedcxr.pipeline.config import ExperimentConfig
 
-    assert ExperimentConfig(sites=["a"]).finetune_offline_epochs == 50
+    assert ExperimentConfig(sites=["a"]).options("finetune_offline").epochs == 50
 
 
 # --------------------------------------------------------------------------- FACT

@@ -175,13 +175,19 @@ def test_combinations_without_a_published_update_exit_2_saying_why(tiny_manifest
 
 
 def test_server_optimiser_settings_are_validated(tiny_manifests, cache):
-    with pytest.raises(UserError, match=r"server_betas.*\[0, 1\)"):
+    """Each option is checked in its method's block, named there; a former top-level key is named too."""
+    with pytest.raises(UserError, match=r"fedopt.betas: each of β1, β2 must lie in \[0, 1\)"):
+        _cfg(tiny_manifests, cache, strategy="FedAdam", fedopt={"betas": [0.9, 1.0]})
+    with pytest.raises(UserError, match=r"fedopt.betas: .*\[0, 1\).*written as `server_betas`"):
         _cfg(tiny_manifests, cache, strategy="FedAdam", server_betas=[0.9, 1.0])
-    for key in ("server_lr", "server_tau"):
-        with pytest.raises(UserError, match=key):
+    for key, where in (("server_lr", "scaffold.server_lr"), ("server_lr", "fedopt.server_lr"),
+                       ("server_tau", "fedopt.tau")):
+        with pytest.raises(UserError, match=rf"{where}: .*written as `{key}`"):
             _cfg(tiny_manifests, cache, strategy="FedAdam", **{key: 0})
-    with pytest.raises(UserError, match="fedprox_mu"):
+    with pytest.raises(UserError, match="fedprox.mu: .*written as `fedprox_mu`"):
         _cfg(tiny_manifests, cache, strategy="FedProx", fedprox_mu=-1)
+    with pytest.raises(UserError, match="fedprox.mu: Input should be greater than or equal to 0$"):
+        _cfg(tiny_manifests, cache, strategy="FedProx", fedprox={"mu": -1})
 
 
 # --------------------------------------------------------------------------- resume
