@@ -49,6 +49,7 @@ import torch
 
 from fedcxr.pipeline.messages import (
     DELTAS,
+    TASK_CONFIGS,
     WEIGHT_TYPES,
     WEIGHTS,
     Reply,
@@ -120,8 +121,9 @@ def encode_task(task: str, params: Optional[StateDict], config: Optional[TaskCon
     """
     if reply_weight_type not in WEIGHT_TYPES:
         raise ValueError(f"reply_weight_type must be one of {WEIGHT_TYPES}, got {reply_weight_type!r}")
-    try:
-        typed = parse_task_config(task, config)
+    try:  # a method's task config is typed by its module (the protocol built it): it travels as it is
+        typed = config if isinstance(config, TaskConfig) and task not in TASK_CONFIGS else \
+            parse_task_config(task, config)
     except TaskConfigError as exc:  # the server's own bug: never sent
         raise ValueError(str(exc)) from None
     arrays = to_numpy(params, PARAM_PREFIX) if params is not None else {}
@@ -133,7 +135,9 @@ def encode_task(task: str, params: Optional[StateDict], config: Optional[TaskCon
 
 def decode_task(params: Optional[Mapping[str, Any]], meta: Optional[Mapping[str, Any]]) -> dict:
     """``{"task", "params", "config", "runner", "run", "reply_weight_type"}`` from a received task;
-    ``config`` is the task's typed config, parsed here (:class:`WireError` naming the key at fault)."""
+    ``config`` is the task's typed config, parsed here (:class:`WireError` naming the key at fault) for the
+    tasks every site runner answers; a method's task config (a mapping of JSON values here) is parsed by
+    the runner with the type its method declares, before any work."""
     body = (meta or {}).get(META_KEY)
     if not isinstance(body, dict) or body.get("kind") != "task":
         raise WireError("not a fedcxr task (no 'fedcxr' task block in the meta)")
@@ -143,8 +147,12 @@ def decode_task(params: Optional[Mapping[str, Any]], meta: Optional[Mapping[str,
     task = body.get("task")
     if not isinstance(task, str):
         raise WireError("the task has no name")
+    config = body.get("config")
     try:
-        config = parse_task_config(task, body.get("config"))
+        if task in TASK_CONFIGS:
+            config = parse_task_config(task, config)
+        elif not isinstance(config, Mapping):
+            raise TaskConfigError(f"task {task[:60]!r}: expected a mapping of keys, got {type(config).__name__}")
     except TaskConfigError as exc:
         raise WireError(str(exc)) from None
     weight_type = body.get("reply_weight_type", WEIGHTS)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedcxr.flare.client import FlareSite, find_site_config, load_site_config
+from fedcxr.flare.client import FlareSite, SiteConfig, find_site_config, load_site_config
 
 SETTINGS = {"model": {"backbone": "resnet_tiny", "hidden": 16, "weights": None, "classes": None},
             "image_size": 32, "augment": False, "num_workers": 0, "device": "cpu"}
@@ -118,12 +118,18 @@ def test_restarted_site_restores_local_state_of_the_right_round(tiny_manifests, 
     assert other.params == {}, "state is kept per experiment"
 
 
-def test_every_task_that_trains_saves_the_site_state():
-    """train_combine (GP/FedDA/FedGP), fact_target (FACT), warmup_head and train_scaffold train too: their
-    state must survive a restart. The registry declares it per task; the client saves after those."""
-    from fedcxr.flare.client import CLIENT_TASKS, READ_ONLY_TASKS, STATE_CHANGING_TASKS
-    from fedcxr.pipeline.site_runner import TASKS
+def test_every_task_that_trains_saves_the_site_state(tiny_manifests, tmp_path):
+    """The methods' tasks that train (GP's train_gp/train_combine, FACT's, the surgical warm-up, SCAFFOLD's,
+    ...) must survive a restart: each method's module declares it per task, and the site's runner
+    answers exactly those tasks; the client saves after them."""
+    from fedcxr.flare.client import CLIENT_TASKS, changes_state
+    from fedcxr.pipeline.protocols.methods import site_tasks
 
-    assert STATE_CHANGING_TASKS == {"train", "train_combine", "fact_target", "warmup_head", "train_scaffold"}
-    assert READ_ONLY_TASKS == {"metadata", "evaluate", "validate", "local_state"}
-    assert set(TASKS) | set(CLIENT_TASKS) | {"local_state"} == STATE_CHANGING_TASKS | READ_ONLY_TASKS
+    site_cfg = SiteConfig(manifest_dir=tiny_manifests / "nih_style", cache_dir=tmp_path / "cache", device="cpu")
+    runner = FlareSite("nih_style", site_cfg, tmp_path).runner_for(SETTINGS, "run1")
+    assert set(runner.tasks) == {"metadata", "train", "evaluate", *site_tasks(), *CLIENT_TASKS}
+    changing = {t for t in runner.tasks if changes_state(runner, t)}
+    assert changing == {"train", "train_gp", "train_combine", "fact_head", "fact_target", "warmup_head",
+                        "train_from_warm", "train_scaffold", "train_prox", "finetune_pass"}
+    assert set(runner.tasks) - changing == {"metadata", "evaluate", "validate"}
+    assert not changes_state(runner, "local_state")

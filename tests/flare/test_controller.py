@@ -22,7 +22,8 @@ pytest.importorskip("nvflare")
 import fedcxr  # noqa: E402
 from fedcxr.cli import main  # noqa: E402
 from fedcxr.flare.wire import EXTRA_PREFIX, REPLY_KEYS, check_summary  # noqa: E402
-from fedcxr.pipeline.messages import CONTROL_DELTA_PREFIX, WEIGHT_TYPES  # noqa: E402
+from fedcxr.pipeline.messages import WEIGHT_TYPES  # noqa: E402
+from fedcxr.pipeline.protocols.fedopt import CONTROL_DELTA_PREFIX  # noqa: E402
 from fedcxr.vocab import CLASSES  # noqa: E402
 
 from ..conftest import tiny_config  # noqa: E402

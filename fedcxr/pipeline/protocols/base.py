@@ -269,7 +269,7 @@ def _count_problem(ctx: Context, reply: Reply, task: str) -> Optional[tuple[str,
                                      "training rows the site reported at the start of the run")
     if reason is None:
         steps = None
-        if check and task == "train":
+        if check and (task == "train" or isinstance(ctx.sent.get(reply.site), TrainTask)):  # a method's too
             steps = screening.planned_steps(ctx.sent.get(reply.site, {}), reply.n_samples)
         reason = screening.count_problem(reply.n_batches, "n_batches", steps, "optimiser steps the task allowed")
     return ("counts", reason) if reason else None

@@ -9,7 +9,10 @@
 
 from __future__ import annotations
 
-from fedcxr.pipeline.messages import StateDict, TrainTask
+from dataclasses import dataclass
+from typing import ClassVar
+
+from fedcxr.pipeline.messages import Reply, StateDict, TrainTask
 from fedcxr.pipeline.protocols.base import (
     Context,
     RoundProtocol,
@@ -21,12 +24,15 @@ from fedcxr.pipeline.protocols.base import (
 )
 from pydantic import Field
 
-from fedcxr.pipeline.protocols.spec import MAX_EPOCHS, MethodOptions, method
+from fedcxr.pipeline.protocols.spec import MAX_EPOCHS, MethodOptions, SiteTask, method
 from fedcxr.pipeline.state import keep_keys
 
 
 class FedAvgProtocol(RoundProtocol):
     """Sources train from θ0, the server averages; optionally the target fine-tunes (Alg. 1)."""
+
+    #: the site task the sources train with (FedProx: its own, carrying μ)
+    source_task = "train"
 
     def __init__(self, name: str, *, finetune: bool, aux_info: bool):
         super().__init__(name)
@@ -46,7 +52,7 @@ class FedAvgProtocol(RoundProtocol):
 
     def fedavg_round(self, ctx: Context, r: int, theta0: StateDict) -> tuple[StateDict, dict]:
         cfg = self.source_config(ctx, r)
-        replies = ask(ctx, "train", ctx.sources, theta0, cfg, r=r)
+        replies = ask(ctx, self.source_task, ctx.sources, theta0, cfg, r=r)
         replies = valid_replies(ctx, replies, theta0, r)
         theta = aggregate_backbone(ctx, replies, theta0, uniform=self.uniform_backbone(ctx))
         if ctx.cfg.backbone_aggregation == "fedbn_plus":
@@ -74,6 +80,20 @@ class SourceOnlyProtocol(FedAvgProtocol):
         super().__init__(name, finetune=False, aux_info=False)
 
 
+@dataclass(frozen=True)
+class PassTask(TrainTask):
+    """Finetune_Offline's share of the task envelope: which of the target's passes this is."""
+
+    kind: ClassVar[str] = "finetune_pass task"
+
+    repeat: int = 0  # the pass number after the last round (a seed part from 1 on)
+
+
+def finetune_pass(runner, params: StateDict, config: PassTask) -> Reply:
+    """One of Finetune_Offline's target passes: the site's training, seeded by the pass number too."""
+    return runner.train(params, config, seed_parts=(config.repeat,) if config.repeat else ())
+
+
 class FinetuneOfflineOptions(MethodOptions):
     """``finetune_offline:`` — Finetune_Offline's target fine-tuning after the last round."""
 
@@ -89,6 +109,8 @@ class FinetuneOfflineProtocol(FedAvgProtocol):
 
     options_key = "finetune_offline"
     Options = FinetuneOfflineOptions
+    site_tasks = {"finetune_pass": SiteTask(finetune_pass, changes_state=True, config=PassTask, streams="train",
+                                            filtered=True)}
 
     def __init__(self, name: str):
         super().__init__(name, finetune=True, aux_info=False)
@@ -103,7 +125,8 @@ class FinetuneOfflineProtocol(FedAvgProtocol):
         if r == ctx.cfg.rounds - 1:
             losses = []
             for k in range(self.options(ctx.cfg).epochs):
-                reply = ask_one(ctx, "train", ctx.target, theta, task_config(ctx, r, "target", repeat=k), r=r)
+                config = PassTask.extend(task_config(ctx, r, "target"), repeat=k)
+                reply = ask_one(ctx, "finetune_pass", ctx.target, theta, config, r=r)
                 theta = reply.params
                 losses.append(reply.metrics.get("loss"))
             metrics["target"] = {"passes": len(losses), "loss": losses[-1], "first_loss": losses[0]}

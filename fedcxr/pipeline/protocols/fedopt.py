@@ -33,14 +33,16 @@ variants with SCAFFOLD or FedOpt (their server step covers every shared entry).
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from dataclasses import dataclass
+from typing import ClassVar, Optional
 
 import torch
 from pydantic import Field, field_validator
 
 from fedcxr.errors import UserError
 from fedcxr.pipeline import aggregate as agg
-from fedcxr.pipeline.messages import Reply, StateDict, pack_control, unpack_control_delta
+from fedcxr.pipeline.keys import CONTROL_PREFIX
+from fedcxr.pipeline.messages import Reply, StateDict, TrainTask
 from fedcxr.pipeline.protocols.base import (
     Context,
     RoundFailed,
@@ -49,7 +51,7 @@ from fedcxr.pipeline.protocols.base import (
     valid_replies,
 )
 from fedcxr.pipeline.protocols.fedavg import FedAvgProtocol
-from fedcxr.pipeline.protocols.spec import METHOD_DEFAULT, MethodOptions, method
+from fedcxr.pipeline.protocols.spec import METHOD_DEFAULT, MethodOptions, SiteTask, method
 from fedcxr.pipeline.state import check_update
 
 log = logging.getLogger(__name__)
@@ -98,6 +100,85 @@ class FedOptOptions(MethodOptions):
         return value
 
 
+# --------------------------------------------------------------------------- the sites' side
+
+
+@dataclass(frozen=True)
+class ProxTask(TrainTask):
+    """FedProx's share of the task envelope: the ``train`` settings plus μ."""
+
+    kind: ClassVar[str] = "train_prox task"
+
+    prox_mu: float = 0.0  # μ of the proximal term μ/2·‖w − w^t‖² (w^t: the received weights)
+
+
+def train_prox(runner, params: StateDict, config: ProxTask) -> Reply:
+    """FedProx's local training: the site's one training path with the proximal term (Li et al. 2020, Eq. 2)."""
+    return runner.train(params, config, prox_mu=config.prox_mu)
+
+
+#: ``train_scaffold`` payload: the server's control variate c under ``scaffold_c.<key>`` beside the model.
+SERVER_CONTROL_PREFIX = "scaffold_c."
+#: ``train_scaffold`` reply: the site's control-variate update Δc_i under ``scaffold_dc.<key>`` (extra tensors).
+CONTROL_DELTA_PREFIX = "scaffold_dc."
+
+
+def pack_control(theta: StateDict, control: StateDict) -> StateDict:
+    """The model plus SCAFFOLD's c under ``scaffold_c.`` (the ``train_scaffold`` payload)."""
+    payload = dict(theta)
+    payload.update({SERVER_CONTROL_PREFIX + k: v for k, v in control.items()})
+    return payload
+
+
+def unpack_control(payload: StateDict) -> tuple[StateDict, StateDict]:
+    """Inverse of :func:`pack_control`: ``(model, c)``."""
+    n = len(SERVER_CONTROL_PREFIX)
+    theta = {k: v for k, v in payload.items() if not k.startswith(SERVER_CONTROL_PREFIX)}
+    control = {k[n:]: v for k, v in payload.items() if k.startswith(SERVER_CONTROL_PREFIX)}
+    return theta, control
+
+
+def pack_control_delta(delta: StateDict) -> dict[str, torch.Tensor]:
+    """Δc_i as reply extra tensors under ``scaffold_dc.``."""
+    return {CONTROL_DELTA_PREFIX + k: v for k, v in delta.items()}
+
+
+def unpack_control_delta(extra: dict[str, torch.Tensor]) -> StateDict:
+    """Inverse of :func:`pack_control_delta` (other extra tensors are left out)."""
+    n = len(CONTROL_DELTA_PREFIX)
+    return {k[n:]: v for k, v in extra.items() if k.startswith(CONTROL_DELTA_PREFIX)}
+
+
+def train_scaffold(runner, params: StateDict, config: TrainTask) -> Reply:
+    """SCAFFOLD's client round (Karimireddy et al. 2020, Algorithm 1, lines 7-13).
+
+    ``params`` = the model x plus the server's control variate c (:func:`pack_control`). The site
+    trains from x with every plain-SGD step corrected by ``c − c_i`` (the runner's ``train``
+    ``drift_correction``), then sets ``c_i⁺ = c_i − c + (x − y_i)/(K·η_l)`` (option II,
+    :func:`fedcxr.pipeline.aggregate.scaffold_client_control`), keeps c_i⁺ in its local state (c_i = 0
+    before its first round; :data:`~fedcxr.pipeline.keys.CONTROL_PREFIX`, never sent) and answers with
+    y_i and Δc_i = c_i⁺ − c_i. A site without training rows answers as ``train`` does and keeps its c_i.
+    """
+    theta, control = unpack_control(params)
+    if not control:
+        raise ValueError(f"site {runner.name}: a train_scaffold task without the server's control variate")
+    kept = runner.kept_state(CONTROL_PREFIX)
+    local = {k: kept.get(k, torch.zeros_like(v)) for k, v in control.items()}
+    correction = {k: control[k].to(local[k].dtype) - local[k] for k in control}
+    reply = runner.train(theta, config, drift_correction=correction)  # the one training path of the site
+    if reply.params is None or reply.n_samples == 0:
+        return reply
+    new_local, delta = agg.scaffold_client_control(local, control, theta, reply.params,
+                                                   steps=int(reply.metrics.get("scaffold_steps", 0)),
+                                                   lr=config.lr)
+    runner.keep_state(CONTROL_PREFIX, new_local)
+    reply.extra = {**reply.extra, **pack_control_delta(delta)}
+    return reply
+
+
+# --------------------------------------------------------------------------- the server's side
+
+
 def parameter_keys(ctx: Context) -> list[str]:
     """The model's trainable parameters (no buffers): what SCAFFOLD's c and FedOpt's m, v cover.
 
@@ -125,6 +206,9 @@ class FedProxProtocol(FedAvgProtocol):
 
     options_key = "fedprox"
     Options = FedProxOptions
+    source_task = "train_prox"
+    site_tasks = {"train_prox": SiteTask(train_prox, changes_state=True, config=ProxTask, streams="train",
+                                         filtered=True)}
 
     def __init__(self, name: str, *, finetune: bool):
         super().__init__(name, finetune=finetune, aux_info=False)
@@ -142,7 +226,7 @@ class FedProxProtocol(FedAvgProtocol):
                             "per-sample term), so the sites would train plain FedAvg; use FedAvg with privacy.dp")
 
     def source_config(self, ctx, r):
-        return super().source_config(ctx, r).replace(prox_mu=self.mu(ctx))
+        return ProxTask.extend(super().source_config(ctx, r), prox_mu=self.mu(ctx))
 
 
 class SCAFFOLDProtocol(FedAvgProtocol):
@@ -150,6 +234,8 @@ class SCAFFOLDProtocol(FedAvgProtocol):
 
     options_key = "scaffold"
     Options = ScaffoldOptions
+    #: not ``filtered``: SCAFFOLD refuses privacy.filters (Δc_i would carry the unfiltered update past them)
+    site_tasks = {"train_scaffold": SiteTask(train_scaffold, changes_state=True, config=TrainTask, streams="train")}
 
     def __init__(self, name: str, *, finetune: bool):
         super().__init__(name, finetune=finetune, aux_info=False)

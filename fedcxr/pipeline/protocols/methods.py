@@ -212,6 +212,16 @@ def site_tasks(value: Optional[str] = None) -> dict[str, SiteTask]:
     return out
 
 
+def site_tasks_for(spec: Optional[Method]) -> dict[str, SiteTask]:
+    """:func:`site_tasks` for a method already loaded (a FLARE site loads a method of the user's own by
+    its own rules, :mod:`fedcxr.flare.client`, never through :func:`resolve`)."""
+    out = site_tasks()
+    if spec is not None and spec.protocol not in _protocols(None):
+        _check_classes([*_protocols(None), spec.protocol], spec.protocol.__name__)
+        out.update(spec.protocol.site_tasks)
+    return out
+
+
 def _check_classes(classes: list[type], where: str) -> None:
     """One options model per config key, one handler per task name, no task named as the runner's own."""
     keys: dict[str, type] = {}

@@ -14,7 +14,7 @@ from fedcxr.pipeline import aggregate as A
 from fedcxr.pipeline.checkpoints import load_checkpoint, save_checkpoint
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.run_driver import run_experiment
-from fedcxr.pipeline.messages import unpack_control_delta
+from fedcxr.pipeline.protocols.fedopt import unpack_control_delta
 from fedcxr.pipeline.keys import CONTROL_PREFIX
 
 from ...conftest import tiny_config
