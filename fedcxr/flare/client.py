@@ -150,7 +150,6 @@ def site_method(reference: Optional[str], custom_dir: Optional[Path], allow: tup
     ``None`` for a built-in method (their tasks are fedcxr's own), else its
     :class:`~fedcxr.pipeline.protocols.spec.Method`; ``PermissionError`` naming the rule otherwise."""
     import importlib
-    import importlib.util
 
     from fedcxr.pipeline.protocols.methods import is_reference, load_module, method_in
 
@@ -163,12 +162,11 @@ def site_method(reference: Optional[str], custom_dir: Optional[Path], allow: tup
             "fedcxr_site.json lists under allow_methods")
     if not source.isidentifier():
         raise PermissionError(f"the server names method {reference[:200]!r}; {rule}")
-    found = importlib.util.find_spec(source)  # a top-level name: located without running anything
-    origin = Path(found.origin).resolve() if found is not None and found.origin else None
-    if custom_dir is None or origin is None or origin.parent != Path(custom_dir).resolve():
+    shipped = Path(custom_dir) / f"{source}.py" if custom_dir is not None else None
+    if shipped is None or not shipped.is_file():
         raise PermissionError(f"the server names method {reference[:200]!r}, whose module is not in this job's "
                               f"custom code ({custom_dir}); {rule}")
-    return method_in(load_module(str(origin)), name, reference)
+    return method_in(load_module(str(shipped)), name, reference)  # that file, whatever else is on sys.path
 
 
 class FlareSite:

@@ -463,6 +463,9 @@ class ExperimentConfig(_Strict):
                 resolve(value)
             except UserError as exc:
                 raise ValueError(str(exc)) from None
+            source, _, name = value.rpartition(":")
+            if source.endswith(".py"):  # the file's absolute path: config.yaml of the run names it wherever it runs
+                value = f"{Path(source).expanduser().resolve()}:{name}"
         return value
 
     @property

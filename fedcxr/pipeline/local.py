@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -169,6 +169,7 @@ def train_local(
     frozen_bn_trains: bool = False,
     drift_correction: Optional[Mapping[str, torch.Tensor]] = None,
     prox_anchor: Optional[Mapping[str, torch.Tensor]] = None,
+    loss_term: Optional[Callable[[Sequence[tuple[str, nn.Parameter]]], torch.Tensor]] = None,
 ) -> LocalResult:
     """Train ``model`` in place on ``loader``'s batches; return counts, losses and updates.
 
@@ -207,6 +208,9 @@ def train_local(
       ``prox_anchor`` (per trainable parameter name: Ditto's personal model is pulled toward the
       round's global model, not toward where it starts). Refused with DP-SGD, which would drop its
       gradient (not a per-sample term).
+    * ``loss_term(named)``: a method's own term added to every step's loss, given the trainable
+      ``(name, parameter)`` pairs (FedDyn's linear term ``−⟨∇L_k(θ_k^{t−1}), θ⟩``, in
+      ``examples/methods/feddyn.py``); refused with DP-SGD for the same reason.
 
     The model's ``requires_grad`` flags and train/eval modes are restored afterwards.
     """
@@ -223,7 +227,7 @@ def train_local(
         with torch.random.fork_rng(devices=gpus, device_type="cuda"):
             torch.manual_seed(int(seed))
             return _loop(model, loader, cfg, device, loss_classes_mask, record_batch_updates, started,
-                         optimizer_state, frozen_bn_trains, drift_correction, prox_anchor)
+                         optimizer_state, frozen_bn_trains, drift_correction, prox_anchor, loss_term)
     finally:
         for name, p in model.named_parameters():
             p.requires_grad_(flags[name])
@@ -235,11 +239,12 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
           loss_classes_mask: Optional[torch.Tensor], record: bool, started: float,
           optimizer_state: Optional[Mapping[str, torch.Tensor]] = None, frozen_bn_trains: bool = False,
           drift_correction: Optional[Mapping[str, torch.Tensor]] = None,
-          prox_anchor: Optional[Mapping[str, torch.Tensor]] = None) -> LocalResult:
+          prox_anchor: Optional[Mapping[str, torch.Tensor]] = None,
+          loss_term: Optional[Callable] = None) -> LocalResult:
     use_cuda = device.type == "cuda"
     amp = bool(cfg.amp) and use_cuda
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    _check_client_terms(cfg, named, drift_correction)
+    _check_client_terms(cfg, named, drift_correction, loss_term)
     params = [p for _, p in named]
     optimizer = make_optimizer(params, optimizer=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                momentum=cfg.momentum)
@@ -254,7 +259,7 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
     try:
         return _steps(model, forward, optimizer, loader, cfg, device, amp, loss_classes_mask, record, started,
                       named=named, optimizer_state=optimizer_state, frozen_bn_trains=frozen_bn_trains,
-                      drift_correction=drift_correction, prox_anchor=prox_anchor)
+                      drift_correction=drift_correction, prox_anchor=prox_anchor, loss_term=loss_term)
     finally:
         if close is not None:
             close()
@@ -265,7 +270,8 @@ def _steps(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimize
            started: float, *, named: Sequence[tuple[str, nn.Parameter]],
            optimizer_state: Optional[Mapping[str, torch.Tensor]], frozen_bn_trains: bool,
            drift_correction: Optional[Mapping[str, torch.Tensor]] = None,
-           prox_anchor: Optional[Mapping[str, torch.Tensor]] = None) -> LocalResult:
+           prox_anchor: Optional[Mapping[str, torch.Tensor]] = None,
+          loss_term: Optional[Callable] = None) -> LocalResult:
     use_cuda = device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=amp)
     tasks = list(getattr(model, "aux_tasks", {}) or {})
@@ -312,6 +318,8 @@ def _steps(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimize
             loss = main
         if anchors is not None:
             loss = loss + proximal_term(params, anchors, cfg.prox_mu)
+        if loss_term is not None:
+            loss = loss + loss_term(named)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scale = scaler.get_scale() if corrections is not None and amp else None
@@ -364,13 +372,15 @@ def _steps(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimize
 
 
 def _check_client_terms(cfg: LocalConfig, named: Sequence[tuple[str, nn.Parameter]],
-                        drift_correction: Optional[Mapping[str, torch.Tensor]]) -> None:
+                        drift_correction: Optional[Mapping[str, torch.Tensor]],
+                        loss_term: Optional[Callable] = None) -> None:
     """Refuse FedProx/SCAFFOLD settings whose update would not be the published one (protocols say so first)."""
     if cfg.prox_mu < 0:
         raise ValueError(f"prox_mu must be >= 0, got {cfg.prox_mu}")
-    if cfg.prox_mu > 0 and cfg.dp:
-        raise ValueError("FedProx's proximal term cannot be trained with DP-SGD: Opacus replaces each gradient by its "
-                         "clipped, noised per-sample sum, which drops the term's gradient")
+    if (cfg.prox_mu > 0 or loss_term is not None) and cfg.dp:
+        raise ValueError("FedProx's proximal term (or a method's own loss term) cannot be trained with DP-SGD: "
+                         "Opacus replaces each gradient by its clipped, noised per-sample sum, which drops the "
+                         "term's gradient")
     if drift_correction is None:
         return
     if cfg.optimizer.lower() != "sgd" or cfg.momentum != 0:

@@ -391,7 +391,7 @@ class SiteRunner:
     def train(self, params: Optional[StateDict], config: TrainTask, *, prepare: Optional[Callable] = None,
               seed_parts: tuple = (), prox_mu: float = 0.0, prox_anchor: Optional[StateDict] = None,
               record_batch_updates: bool = False, frozen_bn_trains: bool = False,
-              drift_correction: Optional[StateDict] = None) -> Reply:
+              drift_correction: Optional[StateDict] = None, loss_term: Optional[Callable] = None) -> Reply:
         """Local training from the received params: the one training path of the site (``train``, and
         every method task that trains through it). The hooks are what methods change in the local loop:
 
@@ -402,7 +402,9 @@ class SiteRunner:
           weights, the default; Ditto: the global model while training the personal one);
         * ``record_batch_updates``: the state change of every optimiser step (auto-β), in ``extra``;
         * ``frozen_bn_trains``: frozen BatchNorm layers still on batch statistics (FACT's heads);
-        * ``drift_correction``: SCAFFOLD's c − c_i, correcting every step.
+        * ``drift_correction``: SCAFFOLD's c − c_i, correcting every step;
+        * ``loss_term(named)``: a method's own term added to every step's loss (given the trainable
+          ``(name, parameter)`` pairs; FedDyn's linear term in ``examples/methods/feddyn.py``).
         """
         from fedcxr.pipeline.local import train_local
 
@@ -428,6 +430,7 @@ class SiteRunner:
             record_batch_updates=record_batch_updates, freeze_bn=config.freeze_bn,
             optimizer_state=self.optimizer_state() if config.keep_optimizer else None,
             frozen_bn_trains=frozen_bn_trains, drift_correction=drift_correction, prox_anchor=prox_anchor,
+            loss_term=loss_term,
         )
         if result.optimizer_state is not None:
             self.keep_optimizer_state(result.optimizer_state)

@@ -133,3 +133,38 @@ def test_every_task_that_trains_saves_the_site_state(tiny_manifests, tmp_path):
                         "train_from_warm", "train_scaffold", "train_prox", "finetune_pass"}
     assert set(runner.tasks) - changing == {"metadata", "evaluate", "validate"}
     assert not changes_state(runner, "local_state")
+
+
+def test_a_site_runs_a_method_of_ones_own_only_from_the_jobs_custom_code_or_its_allow_list(tmp_path, monkeypatch):
+    """SECURITY.md, "Methods from files": the server's config may name a method; a site loads it only
+    from its app's custom folder (code FLARE deployed because the site's policy allowed the job's custom
+    code) or as a module its own configuration allows — never a path, never a module found elsewhere."""
+    from fedcxr.flare.client import site_method
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "methods" / "feddyn.py"
+    custom = tmp_path / "custom"
+    custom.mkdir()
+    (custom / "feddyn.py").write_text(example.read_text())
+    assert site_method(None, custom) is None and site_method("FedAvg", custom) is None  # fedcxr's own
+    spec = site_method("feddyn:FedDyn", custom)
+    assert spec.protocol.__name__ == "FedDynProtocol" and "train_feddyn" in spec.protocol.site_tasks
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "evil.py").write_text("raise SystemExit('ran code the site never allowed')\n")
+    monkeypatch.syspath_prepend(str(elsewhere))
+    for reference in (f"{elsewhere / 'evil.py'}:X", "evil:X", "os.path:join", "../evil:X"):
+        with pytest.raises(PermissionError, match="this site runs fedcxr's methods, methods shipped in the job"):
+            site_method(reference, custom)
+    with pytest.raises(PermissionError):
+        site_method("feddyn:FedDyn", None)  # no custom folder known: nothing of the user's own runs
+    (elsewhere / "allowed_method.py").write_text(example.read_text())
+    assert site_method("allowed_method:FedDyn", custom, ("allowed_method",)).protocol.__name__ == "FedDynProtocol"
+
+
+def test_allow_methods_in_a_site_config_is_a_list_of_module_names(tmp_path):
+    path = tmp_path / "fedcxr_site.json"
+    path.write_text(json.dumps({"manifest_dir": "m", "allow_methods": ["lab.methods.feddyn"]}))
+    assert load_site_config(path, "a").allow_methods == ("lab.methods.feddyn",)
+    path.write_text(json.dumps({"manifest_dir": "m", "allow_methods": ["/tmp/x.py"]}))
+    with pytest.raises(ValueError, match="allow_methods"):
+        load_site_config(path, "a")
