@@ -49,11 +49,12 @@ class FedDynOptions(MethodOptions):
 
 @dataclass(frozen=True)
 class DynTask(TrainTask):
-    """What a site needs beyond an ordinary ``train`` task: α."""
+    """What a site needs beyond an ordinary ``train`` task: α (a field name of its own: ``TrainTask``'s
+    ``alpha`` is the auxiliary losses' weight, and fedcxr refuses a field that redefines one of its)."""
 
     kind: ClassVar[str] = "train_feddyn task"
 
-    alpha: float = 0.01
+    dyn_alpha: float = 0.01
 
 
 def train_feddyn(runner, params, config: DynTask) -> Reply:
@@ -70,11 +71,11 @@ def train_feddyn(runner, params, config: DynTask) -> Reply:
         return total
 
     # the quadratic term is the local loop's proximal term, anchored at the received θ^{t−1}
-    reply = runner.train(params, config, prox_mu=config.alpha, loss_term=linear_term)
+    reply = runner.train(params, config, prox_mu=config.dyn_alpha, loss_term=linear_term)
     if reply.n_samples == 0 or not seen:
         return reply  # no training rows: nothing learnt, ∇L_k unchanged
     runner.keep_state(GRADIENT, {
-        name: kept.get(name, torch.zeros_like(params[name])) - config.alpha * (reply.params[name] - params[name])
+        name: kept.get(name, torch.zeros_like(params[name])) - config.dyn_alpha * (reply.params[name] - params[name])
         for name in seen})
     return reply
 
@@ -101,7 +102,7 @@ class FedDynProtocol(FedAvgProtocol):
                             "backbone_aggregation: fedavg")
 
     def source_config(self, ctx, r):
-        return DynTask.extend(super().source_config(ctx, r), alpha=self.options(ctx.cfg).alpha)
+        return DynTask.extend(super().source_config(ctx, r), dyn_alpha=self.options(ctx.cfg).alpha)
 
     def init_state(self, ctx, theta):
         state = super().init_state(ctx, theta)

@@ -23,7 +23,7 @@ WARM_PREFIX = "warm."
 #: Local-state entries of SCAFFOLD's site control variate c_i: ``control.<parameter name>``.
 CONTROL_PREFIX = "control."
 #: Local-state entries a method keeps at the site for itself: ``method.<method's key>.<entry>`` (docs/methods.md;
-#: e.g. FedDyn's ∇L_k(θ_k^{t−1}) in ``examples/methods/feddyn.py``, APFL's local model and α).
+#: e.g. FedDyn's ∇L_k(θ_k^{t−1}) in ``examples/methods/feddyn.py``, a personalised method's local model).
 METHOD_PREFIX = "method."
 #: Local-state entries that never leave the site and are not model entries (evaluation ignores them).
 PRIVATE_PREFIXES = (OPTIMIZER_PREFIX, CONTROL_PREFIX, METHOD_PREFIX)

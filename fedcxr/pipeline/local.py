@@ -205,7 +205,7 @@ def train_local(
       clipped, noised per-sample sum). ``LocalResult.corrected_steps`` counts the steps.
     * ``cfg.prox_mu`` > 0 (FedProx): :func:`~fedcxr.pipeline.losses.proximal_term` against the parameters as they are
       when the call starts (the round's received weights) is added to the loss — or against
-      ``prox_anchor`` (per trainable parameter name: Ditto's personal model is pulled toward the
+      ``prox_anchor`` (per trainable parameter name: a personal model is pulled toward the
       round's global model, not toward where it starts). Refused with DP-SGD, which would drop its
       gradient (not a per-sample term).
     * ``loss_term(named)``: a method's own term added to every step's loss, given the trainable
@@ -292,7 +292,7 @@ def _steps(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimize
         updates = torch.empty((planned, before.numel()), dtype=torch.float32)
 
     params = [p for _, p in named]
-    anchors = _anchors(named, prox_anchor) if cfg.prox_mu > 0 else None  # FedProx's w^t (Ditto's: the global w)
+    anchors = _anchors(named, prox_anchor) if cfg.prox_mu > 0 else None  # FedProx's w^t, or a given anchor
     corrections = _corrections(named, drift_correction)
     corrected = 0
     sums = torch.zeros(3, device=device)  # total, main, aux

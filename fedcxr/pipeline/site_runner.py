@@ -399,7 +399,7 @@ class SiteRunner:
           head, a personal model);
         * ``seed_parts``: extra parts of the task's seed (Finetune_Offline's pass number);
         * ``prox_mu``, ``prox_anchor``: the proximal term μ/2·‖w − anchor‖² (FedProx: the received
-          weights, the default; Ditto: the global model while training the personal one);
+          weights, the default; a personalised method: the global model while training the personal one);
         * ``record_batch_updates``: the state change of every optimiser step (auto-β), in ``extra``;
         * ``frozen_bn_trains``: frozen BatchNorm layers still on batch statistics (FACT's heads);
         * ``drift_correction``: SCAFFOLD's c − c_i, correcting every step;

@@ -90,7 +90,7 @@ def test_the_server_rule_is_feddyns_algorithm_1(tmp_path, monkeypatch):
     state, _ = protocol.run_round(ctx, 1, state)
     h = h - 0.5 * (2 / 3) * (mean - previous)
     assert torch.allclose(state["global"]["w"], mean - h / 0.5)
-    assert transport.tasks[0][0] == "train_feddyn" and transport.tasks[0][1]["alpha"] == 0.5
+    assert transport.tasks[0][0] == "train_feddyn" and transport.tasks[0][1]["dyn_alpha"] == 0.5
 
 
 def test_a_sites_gradient_state_follows_the_update_and_stays_at_the_site(tiny_manifests, tmp_path):

@@ -26,6 +26,11 @@ def _feddyn(manifests: Path, cache: Path):
     return load_config(data={**data, "method": FEDDYN, "feddyn": {"alpha": 0.1}})
 
 
+def _personal(manifests: Path, cache: Path, method: str, **extra):
+    return load_config(data=tiny_config(manifests, cache, strategy=method, sites=SOURCES, target=None, rounds=2,
+                                        eval_every=1, class_source="union", **extra))
+
+
 def test_the_exported_job_ships_the_method_file_and_names_it_as_its_module(tiny_manifests, tmp_path):
     """The file goes into every app's custom code (server and sites); the job's config names it
     ``feddyn:FedDyn``, never by a path of the machine that exported it."""
@@ -41,12 +46,17 @@ def test_the_exported_job_ships_the_method_file_and_names_it_as_its_module(tiny_
     assert '"method": "feddyn:FedDyn"' in text and str(REPO) not in text
 
 
-@pytest.mark.slow  # one FLARE simulator job (~40 s)
+@pytest.mark.slow  # one FLARE simulator job of three experiments (~1.5 min)
 def test_flare_simulator_ends_with_the_in_process_weights(tiny_manifests, tmp_path):
+    """FedDyn (a method of one's own, from its file), Ditto (a whole personal model at each site) and
+    FedRep (a personal head): the global model and every site's personal entries — collected once at
+    the end for evaluation, as FedBN's and PFL's — equal the in-process run's."""
     from fedcxr.flare.simulator import simulate_many
     from fedcxr.pipeline.run_driver import run_experiment
 
-    runs = {"FedDyn": _feddyn(tiny_manifests, tmp_path / "cache")}
+    cache = tmp_path / "cache"
+    runs = {"FedDyn": _feddyn(tiny_manifests, cache), "Ditto": _personal(tiny_manifests, cache, "Ditto"),
+            "FedRep": _personal(tiny_manifests, cache, "FedRep", fedrep={"head_steps": 2})}
     payloads = simulate_many([(cfg, tmp_path / name) for name, cfg in runs.items()], progress=False, timeout=600,
                              evaluation={"enabled": False})
     for (name, cfg), payload in zip(runs.items(), payloads):
@@ -54,3 +64,13 @@ def test_flare_simulator_ends_with_the_in_process_weights(tiny_manifests, tmp_pa
         run_experiment(cfg, tmp_path / f"{name}-in-process", progress=False)
         flare, local = final_model(tmp_path / name), final_model(tmp_path / f"{name}-in-process")
         assert max_diff(flare["global"], local["global"]) <= 1e-5, name
+        assert flare["eval_local_keys"] == local["eval_local_keys"], name
+        if name == "FedDyn":  # nothing personal; its ∇L_k stayed at the sites (a private prefix)
+            assert not flare["eval_local_keys"] and not any(flare["local_states"].values())
+            continue
+        keys = flare["eval_local_keys"]
+        for site in SOURCES:
+            assert keys and max_diff({k: flare["local_states"][site][k] for k in keys},
+                                     {k: local["local_states"][site][k] for k in keys}) <= 1e-5, (name, site)
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        assert set(rows[-1]["val"]) == set(SOURCES), name  # each site validated with its own model

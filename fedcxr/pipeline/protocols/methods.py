@@ -243,6 +243,25 @@ def _check_classes(classes: list[type], where: str) -> None:
             if not isinstance(entry, SiteTask) or entry.config is None:
                 raise UserError(f"{where}: {cls.__name__}.site_tasks[{task!r}] must be a SiteTask with its config "
                                 "type (config=...)")
+            _check_envelope(entry.config, f"{where}: {cls.__name__}.site_tasks[{task!r}]")
             if tasks.get(task, entry) is not entry:
                 raise UserError(f"{where}: site task {task!r} is declared by two methods; choose another name")
             tasks[task] = entry
+
+
+def _check_envelope(config: type, where: str) -> None:
+    """A method's task config adds fields; redefining one of :class:`TrainTask`'s would change what every
+    local training reads (``alpha`` is the aux losses' weight): refused."""
+    from dataclasses import fields, is_dataclass
+
+    from fedcxr.pipeline.messages import TaskConfig, TrainTask
+
+    if not (isinstance(config, type) and issubclass(config, TaskConfig) and is_dataclass(config)):
+        raise UserError(f"{where}: its config must be a TaskConfig dataclass (a TrainTask subclass)")
+    if issubclass(config, TrainTask) and config is not TrainTask:
+        own = set(getattr(config, "__annotations__", {})) - {"kind"}
+        taken = sorted(own & {f.name for f in fields(TrainTask)})
+        if taken:
+            raise UserError(f"{where}: {config.__name__} redefines TrainTask's {taken}; give its fields names of "
+                            "their own")
+

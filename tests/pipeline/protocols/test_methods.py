@@ -94,13 +94,19 @@ def test_a_method_of_ones_own_may_not_take_a_task_or_options_key_of_fedcxr(tmp_p
         "class TakesTask(TakesKey):\n    options_key = None\n"
         "    site_tasks = {'train_prox': SiteTask(lambda r, p, c: None, changes_state=True, config=TrainTask)}\n"
         "class TakesTrain(TakesKey):\n    options_key = None\n"
-        "    site_tasks = {'evaluate': SiteTask(lambda r, p, c: None, changes_state=True, config=TrainTask)}\n")
+        "    site_tasks = {'evaluate': SiteTask(lambda r, p, c: None, changes_state=True, config=TrainTask)}\n"
+        "from dataclasses import dataclass\n"
+        "@dataclass(frozen=True)\nclass Shadow(TrainTask):\n    alpha: float = 0.01\n"
+        "class TakesField(TakesKey):\n    options_key = None\n"
+        "    site_tasks = {'train_shadow': SiteTask(lambda r, p, c: None, changes_state=True, config=Shadow)}\n")
     with pytest.raises(UserError, match="options key `gp` is taken"):
         resolve(f"{path}:TakesKey")
     with pytest.raises(UserError, match="site task 'train_prox' is declared by two methods"):
         resolve(f"{path}:TakesTask")
     with pytest.raises(UserError, match="a task every site answers by itself"):
         resolve(f"{path}:TakesTrain")
+    with pytest.raises(UserError, match=r"Shadow redefines TrainTask's \['alpha'\]"):  # the aux losses' weight
+        resolve(f"{path}:TakesField")
 
 
 def test_the_readme_methods_table_lists_every_method():
