@@ -1,4 +1,4 @@
-"""Personalised FL: Ditto, FedRep, FedPer and APFL beside FedAvg_Finetune and FedBN (issue 29 item 2).
+"""Personalised FL: Ditto, FedRep, FedPer, APFL and FedBABU beside FedAvg_Finetune and FedBN (issue 29 item 2).
 
 Every method is judged the way personalised methods are: **each site's own model on its own test
 split** (its personal model, head or BatchNorm statistics, or for FedAvg_Finetune the model it
@@ -18,8 +18,8 @@ Two settings, fixed before any result was seen:
 
 Methods and their budgets (every one the same local budget per round and site, except where said):
 
-* ``Ditto`` (λ = 0.1), ``FedRep``, ``FedPer`` (head personal), ``APFL`` (α from 0.5, adaptive) at
-  their defaults, except FedRep's head budget: the paper's 10 head epochs per body epoch is set to
+* ``Ditto`` (λ = 0.1), ``FedRep``, ``FedPer`` (head personal), ``APFL`` (α from 0.5, adaptive),
+  ``FedBABU`` (5 fine-tuning epochs after the last round) at their defaults, except FedRep's head budget: the paper's 10 head epochs per body epoch is set to
   the body's budget here (``fedrep.head_steps`` = the round's steps; ``head_epochs: 1`` on
   ``classhet``), so every method spends comparable compute; Ditto and APFL train two models a round
   (twice the local compute: the methods' own cost);
@@ -32,7 +32,7 @@ Methods and their budgets (every one the same local budget per round and site, e
 Outputs (``--out``): ``pfl_runs.csv`` (dataset, method, seed, site, AUROC), ``pfl.csv`` and
 ``pfl.md`` (mean [95 % interval] per method; paired differences with FedBN and FedAvg_Finetune).
 
-Re-run (the full grid: 2 × 5 seeds × 11 runs; estimated 1 h 40 min with one worker, about 1 h with
+Re-run (the full grid: 2 × 5 seeds × 12 runs; estimated 1 h 50 min with one worker, about 1 h 5 min with
 ``--workers 2`` on two idle CPU cores — BENCHMARKS.md "Personalised FL" says how it was estimated)::
 
     nice -n 15 python benchmarks/bench_pfl.py --work runs/bench_pfl --out benchmarks/results --seeds 5 --workers 2
@@ -64,7 +64,7 @@ import bench_classhet  # noqa: E402
 import bench_shift  # noqa: E402
 
 REPO = HERE.parent
-PERSONAL = ["Ditto", "FedRep", "FedPer", "APFL"]
+PERSONAL = ["Ditto", "FedRep", "FedPer", "APFL", "FedBABU"]
 CONTEXT = ["FedAvg", "Individual"]
 REFERENCES = ["FedBN", "FedAvg_Finetune"]
 LABELS = [*PERSONAL, *REFERENCES, *CONTEXT]
