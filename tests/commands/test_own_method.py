@@ -13,7 +13,6 @@ import pytest
 
 from fedcxr.cli import main
 
-
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -28,6 +28,11 @@ module                 methods
 ``fact``               ``FACT``, ``FACT_NF``
 ``fedopt``             ``FedProx``, ``SCAFFOLD``, ``FedAdagrad``, ``FedAdam``, ``FedYogi`` (each
                        also ``_Finetune``): the reviewers' baselines
+``personal``           what the personalised methods share (each site's own model on its own
+                       test split; personal layers)
+``ditto``, ``fedrep``, personalised federated learning, one method each (PFLlib's and
+``fedper``, ``apfl``,  pFL-Bench's reference set): each module is the only one naming its
+``fedbabu``            method
 =====================  ====================================================================
 
 What the rest of fedcxr needs to know about a method is a property of its protocol, never a test
