@@ -121,8 +121,9 @@ def test_every_site_task_that_trains_streams_its_losses():
 
     tasks = {**TASKS, **site_tasks()}
     streaming = {name for name, task in tasks.items() if task.streams == "train"}
-    assert streaming == {"train", "train_gp", "train_combine", "train_scaffold", "train_prox", "train_from_warm",
-                         "fact_head", "finetune_pass"}
+    assert {"train", "train_gp", "train_combine", "train_scaffold", "train_prox", "train_from_warm", "fact_head",
+            "finetune_pass", "train_ditto", "train_fedrep", "train_apfl"} <= streaming
+    assert "fact_target" not in streaming and "warmup_head" not in streaming  # IDD values, validation losses
     for name in streaming:
         assert tasks[name].changes_state, name
         assert list(site_scalars(tasks[name].streams, {"loss": 0.5, "scaffold_steps": 4})) == [("train/loss", 0.5)]
