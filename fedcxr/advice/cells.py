@@ -4,7 +4,8 @@ The benchmark that measures the map (and ``benchmarks/build_regime_map.py`` for 
 measured before it) turns each cell's runs — one row per (method, seed, AUROC) — into the
 columns :mod:`fedcxr.advice.regime` reads, the same way every time:
 
-* methods whose target budget differs (``Oracle`` trains on every target label) are left out;
+* methods whose target budget differs are left out (:func:`excluded_methods`: the methods whose
+  protocol declares ``full_target_labels``, i.e. trains on every target label);
 * winner / runner-up: the two highest mean AUROCs over seeds;
 * margin: their difference; the interval: a Student-t 95 % interval of the per-seed paired
   differences (seeds both methods ran); ``resolved`` when it excludes 0.
@@ -13,9 +14,16 @@ columns :mod:`fedcxr.advice.regime` reads, the same way every time:
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
-EXCLUDED = ("Oracle",)
+
+
+def excluded_methods() -> tuple[str, ...]:
+    """The methods whose target budget differs from the others' (their protocol's ``full_target_labels``):
+    a capability of the method, not a list of names kept here (DESIGN §1)."""
+    from fedcxr.pipeline.protocols import METHODS
+
+    return tuple(name for name, spec in METHODS.items() if spec.build(name).full_target_labels)
 
 
 def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
@@ -34,8 +42,10 @@ def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float
 
 
 def cell_row(runs: Iterable[dict], *, shift: str, target_labels: int, rounds: int, source: str,
-             methods: Sequence[str] = (), exclude: Sequence[str] = EXCLUDED) -> dict[str, Any]:
-    """A map row from ``runs`` (dicts with ``method``, ``seed``, ``auroc``) of one cell."""
+             methods: Sequence[str] = (), exclude: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    """A map row from ``runs`` (dicts with ``method``, ``seed``, ``auroc``) of one cell; ``exclude``:
+    :func:`excluded_methods` unless given."""
+    exclude = excluded_methods() if exclude is None else exclude
     by_method: dict[str, dict[int, float]] = {}
     for run in runs:
         if run["method"] in exclude:
