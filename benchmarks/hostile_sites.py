@@ -4,7 +4,8 @@ This file is not part of the ``fedcxr`` package and nothing in fedcxr imports it
 corrupts a reply unless a test or benchmark wraps its transport on purpose. Two ways in:
 
 * :class:`HostileTransport` wraps any :class:`~fedcxr.pipeline.transport.Transport` (the
-  in-process one) and rewrites the chosen sites' ``train`` replies in the chosen rounds;
+  in-process one) and rewrites the chosen sites' training replies in the chosen rounds (``train``
+  and a method's own training task: :func:`trains`);
 * :func:`corrupt` rewrites one :class:`~fedcxr.pipeline.messages.Reply`; the FLARE tests call it
   inside a test client script, so a FLARE site sends exactly what the in-process wrapper makes.
 
@@ -165,7 +166,7 @@ class HostileTransport(Transport):
                     replies[site] = corrupt(reply, fault, None)
                     self.applied.append({"round": None, "site": site, "fault": fault})
             return replies
-        if task != "train":
+        if not trains(task):
             return replies
         for site, reply in list(replies.items()):
             sent, site_config = (per_site or {}).get(site, (params, config))
@@ -180,6 +181,16 @@ class HostileTransport(Transport):
 
     def load_local_states(self, states):
         self.inner.load_local_states(states)
+
+
+def trains(task: str) -> bool:
+    """Whether ``task`` is a round's training: ``train``, or a method's own task whose metrics are a round's
+    training metrics (``SiteTask.streams == "train"``: FedProx's ``train_prox``, GP's ``train_gp``, ...), so
+    a hostile site attacks every method's rounds, not FedAvg's only."""
+    from fedcxr.pipeline.protocols.methods import site_tasks
+
+    entry = site_tasks().get(task)
+    return task == "train" or (entry is not None and entry.streams == "train")
 
 
 def hostile_run(cfg, run_dir, faults: Mapping[str, Mapping], *, device: str = "cpu", progress: bool = False) -> dict:

@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from fedcxr.advice.cells import EXCLUDED, t_interval
+from fedcxr.advice.cells import excluded_methods, t_interval
 from fedcxr.advice.verdicts import ALPHA, best_test, holm, pair_lookup, pair_tests, ranked, selected_regret
 
 CELL = ["shift", "labels", "rounds"]
@@ -26,8 +26,9 @@ SELECTED = "Selected"
 def by_cell(runs: pd.DataFrame) -> dict[tuple, dict[str, dict[int, float]]]:
     """cell → method → seed → AUROC, the contest's methods only (no Oracle, no Selected)."""
     out: dict[tuple, dict[str, dict[int, float]]] = {}
+    excluded = excluded_methods()
     for row in runs.itertuples(index=False):
-        if row.method in EXCLUDED:
+        if row.method in excluded:
             continue
         key = (row.shift, int(row.labels), int(row.rounds))
         out.setdefault(key, {}).setdefault(row.method, {})[int(row.seed)] = float(row.auroc)

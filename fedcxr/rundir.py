@@ -89,7 +89,7 @@ class RunDir:
     def default_for(cls, cfg: Any, *, flare: bool = False) -> "RunDir":
         """Where a run goes when no ``--out`` is given: ``runs/<name>-<method>-seed<seed>`` (``-flare``
         appended for a FLARE run, so the in-process and the FLARE run of one config sit side by side)."""
-        return cls(Path("runs") / f"{cfg.name}-{cfg.method}-seed{cfg.seed}{'-flare' if flare else ''}")
+        return cls(Path("runs") / f"{cfg.name}-{cfg.method_name}-seed{cfg.seed}{'-flare' if flare else ''}")
 
     @classmethod
     def existing(cls, where: "RunDir | Path | str") -> "RunDir":

@@ -117,15 +117,11 @@ def round_scalars(metrics: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
     yield from emit("round/seconds", metrics.get("seconds"))
 
 
-#: site task → the part of its reply's metrics streamed from the site (FLARE experiment tracking)
-_SITE_PREFIX = {"train": "train", "train_combine": "train", "train_scaffold": "train", "evaluate": "val"}
-
-
-def site_scalars(task: str, metrics: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
-    """``(tag, value)`` a site streams after a task: its losses, its validation AUROCs (no site name:
-    FLARE files them under the sending site)."""
-    prefix = _SITE_PREFIX.get(task)
-    if prefix is None:
+def site_scalars(prefix: Optional[str], metrics: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
+    """``(tag, value)`` a site streams after a task: its losses (``prefix`` ``train``), its validation
+    AUROCs (``val``); no site name: FLARE files them under the sending site. ``prefix`` is what the
+    task declares (:attr:`SiteTask.streams <fedcxr.pipeline.site_runner.SiteTask>`; ``None``: nothing)."""
+    if prefix not in ("train", "val"):
         return
     row = {"train": {"_": metrics}} if prefix == "train" else {"val": {"_": metrics}}
     for name, value in round_scalars(row):

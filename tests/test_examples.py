@@ -33,5 +33,5 @@ def test_the_chexpert_example_is_one_shared_binary_task():
                       check_sites=False)
     assert cfg.task.output == "edema" and cfg.task.balance
     assert set(cfg.task.site_labels) == {cfg.site_name(s) for s in cfg.all_sites()}
-    assert (cfg.model.backbone, cfg.model.hidden, cfg.source.lr, cfg.target_train.lr, cfg.alpha, cfg.beta) == \
+    assert (cfg.model.backbone, cfg.model.hidden, cfg.source.lr, cfg.target_train.lr, cfg.alpha, cfg.options("gp").beta) == \
         ("resnet18", 128, 1e-3, 2e-4, 1.0, 0.5)

@@ -71,10 +71,11 @@ def test_run_info_is_read_naming_the_file_and_a_run_is_finished_only_with_its_mo
 
 
 class _Cfg:
-    name, method, seed = "study", "FedAvg_Finetune", 3
+    name, method, method_name, seed = "study", "methods/mine.py:FedAvg_Finetune", "FedAvg_Finetune", 3
 
 
 def test_the_default_name_of_a_run_is_decided_in_one_place_and_names_the_method():
+    # the method's name, not the path of a method of the user's own (a moved file still resumes)
     assert RunDir.default_for(_Cfg()).root == Path("runs/study-FedAvg_Finetune-seed3")
     assert RunDir.default_for(_Cfg(), flare=True).root == Path("runs/study-FedAvg_Finetune-seed3-flare")
 

@@ -113,10 +113,19 @@ def test_no_path_or_id_becomes_a_tag():
 
 
 def test_every_site_task_that_trains_streams_its_losses():
-    """A FLARE site streams its losses after every task that trains (SCAFFOLD's is train_scaffold)."""
-    from fedcxr.flare.client import STATE_CHANGING_TASKS
+    """A FLARE site streams its losses after every task that trains (SCAFFOLD's is train_scaffold): each
+    task says so itself (``SiteTask.streams``), in the method module that declares it."""
+    from fedcxr.pipeline.protocols.methods import site_tasks
+    from fedcxr.pipeline.site_runner import TASKS
     from fedcxr.tracking import site_scalars
 
-    for task in ("train", "train_combine", "train_scaffold"):
-        assert task in STATE_CHANGING_TASKS
-        assert list(site_scalars(task, {"loss": 0.5, "scaffold_steps": 4})) == [("train/loss", 0.5)], task
+    tasks = {**TASKS, **site_tasks()}
+    streaming = {name for name, task in tasks.items() if task.streams == "train"}
+    assert {"train", "train_gp", "train_combine", "train_scaffold", "train_prox", "train_from_warm", "fact_head",
+            "finetune_pass", "train_ditto", "train_fedrep", "train_apfl"} <= streaming
+    assert "fact_target" not in streaming and "warmup_head" not in streaming  # IDD values, validation losses
+    for name in streaming:
+        assert tasks[name].changes_state, name
+        assert list(site_scalars(tasks[name].streams, {"loss": 0.5, "scaffold_steps": 4})) == [("train/loss", 0.5)]
+    assert list(site_scalars(TASKS["evaluate"].streams, {"mean_auroc": 0.7})) == [("val/mean_auroc", 0.7)]
+    assert list(site_scalars(None, {"loss": 0.5})) == []

@@ -4,8 +4,9 @@ The benchmark that measures the map (``benchmarks/regime_map.py``, ``build_regim
 turns each cell's runs — one row per (method, seed, AUROC) — into the columns
 :mod:`fedcxr.advice.regime` reads, the same way every time:
 
-* methods whose target budget differs (``Oracle`` trains on every target label) and the chooser
-  (``Selected``: one of the others, picked per seed) are left out of the contest;
+* methods whose target budget differs are left out (:func:`excluded_methods`: the methods whose
+  protocol declares ``full_target_labels``, i.e. trains on every target label — ``Oracle``), and so
+  is the chooser (``Selected``: one of the others, picked per seed);
 * winner / runner-up: the two highest mean AUROCs over seeds; margin: their difference; the
   interval: a Student-t 95 % interval of their per-seed paired differences (unadjusted, shown);
 * ``p_best``: the intersection-union p-value of "the winner beats every other method", times the
@@ -17,17 +18,29 @@ turns each cell's runs — one row per (method, seed, AUROC) — into the column
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from fedcxr.advice.verdicts import ALPHA, adjust_cells, best_test, ranked, t_interval
 
-__all__ = ["EXCLUDED", "by_method", "cell_row", "map_rows", "t_interval"]
+__all__ = ["CHOOSER", "by_method", "cell_row", "excluded_methods", "map_rows", "t_interval"]
 
-EXCLUDED = ("Oracle", "Selected")
+#: the chooser's rows (``fedcxr sweep --select``: one of the other methods, picked per seed)
+CHOOSER = "Selected"
 
 
-def by_method(runs: Iterable[dict], exclude: Sequence[str] = EXCLUDED) -> dict[str, dict[int, float]]:
-    """method → seed → AUROC of one cell's runs (``exclude``: methods left out of the contest)."""
+def excluded_methods() -> tuple[str, ...]:
+    """The rows left out of a cell's contest: the methods whose target budget differs from the others'
+    (their protocol's ``full_target_labels``: a capability of the method, not a list of names kept
+    here, DESIGN §1) and the chooser."""
+    from fedcxr.pipeline.protocols import METHODS
+
+    return tuple(name for name, spec in METHODS.items() if spec.build(name).full_target_labels) + (CHOOSER,)
+
+
+def by_method(runs: Iterable[dict], exclude: Optional[Sequence[str]] = None) -> dict[str, dict[int, float]]:
+    """method → seed → AUROC of one cell's runs (``exclude``: rows left out of the contest, default
+    :func:`excluded_methods`)."""
+    exclude = excluded_methods() if exclude is None else exclude
     out: dict[str, dict[int, float]] = {}
     for run in runs:
         if run["method"] in exclude:
@@ -37,9 +50,11 @@ def by_method(runs: Iterable[dict], exclude: Sequence[str] = EXCLUDED) -> dict[s
 
 
 def cell_row(runs: Iterable[dict], *, shift: str, target_labels: int, rounds: int, source: str,
-             methods: Sequence[str] = (), exclude: Sequence[str] = EXCLUDED) -> dict[str, Any]:
-    """A map row from ``runs`` (dicts with ``method``, ``seed``, ``auroc``) of one cell; its ``p_adj``
-    and ``resolved`` are this cell's alone (:func:`map_rows` adjusts them over the map)."""
+             methods: Sequence[str] = (), exclude: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    """A map row from ``runs`` (dicts with ``method``, ``seed``, ``auroc``) of one cell; ``exclude``:
+    :func:`excluded_methods` unless given. Its ``p_adj`` and ``resolved`` are this cell's alone
+    (:func:`map_rows` adjusts them over the map)."""
+    exclude = excluded_methods() if exclude is None else exclude
     seeds = by_method(runs, exclude)
     means = {m: t_interval(list(s.values()))[0] for m, s in seeds.items()}
     order = ranked(seeds)

@@ -35,6 +35,13 @@ configuration a site refuses any task that would send a model in the clear, what
 Relative paths resolve against the file's folder. Local state (FedBN's BN statistics, PFL's
 heads, kept optimiser state, SCAFFOLD's control variate c_i) is saved after every training round under ``state_dir/<run fingerprint>/`` so a
 restarted client (after a server resume) continues from the right round.
+
+**Which code a site runs** (SECURITY.md, "Methods from files"): the tasks of fedcxr's own methods,
+and of the experiment's method when it is one of the user's own only if this site allowed it
+(:func:`site_method`): a module shipped in the job's own custom code (its file in this app's
+``custom/`` folder, which FLARE deploys only where the site's policy allows custom code), or a module
+the hospital installed and listed in its site configuration (``"allow_methods": ["package.module"]``).
+A path, or a module found anywhere else, named by the server's config is refused.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -59,23 +67,19 @@ from fedcxr.pipeline.devices import resolve_device
 from fedcxr.pipeline.messages import DELTAS, Reply, TaskConfig, parse_task_config
 from fedcxr.pipeline.keys import PRIVATE_PREFIXES
 from fedcxr.pipeline.run_log import round_number
-from fedcxr.pipeline.site_runner import TASKS, SiteRunner
+from fedcxr.pipeline.site_runner import SiteRunner
 
 log = logging.getLogger(__name__)
 
 SITE_CONFIG_ENV = "FEDCXR_SITE_CONFIG"
 SITE_CONFIG_NAME = "fedcxr_site.json"
 LOCAL_SITE_CONFIG = Path("local") / SITE_CONFIG_NAME
-#: the tasks a FLARE client answers beyond the runner's own (:data:`~fedcxr.pipeline.site_runner.TASKS`):
-#: cross-site evaluation (``local_state`` is answered by :class:`FlareSite` itself)
+#: the tasks a FLARE client answers beyond the runner's own and the methods' (:func:`~fedcxr.pipeline.
+#: protocols.methods.site_tasks`): cross-site evaluation (``local_state`` is answered by :class:`FlareSite`
+#: itself). After a task whose :class:`~fedcxr.pipeline.site_runner.SiteTask` ``changes_state`` the site's
+#: local state (FedBN statistics, PFL heads, warmed-up head, optimiser state, SCAFFOLD's c_i, a personal
+#: model) is saved for a resume.
 CLIENT_TASKS = dict(EVALUATION_TASKS)
-#: tasks after which the site's local state (FedBN statistics, PFL heads, warmed-up model,
-#: optimiser state kept across rounds, SCAFFOLD's c_i) may have changed, so it is saved for a
-#: resume: as the task registry declares them (``SiteTask.changes_state``)
-STATE_CHANGING_TASKS = frozenset(n for n, t in {**TASKS, **CLIENT_TASKS}.items() if t.changes_state)
-#: tasks that only read the site's state
-READ_ONLY_TASKS = frozenset({n for n, t in {**TASKS, **CLIENT_TASKS}.items() if not t.changes_state}
-                            | {"local_state"})
 KEEP_STATES = 3
 
 
@@ -90,6 +94,8 @@ class SiteConfig:
     state_dir: Optional[Path] = None
     secure_aggregation: Optional[str] = None  # "he": this site sends models sealed only
     source: str = ""
+    #: modules of methods the hospital installed and lets the server name (``method: package.module:Name``)
+    allow_methods: tuple[str, ...] = ()
 
 
 def find_site_config(explicit: Optional[str], script_dir: Optional[Path], workspace: Path) -> Path:
@@ -125,7 +131,7 @@ def load_site_config(path: Path, site: str) -> SiteConfig:
         if site not in (data["sites"] or {}):
             raise ValueError(f"{path}: no entry for site {site!r} under 'sites' (has {sorted(data['sites'])})")
         data = data["sites"][site]
-    known = {"manifest_dir", "cache_dir", "device", "num_workers", "state_dir", "secure_aggregation"}
+    known = {"manifest_dir", "cache_dir", "device", "num_workers", "state_dir", "secure_aggregation", "allow_methods"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(f"{path}: unknown key(s) {unknown}; known: {sorted(known)}")
@@ -133,6 +139,10 @@ def load_site_config(path: Path, site: str) -> SiteConfig:
         raise ValueError(f"{path}: 'manifest_dir' is required (the folder holding this site's manifest.parquet)")
     if data.get("secure_aggregation") not in (None, "he"):
         raise ValueError(f"{path}: 'secure_aggregation' is \"he\" or absent")
+    allow = data.get("allow_methods") or []
+    if not isinstance(allow, list) or not all(isinstance(m, str) and m and all(p.isidentifier() for p in m.split("."))
+                                              for m in allow):
+        raise ValueError(f"{path}: 'allow_methods' is a list of module names (package.module)")
 
     def resolve(value):
         if value in (None, ""):
@@ -143,16 +153,42 @@ def load_site_config(path: Path, site: str) -> SiteConfig:
     return SiteConfig(
         manifest_dir=resolve(data["manifest_dir"]), cache_dir=resolve(data.get("cache_dir")),
         device=data.get("device"), num_workers=data.get("num_workers"), state_dir=resolve(data.get("state_dir")),
-        secure_aggregation=data.get("secure_aggregation"), source=str(path),
+        secure_aggregation=data.get("secure_aggregation"), source=str(path), allow_methods=tuple(allow),
     )
+
+
+def site_method(reference: Optional[str], custom_dir: Optional[Path], allow: tuple[str, ...] = ()):
+    """The method the server's runner settings name, loaded only as this site allows (module docstring):
+    ``None`` for a built-in method (their tasks are fedcxr's own), else its
+    :class:`~fedcxr.pipeline.protocols.spec.Method`; ``PermissionError`` naming the rule otherwise."""
+    import importlib
+
+    from fedcxr.pipeline.protocols.methods import is_reference, load_module, method_in
+
+    if not reference or not is_reference(reference):
+        return None  # fedcxr's own methods: nothing to load
+    source, _, name = reference.rpartition(":")
+    if source in allow:
+        return method_in(importlib.import_module(source), name, reference)
+    rule = ("this site runs fedcxr's methods, methods shipped in the job's custom code, and the modules its "
+            "fedcxr_site.json lists under allow_methods")
+    if not source.isidentifier():
+        raise PermissionError(f"the server names method {reference[:200]!r}; {rule}")
+    shipped = Path(custom_dir) / f"{source}.py" if custom_dir is not None else None
+    if shipped is None or not shipped.is_file():
+        raise PermissionError(f"the server names method {reference[:200]!r}, whose module is not in this job's "
+                              f"custom code ({custom_dir}); {rule}")
+    return method_in(load_module(str(shipped)), name, reference)  # that file, whatever else is on sys.path
 
 
 class FlareSite:
     """One client's runner plus its resume-safe local state (transport-free: tests call it directly)."""
 
-    def __init__(self, name: str, site_cfg: SiteConfig, workspace: Path):
+    def __init__(self, name: str, site_cfg: SiteConfig, workspace: Path, custom_dir: Optional[Path] = None):
         self.name = name
         self.site_cfg = site_cfg
+        #: this app's ``custom/`` folder (where the client script lies): the job's own code
+        self.custom_dir = custom_dir
         self.state_root = site_cfg.state_dir or (workspace / "fedcxr_state")
         self.runners: dict[str, Any] = {}  # experiment → SiteRunner (a job may run several experiments)
         self._restored: set[str] = set()
@@ -176,7 +212,7 @@ class FlareSite:
         start = time.perf_counter()
         return open_sealed(params, self.he_context()), time.perf_counter() - start
 
-    def seal_reply(self, reply: Reply, task: str, config: TaskConfig) -> float:
+    def seal_reply(self, reply: Reply, task: str, config: "TaskConfig | Mapping") -> float:
         """Seal every model ``reply`` carries, in place (the task's local keys stay here); seconds spent.
 
         Extra tensors (auto-β's batch updates, SCAFFOLD's Δc_i) cannot travel sealed: refused."""
@@ -188,7 +224,8 @@ class FlareSite:
             return 0.0
         start = time.perf_counter()
         block = LOCAL_BLOCK if task == "local_state" else MODEL_BLOCK
-        exclude = tuple(getattr(config, "local_keys", ()) or ()) if block == MODEL_BLOCK else ()
+        # a method's task config arrives as a mapping (its runner parses it), the runner's own typed
+        exclude = tuple(config.get("local_keys") or ()) if block == MODEL_BLOCK and isinstance(config, Mapping) else ()
         reply.params = seal(reply.params, self.he_context(), block=block, exclude=exclude)
         return time.perf_counter() - start
 
@@ -197,7 +234,10 @@ class FlareSite:
         """The SiteRunner of one experiment (built on its first task: decoded-image cache, model)."""
         key = run + json.dumps(settings, sort_keys=True)
         if key not in self.runners:
+            from fedcxr.pipeline.protocols.methods import site_tasks_for
+
             cfg = self.site_cfg
+            method = site_method(settings.get("method"), self.custom_dir, cfg.allow_methods)
             model_cfg = dict(settings.get("model") or {})
             model_cfg["weights"] = None  # the server sends every weight; no local file is read
             workers = cfg.num_workers if cfg.num_workers is not None else settings.get("num_workers")
@@ -208,7 +248,7 @@ class FlareSite:
                 self.name, cfg.manifest_dir, model_cfg=model_cfg, image_size=int(settings["image_size"]),
                 cache_dir=cfg.cache_dir or default_cache_dir(), device=device,
                 augment=bool(settings.get("augment", True)), progress=False, engine=engine,
-                task=settings.get("task"), tasks=CLIENT_TASKS,
+                task=settings.get("task"), tasks={**site_tasks_for(method), **CLIENT_TASKS},
             )
         return self.runners[key]
 
@@ -232,7 +272,7 @@ class FlareSite:
             return
         r = getattr(config, "round", None)
         if isinstance(r, int):  # training round r starts from round r-1's state; evaluation after r sees r's
-            upto = r - 1 if task in STATE_CHANGING_TASKS else r
+            upto = r - 1 if changes_state(runner, task) else r
         elif task == "local_state":  # the final collection: the newest state
             upto = None
         else:  # metadata and other round-less tasks need no state: decide on a later task
@@ -259,17 +299,28 @@ class FlareSite:
 
         ``config``: the task's typed config (:func:`fedcxr.flare.wire.decode_task` parsed it), or a
         dict of its keys (parsed here)."""
-        config = parse_task_config(task, config)
         runner = self.runner_for(runner_settings, run)
+        config = parse_task_config(task, config) if task == "local_state" else runner.parse(task, config)
         self._restore(runner, task, config, run)
         if task == "local_state":
             # the model's local entries only: optimiser moments and SCAFFOLD's c_i never leave the site
             state = {k: v for k, v in runner.get_local_state().items() if not k.startswith(PRIVATE_PREFIXES)}
             return Reply(site=self.name, params=state, class_set=runner.class_set)
         reply = runner.handle(task, params, config)
-        if task in STATE_CHANGING_TASKS:
+        if changes_state(runner, task):
             self._save(runner, config, run)
         return reply
+
+    def streams(self, task: str, runner_settings: dict, run: str) -> Optional[str]:
+        """What part of ``task``'s reply metrics this site streams (the task's ``streams``)."""
+        entry = self.runner_for(runner_settings, run).tasks.get(task)
+        return entry.streams if entry is not None else None
+
+
+def changes_state(runner: SiteRunner, task: str) -> bool:
+    """Whether ``task`` may change the site's local state (its :class:`SiteTask` says; ``local_state``: no)."""
+    entry = runner.tasks.get(task)
+    return bool(entry is not None and entry.changes_state)
 
 
 # --------------------------------------------------------------------------- the Client API loop
@@ -296,7 +347,7 @@ def serve(flare_api: Any, site: FlareSite) -> int:
                 reply.metrics = {**reply.metrics, "he_seconds": {"open": round(opened_s, 3), "seal": round(sealed_s, 3)}}
             diff = task["reply_weight_type"] == DELTAS and received is not None and reply.params is not None
             params, meta = encode_reply(reply, reference=received if diff else None)
-            _stream(writer, task["task"] or task_name, task["config"], reply.metrics)
+            _stream(writer, site.streams(name, task["runner"], task["run"]), task["config"], reply.metrics)
         except Exception as exc:  # answer, and keep serving the next rounds
             log.exception("site %s: task %s failed", site.name, task_name)
             params, meta, diff = *encode_error(exc), False
@@ -340,15 +391,15 @@ def _site_writer():
         return None
 
 
-def _stream(writer, task: str, config: TaskConfig, metrics: dict) -> None:
+def _stream(writer, prefix: Optional[str], config, metrics: dict) -> None:
     """This round's scalars of the site (:func:`fedcxr.tracking.site_scalars`: no ids, no paths)."""
     from fedcxr.tracking import site_scalars
 
-    step = getattr(config, "round", None)
-    if writer is None or not isinstance(step, int):
+    step = config.get("round") if isinstance(config, Mapping) else None
+    if writer is None or not isinstance(step, int) or isinstance(step, bool):
         return
     try:
-        for tag, value in site_scalars(task, metrics):
+        for tag, value in site_scalars(prefix, metrics):
             writer.add_scalar(tag, value, global_step=step)
     except Exception as exc:
         log.warning("FLARE experiment tracking failed (%s: %s); training goes on", type(exc).__name__, exc)
@@ -369,6 +420,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     path = find_site_config(args.site_config, script_dir, workspace)
     site_cfg = load_site_config(path, name)
     log.info("site %s: data from %s (config %s)", name, site_cfg.manifest_dir, path)
-    served = serve(flare, FlareSite(name, site_cfg, workspace))
+    served = serve(flare, FlareSite(name, site_cfg, workspace, custom_dir=script_dir))
     log.info("site %s: answered %d tasks", name, served)
     return 0

@@ -321,7 +321,7 @@ class FedcxrController(_ControllerBase):
         from fedcxr.flare.persistor import to_numpy
 
         final = load_final_model(run_dir)
-        self.save_model(FLModel(params=to_numpy(final["global"]), meta={"method": cfg.method}))
+        self.save_model(FLModel(params=to_numpy(final["global"]), meta={"method": cfg.method_name}))
 
     def _cross_site(self, run_dir: Path, transport: FlareTransport, settings: dict) -> str:
         """Cross-site evaluation (:mod:`fedcxr.flare.cross_site`); its failure does not undo the training."""
@@ -445,7 +445,8 @@ def runner_settings(cfg) -> dict:
     """What a site needs from the experiment to build its network and data (no paths, no data)."""
     return {"model": cfg.model.model_dump(mode="json"), "image_size": cfg.image_size, "augment": cfg.augment,
             "num_workers": cfg.num_workers, "device": cfg.device, "engine": cfg.engine.model_dump(mode="json"),
-            "task": cfg.task.model_dump(mode="json") if cfg.task else None}
+            "task": cfg.task.model_dump(mode="json") if cfg.task else None,
+            "method": cfg.method}  # a site loads a method of the user's own only as it allows (fedcxr.flare.client)
 
 
 def write_status(run_dir: Path, status: str, **extra) -> None:

@@ -36,6 +36,7 @@ from fedcxr.evaluation.report_table import build_summary_report, upgrade_entry, 
 from fedcxr.evaluation.runs import load_run_info
 from fedcxr.evaluation.summary_check import summary_problem
 from fedcxr.flare.site_evaluation import VALIDATE_TASK
+from fedcxr.pipeline.keys import SEALED_PREFIX
 from fedcxr.pipeline.messages import ValidateTask
 from fedcxr.pipeline.predictions import load_final, site_params
 from fedcxr.pipeline.transport import Transport
@@ -63,6 +64,17 @@ def own_model_sites(final: dict, sites: list[str]) -> list[str]:
             (final.get("eval_local_keys") and s in final.get("local_states", {}))]
 
 
+def _own_params(final: dict, site: str) -> dict:
+    """The model ``site`` is scored with (:func:`~fedcxr.pipeline.predictions.site_params`); sealed
+    (``privacy.secure_aggregation``): without a model block its own local block covers entirely."""
+    params = site_params(final, site)
+    if any(str(k).startswith(SEALED_PREFIX) for k in params):
+        from fedcxr.flare.secure_aggregation import own_sealed_model
+
+        params = own_sealed_model(params)
+    return params
+
+
 def cross_site_evaluate(transport: Transport, run_dir: Path, settings: dict) -> dict:
     """Ask every evaluated site to score the final model(s); write the report; returns ``report.json``'s dict."""
     run_dir = Path(run_dir)
@@ -75,7 +87,7 @@ def cross_site_evaluate(transport: Transport, run_dir: Path, settings: dict) -> 
     base = ValidateTask.build(classes=list(final["classes"]), aux_tasks=list(final.get("aux_tasks") or []),
                               split=split, n_boot=n_boot, seed=seed)
     own = own_model_sites(final, sites)
-    per_site = {s: (site_params(final, s), base.replace(model_owner=s)) for s in own}
+    per_site = {s: (_own_params(final, s), base.replace(model_owner=s)) for s in own}
     deployed = _ask(transport, sites, final["global"], base.replace(model_owner=SERVER_MODEL), per_site)
     matrix: dict[str, dict[str, Any]] = {}
     summaries: dict[str, dict] = {}

@@ -3,13 +3,17 @@
 A job names two fedcxr things only: the controller class (:data:`CONTROLLER_PATH`, with the
 fedcxr version that wrote the job, checked when the server starts it) and the client script
 (:data:`CLIENT_SCRIPT`, copied into each site's app). Every other module is imported from the
-fedcxr installed at the server and at each hospital.
+fedcxr installed at the server and at each hospital — except a method of the user's own
+(``method: path/to/file.py:Name``): its one file is shipped in every app's custom code (server and
+sites) and the job's config names it as ``<file stem>:Name`` (:func:`method_files`), so a site runs
+it only where its policy admits the job's custom code (:mod:`fedcxr.flare.client`, SECURITY.md).
 
 ``privacy.filters`` of the config become NVFLARE's own result filters in every site's app
 (:func:`result_filters`): ``exclude_vars`` → ``nvflare.app_common.filters.ExcludeVars``,
 ``percentile_privacy`` → ``nvflare.app_common.filters.PercentilePrivacy``, applied in the
-given order to the replies that carry model updates (:data:`FILTERED_TASKS`), which then
-travel as differences from the received model (:mod:`fedcxr.flare.wire`).
+given order to the replies that carry model updates (:func:`filtered_tasks`: the tasks whose
+:class:`~fedcxr.pipeline.site_runner.SiteTask` says ``filtered``), which then travel as
+differences from the received model (:mod:`fedcxr.flare.wire`).
 """
 
 from __future__ import annotations
@@ -33,8 +37,6 @@ from fedcxr.pipeline.protocols import CENTRAL_SITE, get_protocol
 CONTROLLER_PATH = "fedcxr.flare.controller.FedcxrController"
 #: The client script's file name inside each site's app.
 CLIENT_SCRIPT = "fedcxr_client.py"
-#: The tasks whose replies carry model updates: the ones ``privacy.filters`` act on.
-FILTERED_TASKS = ["train", "train_combine", "fact_target"]
 #: Where FLARE's TensorBoard receiver writes the sites' streamed scalars (inside the server's job folder).
 TB_FOLDER = "tb_events"
 
@@ -92,14 +94,18 @@ def build_job(experiments: list[tuple[Any, str, bool]], *, name: Optional[str] =
     min_sites = min(cfg.min_sites for cfg, _, _ in experiments)
     job = FedJob(name=name or job_name(experiments[0][0]), min_clients=max(1, min(min_sites, len(sites))))
     job.set_app_packages(["fedcxr"])  # sites import the installed fedcxr; no fedcxr code is copied
-    specs = [{"config": cfg.model_dump(mode="json"), "run_dir": str(run_dir or ""), "resume": bool(resume),
-              "evaluation": evaluation_settings(evaluation)} for cfg, run_dir, resume in experiments]
+    shipped = method_files(cfg for cfg, _, _ in experiments)
+    specs = [{"config": {**cfg.model_dump(mode="json"), "method": job_method(cfg.method)}, "run_dir": str(run_dir or ""),
+              "resume": bool(resume), "evaluation": evaluation_settings(evaluation)}
+             for cfg, run_dir, resume in experiments]
     job.to_server(FedcxrController(experiments=specs, task_timeout=task_timeout, fedcxr_version=fedcxr.__version__))
     job.to_server(FedcxrModelPersistor(), id=PERSISTOR_ID)  # FLARE's tools find the global model through these
     job.to_server(FedcxrModelLocator(), id=LOCATOR_ID)
     # FLARE's dead-client settings (fedcxr.flare.liveness): a client FLARE reports dead is deemed
     # disconnected within seconds, not FLARE's default minute
     job.to({"server": {"task_request_interval": TASK_REQUEST_INTERVAL}, **DEAD_CLIENT_SETTINGS}, "server")
+    for path in shipped.values():  # a method of the user's own: the server's app imports it too
+        job.add_file_to(str(path), "server")
     streaming = site_tracking_wanted(cfg for cfg, _, _ in experiments)
     if streaming:  # FLARE experiment tracking: the sites' scalars to the server's TensorBoard files
         from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
@@ -107,6 +113,7 @@ def build_job(experiments: list[tuple[Any, str, bool]], *, name: Optional[str] =
         job.to_server(TBAnalyticsReceiver(tb_folder=TB_FOLDER), id="fedcxr_tb_receiver")
     script = Path(client_script or client_script_path())
     filters = job_filters(experiments)
+    filtered = filtered_tasks(cfg for cfg, _, _ in experiments)
     for site in sites:
         # the script travels in the site's app (custom/) and is found there by name: no machine path in the job
         executor = ClientAPIExecutor(execution_mode="in_process", task_script_path=script.name,
@@ -114,7 +121,7 @@ def build_job(experiments: list[tuple[Any, str, bool]], *, name: Optional[str] =
                                      server_expected_format=ExchangeFormat.RAW)
         job.to(executor, site, tasks=["*"])
         for item in result_filters(filters):
-            job.to(_exportable(item), site, filter_type=FilterType.TASK_RESULT, tasks=list(FILTERED_TASKS))
+            job.to(_exportable(item), site, filter_type=FilterType.TASK_RESULT, tasks=filtered)
         if streaming:
             from nvflare.apis.analytix import ANALYTIC_EVENT_TYPE
             from nvflare.app_common.widgets.convert_to_fed_event import ConvertToFedEvent
@@ -122,9 +129,51 @@ def build_job(experiments: list[tuple[Any, str, bool]], *, name: Optional[str] =
             job.to(ConvertToFedEvent(events_to_convert=[ANALYTIC_EVENT_TYPE], fed_event_prefix="fed."), site,
                    id="fedcxr_event_to_fed")
         job.add_file_to(str(script), site)
+        for path in shipped.values():
+            job.add_file_to(str(path), site)
         if site_configs and site in site_configs:
             job.add_file_to(str(site_configs[site]), site)
     return job
+
+
+def filtered_tasks(cfgs) -> list[str]:
+    """The tasks whose replies carry model updates (``SiteTask.filtered``): the site runner's ``train``,
+    every built-in method's, and the experiments' own methods' — what ``privacy.filters`` act on."""
+    from fedcxr.pipeline.protocols.methods import site_tasks
+    from fedcxr.pipeline.site_runner import TASKS
+
+    names = [name for name, task in TASKS.items() if task.filtered]
+    for cfg in cfgs:
+        names += [name for name, task in site_tasks(cfg.method).items() if task.filtered]
+    return sorted(set(names))
+
+
+def method_files(cfgs) -> dict[str, Path]:
+    """module name → file of each experiment's method from a file (``method: path/to/file.py:Name``),
+    shipped in every app's custom code; refused when two experiments' files share a name. A method from
+    an installed module (``package.module:Name``) is not shipped: the server and each site install it
+    (and a site lists it under ``allow_methods``)."""
+    out: dict[str, Path] = {}
+    for cfg in cfgs:
+        source = cfg.method.rpartition(":")[0]
+        if not source.endswith(".py"):
+            continue
+        path = Path(source).resolve()
+        if not path.stem.isidentifier() or path.stem in (Path(CLIENT_SCRIPT).stem, "fedcxr"):
+            raise UserError(f"method {cfg.method}: FLARE ships the method as its file {path.name} and imports it as "
+                            f"module {path.stem!r}; rename the file to a Python identifier (not fedcxr's names)")
+        if path.stem in out and out[path.stem] != path:
+            raise UserError(f"methods {out[path.stem]} and {path} of one FLARE job share the module name "
+                            f"{path.stem!r}; rename one file")
+        out[path.stem] = path
+    return out
+
+
+def job_method(method: str) -> str:
+    """The ``method`` a job's config names: as written, except a method from a file, named as
+    ``<file stem>:Name`` — the module shipped in the job's custom code (:func:`method_files`)."""
+    source, _, name = method.rpartition(":")
+    return f"{Path(source).stem}:{name}" if source.endswith(".py") else method
 
 
 def job_filters(experiments: list) -> list[dict]:
@@ -197,7 +246,7 @@ def site_tracking_wanted(cfgs) -> bool:
 
 
 def job_name(cfg) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", f"fedcxr-{cfg.name}-{cfg.method}".lower()).strip("-")[:60]
+    return re.sub(r"[^a-z0-9-]+", "-", f"fedcxr-{cfg.name}-{cfg.method_name}".lower()).strip("-")[:60]
 
 
 def export_job(experiments: list, job_dir: Path, *, task_timeout: int = 0, site_configs=None,

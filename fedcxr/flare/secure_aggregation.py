@@ -51,6 +51,7 @@ from fedcxr.flare.sealing import (
     block_names,
     check_context,
     context_slots,
+    data_key,
     entries_of,
     is_sealed,
     layout_key,
@@ -203,9 +204,26 @@ def decrypt_run(run_dir: Path, context) -> bool:
     return True
 
 
+def own_sealed_model(params: Mapping[str, torch.Tensor]) -> dict:
+    """A site's own model as the server sends it for evaluation: the global model with the site's sealed
+    local block beside it. When that local block holds every entry of the global's model block (a
+    personalised method whose site keeps its whole model, its protocol's ``eval_local_keys``), the model block adds
+    nothing and is left out, so the site opens no entry twice (:func:`~fedcxr.flare.sealing.open_sealed`
+    refuses an entry in two blocks). Only the blocks' layouts are read, never a ciphertext."""
+    names = block_names(params)
+    if MODEL_BLOCK not in names or LOCAL_BLOCK not in names:
+        return dict(params)
+    model = {key for key, _, _ in parse_block(params, MODEL_BLOCK)[0].entries}
+    local = {key for key, _, _ in parse_block(params, LOCAL_BLOCK)[0].entries}
+    if not model <= local:
+        return dict(params)
+    return {k: v for k, v in params.items() if k not in (data_key(MODEL_BLOCK), layout_key(MODEL_BLOCK))}
+
+
 def local_block_of(state: Mapping[str, torch.Tensor]) -> bool:
     """Whether ``state`` is a site's sealed local state (one block ``local``, nothing in the clear)."""
     return not plain_part(state) and block_names(state) == [LOCAL_BLOCK]
 
 
-__all__ = ["HE", "SealedAggregation", "decrypt_run", "final_is_sealed", "local_block_of", "open_final"]
+__all__ = ["HE", "SealedAggregation", "decrypt_run", "final_is_sealed", "local_block_of", "open_final",
+           "own_sealed_model"]

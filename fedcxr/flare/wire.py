@@ -21,7 +21,10 @@ reads it back with :func:`~fedcxr.pipeline.messages.parse_task_config`, so a tas
 or a missing key, or a value of the wrong type, is refused (:func:`decode_task`) before any
 training. Version 2: typed configs and explicit weight types (version 1 sent untyped configs
 and a ``diff`` flag). Version 3: ``seal`` — a site of version 2 would answer a task that asks for
-a sealed reply in the clear, so it refuses the task instead.
+a sealed reply in the clear, so it refuses the task instead. Version 4: a method's own tasks
+(``train_prox``, ``train_scaffold``, ``train_gp``, ...) with the config types their modules declare;
+``train`` no longer carries method fields (``prox_mu``, ``combine``, ...) — a site of version 3
+would refuse the new tasks as unknown, and answer an old server's method fields wrongly.
 
 A task whose ``seal`` is ``he`` (``privacy.secure_aggregation``) is answered with every model
 sealed (:mod:`fedcxr.flare.sealing`): its ``p/`` entries are then only ``sealed.<block>.data`` and
@@ -56,6 +59,7 @@ import torch
 
 from fedcxr.pipeline.messages import (
     DELTAS,
+    TASK_CONFIGS,
     WEIGHT_TYPES,
     WEIGHTS,
     Reply,
@@ -69,7 +73,7 @@ from fedcxr.pipeline.screening import describe_number
 from fedcxr.pipeline.state import check_update
 
 META_KEY = "fedcxr"
-WIRE_VERSION = 3
+WIRE_VERSION = 4
 #: ``seal`` values of a task: None (plain replies) or the mode of ``privacy.secure_aggregation``
 SEALS = (None, "he")
 PARAM_PREFIX = "p/"
@@ -132,8 +136,9 @@ def encode_task(task: str, params: Optional[StateDict], config: Optional[TaskCon
         raise ValueError(f"seal must be one of {SEALS}, got {seal!r}")
     if reply_weight_type not in WEIGHT_TYPES:
         raise ValueError(f"reply_weight_type must be one of {WEIGHT_TYPES}, got {reply_weight_type!r}")
-    try:
-        typed = parse_task_config(task, config)
+    try:  # a method's task config is typed by its module (the protocol built it): it travels as it is
+        typed = config if isinstance(config, TaskConfig) and task not in TASK_CONFIGS else \
+            parse_task_config(task, config)
     except TaskConfigError as exc:  # the server's own bug: never sent
         raise ValueError(str(exc)) from None
     arrays = to_numpy(params, PARAM_PREFIX) if params is not None else {}
@@ -145,7 +150,9 @@ def encode_task(task: str, params: Optional[StateDict], config: Optional[TaskCon
 
 def decode_task(params: Optional[Mapping[str, Any]], meta: Optional[Mapping[str, Any]]) -> dict:
     """``{"task", "params", "config", "runner", "run", "reply_weight_type", "seal"}`` from a received task;
-    ``config`` is the task's typed config, parsed here (:class:`WireError` naming the key at fault)."""
+    ``config`` is the task's typed config, parsed here (:class:`WireError` naming the key at fault) for the
+    tasks every site runner answers; a method's task config (a mapping of JSON values here) is parsed by
+    the runner with the type its method declares, before any work."""
     body = (meta or {}).get(META_KEY)
     if not isinstance(body, dict) or body.get("kind") != "task":
         raise WireError("not a fedcxr task (no 'fedcxr' task block in the meta)")
@@ -155,8 +162,12 @@ def decode_task(params: Optional[Mapping[str, Any]], meta: Optional[Mapping[str,
     task = body.get("task")
     if not isinstance(task, str):
         raise WireError("the task has no name")
+    config = body.get("config")
     try:
-        config = parse_task_config(task, body.get("config"))
+        if task in TASK_CONFIGS:
+            config = parse_task_config(task, config)
+        elif not isinstance(config, Mapping):
+            raise TaskConfigError(f"task {task[:60]!r}: expected a mapping of keys, got {type(config).__name__}")
     except TaskConfigError as exc:
         raise WireError(str(exc)) from None
     weight_type = body.get("reply_weight_type", WEIGHTS)

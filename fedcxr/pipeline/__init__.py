@@ -14,15 +14,16 @@ run                   ``run_driver`` (the transport-agnostic run driver: rounds,
 transports            ``inprocess`` (every site in this process, the default),
                       ``simulated_consortium`` (those sites on a virtual clock: ``simulate:``);
                       NVIDIA FLARE lives one level up in :mod:`fedcxr.flare` (it imports this package)
-protocols             ``protocols/`` (one module per family of methods, by the papers' names;
-                      ``protocols/methods`` the one table of method names; what other modules
-                      need to know about a method is a property of its protocol)
+protocols             ``protocols/`` (a method is one module: protocol, options, site tasks and
+                      their share of the task envelope, names; ``protocols/methods`` the registry
+                      derived from the modules; what other modules need to know about a method
+                      is a property of its protocol), ``config_compat`` (former config keys)
 protocol framework    ``protocols/base`` (context, task configs, asking sites, reply checks,
                       per-method defaults), ``transport`` (the interface), ``combine``
                       (GP/FedDA/FedGP applied from a round's spec)
 site side             ``site_runner`` (one site: its data, model, local state, and the explicit
-                      registry of the tasks it answers), ``site_tasks`` (the tasks beyond
-                      metadata/train/evaluate), ``shared_task`` (one output every site maps its
+                      tasks it answers by itself; a method's own tasks live in its module in
+                      ``protocols/``), ``shared_task`` (one output every site maps its
                       condition onto), ``local`` (the local training loop), ``losses`` (masked
                       BCE, aux CE, FedProx's term), ``optimizers`` (the local optimiser and its
                       kept state), ``forward`` (probabilities over a loader, the quick AUROC),
@@ -32,10 +33,10 @@ rules and helpers     ``aggregate/`` (pure aggregation rules, one module per fam
                       surgical, projection, auto_weighting, fact, robust, server_opt), ``screening``
                       (pure checks of a reply's counts and update norm), ``state`` (state-dict
                       plumbing, the one flatten), ``messages`` (a leaf: the typed task configs,
-                      the reply with its weight type, the payload layouts), ``config`` (the
-                      experiment YAML; ``config_consortium`` its ``participation:`` and
-                      ``simulate:`` blocks), ``participation`` (which sources a round asks),
-                      ``virtual_clock`` (a simulated consortium's arithmetic), ``engine`` (how training uses the hardware: AMP,
+                      the reply with its weight type), ``config`` (the experiment YAML; it checks
+                      a method's options against its module; ``config_consortium`` its
+                      ``participation:`` and ``simulate:`` blocks), ``participation`` (which sources a
+                      round asks), ``virtual_clock`` (a simulated consortium's arithmetic), ``engine`` (how training uses the hardware: AMP,
                       channels-last, cuDNN, loader workers, offloading), ``keys`` (derived seeds,
                       local-state key prefixes: server and sites alike), ``run_log``,
                       ``labeled_rows`` (which labeled target rows a site trains on: the cap, the

@@ -15,9 +15,15 @@ Example::
     seed: 0
 
 Every key is checked: an unknown key, a missing site folder, an unknown class or method
-stops with exit code 2 and a message naming the key. ``method`` was called ``strategy`` before;
-both names are accepted (in the YAML and in ``--set``), and a config's fingerprint is the same
-under either, so runs started with ``strategy:`` resume.
+stops with exit code 2 and a message naming the key.
+
+A method's own options live under its own key, declared by its module (docs/methods.md):
+``fedprox: {mu: 0.01}``, ``gp: {beta: 0.5, warmup_rounds: 2}``, ... Every registered method's
+block is accepted (a sweep runs one config under several methods) and checked at load
+(:func:`fedcxr.pipeline.protocols.methods.option_models`; ``method: path/to/file.py:Name`` adds that
+method's block); :meth:`ExperimentConfig.options` reads one, typed. Former names of keys (``strategy``
+for ``method``, the method options that were top-level keys) keep loading, with the same
+fingerprint: :mod:`fedcxr.pipeline.config_compat`, the one place that knows them.
 
 Per-method defaults (optimiser, target batch size, warm-up rounds, ...) are the method's, set
 and documented in its protocol (:mod:`fedcxr.pipeline.protocols`: ``task_defaults`` and the class
@@ -34,12 +40,22 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator,
-                      model_validator)
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_serializer, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from fedcxr.errors import UserError
+from fedcxr.pipeline import config_compat
 from fedcxr.escape import short
 from fedcxr.pipeline import config_consortium as consortium
+# the bounds on every size and count (SECURITY.md R7) and the privacy/aggregation/defences sections live in
+# modules of their own; their names are re-exported here (``fedcxr.pipeline.config.MAX_SITE_ROWS``, ...)
+from fedcxr.pipeline.config_bounds import (  # noqa: F401
+    MAX_BATCH, MAX_EPOCHS, MAX_FILTERS, MAX_HIDDEN, MAX_IMAGE_SIZE, MAX_NAME, MAX_PATH, MAX_ROUNDS, MAX_ROWS, MAX_SITES,
+    MAX_SITE_ROWS, MAX_STEPS, MAX_WORKERS)
+from fedcxr.pipeline.config_bounds import Strict as _Strict
+from fedcxr.pipeline.config_bounds import refuse as _refuse
+from fedcxr.pipeline.config_defences import (  # noqa: F401
+    FILTERS, NEW_DEFENCES, AggregationConfig, DefencesConfig, DPConfig, PrivacyConfig)
 from fedcxr.pipeline.config_errors import error_line
 from fedcxr.suggest import did_you_mean
 from fedcxr.site_adapters.site_names import MAX_SITE_NAME
@@ -47,33 +63,6 @@ from fedcxr.yamlfile import check_size, read_yaml
 from fedcxr.vocab import AUX_TASKS, CLASS_SET
 
 
-#: Keys of older configs that were replaced, with what to write instead (exit 2 naming it).
-RENAMED_KEYS = {
-    "head_warmup_rounds": "use `head_warmup: {epochs: N, lr: 1e-3}` (head-only local epochs before the first "
-                          "round, the best-validation head kept, as the surgical aggregation code; epochs: 0 "
-                          "turns it off)",
-    "surgical_weighting": "use `backbone_weighting: uniform|samples` (it now applies to every method's "
-                          "backbone average, not only FL_Surgical)",
-}
-
-
-#: Bounds on every size and count (SECURITY.md R7): past them a run would only die allocating memory
-#: (``image_size: 100000``, ``model.hidden: 1e9``) or never end. Generous for real studies.
-MAX_IMAGE_SIZE = 2048
-MAX_HIDDEN = 16384
-MAX_BATCH = 4096
-MAX_ROUNDS = 100_000
-MAX_EPOCHS = 10_000
-MAX_STEPS = 10_000_000
-MAX_ROWS = 10**9
-#: The most training rows one site may report or be declared with (``fedcxr.pipeline.screening``):
-#: the largest public chest X-ray collections hold well under a million rows.
-MAX_SITE_ROWS = 10**8
-MAX_SITES = 1000
-MAX_WORKERS = 256
-MAX_NAME = 100
-MAX_PATH = 4096
-MAX_FILTERS = 16
 #: error lines shown for one invalid config (the rest are counted)
 MAX_ERROR_LINES = 20
 
@@ -92,16 +81,6 @@ def _nearest_classes(unknown: list) -> str:
         if hint:
             return hint if len(unknown) == 1 else hint.replace("(did you mean", f"({short(name, 40)}: did you mean", 1)
     return ""
-
-
-def _refuse(message: str):
-    """Raise the ValueError pydantic reports under the key being validated."""
-    raise ValueError(message)
-
-
-class _Strict(BaseModel):
-    # every float finite: ``lr: .inf`` or ``alpha: .nan`` is refused naming the key
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class LocalTrainingConfig(_Strict):
@@ -167,16 +146,6 @@ class TargetTrainingConfig(LocalTrainingConfig):
         return _refuse(f"a fraction of the train rows is in (0, 1] (a count is a whole number ≥ 1), got {value}")
 
 
-class HeadWarmupConfig(_Strict):
-    """FL, FL_PartialLoss, FL_Surgical, PFL: head-only local epochs before round 0 (surgical aggregation code)."""
-
-    epochs: int = Field(15, ge=0, le=MAX_EPOCHS, description="head-only epochs on the frozen backbone, the head with the lowest "
-                        "validation loss kept; each client starts round 0 from its own warmed model (surgical "
-                        "aggregation code: warmup_epochs=15, ModelCheckpoint on val_loss); 0: no warm-up")
-    lr: float = Field(1e-3, gt=0, description="Adam learning rate of the warm-up (its __train_local default 1e-3)")
-    batch_size: Optional[int] = Field(None, ge=1, le=MAX_BATCH, description="default: source.batch_size")
-
-
 class SharedTaskConfig(_Strict):
     """One binary output shared by every site, each site mapping its own condition onto it
     (AuxInfo+GP paper's CheXpert domains; :mod:`fedcxr.pipeline.shared_task`)."""
@@ -229,91 +198,6 @@ class ModelConfig(_Strict):
         return value
 
 
-class DPConfig(_Strict):
-    """DP-SGD (Opacus) for every site's local training: per-sample clipping plus Gaussian noise.
-
-    Needs ``pip install 'fedcxr[dp]'`` and a GroupNorm backbone (``model.norm: group``):
-    Opacus refuses BatchNorm, whose statistics mix the samples of a batch. Each site's ε
-    (for ``delta``) is accumulated over rounds and reported per site in ``run.json``.
-    """
-
-    noise_multiplier: float = Field(1.0, gt=0, le=1e6, description="σ: noise std / max_grad_norm")
-    max_grad_norm: float = Field(1.0, gt=0, description="per-sample gradient clipping norm C")
-    delta: float = Field(1e-5, gt=0, lt=1, description="δ of the reported (ε, δ)")
-
-
-class PrivacyConfig(_Strict):
-    """Who sees which update in the GP-family methods, FLARE output filters and DP (README "Privacy modes").
-
-    * ``combine_at`` — fixed-β GP, FedDA, FedGP: ``server`` (default; the target sends its
-      fine-tuned model, the server combines, no source update reaches a peer hospital) or
-      ``target`` (the server sends every source update to the target, which combines).
-    * ``auto_weights_at`` — FedDA_Auto/FedGP_Auto: ``server`` (default; the target also sends
-      its per-batch updates, B × model size, to the server) or ``target`` (the sources'
-      updates go to the target, which estimates β_i and combines).
-    * ``filters`` — NVFLARE result filters every site applies to what it sends (FLARE runs only):
-      ``{exclude_vars: REGEX | [names]}`` (those entries keep the global value) and
-      ``{percentile_privacy: {percentile: 10, gamma: 0.01}}`` (Shokri & Shmatikov). With any
-      filter, sites send updates as differences from the model they received.
-    * ``dp`` — DP-SGD local training (:class:`DPConfig`); null: off.
-    * ``secure_aggregation`` — ``he``: every model a site sends is CKKS-encrypted under the clients'
-      key (FLARE provisioning's ``HEBuilder``) and the server only sums ciphertexts
-      (:mod:`fedcxr.flare.secure_aggregation`); FLARE runs of methods whose server needs only a
-      weighted sum. The server then cannot read an update: the value checks of ``defences:``
-      (``norm_factor``, ``norm_limit``, ``check_variance``) must be turned off to acknowledge it
-      (counts and the ciphertexts' structure are still checked), and no robust ``aggregation.rule``
-      or ``filters`` apply. null: off (README "Secure aggregation", SECURITY.md).
-    """
-
-    combine_at: Literal["server", "target"] = "server"
-    auto_weights_at: Literal["server", "target"] = "server"
-    filters: list[dict[str, Any]] = Field(default_factory=list)
-    dp: Optional[DPConfig] = None
-    secure_aggregation: Optional[Literal["he"]] = Field(
-        None, description="he: sites send CKKS-encrypted models and the FLARE server sums ciphertexts it cannot "
-        "read (README 'Secure aggregation'); null: off")
-
-    @field_validator("filters")
-    @classmethod
-    def _known_filters(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if len(value) > MAX_FILTERS:
-            raise ValueError(f"{len(value)} filters (at most {MAX_FILTERS})")
-        for i, item in enumerate(value):
-            if not isinstance(item, dict) or len(item) != 1 or next(iter(item)) not in FILTERS:
-                raise ValueError(f"filters[{i}]: each filter is one of {{{', '.join(FILTERS)}: ...}}, "
-                                 f"got {short(item)}")
-            kind, args = next(iter(item.items()))
-            if kind == "exclude_vars":
-                ok = isinstance(args, str) and 0 < len(args) <= 1000 or (
-                    isinstance(args, list) and 0 < len(args) <= MAX_ROWS and all(isinstance(a, str) for a in args))
-                if not ok:
-                    raise ValueError(f"filters[{i}].exclude_vars: a regular expression (at most 1000 characters) or "
-                                     "a list of entry names")
-                if isinstance(args, str):
-                    try:
-                        re.compile(args)
-                    except re.error as exc:
-                        raise ValueError(f"filters[{i}].exclude_vars: not a regular expression "
-                                         f"({short(str(exc), 120)})") from None
-            else:
-                unknown = sorted(set(args or {}) - {"percentile", "gamma"}) if isinstance(args, dict) else ["?"]
-                if unknown:
-                    raise ValueError(f"filters[{i}].percentile_privacy: a mapping of percentile and gamma, "
-                                     f"got {short(args)}")
-                try:
-                    percentile, gamma = float(args.get("percentile", 10)), float(args.get("gamma", 0.01))
-                except (TypeError, ValueError):
-                    percentile = gamma = float("nan")
-                if not (0 <= percentile <= 100 and 0 < gamma < float("inf")):
-                    raise ValueError(f"filters[{i}].percentile_privacy: percentile in 0..100, gamma > 0 "
-                                     "(finite numbers)")
-        return value
-
-
-#: FLARE result filters ``privacy.filters`` may name (mapped in :mod:`fedcxr.flare.job`).
-FILTERS = ("exclude_vars", "percentile_privacy")
-
-
 class EngineConfig(_Strict):
     """How training uses the hardware (:mod:`fedcxr.pipeline.engine`); ``null`` = auto.
 
@@ -340,81 +224,6 @@ class EngineConfig(_Strict):
                               "one after another); never changes a result")
 
 
-class AggregationConfig(_Strict):
-    """How the server combines the sites' models where a method averages them (README "Robust aggregation").
-
-    ``rule`` (pure functions in :mod:`fedcxr.pipeline.aggregate`): ``mean`` (FedAvg/FedBN, the
-    default), ``median`` (coordinate-wise), ``trimmed_mean`` (``trim`` = β cut from each end),
-    ``krum`` / ``multi_krum`` (``byzantine`` = f, ``select`` = m), ``clip`` (each update's norm
-    bounded by ``clip_norm``, the round's median update norm when null). A bare string is
-    accepted: ``aggregation: median``.
-    """
-
-    rule: Literal["mean", "median", "trimmed_mean", "krum", "multi_krum", "clip"] = "mean"
-    trim: float = Field(0.1, ge=0, lt=0.5, description="trimmed_mean: fraction β of values cut from each end "
-                        "per coordinate (int(β·n) of n, as scipy/Flower)")
-    byzantine: int = Field(1, ge=0, le=1000, description="krum / multi_krum: f, the number of hostile sites "
-                           "tolerated (needs at least 2f+3 replies per round)")
-    select: Optional[int] = Field(None, ge=1, le=1000, description="multi_krum: m, the number of models "
-                                  "averaged (default n − f)")
-    clip_norm: Optional[float] = Field(None, gt=0, allow_inf_nan=False, description="clip: the update-norm "
-                                       "bound M (null: the median of the round's update norms)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _bare_rule(cls, data: Any) -> Any:
-        """``aggregation: median`` is short for ``aggregation: {rule: median}``."""
-        return {"rule": data} if isinstance(data, str) else data
-
-
-class DefencesConfig(_Strict):
-    """Checks of every site's reply before it is aggregated (on by default; README "Robust aggregation").
-
-    Refused replies are recorded with their reason in ``run.json`` (``refused``) and
-    ``metrics.jsonl``; NaN/Inf and wrong shapes are always refused.
-    """
-
-    check_counts: bool = Field(True, description="refuse a reply claiming more training rows than its site "
-                               "reported at the start of the run (or more optimiser steps than the task "
-                               "allowed); a count that is not a non-negative integer is always refused")
-    check_variance: bool = Field(True, description="refuse a reply whose BatchNorm running variance is "
-                                 "negative (no training makes one; a sign-flipped update does, and every "
-                                 "prediction of the model becomes NaN)")
-    norm_factor: Optional[float] = Field(10.0, gt=1, allow_inf_nan=False, description="k: refuse an update "
-                                         "whose norm per optimiser step and unit of learning rate exceeds k × "
-                                         "the median of the round's other replies (needs 2 others; null: off)")
-    norm_limit: Optional[float] = Field(100.0, gt=0, allow_inf_nan=False, description="refuse an update with "
-                                        "‖Δ‖ above this many times ‖θ0‖, the model it started from (any number "
-                                        "of replies, a lone source too; null: off)")
-    stop_on_suspect: bool = Field(True, description="stop the run (exit 1) naming the suspect when a site's "
-                                  "update turns NaN/Inf after another site's reply was refused in an earlier "
-                                  "round, or when most replies (of three or more) are refused two rounds in a "
-                                  "row")
-    bn_factor: Optional[float] = Field(3.0, gt=1, allow_inf_nan=False, description="refuse a reply whose "
-                                       "BatchNorm running statistics move more than this many times the median "
-                                       "of the round's other replies and more than half a standard deviation "
-                                       "(RMS over channels; needs 2 others; null: off). Tighter than norm_factor: "
-                                       "honest sites' statistics move alike, and a shift of one standard "
-                                       "deviation by one site of five costs ~0.1 AUROC (BENCHMARKS.md)")
-    max_share: Optional[float] = Field(0.5, gt=0, le=1, allow_inf_nan=False, description="the largest share of "
-                                       "a round's sample-weighted average one source may hold, and of the "
-                                       "consortium's rows its step budget is planned from (with three or more "
-                                       "sources; 0.5: no site outweighs all the others together, which no site "
-                                       "of a balanced consortium does; null or 1: off)")
-    declared_sizes: dict[str, StrictInt] = Field(
-        default_factory=dict, max_length=MAX_SITES, description="{site: training rows} the consortium agreed on "
-        f"outside fedcxr (0 to {MAX_SITE_ROWS:,}); a site reporting more at the start of the run stops it (exit 2), "
-        "and its size is credited as at most this. Unset sites: their own word, bounded by max_share")
-
-    @field_validator("declared_sizes")
-    @classmethod
-    def _declared_counts(cls, value: dict[str, int]) -> dict[str, int]:
-        for site, rows in value.items():
-            if isinstance(rows, bool) or not 0 <= rows <= MAX_SITE_ROWS:
-                _refuse(f"{short(site)}: {short(rows)} is not a count of training rows (0 to {MAX_SITE_ROWS:,})")
-        return value
-
-
 class ExperimentConfig(_Strict):
     name: str = Field("experiment", description="the run's name (the default run folder is runs/<name>-...): "
                       f"1 to {MAX_NAME} characters, no '/', '\\' or control character, not only dots")
@@ -422,33 +231,17 @@ class ExperimentConfig(_Strict):
     sites: list[str] = Field(..., min_length=1, max_length=MAX_SITES, description="source site folders (or all sites)")
     target: Optional[str] = None
     method: str = Field(
-        None, max_length=MAX_NAME, validation_alias=AliasChoices("method", "strategy"), validate_default=True,
-        description="the method, by its paper's name (README 'Methods'; unset: FedAvg); `strategy` is its former "
-        "name, still accepted")
+        None, max_length=MAX_PATH, validation_alias=config_compat.METHOD_KEYS, validate_default=True,
+        description="the method, by its paper's name (README 'Methods'; unset: FedAvg), or a method of your own: "
+        "path/to/file.py:Name or package.module:Name (README 'Your own method'); `strategy` is its former name, "
+        "still accepted")
     rounds: int = Field(5, ge=0, le=MAX_ROUNDS)
-    warmup_rounds: Optional[int] = Field(
-        None, ge=0, le=MAX_ROUNDS, description="GP/FedDA/FedGP: the first rounds (counted in `rounds`) are warm-up "
-        "rounds (plain FedAvg; GP: FedAvg, then the projection starts from it); " + METHOD_DEFAULT)
-    post_warmup_lr_scale: Optional[float] = Field(
-        None, gt=0, description="multiplies source and target learning rates after the warm-up rounds; "
-        + METHOD_DEFAULT)
-    auto_alignment: Literal["lr_s_over_lr_t", "lr_t_over_lr_s"] = Field(
-        "lr_s_over_lr_t", description="FedDA_Auto/FedGP_Auto: the factor the target's per-batch updates are "
-        "multiplied by before the β estimators compare them with the sources' mean step. lr_s_over_lr_t "
-        "(default): a step moves the weights by about its lr, so this brings a target step to the sources' step "
-        "size; lr_t_over_lr_s: the AutoFedGP DomainBed script's `grads_all_epochs * args.lr_ratio`, kept to "
-        "replay it (README: a deliberate departure; FedGP_Auto's β does not depend on it, FedDA_Auto's does)")
     source: LocalTrainingConfig = LocalTrainingConfig()
     target_train: TargetTrainingConfig = TargetTrainingConfig()
-    finetune_offline_epochs: int = Field(
-        50, ge=1, le=MAX_EPOCHS, description="Finetune_Offline: target fine-tuning passes after the last FedAvg round, each "
-        "one `target_train` budget with a fresh optimiser (FedGP paper App. C: 'the same number of 50 epochs "
-        "of fine-tuning after FedAvg'; AutoFedGP main_domain_bed_offline.py calls train() once per epoch)")
     alpha: float = Field(1.0, ge=0, description="weight of auxiliary losses (AuxInfo)")
     aux_reduction: Literal["sum", "mean"] = Field(
         "sum", description="AuxInfo: `sum` (the paper's Eq. 2: α·Σ_k over the auxiliary tasks) or `mean` (α·the "
         "mean over the tasks with a known row in the batch: α then weighs the same whatever the number of tasks)")
-    beta: float = Field(0.5, ge=0, le=1, description="GP: weight of the source projection")
     aux_tasks: list[str] = Field(default_factory=lambda: list(AUX_TASKS))
     aux_info: Optional[bool] = Field(None, description="force AuxInfo (the auxiliary heads' losses) on/off; "
                                      + METHOD_DEFAULT)
@@ -458,23 +251,12 @@ class ExperimentConfig(_Strict):
         "(1/K) or `samples` (n_i/Σn); " + METHOD_DEFAULT)
     aggregation: AggregationConfig = Field(AggregationConfig(), description=AggregationConfig.__doc__)
     defences: DefencesConfig = Field(DefencesConfig(), description=DefencesConfig.__doc__)
-    head_warmup: HeadWarmupConfig = Field(HeadWarmupConfig(), description=HeadWarmupConfig.__doc__)
     optimizer_state: Optional[Literal["fresh", "kept"]] = Field(
         None, description="`kept`: each site's optimiser state carries over from round to round (saved in "
         "checkpoints); `fresh`: a new optimiser every round; " + METHOD_DEFAULT)
     participation: consortium.ParticipationConfig = Field(consortium.ParticipationConfig(),
                                                           description=consortium.ParticipationConfig.__doc__)
     simulate: Optional[consortium.SimulateConfig] = Field(None, description=consortium.SimulateConfig.__doc__)
-    fedprox_mu: Optional[float] = Field(
-        None, ge=0, description="FedProx(_Finetune): μ of the proximal term μ/2·‖w − w^t‖² in every source's loss "
-        "(Li et al. 2020, Eq. 2; μ = 0 is FedAvg); " + METHOD_DEFAULT)
-    server_lr: Optional[float] = Field(
-        None, gt=0, description="server learning rate: η of FedAdam/FedYogi/FedAdagrad(_Finetune)'s server "
-        "optimiser, SCAFFOLD(_Finetune)'s global step size η_g; " + METHOD_DEFAULT)
-    server_betas: Optional[tuple[float, float]] = Field(
-        None, description="FedOpt's decay rates (β1, β2), each in [0, 1); " + METHOD_DEFAULT)
-    server_tau: Optional[float] = Field(
-        None, gt=0, description="FedOpt's adaptivity τ (√v_t + τ in the step; v starts at τ²); " + METHOD_DEFAULT)
     model: ModelConfig = ModelConfig()
     task: Optional[SharedTaskConfig] = Field(None, description=SharedTaskConfig.__doc__)
     class_source: Literal["target", "union", "sources"] = "target"
@@ -499,44 +281,100 @@ class ExperimentConfig(_Strict):
         None, description="per-round scalars: tensorboard (RUN_DIR/tensorboard), mlflow, none; "
                           "default tensorboard when installed (fedcxr.tracking)")
 
-    @model_validator(mode="before")
+    #: every method's options block, typed (config key → MethodOptions): :meth:`options`
+    _options: dict = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
     @classmethod
-    def _renamed_keys(cls, data: Any) -> Any:
-        """An old config using a key that was replaced stops naming the new key (never silently ignored)."""
-        if isinstance(data, dict):
-            for old, new in RENAMED_KEYS.items():
-                if old in data:
-                    raise ValueError(f"`{old}` was replaced: {new}")
-            data = consortium.move_min_sites(data)  # the former top-level key of participation.min_sites
-            if "method" in data and "strategy" in data:
-                raise ValueError("both `method` and `strategy` are given: they are one key (`strategy` is the former "
-                                 "name of `method`); keep `method`")
-        return data
+    def _method_options(cls, data: Any, handler) -> "ExperimentConfig":
+        """Every method's options block (``fedprox: {...}``), checked by the model its method module
+        declares; errors of the blocks and of the other keys reported together, each under its key.
+
+        First, an old config using a key that was replaced stops naming the new key (never silently
+        ignored), and a method option that moved under its method's key is put there
+        (:mod:`~fedcxr.pipeline.config_compat`)."""
+        if not isinstance(data, dict):
+            return handler(data)
+        data = config_compat.upgrade(data)
+        data = consortium.move_min_sites(data)  # the former top-level key of participation.min_sites
+        former = config_compat.written_as(data)
+        models, problem = _option_models(data)
+        rest = {k: v for k, v in data.items() if k not in models}
+        errors: list[InitErrorDetails] = []
+        blocks = {}
+        for key, model in models.items():
+            try:
+                blocks[key] = model.model_validate(data.get(key) if data.get(key) is not None else {})
+            except ValidationError as exc:
+                errors += [_located(err, (key,), former) for err in exc.errors()]
+        config = None
+        try:
+            config = handler(rest)
+        except ValidationError as exc:
+            errors = [_located(err, ()) for err in exc.errors()] + errors
+        if problem and not any(err["loc"][:1] == ("method",) for err in errors):
+            errors.insert(0, problem)
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        config._options = blocks
+        return config
+
+    @model_serializer(mode="wrap")
+    def _dump_options(self, handler, info) -> dict:
+        """The options blocks at the top level, right after ``method`` (as a user writes them)."""
+        data = handler(self)
+        if not isinstance(data, dict) or not self._options:
+            return data
+        blocks = {key: block.model_dump(mode=info.mode) for key, block in self._options.items()}
+        out: dict = {}
+        for key, value in data.items():
+            out[key] = value
+            if key == "method":
+                out.update(blocks)
+        return out if "method" in data else {**data, **blocks}
 
     @field_validator("method", mode="before")
     @classmethod
     def _known_method(cls, value: Any) -> str:
-        """A method of the protocols' table (checked at load, naming the known ones); unset: the default."""
-        # imported here: the protocols import this module (the table itself imports nothing)
-        from fedcxr.pipeline.protocols.methods import DEFAULT_METHOD, METHODS, unknown_method
+        """A method of the registry or a reference to one of your own (checked at load, naming the known
+        ones); unset: the default."""
+        # imported here: the registry imports the method modules (torch), loaded only to validate a config
+        from fedcxr.pipeline.protocols.methods import DEFAULT_METHOD, METHODS, resolve, unknown_method
 
         if value is None:
             return DEFAULT_METHOD
-        if not isinstance(value, str) or value not in METHODS:
+        if not isinstance(value, str):
             raise ValueError(unknown_method(value))
+        if value not in METHODS:
+            try:
+                resolve(value)
+            except UserError as exc:
+                raise ValueError(str(exc)) from None
+            source, _, name = value.rpartition(":")
+            if source.endswith(".py"):  # the file's absolute path: config.yaml of the run names it wherever it runs
+                value = f"{Path(source).expanduser().resolve()}:{name}"
         return value
 
     @property
+    def method_name(self) -> str:
+        """The method's name (run folders, reports): :attr:`method`, or the ``Name`` of ``file.py:Name``."""
+        from fedcxr.pipeline.protocols.methods import method_name
+
+        return method_name(self.method)
+
+    @property
     def strategy(self) -> str:
-        """The former name of :attr:`method`."""
+        """The former name of :attr:`method` (:mod:`~fedcxr.pipeline.config_compat`)."""
         return self.method
 
-    @field_validator("server_betas")
-    @classmethod
-    def _decay_rates(cls, value: Optional[tuple[float, float]]) -> Optional[tuple[float, float]]:
-        if value is not None and not all(0.0 <= b < 1.0 for b in value):
-            raise ValueError(f"each of β1, β2 must lie in [0, 1), got {list(value)}")
-        return value
+    def options(self, key: Optional[str]):
+        """The options block of the method whose config key is ``key`` (typed, defaults filled in);
+        ``None`` for a method without options."""
+        if key is None:
+            return None
+        if key not in self._options:
+            raise KeyError(f"no method options block `{key}` in this config (method {self.method})")
+        return self._options[key]
 
     @field_validator("device")
     @classmethod
@@ -689,6 +527,45 @@ class ExperimentConfig(_Strict):
         return Path(site).name
 
 
+def _option_models(data: dict) -> tuple[dict, Optional[InitErrorDetails]]:
+    """Config key → options model of every registered method and of the config's own (a reference
+    that cannot be loaded contributes nothing here: the ``method`` key's check says why)."""
+    from fedcxr.pipeline.protocols.methods import is_reference, option_models
+
+    value = next((data[k] for k in ("method", "strategy") if k in data), None)
+    models = option_models()
+    if isinstance(value, str) and is_reference(value):
+        try:
+            models = option_models(value)
+        except UserError:
+            return models, None
+    clash = sorted(set(models) & set(ExperimentConfig.model_fields))
+    if clash:
+        problem = InitErrorDetails(type=PydanticCustomError(
+            "options_key", "the method's options key `{key}` is a key of the config itself; choose another "
+            "options_key", {"key": clash[0]}), loc=("method",), input=value)
+        return {k: m for k, m in models.items() if k not in clash}, problem
+    return models, None
+
+
+def _located(err: dict, prefix: tuple, former: Optional[dict] = None) -> InitErrorDetails:
+    """A pydantic error as init details under ``prefix`` (a block's errors as ``fedprox.mu: ...``); an error
+    of a value written under a former key (``former``: :func:`~fedcxr.pipeline.config_compat.written_as`)
+    names that key too."""
+    loc = (*prefix, *err["loc"])
+    old = next((o for path, o in (former or {}).items() if ".".join(map(str, loc)).startswith(path)), None)
+    details = InitErrorDetails(type=err["type"], loc=loc, input=err.get("input"), ctx=err.get("ctx") or {})
+    try:
+        ValidationError.from_exception_data("check", [details])
+    except (KeyError, TypeError, ValueError):  # an error type of a validator's own: keep its message
+        old = old or ""
+    if old is not None:
+        message = str(err["msg"]).removeprefix("Value error, ")
+        details = InitErrorDetails(type=PydanticCustomError(str(err["type"]), message + (
+            f" (written as `{old}`, its former name)" if old else "")), loc=loc, input=err.get("input"))
+    return details
+
+
 def _set_dotted(data: dict, key: str, value: Any) -> None:
     node = data
     parts = key.split(".")
@@ -699,15 +576,12 @@ def _set_dotted(data: dict, key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-#: ``--set`` keys that are another name of a top-level key (``strategy`` is the former name of ``method``)
-KEY_ALIASES = {"strategy": "method", "min_sites": "participation.min_sites"}
-
-
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """Apply ``--set key=value`` (YAML-parsed values, dotted keys) to a raw config mapping.
 
     ``--set strategy=X`` and ``--set method=X`` both replace the method, whichever name the
-    YAML used (:data:`KEY_ALIASES`)."""
+    YAML used, and a former key sets its new place (``--set warmup_rounds=0`` is ``gp.warmup_rounds``:
+    :func:`~fedcxr.pipeline.config_compat.override_key`)."""
     out = copy.deepcopy(data)
     for item in overrides or []:
         if "=" not in item:
@@ -725,10 +599,8 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
                             "write lists as [a, b]") from None
         except RecursionError:
             raise UserError(f"--set {key[:80]}: the value is nested too deeply") from None
-        key = KEY_ALIASES.get(key, key)
-        for alias, name in KEY_ALIASES.items():
-            if key == name:
-                out.pop(alias, None)
+        key = config_compat.override_key(key)
+        config_compat.forget_former(out, key)
         _set_dotted(out, key, value)
     return out
 
@@ -748,6 +620,7 @@ def load_config(path: Path | str | None = None, *, data: Optional[dict] = None,
             raise UserError(f"{path}: the config must be a mapping of keys to values")
         if data.get("manifests") is not None and not Path(data["manifests"]).is_absolute():
             data["manifests"] = str((path.parent / data["manifests"]).resolve())
+        _method_file_beside(data, path.parent)
     data = apply_overrides(data, overrides or [])
     check_size(data, f"{path}: " if path else "")
     try:
@@ -755,13 +628,24 @@ def load_config(path: Path | str | None = None, *, data: Optional[dict] = None,
     except ValidationError as exc:
         where = f"{path}: " if path else ""
         errors = exc.errors()
-        lines = [error_line(err, ExperimentConfig) for err in errors[:MAX_ERROR_LINES]]
+        sections = _option_models(data)[0] if isinstance(data, dict) else {}  # the methods' options blocks
+        lines = [error_line(err, ExperimentConfig, sections) for err in errors[:MAX_ERROR_LINES]]
         if len(errors) > MAX_ERROR_LINES:
             lines.append(f"... and {len(errors) - MAX_ERROR_LINES} more")
         raise UserError(where + "invalid config:\n  " + "\n  ".join(lines)) from None
     if check_sites:
         check_sites_exist(cfg)
     return cfg
+
+
+def _method_file_beside(data: dict, folder: Path) -> None:
+    """``method: path/to/file.py:Name`` relative to the config's folder, as ``manifests:``."""
+    for key in ("method", "strategy"):
+        value = data.get(key)
+        if isinstance(value, str) and ":" in value:
+            source, _, name = value.rpartition(":")
+            if source.endswith(".py") and not Path(source).expanduser().is_absolute():
+                data[key] = f"{(folder / source).resolve()}:{name}"
 
 
 def check_sites_exist(cfg: ExperimentConfig) -> None:
@@ -795,17 +679,18 @@ def dump_config(cfg: ExperimentConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
-#: ``defences`` keys added after runs were fingerprinted, with their defaults (left out at these values)
-NEW_DEFENCES = {"bn_factor": 3.0, "max_share": 0.5, "declared_sizes": {}}
-
-
 def config_fingerprint(cfg: ExperimentConfig) -> str:
     """Hash of everything that changes a run's result (device, workers, the engine block, cache and
     where the manifests folder lies do not: the sites' content is checked separately, by manifest
-    hash, on resume). ``method`` is hashed under its former name ``strategy``: configs keep the
-    fingerprint of earlier versions, so their runs resume."""
-    data = consortium.fingerprint_view(cfg.model_dump(mode="json"))  # earlier versions' layout
-    data["strategy"] = data.pop("method")
+    hash, on resume). The method is hashed by its name under its former key ``strategy`` and the
+    method options in their former flat layout (:func:`~fedcxr.pipeline.config_compat.fingerprint_view`):
+    configs keep the fingerprint of earlier versions, so their runs resume."""
+    data = cfg.model_dump(mode="json")
+    data.pop("method")
+    data["strategy"] = cfg.method_name
+    data = config_compat.fingerprint_view(data, {key: type(block)().model_dump(mode="json")
+                                                 for key, block in cfg._options.items()})
+    data = consortium.fingerprint_view(data)  # participation:/simulate: as earlier versions hashed them
     for key in ("device", "num_workers", "cache_dir", "manifests", "engine", "tracking"):
         data.pop(key, None)
     for key, default in (("norm", "batch"), ("stem", "imagenet")):  # defaults: the fingerprint of earlier versions
@@ -822,17 +707,12 @@ def config_fingerprint(cfg: ExperimentConfig) -> str:
             defaults = {k: v for k, v in defaults.items() if k not in NEW_DEFENCES}
         if data.get(key) == defaults:  # defaults: the fingerprint of earlier versions
             data.pop(key)
-    for key in ("fedprox_mu", "server_lr", "server_betas", "server_tau"):  # unset: earlier versions' fingerprint
-        if data.get(key) is None:
-            data.pop(key, None)
     for block in ("source", "target_train"):
         if data.get(block, {}).get("momentum") is None:
             data.get(block, {}).pop("momentum", None)
     for key in ("label_draw", "holdout"):  # unset: the fingerprint of earlier versions (the same rows)
         if data.get("target_train", {}).get(key) is None:
             data.get("target_train", {}).pop(key, None)
-    if data.get("auto_alignment") == "lr_s_over_lr_t":  # the default: the fingerprint of earlier versions
-        data.pop("auto_alignment")
     if data.get("aux_reduction") == "sum":  # the default: the fingerprint of earlier versions
         data.pop("aux_reduction")
     privacy = data.pop("privacy", {})

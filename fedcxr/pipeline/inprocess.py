@@ -20,6 +20,7 @@ from fedcxr.pipeline.config import ExperimentConfig
 from fedcxr.pipeline.data import default_cache_dir
 from fedcxr.pipeline.engine import Engine, resolve_engine
 from fedcxr.pipeline.protocols import get_protocol
+from fedcxr.pipeline.protocols.methods import site_tasks
 from fedcxr.pipeline.site_runner import SiteRunner, SiteTask
 from fedcxr.pipeline.transport import Transport
 
@@ -56,11 +57,12 @@ def build_runners(cfg: ExperimentConfig, device: torch.device, progress: bool, *
 
     They share one :class:`~fedcxr.pipeline.engine.Engine`; on CUDA each runner's model leaves
     the GPU after its turn (``engine.offload_idle``), so N simulated sites need one model's
-    worth of GPU memory, not N. ``tasks``: tasks beyond the runner's own (:data:`~fedcxr.pipeline.
-    site_runner.TASKS`), e.g. FLARE's cross-site ``validate`` simulated in-process.
+    worth of GPU memory, not N. Each answers the methods' tasks (:func:`~fedcxr.pipeline.protocols.
+    methods.site_tasks`: every built-in method's and the config's own) and ``tasks``, e.g. FLARE's
+    cross-site ``validate`` simulated in-process.
     """
     _warn_filters(cfg)
-    common = runner_kwargs(cfg, device, progress, tasks=tasks)
+    common = runner_kwargs(cfg, device, progress, tasks={**site_tasks(cfg.method), **(tasks or {})})
     return {name: SiteRunner(name, dirs, **common) for name, dirs in runner_dirs(cfg).items()}
 
 
@@ -117,5 +119,5 @@ def site_transport(cfg: ExperimentConfig, device: torch.device, progress: bool) 
         from fedcxr.pipeline.site_workers import SiteWorkers
 
         _warn_filters(cfg)
-        return SiteWorkers(runner_dirs(cfg), runner_kwargs(cfg, device, False), workers)
+        return SiteWorkers(runner_dirs(cfg), runner_kwargs(cfg, device, False), workers, method=cfg.method)
     return InProcessTransport(build_runners(cfg, device, progress))

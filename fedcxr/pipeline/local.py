@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -169,6 +169,8 @@ def train_local(
     optimizer_state: Optional[Mapping[str, torch.Tensor]] = None,
     frozen_bn_trains: bool = False,
     drift_correction: Optional[Mapping[str, torch.Tensor]] = None,
+    prox_anchor: Optional[Mapping[str, torch.Tensor]] = None,
+    loss_term: Optional[Callable[[Sequence[tuple[str, nn.Parameter]]], torch.Tensor]] = None,
 ) -> LocalResult:
     """Train ``model`` in place on ``loader``'s batches; return counts, losses and updates.
 
@@ -203,8 +205,13 @@ def train_local(
       is that step exactly, and which DP-SGD cannot drop (Opacus replaces ``p.grad`` by its
       clipped, noised per-sample sum). ``LocalResult.corrected_steps`` counts the steps.
     * ``cfg.prox_mu`` > 0 (FedProx): :func:`~fedcxr.pipeline.losses.proximal_term` against the parameters as they are
-      when the call starts (the round's received weights) is added to the loss. Refused with
-      DP-SGD, which would drop its gradient (not a per-sample term).
+      when the call starts (the round's received weights) is added to the loss — or against
+      ``prox_anchor`` (per trainable parameter name: a personal model is pulled toward the
+      round's global model, not toward where it starts). Refused with DP-SGD, which would drop its
+      gradient (not a per-sample term).
+    * ``loss_term(named)``: a method's own term added to every step's loss, given the trainable
+      ``(name, parameter)`` pairs (FedDyn's linear term ``−⟨∇L_k(θ_k^{t−1}), θ⟩``, in
+      ``examples/methods/feddyn.py``); refused with DP-SGD for the same reason.
 
     The model's ``requires_grad`` flags and train/eval modes are restored afterwards.
     """
@@ -221,7 +228,7 @@ def train_local(
         with torch.random.fork_rng(devices=gpus, device_type="cuda"):
             torch.manual_seed(int(seed))
             return _loop(model, loader, cfg, device, loss_classes_mask, record_batch_updates, started,
-                         optimizer_state, frozen_bn_trains, drift_correction)
+                         optimizer_state, frozen_bn_trains, drift_correction, prox_anchor, loss_term)
     finally:
         for name, p in model.named_parameters():
             p.requires_grad_(flags[name])
@@ -232,11 +239,13 @@ def train_local(
 def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
           loss_classes_mask: Optional[torch.Tensor], record: bool, started: float,
           optimizer_state: Optional[Mapping[str, torch.Tensor]] = None, frozen_bn_trains: bool = False,
-          drift_correction: Optional[Mapping[str, torch.Tensor]] = None) -> LocalResult:
+          drift_correction: Optional[Mapping[str, torch.Tensor]] = None,
+          prox_anchor: Optional[Mapping[str, torch.Tensor]] = None,
+          loss_term: Optional[Callable] = None) -> LocalResult:
     use_cuda = device.type == "cuda"
     amp = bool(cfg.amp) and use_cuda
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    _check_client_terms(cfg, named, drift_correction)
+    _check_client_terms(cfg, named, drift_correction, loss_term)
     params = [p for _, p in named]
     optimizer = make_optimizer(params, optimizer=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                momentum=cfg.momentum)
@@ -251,7 +260,7 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
     try:
         return _steps(model, forward, optimizer, loader, cfg, device, amp, loss_classes_mask, record, started,
                       named=named, optimizer_state=optimizer_state, frozen_bn_trains=frozen_bn_trains,
-                      drift_correction=drift_correction)
+                      drift_correction=drift_correction, prox_anchor=prox_anchor, loss_term=loss_term)
     finally:
         if close is not None:
             close()
@@ -261,7 +270,9 @@ def _steps(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimize
            device: torch.device, amp: bool, loss_classes_mask: Optional[torch.Tensor], record: bool,
            started: float, *, named: Sequence[tuple[str, nn.Parameter]],
            optimizer_state: Optional[Mapping[str, torch.Tensor]], frozen_bn_trains: bool,
-           drift_correction: Optional[Mapping[str, torch.Tensor]] = None) -> LocalResult:
+           drift_correction: Optional[Mapping[str, torch.Tensor]] = None,
+           prox_anchor: Optional[Mapping[str, torch.Tensor]] = None,
+          loss_term: Optional[Callable] = None) -> LocalResult:
     use_cuda = device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=amp)
     tasks = list(getattr(model, "aux_tasks", {}) or {})
@@ -282,7 +293,7 @@ def _steps(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimize
         updates = torch.empty((planned, before.numel()), dtype=torch.float32)
 
     params = [p for _, p in named]
-    anchors = [p.detach().clone() for p in params] if cfg.prox_mu > 0 else None  # FedProx's w^t
+    anchors = _anchors(named, prox_anchor) if cfg.prox_mu > 0 else None  # FedProx's w^t, or a given anchor
     corrections = _corrections(named, drift_correction)
     corrected = 0
     sums = torch.zeros(3, device=device)  # total, main, aux
@@ -308,6 +319,8 @@ def _steps(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimize
             loss = main
         if anchors is not None:
             loss = loss + proximal_term(params, anchors, cfg.prox_mu)
+        if loss_term is not None:
+            loss = loss + loss_term(named)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scale = scaler.get_scale() if corrections is not None and amp else None
@@ -360,13 +373,15 @@ def _steps(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimize
 
 
 def _check_client_terms(cfg: LocalConfig, named: Sequence[tuple[str, nn.Parameter]],
-                        drift_correction: Optional[Mapping[str, torch.Tensor]]) -> None:
+                        drift_correction: Optional[Mapping[str, torch.Tensor]],
+                        loss_term: Optional[Callable] = None) -> None:
     """Refuse FedProx/SCAFFOLD settings whose update would not be the published one (protocols say so first)."""
     if cfg.prox_mu < 0:
         raise ValueError(f"prox_mu must be >= 0, got {cfg.prox_mu}")
-    if cfg.prox_mu > 0 and cfg.dp:
-        raise ValueError("FedProx's proximal term cannot be trained with DP-SGD: Opacus replaces each gradient by its "
-                         "clipped, noised per-sample sum, which drops the term's gradient")
+    if (cfg.prox_mu > 0 or loss_term is not None) and cfg.dp:
+        raise ValueError("FedProx's proximal term (or a method's own loss term) cannot be trained with DP-SGD: "
+                         "Opacus replaces each gradient by its clipped, noised per-sample sum, which drops the "
+                         "term's gradient")
     if drift_correction is None:
         return
     if cfg.optimizer.lower() != "sgd" or cfg.momentum != 0:
@@ -375,6 +390,17 @@ def _check_client_terms(cfg: LocalConfig, named: Sequence[tuple[str, nn.Paramete
     missing = [n for n, _ in named if n not in drift_correction]
     if missing:
         raise ValueError(f"drift_correction lacks trainable parameters {missing[:5]}")
+
+
+def _anchors(named: Sequence[tuple[str, nn.Parameter]],
+             prox_anchor: Optional[Mapping[str, torch.Tensor]]) -> list[torch.Tensor]:
+    """The proximal term's anchor per trainable parameter: ``prox_anchor``'s, else the parameter as it starts."""
+    if prox_anchor is None:
+        return [p.detach().clone() for _, p in named]
+    missing = [n for n, _ in named if n not in prox_anchor]
+    if missing:
+        raise ValueError(f"prox_anchor lacks trainable parameters {missing[:5]}")
+    return [prox_anchor[n].detach().to(device=p.device, dtype=p.dtype) for n, p in named]
 
 
 def _corrections(named: Sequence[tuple[str, nn.Parameter]],

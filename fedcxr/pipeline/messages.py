@@ -4,11 +4,13 @@ Nothing here imports the rest of fedcxr, so protocols, transports and site runne
 down at this module and never at each other (STYLE: MONAI ``fl/utils/exchange_object``).
 
 * Task configs (the "envelope" of every task): frozen dataclasses built by the protocols —
-  :class:`TrainTask` (``train`` and the tasks that train: ``warmup_head``, ``train_combine``,
-  ``fact_target``, ``train_scaffold``; GP's rule inputs in :class:`CombineSpec`),
+  :class:`TrainTask` (``train``: the settings every local training understands),
   :class:`EvaluateTask` (``evaluate``), :class:`ValidateTask` (FLARE's cross-site ``validate``)
-  and :class:`NoConfig` (``metadata``, ``local_state``); :data:`TASK_CONFIGS` says which task takes
-  which. On the wire a config is a flat dict of JSON values (:meth:`TaskConfig.to_dict`);
+  and :class:`NoConfig` (``metadata``, ``local_state``); :data:`TASK_CONFIGS` says which of the
+  site runner's own tasks takes which. A method that sends more declares its share of the
+  envelope in its own module: a :class:`TrainTask` subclass for a task of its own (docs/methods.md;
+  e.g. FedProx's ``train_prox`` adds ``prox_mu``), so this module never grows with a method.
+  On the wire a config is a flat dict of JSON values (:meth:`TaskConfig.to_dict`);
   :func:`parse_task_config` reads one back once — at the site runner and in FLARE's wire checks —
   refusing an unknown or a missing key, or a value of the wrong type, with
   :class:`TaskConfigError` naming the task and the key. Each config is also a read-only mapping
@@ -17,12 +19,9 @@ down at this module and never at each other (STYLE: MONAI ``fl/utils/exchange_ob
   metrics. Never images, labels or identifiers. Its ``weight_type`` says what the parameters
   are: :data:`WEIGHTS` (the site's model) or :data:`DELTAS` (differences from the model the task
   sent: FLARE's replies under ``privacy.filters``, turned back into weights by the wire checks).
-* Payload layouts of the tasks whose parameters are more than one model:
-  ``train_combine`` (θ0 plus every source delta: :func:`pack_combine` / :func:`unpack_combine`)
-  and ``fact_target`` (G' plus two heads under :data:`FACT_HEAD_A` / :data:`FACT_HEAD_B`);
-  ``train_scaffold`` (the model plus SCAFFOLD's server control variate c: :func:`pack_control` /
-  :func:`unpack_control`; the reply's extra tensors carry Δc_i: :func:`pack_control_delta` /
-  :func:`unpack_control_delta`).
+
+The payload layouts of tasks whose parameters are more than one model (GP's ``train_combine``,
+FACT's ``fact_target``, SCAFFOLD's ``train_scaffold``) live with their methods.
 """
 
 from __future__ import annotations
@@ -42,15 +41,6 @@ StateDict = dict[str, torch.Tensor]
 #: (MONAI ``ExchangeObject.weight_type``'s WEIGHTS and WEIGHT_DIFF).
 WEIGHTS, DELTAS = "weights", "deltas"
 WEIGHT_TYPES = (WEIGHTS, DELTAS)
-
-#: ``train_combine`` payload: source ``i``'s delta lives under ``source<i>.<key>``.
-SOURCE_PREFIX = "source"
-#: ``fact_target`` payload: the two source heads beside the averaged feature extractor G'.
-FACT_HEAD_A, FACT_HEAD_B = "fact_head_a.", "fact_head_b."
-#: ``train_scaffold`` payload: the server's control variate c under ``scaffold_c.<key>`` beside the model.
-SERVER_CONTROL_PREFIX = "scaffold_c."
-#: ``train_scaffold`` reply: the site's control-variate update Δc_i under ``scaffold_dc.<key>`` (extra tensors).
-CONTROL_DELTA_PREFIX = "scaffold_dc."
 
 
 # --------------------------------------------------------------------------- task configs
@@ -76,7 +66,7 @@ class TaskConfig(Mapping):
     @classmethod
     def from_dict(cls, data: Any) -> "TaskConfig":
         """Exactly the keys :meth:`to_dict` writes, each of its field's type; :class:`TaskConfigError` otherwise."""
-        if isinstance(data, cls):
+        if type(data) is cls:  # a subclass (a method's task config) has keys this task does not take
             return data
         if not isinstance(data, Mapping):
             raise TaskConfigError(f"{cls.kind} config: expected a mapping of keys, got {type(data).__name__}")
@@ -101,6 +91,12 @@ class TaskConfig(Mapping):
     def replace(self, **changes: Any) -> "TaskConfig":
         """A copy with ``changes``, checked as :meth:`build`."""
         return self.build(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **changes})
+
+    @classmethod
+    def extend(cls, base: "TaskConfig", **values: Any) -> "TaskConfig":
+        """This (sub)class's config from ``base``'s fields plus ``values``: a method's task config built on
+        the common one (``ProxTask.extend(task_config(ctx, r, "source"), prox_mu=0.01)``)."""
+        return cls.build(**{**{f.name: getattr(base, f.name) for f in fields(base)}, **values})
 
     # read-only mapping view
     def __getitem__(self, key: str) -> Any:
@@ -191,30 +187,9 @@ def _shown(value: Any) -> str:
 
 
 @dataclass(frozen=True)
-class CombineSpec(TaskConfig):
-    """What the target of a GP/FedDA/FedGP round needs to know about the sources — counts and
-    hyper-parameters, never data (:func:`fedcxr.pipeline.combine.combine` reads it)."""
-
-    kind: ClassVar[str] = "combine"
-
-    rule: Literal["gp", "fedda", "fedgp"]
-    auto: bool
-    beta: float
-    n_sources: tuple[int, ...]  # each source's training rows, in the order of the payload's deltas
-    n_batches: tuple[int, ...]  # each source's optimiser steps
-    bs_source: int
-    bs_target: int
-    lr_source: float
-    lr_target: float
-    epochs_source: int
-    epochs_target: int
-    alignment: Literal["lr_s_over_lr_t", "lr_t_over_lr_s"] = "lr_s_over_lr_t"
-
-
-@dataclass(frozen=True)
 class TrainTask(TaskConfig):
-    """One site's local training of one round (``train``, and the tasks that train: ``warmup_head``,
-    ``train_combine``, ``fact_target``, ``train_scaffold``), built by :func:`fedcxr.pipeline.protocols.task_config`.
+    """One site's local training of one round (``train``; a method's own training tasks take a subclass
+    with their extra fields), built by :func:`fedcxr.pipeline.protocols.task_config`.
 
     Every random draw of the task comes from ``seed`` and ``round`` (with the site's name, the role
     and ``repeat``); ``param_classes`` is the head-row order of the params sent, ``head_classes``
@@ -243,20 +218,13 @@ class TrainTask(TaskConfig):
     max_rows: Optional[int] = None
     trainable: Literal["all", "head", "backbone"] = "all"
     local_keys: tuple[str, ...] = ()  # entries kept at the site (FedBN: BN; PFL: the head)
-    record_batch_updates: bool = False  # auto-β: the state change of every optimiser step
     missing_as_negative: bool = False  # Vanilla FL / Central: an unlabeled class is a negative
     freeze_bn: bool = False  # FedBN+: BatchNorm frozen in eval mode
-    frozen_bn_trains: bool = False  # FACT's heads: frozen BatchNorm layers still on batch statistics
     labeled: Optional[Union[int, float]] = None  # target: a count of labeled rows or a fraction
     label_draw: Optional[int] = None  # target: which rows the cap keeps (None: the fixed draw; labeled_rows)
     holdout_folds: int = 0  # target, cross-fitting: ≥ 2 folds of the labeled rows' patients (0: none) ...
     holdout_fold: int = 0  # ... and this fold is held out of training (fedcxr.pipeline.labeled_rows)
     dp: Optional[dict] = None  # privacy.dp (noise_multiplier, max_grad_norm, delta)
-    prox_mu: float = 0.0  # FedProx's μ
-    hold_for_combine: bool = False  # GP family at the target: keep the model for the round's train_combine
-    from_warm: bool = False  # surgical: start from the head this site kept in warmup_head
-    repeat: Optional[int] = None  # Finetune_Offline: the pass number (a seed part from 1 on)
-    combine: Optional[CombineSpec] = None  # train_combine: the rule's inputs
 
 
 @dataclass(frozen=True)
@@ -294,21 +262,24 @@ class NoConfig(TaskConfig):
     kind: ClassVar[str] = "task"
 
 
-#: Every task a site answers → the config it takes.
+#: The config of every task a site runner answers by itself (a method's own tasks declare theirs:
+#: :class:`~fedcxr.pipeline.site_runner.SiteTask` ``config``).
 TASK_CONFIGS: dict[str, type[TaskConfig]] = {
-    "metadata": NoConfig, "train": TrainTask, "evaluate": EvaluateTask, "warmup_head": TrainTask,
-    "train_combine": TrainTask, "fact_target": TrainTask, "train_scaffold": TrainTask, "validate": ValidateTask,
+    "metadata": NoConfig, "train": TrainTask, "evaluate": EvaluateTask, "validate": ValidateTask,
     "local_state": NoConfig,
 }
 
 
-def parse_task_config(task: str, config: Any) -> TaskConfig:
+def parse_task_config(task: str, config: Any, configs: Optional[Mapping[str, type]] = None) -> TaskConfig:
     """``config`` as the typed config of ``task`` (a config of the right type passes as it is; ``None``
-    is an empty config); :class:`TaskConfigError` names the task and the key at fault."""
-    if task not in TASK_CONFIGS:
-        raise TaskConfigError(f"unknown task {str(task)[:60]!r} (known: {sorted(TASK_CONFIGS)})")
-    kind = TASK_CONFIGS[task]
-    if isinstance(config, kind):
+    is an empty config); :class:`TaskConfigError` names the task and the key at fault.
+
+    ``configs``: task → config type of the tasks the caller knows (default :data:`TASK_CONFIGS`)."""
+    configs = TASK_CONFIGS if configs is None else configs
+    if task not in configs:
+        raise TaskConfigError(f"unknown task {str(task)[:60]!r} (known: {sorted(configs)})")
+    kind = configs[task]
+    if type(config) is kind:
         return config
     try:
         return kind.from_dict({} if config is None else config)
@@ -331,45 +302,3 @@ class Reply:
     metrics: dict = field(default_factory=dict)
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
     weight_type: str = WEIGHTS
-
-
-def pack_combine(theta0: StateDict, deltas: list[StateDict]) -> StateDict:
-    """θ0 plus each source delta under ``source<i>.`` (the ``train_combine`` payload)."""
-    payload = dict(theta0)
-    for i, delta in enumerate(deltas):
-        payload.update({f"{SOURCE_PREFIX}{i}.{k}": v for k, v in delta.items()})
-    return payload
-
-
-def unpack_combine(payload: StateDict, n_sources: int) -> tuple[StateDict, list[StateDict]]:
-    """Inverse of :func:`pack_combine`."""
-    prefixes = [f"{SOURCE_PREFIX}{i}." for i in range(n_sources)]
-    theta0 = {k: v for k, v in payload.items() if not k.startswith(tuple(prefixes))}
-    deltas = [{k[len(p):]: v for k, v in payload.items() if k.startswith(p)} for p in prefixes]
-    return theta0, deltas
-
-
-def pack_control(theta: StateDict, control: StateDict) -> StateDict:
-    """The model plus SCAFFOLD's c under ``scaffold_c.`` (the ``train_scaffold`` payload)."""
-    payload = dict(theta)
-    payload.update({SERVER_CONTROL_PREFIX + k: v for k, v in control.items()})
-    return payload
-
-
-def unpack_control(payload: StateDict) -> tuple[StateDict, StateDict]:
-    """Inverse of :func:`pack_control`: ``(model, c)``."""
-    n = len(SERVER_CONTROL_PREFIX)
-    theta = {k: v for k, v in payload.items() if not k.startswith(SERVER_CONTROL_PREFIX)}
-    control = {k[n:]: v for k, v in payload.items() if k.startswith(SERVER_CONTROL_PREFIX)}
-    return theta, control
-
-
-def pack_control_delta(delta: StateDict) -> dict[str, torch.Tensor]:
-    """Δc_i as reply extra tensors under ``scaffold_dc.``."""
-    return {CONTROL_DELTA_PREFIX + k: v for k, v in delta.items()}
-
-
-def unpack_control_delta(extra: dict[str, torch.Tensor]) -> StateDict:
-    """Inverse of :func:`pack_control_delta` (other extra tensors are left out)."""
-    n = len(CONTROL_DELTA_PREFIX)
-    return {k[n:]: v for k, v in extra.items() if k.startswith(CONTROL_DELTA_PREFIX)}

@@ -213,7 +213,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, protocol: RoundProtocol, transpor
     else:
         RunDir(run_dir).metrics.unlink(missing_ok=True)
     _write_run_files(run_dir, cfg, ctx, protocol, status="running", rounds_done=start)
-    tracker = make_tracker(cfg.tracking, run_dir, name=f"{cfg.name}-{cfg.method}-seed{cfg.seed}")
+    tracker = make_tracker(cfg.tracking, run_dir, name=f"{cfg.name}-{cfg.method_name}-seed{cfg.seed}")
     bar = tqdm(range(start, cfg.rounds), desc=f"{protocol.name} rounds", unit="round",
                disable=bar_disabled(progress), initial=start, total=cfg.rounds)
     for r in bar:

@@ -41,7 +41,7 @@ import torch
 # collections hold well under a million (MIMIC-CXR ~377,000, CheXpert ~224,000), so a larger claim
 # is a lie or a broken client that would otherwise buy a sample-weighted mean outright (issue 27:
 # 10¹² rows took 100 % of FedAvg's weight). Kept with the config's other bounds.
-from fedcxr.pipeline.config import MAX_SITE_ROWS
+from fedcxr.pipeline.config_bounds import MAX_SITE_ROWS
 
 #: The largest count a reply may claim: every integer up to it is exact in float64.
 MAX_COUNT = 2**53

@@ -16,17 +16,16 @@ exactly the config's keys):
 ``evaluate``  (:class:`~fedcxr.pipeline.messages.EvaluateTask`) → per-class validation AUROC of
               the received model on ``split``.
 
-A ``train`` task with ``hold_for_combine`` keeps the trained model on the site (:attr:`SiteRunner.held`)
-and answers with counts and metrics only: the target's fine-tuning of a GP-family round runs
-beside the sources, and the round's ``train_combine`` uses it.
-
-Every task a site answers is in :data:`TASKS`, the explicit registry at the end of this module:
-the three above and the tasks of :mod:`fedcxr.pipeline.site_tasks` (``warmup_head``,
-``train_combine``, ``fact_target``, ``train_scaffold``), each with whether it may change the
-site's local state (a FLARE client saves that state after it). A transport that adds a task of
-its own passes it when it builds the runner (``SiteRunner(..., tasks=...)``: FLARE's cross-site
-``validate``); nothing registers a task by being imported. The runner never imports the
-protocols that send the tasks.
+The runner answers these three by itself (:data:`TASKS`). Every other task is a method's
+(docs/methods.md): its module declares it — handler, config type, flags — as a :class:`SiteTask`,
+and whoever builds the runner passes the tasks in (``SiteRunner(..., tasks=...)``, from
+:func:`fedcxr.pipeline.protocols.methods.site_tasks`; FLARE adds its cross-site ``validate``);
+nothing registers a task by being imported, and the runner never imports the protocols that send
+the tasks. A method's handler uses the runner's public helpers: :meth:`SiteRunner.train` (the one
+local-training path, with its hooks), :meth:`SiteRunner.prepared_model`,
+:meth:`SiteRunner.training_data`, the kept state (:meth:`SiteRunner.kept_state`,
+:meth:`SiteRunner.keep_state`: saved with the site's local state, never sent) and
+:attr:`SiteRunner.memory` (kept in memory until a later task of the round, never saved).
 """
 
 from __future__ import annotations
@@ -41,9 +40,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset
 
-from fedcxr.pipeline import site_tasks
 from fedcxr.pipeline.engine import Engine, loader_options, offload, resolve_engine
-from fedcxr.pipeline.keys import CONTROL_PREFIX, OPTIMIZER_PREFIX, WARM_PREFIX, derive_seed
+from fedcxr.pipeline.keys import OPTIMIZER_PREFIX, derive_seed
 from fedcxr.pipeline.messages import (
     TASK_CONFIGS,
     EvaluateTask,
@@ -51,8 +49,8 @@ from fedcxr.pipeline.messages import (
     Reply,
     StateDict,
     TaskConfig,
+    TaskConfigError,
     TrainTask,
-    parse_task_config,
 )
 from fedcxr.pipeline.state import cpu_state
 from fedcxr.site_adapters.manifest import content_hash
@@ -70,11 +68,31 @@ TaskHandler = Callable[["SiteRunner", Optional[StateDict], TaskConfig], Reply]
 
 @dataclass(frozen=True)
 class SiteTask:
-    """One entry of the task registry: the handler, and whether the task may change the site's local
-    state (BN statistics, heads, optimiser state, c_i): a FLARE client saves that state after it."""
+    """One task a site answers (docs/methods.md): the handler and what the rest of fedcxr needs to know.
+
+    * ``changes_state``: the task may change the site's local state (BN statistics, heads, optimiser
+      state, a method's kept state): a FLARE client saves that state after it;
+    * ``config``: the type of its config (a :class:`~fedcxr.pipeline.messages.TaskConfig`; a method's
+      task: a :class:`~fedcxr.pipeline.messages.TrainTask` subclass with the fields only it sends);
+      ``None``: the runner's own tasks, typed in :data:`~fedcxr.pipeline.messages.TASK_CONFIGS`;
+    * ``streams``: the part of its reply's metrics a FLARE site streams to the server's tracking
+      (``train`` or ``val``; ``None``: none — :func:`fedcxr.tracking.site_scalars`);
+    * ``filtered``: its reply carries a model update that FLARE's ``privacy.filters`` act on.
+    """
 
     handler: TaskHandler
     changes_state: bool
+    config: Optional[type] = None
+    streams: Optional[str] = None
+    filtered: bool = False
+
+    def config_type(self, task: str) -> type:
+        """The config type of ``task`` (declared, or the runner's own from ``TASK_CONFIGS``)."""
+        if self.config is not None:
+            return self.config
+        if task not in TASK_CONFIGS:
+            raise ValueError(f"task {task!r} has no typed config: give its SiteTask a config type")
+        return TASK_CONFIGS[task]
 
 
 class SiteRunner:
@@ -100,10 +118,12 @@ class SiteRunner:
         from fedcxr.pipeline.shared_task import apply_shared_task, site_task
 
         self.name = name
-        unknown = sorted(set(tasks or {}) - set(TASK_CONFIGS))
-        if unknown:  # every task's config is typed (fedcxr.pipeline.messages)
-            raise ValueError(f"tasks {unknown} have no typed config in fedcxr.pipeline.messages.TASK_CONFIGS")
-        #: the tasks this site answers: :data:`TASKS` plus those its transport adds (``tasks``)
+        for task_name, entry in (tasks or {}).items():
+            entry.config_type(task_name)  # every task's config is typed (ValueError otherwise)
+            if task_name in TASKS:
+                raise ValueError(f"task {task_name!r} is one the runner answers by itself")
+        #: the tasks this site answers: :data:`TASKS` plus those its builder adds (``tasks``: the methods',
+        #: FLARE's cross-site evaluation)
         self.tasks: dict[str, SiteTask] = {**TASKS, **(tasks or {})}
         dirs = [site_dirs] if isinstance(site_dirs, (str, Path)) else list(site_dirs)
         # several dirs = pooled (Central baseline); ``task``: the shared-task spec (each site maps its own label)
@@ -120,8 +140,9 @@ class SiteRunner:
         self.num_workers = self.engine.num_workers
         self.progress = progress
         self.local_state: StateDict = {}
-        #: (round, θ0, reply) of a target fine-tuning held for the round's ``train_combine``
-        self.held: Optional[tuple[object, StateDict, Reply]] = None
+        #: what a method's task keeps in memory for a later task of the same round (GP's target-side
+        #: combination holds its fine-tuned model here); never saved, lost with the process
+        self.memory: dict[str, object] = {}
         self._models: dict[tuple, torch.nn.Module] = {}
         self._datasets: dict[tuple, Dataset] = {}
         self._labeled: dict[tuple, list[int]] = {}
@@ -169,27 +190,44 @@ class SiteRunner:
         name and ``parts`` (round, role, epoch, ...), so every draw repeats on resume and differs between sites."""
         return derive_seed(config.seed, task, self.name, *parts)
 
-    def keep_warm_head(self, head: StateDict) -> None:
-        """Keep the head ``warmup_head`` chose (``weight``, ``bias``) until round 0 starts from it
-        (:meth:`load_warm_head`)."""
-        self.local_state.update({WARM_PREFIX + "head." + k: v for k, v in head.items()})
+    def kept_state(self, prefix: str) -> StateDict:
+        """The entries a method keeps at this site under ``prefix`` (prefix stripped; copies; ``{}`` before
+        the first): SCAFFOLD's c_i, the surgical warm-up's head, a personal model."""
+        n = len(prefix)
+        return {k[n:]: v.clone() for k, v in self.local_state.items() if k.startswith(prefix)}
 
-    def control_variate(self, reference: StateDict) -> StateDict:
-        """SCAFFOLD's c_i for the entries of ``reference`` (c's keys): kept from earlier rounds, zeros at first."""
-        return {k: self.local_state.get(CONTROL_PREFIX + k, torch.zeros_like(v)).clone() for k, v in reference.items()}
+    def keep_state(self, prefix: str, state: StateDict) -> None:
+        """Store ``state`` under ``prefix`` in the local state (checkpointed in-process, saved per round on
+        FLARE; never sent unless the prefix is a model entry's: use one of :data:`~fedcxr.pipeline.keys.
+        PRIVATE_PREFIXES` for state that must never leave the site)."""
+        for key, value in state.items():
+            self.local_state[prefix + key] = value.detach().to("cpu", copy=True)
 
-    def keep_control_variate(self, control: StateDict) -> None:
-        """Store c_i in the local state (checkpointed in-process, saved per round on FLARE; never sent)."""
-        for key, value in control.items():
-            self.local_state[CONTROL_PREFIX + key] = value.detach().to("cpu", copy=True)
+    def drop_state(self, prefix: str) -> StateDict:
+        """Remove and return the entries under ``prefix`` (prefix stripped)."""
+        n = len(prefix)
+        found = [k for k in self.local_state if k.startswith(prefix)]
+        return {k[n:]: self.local_state.pop(k) for k in found}
 
     # ------------------------------------------------------------------ tasks
-    def handle(self, task: str, params: Optional[StateDict], config: TaskConfig | dict | None) -> Reply:
-        """Answer one task of :attr:`tasks`; ``config`` is parsed here, once, into the task's typed config."""
+    def parse(self, task: str, config: TaskConfig | dict | None) -> TaskConfig:
+        """``config`` as the typed config of ``task`` (a config of exactly that type passes as it is;
+        ``None`` is an empty config); :class:`~fedcxr.pipeline.messages.TaskConfigError` names the key at fault."""
         entry = self.tasks.get(task)
         if entry is None:
             raise ValueError(f"site {self.name}: unknown task {str(task)[:60]!r} (it answers: {sorted(self.tasks)})")
-        config = parse_task_config(task, config)
+        kind = entry.config_type(task)
+        if type(config) is kind:
+            return config
+        try:
+            return kind.from_dict({} if config is None else config)
+        except TaskConfigError as exc:
+            raise TaskConfigError(f"task {task!r}: {exc}") from None
+
+    def handle(self, task: str, params: Optional[StateDict], config: TaskConfig | dict | None) -> Reply:
+        """Answer one task of :attr:`tasks`; ``config`` is parsed here, once, into the task's typed config."""
+        config = self.parse(task, config)
+        entry = self.tasks[task]
         try:
             return entry.handler(self, params, config)
         finally:
@@ -360,31 +398,36 @@ class SiteRunner:
             rows = rows[: int(config.max_rows)]
         return Subset(base, rows)
 
-    def load_warm_head(self, model: torch.nn.Module) -> None:
-        """Put the head kept by ``warmup_head`` into ``model`` (once: the entries are dropped after)."""
-        weight = self.local_state.pop(WARM_PREFIX + "head.weight", None)
-        bias = self.local_state.pop(WARM_PREFIX + "head.bias", None)
-        if weight is None or bias is None:
-            raise ValueError(f"site {self.name}: asked to start from its warmed-up head, but none is kept "
-                             "(the warmup_head task did not run here)")
-        with torch.no_grad():
-            model.head.weight.copy_(weight)
-            model.head.bias.copy_(bias)
+    def train(self, params: Optional[StateDict], config: TrainTask, *, prepare: Optional[Callable] = None,
+              seed_parts: tuple = (), prox_mu: float = 0.0, prox_anchor: Optional[StateDict] = None,
+              record_batch_updates: bool = False, frozen_bn_trains: bool = False,
+              drift_correction: Optional[StateDict] = None, loss_term: Optional[Callable] = None) -> Reply:
+        """Local training from the received params: the one training path of the site (``train``, and
+        every method task that trains through it). The hooks are what methods change in the local loop:
 
-    def _train(self, params: Optional[StateDict], config: TrainTask, *,
-               drift_correction: Optional[StateDict] = None) -> Reply:
-        """The ``train`` task; ``drift_correction`` (SCAFFOLD's c − c_i, from ``train_scaffold``) corrects every step."""
+        * ``prepare(model)``: called once the received params are loaded (the surgical warm-up's
+          head, a personal model);
+        * ``seed_parts``: extra parts of the task's seed (Finetune_Offline's pass number);
+        * ``prox_mu``, ``prox_anchor``: the proximal term μ/2·‖w − anchor‖² (FedProx: the received
+          weights, the default; a personalised method: the global model while training the personal one);
+        * ``record_batch_updates``: the state change of every optimiser step (auto-β), in ``extra``;
+        * ``frozen_bn_trains``: frozen BatchNorm layers still on batch statistics (FACT's heads);
+        * ``drift_correction``: SCAFFOLD's c − c_i, correcting every step;
+        * ``loss_term(named)``: a method's own term added to every step's loss (given the trainable
+          ``(name, parameter)`` pairs; FedDyn's linear term in ``examples/methods/feddyn.py``).
+        """
         from fedcxr.pipeline.local import train_local
 
         model, head_classes, aux_tasks, local_keys = self.prepared_model(params, config)
-        if config.from_warm:
-            self.load_warm_head(model)
+        if prepare is not None:
+            prepare(model)
         data = self.training_data(config, head_classes, aux_tasks)
-        seed = self.task_seed(config, "train", config.round, config.role, *([config.repeat] if config.repeat else []))
+        seed = self.task_seed(config, "train", config.round, config.role, *seed_parts)
         cfg = self.local_config(
             lr=config.lr, batch_size=config.batch_size, epochs=config.epochs, steps=config.steps, alpha=config.alpha,
-            aux_reduction=config.aux_reduction, use_aux=config.use_aux and bool(aux_tasks), weight_decay=config.weight_decay, optimizer=config.optimizer,
-            dp=config.dp or None, momentum=config.momentum, prox_mu=config.prox_mu,
+            aux_reduction=config.aux_reduction, use_aux=config.use_aux and bool(aux_tasks),
+            weight_decay=config.weight_decay, optimizer=config.optimizer, dp=config.dp or None, momentum=config.momentum,
+            prox_mu=prox_mu,
         )
         if len(data) == 0:
             # the server says so once per run (protocols.base.valid_replies); here only at debug level
@@ -395,9 +438,10 @@ class SiteRunner:
         loader = self.train_loader(data, batch_size=cfg.batch_size, seed=seed)
         result = train_local(
             model, loader, cfg, device=self.device, seed=seed, trainable=config.trainable,
-            record_batch_updates=config.record_batch_updates, freeze_bn=config.freeze_bn,
+            record_batch_updates=record_batch_updates, freeze_bn=config.freeze_bn,
             optimizer_state=self.optimizer_state() if config.keep_optimizer else None,
-            frozen_bn_trains=config.frozen_bn_trains, drift_correction=drift_correction,
+            frozen_bn_trains=frozen_bn_trains, drift_correction=drift_correction, prox_anchor=prox_anchor,
+            loss_term=loss_term,
         )
         if result.optimizer_state is not None:
             self.keep_optimizer_state(result.optimizer_state)
@@ -414,17 +458,14 @@ class SiteRunner:
             from fedcxr.pipeline.dp import spent
 
             metrics["dp"] = spent(cfg.dp, cfg.batch_size, len(data), result.n_batches)
-        reply = Reply(
+        return Reply(
             site=self.name, params=state, n_samples=result.n_samples, n_batches=result.n_batches,
             class_set=head_classes, metrics=metrics, extra=extra,
         )
-        if config.hold_for_combine:
-            # GP family, target-side combination: the fine-tuned model stays here for the round's
-            # train_combine task; only counts and metrics go back now
-            self.held = (config.round, {k: v.clone() for k, v in params.items()}, reply)
-            return Reply(site=self.name, n_samples=reply.n_samples, n_batches=reply.n_batches,
-                         class_set=head_classes, metrics=metrics)
-        return reply
+
+    def _train(self, params: Optional[StateDict], config: TrainTask) -> Reply:
+        """The ``train`` task: :meth:`train` without hooks."""
+        return self.train(params, config)
 
     # ------------------------------------------------------------------ evaluate
     def _evaluate(self, params: Optional[StateDict], config: EvaluateTask) -> Reply:
@@ -448,13 +489,9 @@ class SiteRunner:
         )
 
 
-#: Every task a :class:`SiteRunner` answers, by name (a transport may add its own: ``SiteRunner(tasks=...)``).
+#: The tasks every :class:`SiteRunner` answers by itself (a method's own are passed in: ``SiteRunner(tasks=...)``).
 TASKS: dict[str, SiteTask] = {
     "metadata": SiteTask(SiteRunner._metadata, changes_state=False),
-    "train": SiteTask(SiteRunner._train, changes_state=True),
-    "evaluate": SiteTask(SiteRunner._evaluate, changes_state=False),
-    "warmup_head": SiteTask(site_tasks.warmup_head, changes_state=True),
-    "train_combine": SiteTask(site_tasks.train_combine, changes_state=True),
-    "fact_target": SiteTask(site_tasks.fact_target, changes_state=True),
-    "train_scaffold": SiteTask(site_tasks.train_scaffold, changes_state=True),
+    "train": SiteTask(SiteRunner._train, changes_state=True, streams="train", filtered=True),
+    "evaluate": SiteTask(SiteRunner._evaluate, changes_state=False, streams="val"),
 }

@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 #: Modules the fork server imports once for every worker it starts (MONAI's networks and torch's
 #: ``_dynamo``, which the first optimizer of a process imports, cost seconds each).
 PRELOAD = ("fedcxr.pipeline.site_workers", "fedcxr.pipeline.site_runner", "fedcxr.pipeline.local",
-           "fedcxr.pipeline.site_tasks", "fedcxr.models.network", "monai.networks.nets", "pyarrow.parquet",
+           "fedcxr.pipeline.protocols", "fedcxr.models.network", "monai.networks.nets", "pyarrow.parquet",
            "torch._dynamo")
 #: Seconds a worker gets to stop when asked, before it is killed.
 STOP_TIMEOUT = 5.0
@@ -89,14 +89,18 @@ class _WorkerSpec:
     runners: dict  # name -> site folder (or folders: a pooled site)
     common: dict  # the SiteRunner keyword arguments every site shares
     log_level: int
+    method: str = ""  # the config's method: its tasks are looked up in the worker (a user's file is loaded there)
 
 
 class SiteWorkers(Transport):
     """The in-process simulator with the sites in ``workers`` worker processes (module doc)."""
 
-    def __init__(self, dirs: Mapping[str, Path | list[Path]], common: Mapping[str, Any], workers: int):
+    def __init__(self, dirs: Mapping[str, Path | list[Path]], common: Mapping[str, Any], workers: int, *,
+                 method: str = ""):
         """``dirs``: each runner's name and site folder(s); ``common``: the :class:`~fedcxr.pipeline.
-        site_runner.SiteRunner` keyword arguments they share (:func:`fedcxr.pipeline.inprocess.runner_kwargs`)."""
+        site_runner.SiteRunner` keyword arguments they share (:func:`fedcxr.pipeline.inprocess.runner_kwargs`);
+        ``method``: the config's method, whose site tasks (and every built-in method's) each worker
+        looks up itself — a method of the user's own is a file each worker loads, not a pickle."""
         from fedcxr.pipeline.data import load_site
 
         engine = common["engine"]
@@ -113,7 +117,7 @@ class SiteWorkers(Transport):
         self._closed = False
         level = logging.getLogger("fedcxr").getEffectiveLevel()
         try:
-            self._start([_WorkerSpec({s: dirs[s] for s in group}, common, level) for group in self.groups])
+            self._start([_WorkerSpec({s: dirs[s] for s in group}, common, level, method) for group in self.groups])
         except BaseException:
             self.close()
             raise
@@ -300,7 +304,12 @@ def _build(spec: _WorkerSpec) -> dict:
     from fedcxr.pipeline.site_runner import SiteRunner
 
     apply_backend(spec.common["engine"])
-    return {name: SiteRunner(name, dirs, **spec.common) for name, dirs in spec.runners.items()}
+    common = dict(spec.common)
+    if spec.method:
+        from fedcxr.pipeline.protocols.methods import site_tasks
+
+        common["tasks"] = {**site_tasks(spec.method), **(common.get("tasks") or {})}
+    return {name: SiteRunner(name, dirs, **common) for name, dirs in spec.runners.items()}
 
 
 def _answer(runners: dict, message: tuple) -> Any:

@@ -9,7 +9,7 @@ module          what it holds
                 suppression, and the last check before anything is sent
 ``merge``       the global section: released payloads summed, prevalence, intensity quantiles
 ``distances``   pairwise site distances (Jensen–Shannon, Wasserstein-1) and the shift type
-``pilot``       σ², d², τ²d², β from one FedGP_Auto round (the pipeline's own machinery)
+``pilot``       σ², d², τ²d², β from one auto-weighted FedGP round (the pipeline's own machinery)
 ``recommend``   the advice: the federation's cell of the regime map and its verdict there
 ``figures``     prevalence bars, age/sex pyramids, intensity curves, distance heatmaps
 ``report``      ``stats.md`` (every text escaped)

@@ -5,12 +5,13 @@ the target's own mean update (how noisy its few labels make it) and the source's
 discrepancy d² from the target direction (for FedGP the part left after projection, τ²d²).
 β_i = σ²/(σ² + τ²d²_i) is its answer to "how much should the target trust source i".
 
-This module runs **one round exactly as FedGP_Auto runs its rounds** and reads those numbers:
+This module runs **one round exactly as the auto-weighted FedGP method runs its rounds**
+(:data:`fedcxr.pipeline.protocols.target_combine.PILOT_METHOD`) and reads those numbers:
 the protocol's own :meth:`~fedcxr.pipeline.protocols.target_combine.TargetCombineProtocol.train_together`
 (sources and target train from the same θ0; the target records its per-batch updates), its
 ``combine_spec``, and :func:`fedcxr.pipeline.combine.auto_estimates` — the estimators and the
 step-size alignment auto-weighting uses, nothing re-implemented. Differences from a real
-FedGP_Auto round, stated in the output: it starts from the run's seeded initial model θ0
+round of that method, stated in the output: it starts from the run's seeded initial model θ0
 (not after the warm-up rounds) and at the configured learning rates (no post-warm-up scale).
 Only the estimates leave this function; the sites' updates stay in the in-process transport.
 """
@@ -26,14 +27,17 @@ from fedcxr.pipeline.config import ExperimentConfig
 
 log = logging.getLogger(__name__)
 
-PILOT_METHOD = "FedGP_Auto"
-
 
 def pilot_config(cfg: ExperimentConfig, sources: Optional[list[str]] = None) -> ExperimentConfig:
-    """The experiment as a one-round FedGP_Auto run without warm-up, validation or tracking."""
-    data = cfg.model_dump(mode="json")
-    data.update(method=PILOT_METHOD, rounds=1, warmup_rounds=0, post_warmup_lr_scale=1.0,
-                eval_every=0, select_round="last", tracking="none", eval_sites=None)
+    """The experiment as a one-round run of the pilot's method (auto-weighted FedGP) without warm-up,
+    validation or tracking."""
+    from fedcxr.pipeline.protocols.methods import option_models
+    from fedcxr.pipeline.protocols.target_combine import pilot_settings
+
+    builtin = option_models()  # a method of your own: its options block does not apply to the pilot's
+    data = {k: v for k, v in cfg.model_dump(mode="json").items() if k in builtin or k not in option_models(cfg.method)}
+    data.update(rounds=1, eval_every=0, select_round="last", tracking="none", eval_sites=None)
+    data = pilot_settings(data)
     if sources is not None:
         data["sites"] = list(sources)
     return ExperimentConfig.model_validate(data)
@@ -60,11 +64,11 @@ def pilot_estimates(cfg: ExperimentConfig, *, device: Optional[str] = None, prog
         with _held_back(notes):
             result = _run(pilot_config(cfg, sources), device=device, progress=progress)
     except (UserError, RunFailed, ValueError, OSError) as exc:
-        reason = pilot_note(f"not possible: {exc}", cfg.method, auto=auto)
+        reason = pilot_note(f"not possible: {exc}", cfg.method_name, auto=auto)
         log.warning("%s", reason)
         return {"status": "unavailable", "reason": reason}
     finally:
-        notes[:] = [pilot_note(n, cfg.method, auto=auto) for n in notes]
+        notes[:] = [pilot_note(n, cfg.method_name, auto=auto) for n in notes]
         for note in notes:
             log.warning("%s", note)
     return {**result, "notes": notes} if notes else result
@@ -73,11 +77,14 @@ def pilot_estimates(cfg: ExperimentConfig, *, device: Optional[str] = None, prog
 def pilot_note(said: str, method: str, *, auto: bool) -> str:
     """What the pilot's protocol code said, labelled as the pilot's.
 
-    The pilot runs :data:`PILOT_METHOD` whatever the config's method; its checks (e.g. "the
+    The pilot runs :data:`~fedcxr.pipeline.protocols.target_combine.PILOT_METHOD` whatever the config's
+    method; its checks (e.g. "the
     target gives B = 2 batch updates: lower target_train.batch_size") are advice for that
     method. Under a config of another method, following it would change the user's run for
     nothing, so the label says so; under an auto-weighted method it is the user's own advice.
     """
+    from fedcxr.pipeline.protocols.target_combine import PILOT_METHOD
+
     head = f"the pilot round (one {PILOT_METHOD} round that only estimates σ² and β for this report)"
     if auto:
         return f"{head} (this applies to your {method} run too): {said}"
@@ -126,7 +133,7 @@ def _run(cfg: ExperimentConfig, *, device: Optional[str], progress: bool) -> dic
     from fedcxr.pipeline.protocols import get_protocol
     from fedcxr.pipeline.state import delta
 
-    protocol = get_protocol(PILOT_METHOD)
+    protocol = get_protocol(cfg.method)
     dev = resolve_device(device or cfg.device)
     transport = InProcessTransport(build_runners(cfg, dev, progress))
     with backend_settings(run_engine(cfg, dev)):
@@ -143,7 +150,7 @@ def _run(cfg: ExperimentConfig, *, device: Optional[str], progress: bool) -> dic
     fedda = auto_estimates(theta0, deltas, {**spec, "rule": "fedda"}, updates)
     sigma2 = float(fedgp["sigma2"])
     return {
-        "status": "ok", "method": PILOT_METHOD, "sigma2": sigma2,
+        "status": "ok", "method": cfg.method_name, "sigma2": sigma2,
         "sources": {site: {"d2": float(fedgp["d2"][i]), "tau2d2": float(fedgp["tau2d2"][i]),
                            "beta_fedgp": float(fedgp["betas"][i]), "beta_fedda": float(fedda["betas"][i]),
                            "tau2d2_over_sigma2": _ratio(fedgp["tau2d2"][i], sigma2),
@@ -153,9 +160,9 @@ def _run(cfg: ExperimentConfig, *, device: Optional[str], progress: bool) -> dic
         "target": ctx.target, "target_batches": int(updates.shape[0]) if updates is not None else 0,
         "classes": list(ctx.classes),
         "how": ("one round from the run's seeded initial model θ0 at the configured learning rates, the sources "
-                "and the target trained as FedGP_Auto trains them (no warm-up rounds before it); estimators and "
-                "step-size alignment of auto-weighting (fedcxr.pipeline.combine.auto_estimates), each divided by "
-                "the number of model entries M"),
+                f"and the target trained as {cfg.method_name} trains them (no warm-up rounds before it); estimators "
+                "and step-size alignment of auto-weighting (fedcxr.pipeline.combine.auto_estimates), each divided "
+                "by the number of model entries M"),
     }
 
 

@@ -27,17 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from fedcxr.pipeline.protocols.methods import DEMO_METHODS
 from fedcxr.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
 DEMO_TARGET = "dicom_style"
-#: (method, what it means to a hospital), in the order of the table
-METHODS = (
-    ("Target_Only", "the hospital alone"),
-    ("FedAvg_Finetune", "federated (FedAvg), then fine-tuned"),
-    ("FedAvg_Finetune_AuxInfo_GP", "the papers' method (AuxInfo + GP)"),
-)
+#: (method, what it means to a hospital), in the order of the table: the protocols package's
+#: :data:`~fedcxr.pipeline.protocols.methods.DEMO_METHODS` (method names live there)
+METHODS = DEMO_METHODS
 
 
 def demo_config(manifests: Path, sites: list[str], target: str, *, quick: bool) -> dict:
@@ -48,7 +46,7 @@ def demo_config(manifests: Path, sites: list[str], target: str, *, quick: bool) 
         "manifests": str(manifests.resolve()),
         "sites": sources,
         "target": target,
-        "method": "FedAvg_Finetune",
+        "method": METHODS[1][0],  # federated, then fine-tuned
         "rounds": 2 if quick else 10,
         "source": {"lr": 2e-3, "batch_size": 32, "epochs": 1},
         "target_train": {"lr": 1e-3, "batch_size": 32, "epochs": 1 if quick else 2, "labeled": 0.5},

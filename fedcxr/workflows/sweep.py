@@ -53,7 +53,7 @@ def sweep(config: ConfigLike, methods: Sequence[str], *, out: "str | os.PathLike
         for seed in range(seeds):
             cfg = experiment_config(config, settings=[*settings, f"method={method}", f"seed={seed}"],
                                     overrides=overrides)
-            run = RunDir(Path(out) / "runs" / f"{method}-seed{seed}")
+            run = RunDir(Path(out) / "runs" / f"{cfg.method_name}-seed{seed}")
             if not run.final_model.exists():
                 resume = bool(run.checkpoint_files())
                 say(f"{method} seed {seed}: training{' (resuming)' if resume else ''}")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedcxr.flare.client import FlareSite, find_site_config, load_site_config
+from fedcxr.flare.client import FlareSite, SiteConfig, find_site_config, load_site_config
 
 SETTINGS = {"model": {"backbone": "resnet_tiny", "hidden": 16, "weights": None, "classes": None},
             "image_size": 32, "augment": False, "num_workers": 0, "device": "cpu"}
@@ -118,15 +118,57 @@ def test_restarted_site_restores_local_state_of_the_right_round(tiny_manifests, 
     assert other.params == {}, "state is kept per experiment"
 
 
-def test_every_task_that_trains_saves_the_site_state():
-    """train_combine (GP/FedDA/FedGP), fact_target (FACT), warmup_head and train_scaffold train too: their
-    state must survive a restart. The registry declares it per task; the client saves after those."""
-    from fedcxr.flare.client import CLIENT_TASKS, READ_ONLY_TASKS, STATE_CHANGING_TASKS
-    from fedcxr.pipeline.site_runner import TASKS
+def test_every_task_that_trains_saves_the_site_state(tiny_manifests, tmp_path):
+    """The methods' tasks that train (GP's train_gp/train_combine, FACT's, the surgical warm-up, SCAFFOLD's,
+    ...) must survive a restart: each method's module declares it per task, and the site's runner
+    answers exactly those tasks; the client saves after them."""
+    from fedcxr.flare.client import CLIENT_TASKS, changes_state
+    from fedcxr.pipeline.protocols.methods import site_tasks
 
-    assert STATE_CHANGING_TASKS == {"train", "train_combine", "fact_target", "warmup_head", "train_scaffold"}
-    assert READ_ONLY_TASKS == {"metadata", "evaluate", "validate", "local_state"}
-    assert set(TASKS) | set(CLIENT_TASKS) | {"local_state"} == STATE_CHANGING_TASKS | READ_ONLY_TASKS
+    site_cfg = SiteConfig(manifest_dir=tiny_manifests / "nih_style", cache_dir=tmp_path / "cache", device="cpu")
+    runner = FlareSite("nih_style", site_cfg, tmp_path).runner_for(SETTINGS, "run1")
+    assert set(runner.tasks) == {"metadata", "train", "evaluate", *site_tasks(), *CLIENT_TASKS}
+    changing = {t for t in runner.tasks if changes_state(runner, t)}
+    assert {"train", "train_gp", "train_combine", "fact_head", "fact_target", "warmup_head", "train_from_warm",
+            "train_scaffold", "train_prox", "finetune_pass", "train_ditto", "train_fedrep", "train_apfl",
+            "finetune_babu"} == changing
+    assert set(runner.tasks) - changing == {"metadata", "evaluate", "validate"}
+    assert not changes_state(runner, "local_state")
+
+
+def test_a_site_runs_a_method_of_ones_own_only_from_the_jobs_custom_code_or_its_allow_list(tmp_path, monkeypatch):
+    """SECURITY.md, "Methods from files": the server's config may name a method; a site loads it only
+    from its app's custom folder (code FLARE deployed because the site's policy allowed the job's custom
+    code) or as a module its own configuration allows — never a path, never a module found elsewhere."""
+    from fedcxr.flare.client import site_method
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "methods" / "feddyn.py"
+    custom = tmp_path / "custom"
+    custom.mkdir()
+    (custom / "feddyn.py").write_text(example.read_text())
+    assert site_method(None, custom) is None and site_method("FedAvg", custom) is None  # fedcxr's own
+    spec = site_method("feddyn:FedDyn", custom)
+    assert spec.protocol.__name__ == "FedDynProtocol" and "train_feddyn" in spec.protocol.site_tasks
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "evil.py").write_text("raise SystemExit('ran code the site never allowed')\n")
+    monkeypatch.syspath_prepend(str(elsewhere))
+    for reference in (f"{elsewhere / 'evil.py'}:X", "evil:X", "os.path:join", "../evil:X"):
+        with pytest.raises(PermissionError, match="this site runs fedcxr's methods, methods shipped in the job"):
+            site_method(reference, custom)
+    with pytest.raises(PermissionError):
+        site_method("feddyn:FedDyn", None)  # no custom folder known: nothing of the user's own runs
+    (elsewhere / "allowed_method.py").write_text(example.read_text())
+    assert site_method("allowed_method:FedDyn", custom, ("allowed_method",)).protocol.__name__ == "FedDynProtocol"
+
+
+def test_allow_methods_in_a_site_config_is_a_list_of_module_names(tmp_path):
+    path = tmp_path / "fedcxr_site.json"
+    path.write_text(json.dumps({"manifest_dir": "m", "allow_methods": ["lab.methods.feddyn"]}))
+    assert load_site_config(path, "a").allow_methods == ("lab.methods.feddyn",)
+    path.write_text(json.dumps({"manifest_dir": "m", "allow_methods": ["/tmp/x.py"]}))
+    with pytest.raises(ValueError, match="allow_methods"):
+        load_site_config(path, "a")
 
 
 # --------------------------------------------------------------------------- sealed models (privacy.secure_aggregation)

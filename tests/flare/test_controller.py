@@ -34,7 +34,8 @@ from fedcxr.flare.wire import EXTRA_PREFIX, REPLY_KEYS, check_summary  # noqa: E
 from fedcxr.pipeline.checkpoints import load_checkpoint, load_tensors  # noqa: E402
 from fedcxr.pipeline.config import config_fingerprint  # noqa: E402
 from fedcxr.pipeline.keys import CONTROL_PREFIX  # noqa: E402
-from fedcxr.pipeline.messages import CONTROL_DELTA_PREFIX, WEIGHT_TYPES  # noqa: E402
+from fedcxr.pipeline.messages import WEIGHT_TYPES  # noqa: E402
+from fedcxr.pipeline.protocols.fedopt import CONTROL_DELTA_PREFIX  # noqa: E402
 from fedcxr.vocab import CLASSES  # noqa: E402
 
 from ..benchmarks.conftest import load_bench  # noqa: E402

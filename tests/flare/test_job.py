@@ -12,7 +12,7 @@ pytest.importorskip("nvflare")
 
 from fedcxr.errors import UserError  # noqa: E402
 from fedcxr.flare.client import reply_model  # noqa: E402
-from fedcxr.flare.job import FILTERED_TASKS, export_job, result_filters  # noqa: E402
+from fedcxr.flare.job import export_job, filtered_tasks, result_filters  # noqa: E402
 from fedcxr.flare.wire import decode_reply, encode_reply  # noqa: E402
 from fedcxr.pipeline.config import load_config  # noqa: E402
 from fedcxr.pipeline.messages import Reply  # noqa: E402
@@ -32,7 +32,9 @@ def test_exported_job_puts_nvflare_filters_on_every_sites_update_replies(tiny_ma
     for site in ("nih_style", "chexpert_style", "dicom_style"):
         client = json.loads((job / f"app_{site}" / "config" / "config_fed_client.json").read_text())
         [block] = client["task_result_filters"]
-        assert sorted(block["tasks"]) == sorted(FILTERED_TASKS)
+        assert sorted(block["tasks"]) == filtered_tasks([cfg])
+        assert {"train", "train_gp", "train_combine", "fact_target"} <= set(block["tasks"])  # every model update
+        assert "train_scaffold" not in block["tasks"] and "warmup_head" not in block["tasks"]
         paths = [f["path"].rsplit(".", 1)[-1] for f in block["filters"]]
         assert paths == ["ExcludeVars", "PercentilePrivacy"]
         assert block["filters"][0]["args"]["exclude_vars"] == "^(?:d/|p/)(?:head\\.)"

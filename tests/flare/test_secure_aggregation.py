@@ -289,3 +289,27 @@ def test_a_sealed_run_resumes_from_its_encrypted_checkpoint(tiny_manifests, tmp_
     sealed_run(tmp_path / "resumed", resume=True)
     whole, resumed = (open_final(load_final_model(tmp_path / d), he_contexts.client) for d in ("whole", "resumed"))
     assert relative_gap(resumed["global"], whole["global"]) < 1e-5
+
+
+def test_a_sites_own_sealed_model_opens_without_an_entry_twice(he_contexts):
+    """Cross-site evaluation sends each site the global model with its own sealed local block. FedBN's local
+    block (BatchNorm) sits beside the model block; a personalised method's (Ditto: the whole model) covers
+    it, so the model block is left out — otherwise the site refuses an entry in two blocks."""
+    from fedcxr.flare.secure_aggregation import own_sealed_model
+
+    torch.manual_seed(0)
+    model = {"conv.weight": torch.randn(4, 3), "bn.running_var": torch.rand(4) + 1}
+    own = {k: v + 1 for k, v in model.items()}
+    global_model = seal(model, he_contexts.client)
+    whole = {**global_model, **seal(own, he_contexts.client, block=LOCAL_BLOCK)}
+    with pytest.raises(SealError, match="in two sealed blocks"):
+        open_sealed(whole, he_contexts.client)
+    sent = own_sealed_model(whole)
+    assert set(sent) == {data_key(LOCAL_BLOCK), layout_key(LOCAL_BLOCK)}
+    assert max_diff(open_sealed(sent, he_contexts.client), own) < TOLERANCE
+    fedbn = {**seal(model, he_contexts.client, exclude=["bn.running_var"]),
+             **seal({"bn.running_var": own["bn.running_var"]}, he_contexts.client, block=LOCAL_BLOCK)}
+    assert own_sealed_model(fedbn).keys() == fedbn.keys()  # the local block covers only part: both go
+    opened = open_sealed(own_sealed_model(fedbn), he_contexts.client)
+    assert max_diff(opened, {"conv.weight": model["conv.weight"], "bn.running_var": own["bn.running_var"]}) < TOLERANCE
+    assert own_sealed_model(model) == model  # nothing sealed: as it is

@@ -1,9 +1,10 @@
 """Secure aggregation on FLARE's simulator, end to end: the server sums what it cannot read, the sites open
 it, and the encrypted run ends where the plain one does.
 
-One simulator job (a job costs ~15-20 s whatever it runs) holds three tiny experiments: FedAvg_Finetune
-plain, the same sealed, and FedAvg + FedBN sealed (its plain twin runs in-process: FLARE and in-process
-runs end on the same weights, ``test_controller.py``). A test client wraps fedcxr's own to record, at
+One simulator job (a job costs ~15-20 s whatever it runs) holds four tiny experiments: FedAvg_Finetune
+plain, the same sealed, Ditto sealed (a personalised method: each site's whole model stays there) and
+FedAvg + FedBN sealed (the plain twins of the last two run in-process: FLARE and in-process runs end on
+the same weights, ``test_controller.py``). A test client wraps fedcxr's own to record, at
 each site, the model it opened and the model it sealed, so each round's sealed sum is checked against
 FedAvg of the very replies it summed (the simulator holds every key on one machine: POC mode keeps
 the secret key out of the server's kit, ``test_secure_aggregation_poc.py``).
@@ -61,6 +62,10 @@ flare_client.main()
 '''
 
 
+#: a personalised method whose server only sums: each site's personal model (the whole network) stays there
+DITTO = {"strategy": "Ditto", "target": None, "eval_every": 0, "ditto": {"lam": 0.1}}
+
+
 def _final(run_dir: Path) -> dict:
     return torch.load(Path(run_dir) / "final_model.pt", map_location="cpu", weights_only=True)
 
@@ -76,7 +81,8 @@ def he_job(tiny_manifests, tmp_path_factory):
     sealed = {"privacy": {"secure_aggregation": "he"}}
     fedbn = {"strategy": "FedAvg", "target": None, "backbone_aggregation": "fedbn", "eval_every": 0}
     cfgs = {"plain": load_config(data=base), "sealed": load_config(data={**base, **sealed}),
-            "fedbn": load_config(data={**base, **fedbn, **sealed})}
+            "ditto": load_config(data={**base, **DITTO, **sealed}),
+            "fedbn": load_config(data={**base, **fedbn, **sealed})}  # last: FLARE's persistor keeps its model
     script, record = root / "he_client.py", root / "record"
     script.write_text(HE_CLIENT)
     record.mkdir()
@@ -154,4 +160,25 @@ def test_fedbn_keeps_batchnorm_at_the_sites_and_its_local_states_come_back_seale
     sent = _recorded(he_job, "out", "fedbn")
     assert sent and all(set(v["local"]) == set(sealed_final["eval_local_keys"]) for v in sent.values())
     report = json.loads((he_job.dirs["fedbn"] / "report.json").read_text())
+    assert not report.get("sites_without_predictions")
+
+
+@pytest.mark.slow
+def test_ditto_sums_the_global_models_and_each_sites_personal_model_comes_back_sealed(he_job, tmp_path):
+    """Ditto's server averages the sites' global models only (``reads_each_update`` None): sealed, it ends
+    where its in-process run does, the global model and every site's personal model alike."""
+    from fedcxr.pipeline.config import load_config
+    from fedcxr.pipeline.run_driver import run_experiment
+
+    cfg = he_job.cfgs["ditto"]
+    sealed_final = _final(he_job.dirs["ditto"])
+    run_experiment(load_config(data={**he_job.base, **DITTO}), tmp_path / "plain", progress=False)
+    plain_final = _final(tmp_path / "plain")
+    assert relative_gap(sealed_final["global"], plain_final["global"]) < FINAL_TOLERANCE
+    assert sorted(sealed_final["local_states"]) == sorted(cfg.site_name(s) for s in cfg.source_sites())
+    assert set(sealed_final["eval_local_keys"]) == set(plain_final["eval_local_keys"])
+    for site, state in sealed_final["local_states"].items():
+        assert set(state) == set(sealed_final["eval_local_keys"])  # the personal model: every entry
+        assert relative_gap(state, {k: plain_final["local_states"][site][k] for k in state}) < FINAL_TOLERANCE
+    report = json.loads((he_job.dirs["ditto"] / "report.json").read_text())
     assert not report.get("sites_without_predictions")

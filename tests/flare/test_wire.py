@@ -17,7 +17,8 @@ from fedcxr.flare.wire import (
     encode_reply,
     encode_task,
 )
-from fedcxr.pipeline.messages import DELTAS, WEIGHTS, CombineSpec, NoConfig, Reply, TrainTask
+from fedcxr.pipeline.messages import DELTAS, WEIGHTS, NoConfig, Reply, TrainTask
+from fedcxr.pipeline.protocols.target_combine import CombineSpec, CombineTask
 
 
 def _task(**extra) -> TrainTask:
@@ -32,17 +33,31 @@ def _state() -> dict:
 
 def test_task_round_trip_keeps_every_tensor_and_the_config():
     state = _state()
-    spec = CombineSpec.build(rule="fedgp", auto=True, beta=0.5, n_sources=[40, 12], n_batches=[5, 2], bs_source=8,
-                             bs_target=4, lr_source=1e-3, lr_target=2e-4, epochs_source=1, epochs_target=1)
-    config = _task(labeled=0.25, combine=spec, dp={"noise_multiplier": 1.0, "max_grad_norm": 1.0, "delta": 1e-5})
-    params, meta = encode_task("train_combine", state, config, runner={"image_size": 32}, run="abc")
+    config = _task(labeled=0.25, dp={"noise_multiplier": 1.0, "max_grad_norm": 1.0, "delta": 1e-5})
+    params, meta = encode_task("train", state, config, runner={"image_size": 32}, run="abc")
     assert all(isinstance(v, np.ndarray) for v in params.values())
     task = decode_task(params, meta)
-    assert task["task"] == "train_combine" and task["config"] == config and task["run"] == "abc"
-    assert isinstance(task["config"].labeled, float) and task["config"].combine.n_sources == (40, 12)
+    assert task["task"] == "train" and task["config"] == config and task["run"] == "abc"
+    assert isinstance(task["config"].labeled, float)
     assert task["runner"] == {"image_size": 32}
     for key, value in state.items():
         assert torch.equal(task["params"][key], value) and task["params"][key].dtype == value.dtype
+
+
+def test_a_method_tasks_config_travels_as_its_module_types_it_and_is_parsed_by_that_type():
+    """A method's own task (GP's train_combine) carries its share of the envelope; the wire keeps it a
+    mapping of JSON values, and the site runner parses it with the type the method declares."""
+    spec = CombineSpec.build(rule="fedgp", auto=True, beta=0.5, n_sources=[40, 12], n_batches=[5, 2], bs_source=8,
+                             bs_target=4, lr_source=1e-3, lr_target=2e-4, epochs_source=1, epochs_target=1)
+    config = CombineTask.extend(_task(labeled=0.25), combine=spec)
+    params, meta = encode_task("train_combine", _state(), config, runner={}, run="abc")
+    task = decode_task(params, meta)
+    assert task["config"] == config.to_dict()
+    parsed = CombineTask.from_dict(task["config"])
+    assert parsed == config and parsed.combine.n_sources == (40, 12)
+    meta[META_KEY]["config"] = "not a mapping"
+    with pytest.raises(WireError, match="expected a mapping"):
+        decode_task(params, meta)
 
 
 def test_task_without_params_decodes_to_none():
@@ -266,9 +281,19 @@ SEALED = {"sealed.model.data": torch.arange(12, dtype=torch.uint8), "sealed.mode
                                                                                                      dtype=torch.uint8)}
 
 
+def test_a_train_task_of_the_former_envelope_is_refused_as_another_version():
+    """Version 4: the methods' fields left ``train`` for their own tasks; a version-3 server's FedProx task
+    (``train`` carrying ``prox_mu``) is refused with the version hint, never trained as plain FedAvg."""
+    params, meta = encode_task("train", _state(), _task(), runner={}, run="r")
+    assert meta[META_KEY]["version"] == 4
+    meta[META_KEY].update(version=3, config={**meta[META_KEY]["config"], "prox_mu": 0.01})
+    with pytest.raises(WireError, match=r"task format version 3 \(this site speaks 4\).*same fedcxr version"):
+        decode_task(params, meta)
+
+
 def test_a_task_says_whether_it_wants_sealed_replies_and_a_site_of_another_version_refuses_it():
     params, meta = encode_task("train", _state(), _task(), runner={}, run="r", seal="he")
-    assert decode_task(params, meta)["seal"] == "he" and meta[META_KEY]["version"] == 3
+    assert decode_task(params, meta)["seal"] == "he" and meta[META_KEY]["version"] >= 3  # seal: since version 3
     assert decode_task(*encode_task("train", _state(), _task(), runner={}, run="r"))["seal"] is None
     meta[META_KEY]["seal"] = "rot13"
     with pytest.raises(WireError, match="seal 'rot13' is not one of"):

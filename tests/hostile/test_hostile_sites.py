@@ -82,6 +82,17 @@ def test_a_huge_finite_update_is_refused_and_the_honest_sites_train_on(hostile, 
     assert all(float(v.abs().max()) < 100 for v in _final(tmp_path / "run").values() if v.is_floating_point())
 
 
+def test_a_hostile_site_attacks_a_methods_own_training_task_too(hostile, tiny_manifests, tmp_path):
+    """FedProx's sources train with its own task (train_prox): the hostile site rewrites those replies as it
+    does ``train``'s, and the server refuses them as it refuses ``train``'s."""
+    assert hostile.trains("train") and hostile.trains("train_prox") and hostile.trains("train_gp")
+    assert not any(hostile.trains(t) for t in ("warmup_head", "fact_target", "evaluate", "metadata"))
+    cfg = load_config(data=_data(tiny_manifests, tmp_path / "cache", strategy="FedProx", rounds=1))
+    run = hostile.hostile_run(cfg, tmp_path / "run", {"chexpert_style": {0: "huge"}})
+    [entry] = run["refused"]
+    assert (entry["round"], entry["site"], entry["task"], entry["check"]) == (0, "chexpert_style", "train_prox", "norm")
+
+
 @pytest.mark.parametrize("n_sources", [1, 2])
 def test_a_huge_update_is_caught_by_the_absolute_bound_with_one_or_two_sources(hostile, tiny_manifests, tmp_path,
                                                                                n_sources):

@@ -87,7 +87,7 @@ class Recorder(InProcessTransport):
             site_params, site_config = (per_site or {}).get(site, (params, config))
             self.current = (site, site_config.get("round"))
             replies[site] = self.runners[site].handle(task, site_params, dict(site_config))
-            if task == "train":
+            if task in ("train", "train_gp"):  # GP-family rounds train sources and target in train_gp
                 self.calls.append({"site": site, "round": site_config["round"], "config": dict(site_config),
                                    "params": site_params, "reply": replies[site]})
         return replies

@@ -8,8 +8,8 @@ import torch
 from fedcxr.errors import UserError
 from fedcxr.pipeline import aggregate as agg
 from fedcxr.pipeline.combine import combine
-from fedcxr.pipeline.messages import pack_combine as pack
-from fedcxr.pipeline.messages import unpack_combine as unpack
+from fedcxr.pipeline.protocols.target_combine import pack_combine as pack
+from fedcxr.pipeline.protocols.target_combine import unpack_combine as unpack
 from fedcxr.pipeline.state import delta
 
 

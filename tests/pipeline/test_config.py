@@ -91,8 +91,8 @@ def test_a_target_listed_as_a_source_is_refused_not_dropped(tmp_path):
 
 def test_method_is_checked_at_load_naming_the_key_and_the_known_methods(tmp_path):
     for key in ("method", "strategy"):
-        with pytest.raises(UserError, match=rf"{key}: unknown method 'FedAVG' \(did you mean `FedAvg`\?\); known: "
-                                            "FedAvg, FedAvg_Finetune"):
+        known = r"known: FedAvg, FedAvg_Finetune, .*Oracle, .*FedProx, .*file.py:Name"
+        with pytest.raises(UserError, match=rf"{key}: unknown method 'FedAVG' \(did you mean `FedAvg`\?\); {known}"):
             load_config(data={"sites": ["a"], key: "FedAVG"}, check_sites=False)
 
 
@@ -149,6 +149,20 @@ def test_a_mistyped_key_at_any_level_gets_the_nearest_known_key(tmp_path):
     with pytest.raises(UserError) as info:       # nothing close: no guess
         load_config(data={"sites": ["a"], "zzzzzz": 1}, check_sites=False)
     assert "did you mean" not in str(info.value)
+
+
+def test_a_mistyped_key_of_a_methods_options_block_gets_the_nearest_key_of_that_block():
+    """The methods' blocks are not fields of the config: a typo inside one is compared with the block's
+    own keys (never the top level's), a misspelt block name with the blocks' names too."""
+    cases = [({"fedprox": {"muu": 0.1}}, "fedprox.muu: Extra inputs are not permitted (did you mean `mu`?)"),
+             ({"surgical": {"head_warmup": {"epoch": 1}}}, "surgical.head_warmup.epoch: Extra inputs are not "
+                                                           "permitted (did you mean `epochs`?)"),
+             ({"fedprx": {"mu": 0.1}}, "fedprx: Extra inputs are not permitted (did you mean `fedprox`?)"),
+             ({"gp": {"auto_alignment": "lr_s_over_lrt"}}, "(did you mean `lr_s_over_lr_t`?)")]
+    for extra, message in cases:
+        with pytest.raises(UserError) as info:
+            load_config(data={"sites": ["a"], **extra}, check_sites=False)
+        assert message in str(info.value), str(info.value)
 
 
 def test_a_mistyped_set_key_method_class_or_site_gets_a_suggestion(tmp_path):

@@ -42,14 +42,18 @@ def sgd(lr: float, **extra) -> LocalConfig:
     return LocalConfig(lr=lr, batch_size=6, epochs=1, use_aux=False, optimizer="sgd", momentum=0.0, **extra)
 
 
-def by_hand(model: nn.Module, data: list[dict], lr: float, *, mu: float = 0.0, correction: dict | None = None) -> dict:
+def by_hand(model: nn.Module, data: list[dict], lr: float, *, mu: float = 0.0, correction: dict | None = None,
+            anchor: dict | None = None, linear: dict | None = None) -> dict:
     """Li et al. Eq. 2 and Karimireddy et al. Alg. 1 line 10, literally: for each batch,
-    loss = BCE + μ/2·Σ‖w − w^t‖², then w ← w − η·(∇loss + c − c_i)."""
-    anchor = weights(model)
+    loss = BCE + μ/2·Σ‖w − w^t‖² (w^t: ``anchor``, else the start) − Σ⟨g, w⟩ (``linear``: FedDyn's g),
+    then w ← w − η·(∇loss + c − c_i)."""
+    anchor = weights(model) if anchor is None else anchor
     for batch in data:
         out = model(batch["image"])["main"]
         loss = masked_bce(out, batch["label"], batch["label_mask"])
         loss = loss + mu / 2 * sum(((p - anchor[k]) ** 2).sum() for k, p in model.named_parameters())
+        if linear is not None:
+            loss = loss - sum((linear[k] * p).sum() for k, p in model.named_parameters())
         model.zero_grad()
         loss.backward()
         with torch.no_grad():
@@ -134,3 +138,40 @@ def test_combinations_that_would_not_be_the_published_update_are_refused():
     with pytest.raises(ValueError, match="DP-SGD"):
         train_local(Linear(), batches(1), sgd(0.1, prox_mu=0.1, dp={"noise_multiplier": 1.0, "max_grad_norm": 1.0}),
                     device="cpu", seed=0)
+
+
+def test_a_proximal_anchor_other_than_the_start_pulls_toward_it():
+    """Ditto's personal step (Li et al. 2021, Alg. 1): v ← v − η(∇F(v) + λ(v − w^t)) where v starts at the
+    site's own personal model and w^t is the round's global model — not where v starts."""
+    data, anchor = batches(), weights(Linear(seed=5))
+    trained = Linear()
+    train_local(trained, data, sgd(0.5, prox_mu=2.0), device="cpu", seed=0, prox_anchor=anchor)
+    expected = by_hand(Linear(), data, 0.5, mu=2.0, anchor=anchor)
+    for key, value in weights(trained).items():
+        torch.testing.assert_close(value, expected[key], rtol=1e-6, atol=1e-7)
+    plain = by_hand(Linear(), data, 0.5, mu=2.0)  # anchored at the start: another model
+    assert any(not torch.allclose(plain[k], expected[k]) for k in plain)
+    with pytest.raises(ValueError, match="prox_anchor lacks trainable parameters"):
+        train_local(Linear(), data, sgd(0.5, prox_mu=2.0), device="cpu", seed=0, prox_anchor={"fc.weight": anchor["fc.weight"]})
+
+
+def test_a_methods_loss_term_is_added_to_every_step():
+    """A method's own term (FedDyn's −⟨∇L_k(θ_k^{t−1}), θ⟩, examples/methods/feddyn.py) enters the loss of
+    every step, given the trainable (name, parameter) pairs; refused with DP-SGD."""
+    data = batches()
+    g = {k: torch.full_like(v, 0.3) for k, v in weights(Linear()).items()}
+    trained = Linear()
+    seen = []
+
+    def term(named):
+        seen.append([n for n, _ in named])
+        return -sum((g[n] * p).sum() for n, p in named)
+
+    train_local(trained, data, sgd(0.5), device="cpu", seed=0, loss_term=term)
+    expected = by_hand(Linear(), data, 0.5, linear=g)
+    for key, value in weights(trained).items():
+        torch.testing.assert_close(value, expected[key], rtol=1e-6, atol=1e-7)
+    assert seen == [["fc.weight", "fc.bias"]] * len(data)
+    with pytest.raises(ValueError, match="a method's own loss term"):
+        train_local(Linear(), data, sgd(0.1, dp={"noise_multiplier": 1.0, "max_grad_norm": 1.0}), device="cpu",
+                    seed=0, loss_term=term)

@@ -1,51 +1,59 @@
 """What travels between server and sites (fedcxr.pipeline.messages): the typed task configs on the wire
-and back, the errors that name the task and key at fault, and the payload layouts."""
+and back, the errors that name the task and key at fault, and a method's share of the envelope (a
+subclass). The methods' own configs and payload layouts are tested with their modules
+(tests/pipeline/protocols/test_target_combine.py, test_fedopt.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from typing import ClassVar
 
 import pytest
-import torch
 
 from fedcxr.pipeline.messages import (
     TASK_CONFIGS,
-    CombineSpec,
     EvaluateTask,
     NoConfig,
     TaskConfig,
     TaskConfigError,
     TrainTask,
     ValidateTask,
-    pack_combine,
-    pack_control,
-    pack_control_delta,
     parse_task_config,
-    unpack_combine,
-    unpack_control,
-    unpack_control_delta,
 )
 
 TRAIN = dict(round=2, seed=7, role="target", head_classes=["edema", "hernia"], param_classes=["edema", "hernia"],
              lr=0.01, batch_size=8)
 
 
-def combine_spec(**changes):
-    values = dict(rule="fedgp", auto=True, beta=0.5, n_sources=[30, 50], n_batches=[4, 7], bs_source=8,
-                  bs_target=4, lr_source=1e-3, lr_target=2e-4, epochs_source=1, epochs_target=1)
-    return CombineSpec.build(**{**values, **changes})
+@dataclasses.dataclass(frozen=True)
+class PassTask(TrainTask):
+    """A method's share of the envelope, as a method module declares it (docs/methods.md)."""
+
+    kind: ClassVar[str] = "pass task"
+    passes: tuple[int, ...] = ()
 
 
 def test_a_task_config_survives_the_wire_with_its_types():
-    task = TrainTask.build(**TRAIN, labeled=0.5, dp={"noise_multiplier": 1.1}, combine=combine_spec())
+    task = TrainTask.build(**TRAIN, labeled=0.5, dp={"noise_multiplier": 1.1})
     wire = json.loads(json.dumps(task.to_dict()))
-    assert wire["head_classes"] == ["edema", "hernia"] and wire["combine"]["n_sources"] == [30, 50]
-    back = parse_task_config("train_combine", wire)
-    assert back == task and back["head_classes"] == ("edema", "hernia") and back["combine"]["n_batches"] == (4, 7)
+    assert wire["head_classes"] == ["edema", "hernia"] and wire["dp"] == {"noise_multiplier": 1.1}
+    back = parse_task_config("train", wire)
+    assert back == task and back["head_classes"] == ("edema", "hernia")
     assert back["steps"] is None and back["epochs"] == 1  # the defaults travel too: every key, every time
     assert parse_task_config("train", task) is task, "a typed config passes as it is"
     assert parse_task_config("metadata", None) == NoConfig()
+
+
+def test_a_methods_task_config_extends_the_envelope_and_is_parsed_with_its_own_type():
+    task = PassTask.extend(TrainTask.build(**TRAIN), passes=[1, 2])
+    assert task["lr"] == 0.01 and task["passes"] == (1, 2)
+    wire = json.loads(json.dumps(task.to_dict()))
+    assert parse_task_config("train_pass", wire, {"train_pass": PassTask}) == task
+    with pytest.raises(TaskConfigError, match=r"task 'train': train task config: unknown key\(s\) \['passes'\]"):
+        parse_task_config("train", wire)  # the common task never takes a method's field
+    with pytest.raises(TaskConfigError, match=r"pass task config: missing key\(s\) \['passes'\]"):
+        PassTask.from_dict(TrainTask.build(**TRAIN).to_dict())
 
 
 @pytest.mark.parametrize("change, message", [
@@ -59,7 +67,6 @@ def test_a_task_config_survives_the_wire_with_its_types():
     ({"head_classes": ["edema", 3]}, r"head_classes\[1\]: 3 is not a string"),
     ({"labeled": "half"}, "labeled: 'half' is not an integer or a finite number or null"),
     ({"dp": {1: 2}}, "dp: expected a mapping with string keys"),
-    ({"combine": {"rule": "gp"}}, r"combine config: missing key\(s\)"),
 ])
 def test_a_bad_config_is_refused_naming_the_task_and_the_key(change, message):
     wire = {**TrainTask.build(**TRAIN).to_dict(), **change}
@@ -93,23 +100,12 @@ def test_a_config_is_a_frozen_read_only_mapping_and_replace_checks_again():
 
 
 def test_every_task_takes_a_typed_config():
-    assert set(TASK_CONFIGS) == {"metadata", "train", "evaluate", "warmup_head", "train_combine", "fact_target",
-                                 "train_scaffold", "validate", "local_state"}
+    """The runner's own tasks are typed here; a method's tasks by its module (``SiteTask.config``)."""
+    from fedcxr.pipeline.protocols.methods import RUNNER_TASKS, site_tasks
+
+    assert set(TASK_CONFIGS) == set(RUNNER_TASKS) == {"metadata", "train", "evaluate", "validate", "local_state"}
     assert all(issubclass(kind, TaskConfig) for kind in TASK_CONFIGS.values())
+    assert all(issubclass(task.config, TrainTask) for task in site_tasks().values())
     assert parse_task_config("validate", {**ValidateTask.build(classes=["edema"]).to_dict()})["n_boot"] == 1000
     assert parse_task_config("evaluate", EvaluateTask.build(head_classes=["a"], param_classes=["a"]).to_dict())[
         "split"] == "val"
-
-
-def test_the_payload_layouts_pack_and_unpack_exactly():
-    theta = {"w": torch.tensor([1.0]), "b": torch.tensor([2.0])}
-    deltas = [{"w": torch.tensor([0.1]), "b": torch.tensor([0.2])}, {"w": torch.tensor([0.3]), "b": torch.tensor([0.4])}]
-    payload = pack_combine(theta, deltas)
-    assert sorted(payload) == ["b", "source0.b", "source0.w", "source1.b", "source1.w", "w"]
-    back, back_deltas = unpack_combine(payload, 2)
-    assert back == theta and back_deltas == deltas
-    control = {"w": torch.tensor([5.0])}
-    model, c = unpack_control(pack_control(theta, control))
-    assert model == theta and c == control
-    extra = {**pack_control_delta({"w": torch.tensor([0.5])}), "other": torch.tensor([9.0])}
-    assert list(extra)[0] == "scaffold_dc.w" and unpack_control_delta(extra) == {"w": extra["scaffold_dc.w"]}

@@ -7,7 +7,8 @@ import logging
 import pytest
 
 from fedcxr.pipeline.config import load_config
-from fedcxr.stats.pilot import PILOT_METHOD, pilot_estimates, pilot_note
+from fedcxr.pipeline.protocols.target_combine import PILOT_METHOD
+from fedcxr.stats.pilot import pilot_estimates, pilot_note
 
 from ..conftest import tiny_config
 

@@ -1,15 +1,22 @@
-"""Round protocols, selectable by the papers' method names (DESIGN §5, §8).
+"""Round protocols, selectable by the papers' method names (DESIGN §5, §8; docs/methods.md).
 
 A protocol only decides who trains, on what, and which pure rule of
 :mod:`fedcxr.pipeline.aggregate` combines the replies; it talks to sites through a
 :class:`~fedcxr.pipeline.transport.Transport`, so the in-process simulation and NVIDIA FLARE
 run the very same code (STYLE: Flower's strategy base + one strategy per file).
 
+A method is one module: its protocol class, its options (``options_key``/``Options``), its site
+tasks and their share of the task envelope (``site_tasks``), and its names (``METHODS``). The
+registry (:mod:`~fedcxr.pipeline.protocols.methods`) is derived from the modules; a method outside
+fedcxr loads by ``method: path/to/file.py:Name``.
+
 =====================  ====================================================================
 module                 methods
 =====================  ====================================================================
-``methods``            the table of method names → protocol class and options (a leaf: the
-                       config checks names against it when it is loaded)
+``methods``            the registry: built-in names (discovered), references to methods
+                       outside fedcxr, option models and site tasks derived from them
+``spec``               what a method module declares: ``MethodOptions``, ``SiteTask``,
+                       ``method(...)``
 ``base``               the framework: :class:`Context`, :func:`ask`, reply checks, the base
                        :class:`RoundProtocol`
 ``fedavg``             ``FedAvg``, ``FedAvg_Finetune``, ``FedAvg_Finetune_AuxInfo``,
@@ -21,6 +28,11 @@ module                 methods
 ``fact``               ``FACT``, ``FACT_NF``
 ``fedopt``             ``FedProx``, ``SCAFFOLD``, ``FedAdagrad``, ``FedAdam``, ``FedYogi`` (each
                        also ``_Finetune``): the reviewers' baselines
+``personal``           what the personalised methods share (each site's own model on its own
+                       test split; personal layers)
+``ditto``, ``fedrep``, personalised federated learning, one method each (PFLlib's and
+``fedper``, ``apfl``,  pFL-Bench's reference set): each module is the only one naming its
+``fedbabu``            method
 =====================  ====================================================================
 
 What the rest of fedcxr needs to know about a method is a property of its protocol, never a test
@@ -32,9 +44,9 @@ the class attributes beside it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Callable
 
-from fedcxr.errors import UserError
 from fedcxr.pipeline.protocols.base import (
     CENTRAL_SITE,
     Context,
@@ -45,36 +57,32 @@ from fedcxr.pipeline.protocols.base import (
     task_config,
     valid_replies,
 )
-from fedcxr.pipeline.protocols.baselines import CentralProtocol, IndividualProtocol, TargetOnlyProtocol
-from fedcxr.pipeline.protocols.fact import FACTProtocol
-from fedcxr.pipeline.protocols.fedavg import FedAvgProtocol, FinetuneOfflineProtocol, SourceOnlyProtocol
-from fedcxr.pipeline.protocols.fedopt import FedOptProtocol, FedProxProtocol, SCAFFOLDProtocol
-from fedcxr.pipeline.protocols.methods import DEFAULT_METHOD, METHODS, unknown_method
-from fedcxr.pipeline.protocols.surgical import SurgicalFamilyProtocol
-from fedcxr.pipeline.protocols.target_combine import FedDAGPProtocol, GPProtocol
+from fedcxr.pipeline.protocols.methods import DEFAULT_METHOD, METHODS, method_name, resolve
 
 __all__ = [
     "CENTRAL_SITE", "Context", "DEFAULT_METHOD", "METHODS", "RoundFailed", "RoundProtocol", "REGISTRY", "ask",
     "ask_one", "get_protocol", "task_config", "valid_replies",
 ]
 
-_CLASSES: dict[str, type[RoundProtocol]] = {cls.__name__: cls for cls in (
-    FedAvgProtocol, SourceOnlyProtocol, FinetuneOfflineProtocol, GPProtocol, FedDAGPProtocol, TargetOnlyProtocol,
-    CentralProtocol, IndividualProtocol, SurgicalFamilyProtocol, FACTProtocol, FedProxProtocol, SCAFFOLDProtocol,
-    FedOptProtocol)}
+
+class _Factories(Mapping):
+    """method name → protocol factory, derived from :data:`METHODS` (kept for scripts that iterate it)."""
+
+    def __getitem__(self, name: str) -> Callable[[str], RoundProtocol]:
+        return METHODS[name].build
+
+    def __iter__(self):
+        return iter(METHODS)
+
+    def __len__(self) -> int:
+        return len(METHODS)
 
 
-def _factory(cls: type[RoundProtocol], options: dict) -> Callable[[str], RoundProtocol]:
-    return lambda name: cls(name, **options)
-
-
-#: method name → its protocol's factory (the :data:`~fedcxr.pipeline.protocols.methods.METHODS` table)
-REGISTRY: dict[str, Callable[[str], RoundProtocol]] = {
-    name: _factory(_CLASSES[cls], options) for name, (cls, options) in METHODS.items()}
+#: method name → its protocol's factory (derived from the method modules' ``METHODS``)
+REGISTRY: Mapping[str, Callable[[str], RoundProtocol]] = _Factories()
 
 
 def get_protocol(name: str) -> RoundProtocol:
-    """The protocol for a method name; exit-2 error listing the known names otherwise."""
-    if name not in REGISTRY:
-        raise UserError(unknown_method(name))
-    return REGISTRY[name](name)
+    """The protocol of a config's ``method``: a built-in name or a reference to a method outside
+    fedcxr (``file.py:Name``); exit-2 error listing the known names otherwise."""
+    return resolve(name).build(method_name(name))

@@ -19,12 +19,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 from fedcxr.errors import RunFailed, UserError
 from fedcxr.pipeline import aggregate as agg
 from fedcxr.pipeline import screening
-from fedcxr.pipeline.config import ExperimentConfig
 from fedcxr.pipeline.labeled_rows import target_rows
 from fedcxr.pipeline.messages import Reply, StateDict, TaskConfig, TrainTask
 from fedcxr.pipeline.participation import sample_size, sample_sites
@@ -33,6 +32,10 @@ from fedcxr.pipeline.run_log import round_number
 from fedcxr.pipeline.transport import Transport
 
 log = logging.getLogger(__name__)
+
+#: The experiment config (:class:`fedcxr.pipeline.config.ExperimentConfig`). Not imported: the config
+#: validates a ``method`` against the method modules, which extend this one (docs/methods.md).
+ExperimentConfig = Any
 
 #: The pooled site of the Central baseline (every site's rows in one place).
 CENTRAL_SITE = "__central__"
@@ -425,7 +428,7 @@ def _count_problem(ctx: Context, reply: Reply, task: str) -> Optional[tuple[str,
                                      "training rows the site reported at the start of the run")
     if reason is None:
         steps = None
-        if check and task == "train":
+        if check and (task == "train" or isinstance(ctx.sent.get(reply.site), TrainTask)):  # a method's too
             steps = screening.planned_steps(ctx.sent.get(reply.site, {}), reply.n_samples)
         reason = screening.count_problem(reply.n_batches, "n_batches", steps, "optimiser steps the task allowed")
     return ("counts", reason) if reason else None
@@ -548,9 +551,23 @@ class RoundProtocol:
     #: Whether a round may ask a share of the sources (``participation.fraction`` < 1, through
     #: :func:`round_sources`); a string completing "method X ..." says why not (README "Running a consortium").
     samples_sources: bool | str = True
+    #: Oracle: trains on every labeled target row, so its target budget differs from the other methods'
+    #: (the regime map's comparisons leave it out: :mod:`fedcxr.advice.cells`).
+    full_target_labels = False
+    #: The method's options (docs/methods.md): the config block ``<options_key>: {...}``, validated by
+    #: ``Options`` (a :class:`~fedcxr.pipeline.protocols.spec.MethodOptions`); read with :meth:`options`.
+    options_key: ClassVar[Optional[str]] = None
+    Options: ClassVar[Optional[type]] = None
+    #: The site tasks this method sends beyond ``metadata``/``train``/``evaluate``: name →
+    #: :class:`~fedcxr.pipeline.site_runner.SiteTask` (handler, config type, flags).
+    site_tasks: ClassVar[dict] = {}
 
     def __init__(self, name: str):
         self.name = name
+
+    def options(self, cfg: ExperimentConfig):
+        """This method's options block of ``cfg`` (its defaults when the config leaves it out)."""
+        return cfg.options(self.options_key)
 
     def validate(self, cfg: ExperimentConfig, meta: dict[str, Reply], classes: list[str]) -> None:
         """Refuse option combinations the method cannot use (exit 2, saying why)."""

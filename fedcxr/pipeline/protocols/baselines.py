@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from fedcxr.errors import UserError
 from fedcxr.pipeline.protocols.base import CENTRAL_SITE, RoundProtocol, ask, ask_one, round_sources, task_config
+from fedcxr.pipeline.protocols.spec import method
 
 
 class TargetOnlyProtocol(RoundProtocol):
@@ -24,6 +25,7 @@ class TargetOnlyProtocol(RoundProtocol):
     def __init__(self, name: str, *, oracle: bool):
         super().__init__(name)
         self.oracle = oracle
+        self.full_target_labels = oracle  # Oracle: every labeled target row, a budget of its own
 
     def validate(self, cfg, meta, classes):
         if not cfg.target:
@@ -93,3 +95,12 @@ class IndividualProtocol(RoundProtocol):
 
     def default_eval_sites(self, ctx):
         return list(ctx.sources)  # each site's own model on its own test set
+
+
+#: The papers' baselines without a federated shared model
+METHODS = {
+    "Oracle": method(TargetOnlyProtocol, oracle=True),
+    "Target_Only": method(TargetOnlyProtocol, oracle=False),
+    "Individual": method(IndividualProtocol),
+    "Central": method(CentralProtocol),
+}

@@ -1,16 +1,16 @@
 """The baselines reviewers ask for: FedProx, SCAFFOLD and FedOpt (FedAdagrad, FedAdam, FedYogi).
 
 * ``FedProx`` — FedAvg whose sources add the proximal term μ/2·‖w − w^t‖² to their loss (Li et
-  al. 2020, MLSys, Eq. 2; ``fedprox_mu``); the server averages as FedAvg.
+  al. 2020, MLSys, Eq. 2; ``fedprox: {mu}``); the server averages as FedAvg.
 * ``SCAFFOLD`` — control variates (Karimireddy et al. 2020, ICML, Algorithm 1, option II): the
   server sends the model x and its control variate c; each source takes plain-SGD steps corrected
   by c − c_i, updates its own c_i (kept at the site, across rounds and through a resume) and
-  returns its model and Δc_i; the server moves x by η_g (``server_lr``) toward the clients' mean
+  returns its model and Δc_i; the server moves x by η_g (``scaffold: {server_lr}``) toward the clients' mean
   and c by the mean Δc_i (:func:`fedcxr.pipeline.aggregate.scaffold`).
 * ``FedAdagrad``, ``FedAdam``, ``FedYogi`` — FedOpt (Reddi et al. 2021, ICLR, Algorithm 2): the
   clients' mean update is a pseudo-gradient for a server optimiser whose moments m, v live in
-  the protocol state (:func:`fedcxr.pipeline.aggregate.fedopt`; ``server_lr``, ``server_betas``,
-  ``server_tau``).
+  the protocol state (:func:`fedcxr.pipeline.aggregate.fedopt`; ``fedopt: {server_lr, betas,
+  tau}``).
 
 Each has a ``_Finetune`` variant: after the round's server step the target fine-tunes the global
 model on its labeled rows exactly as ``FedAvg_Finetune`` does (AuxInfo+GP paper, Alg. 1), so every
@@ -38,12 +38,16 @@ variants with SCAFFOLD or FedOpt (their server step covers every shared entry).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import ClassVar, Optional
 
 import torch
+from pydantic import Field, field_validator
 
 from fedcxr.errors import UserError
 from fedcxr.pipeline import aggregate as agg
-from fedcxr.pipeline.messages import Reply, StateDict, pack_control, unpack_control_delta
+from fedcxr.pipeline.keys import CONTROL_PREFIX
+from fedcxr.pipeline.messages import Reply, StateDict, TrainTask
 from fedcxr.pipeline.protocols.base import (
     Context,
     RoundFailed,
@@ -53,14 +57,15 @@ from fedcxr.pipeline.protocols.base import (
     valid_replies,
 )
 from fedcxr.pipeline.protocols.fedavg import FedAvgProtocol
+from fedcxr.pipeline.protocols.spec import METHOD_DEFAULT, MethodOptions, SiteTask, method
 from fedcxr.pipeline.run_log import round_number
 from fedcxr.pipeline.state import check_update
 
 log = logging.getLogger(__name__)
 
-#: FedProx's μ unless ``fedprox_mu`` says: NVFLARE's PTFedProxLoss default, in Li et al.'s grid {0.001, 0.01, 0.1, 1}.
+#: FedProx's μ unless ``fedprox.mu`` says: NVFLARE's PTFedProxLoss default, in Li et al.'s grid {0.001, 0.01, 0.1, 1}.
 DEFAULT_FEDPROX_MU = 0.01
-#: SCAFFOLD's global step size η_g unless ``server_lr`` says (Karimireddy et al. 2020 run η_g = 1).
+#: SCAFFOLD's global step size η_g unless ``scaffold.server_lr`` says (Karimireddy et al. 2020 run η_g = 1).
 DEFAULT_SCAFFOLD_SERVER_LR = 1.0
 #: FedOpt defaults per rule, (η, (β1, β2), τ): Reddi et al. 2021's CIFAR-10 values as Flower's baseline
 #: reproducing the paper sets them (adaptive_federated_optimization/conf/cifar10/strategy/*.yaml);
@@ -70,6 +75,115 @@ FEDOPT_DEFAULTS = {
     "yogi": (1e-2, (0.9, 0.99), 1e-3),
     "adagrad": (1e-1, (0.0, 0.99), 1e-2),
 }
+
+
+class FedProxOptions(MethodOptions):
+    """``fedprox:`` — FedProx(_Finetune)."""
+
+    mu: Optional[float] = Field(None, ge=0, description="μ of the proximal term μ/2·‖w − w^t‖² in every source's "
+                                "loss (Li et al. 2020, Eq. 2; μ = 0 is FedAvg); " + METHOD_DEFAULT)
+
+
+class ScaffoldOptions(MethodOptions):
+    """``scaffold:`` — SCAFFOLD(_Finetune)."""
+
+    server_lr: Optional[float] = Field(None, gt=0, description="the global step size η_g; " + METHOD_DEFAULT)
+
+
+class FedOptOptions(MethodOptions):
+    """``fedopt:`` — FedAdagrad, FedAdam, FedYogi (_Finetune): the server optimiser."""
+
+    server_lr: Optional[float] = Field(None, gt=0, description="η of the server optimiser; " + METHOD_DEFAULT)
+    betas: Optional[tuple[float, float]] = Field(None, description="decay rates (β1, β2), each in [0, 1); "
+                                                 + METHOD_DEFAULT)
+    tau: Optional[float] = Field(None, gt=0, description="adaptivity τ (√v_t + τ in the step; v starts at τ²); "
+                                 + METHOD_DEFAULT)
+
+    @field_validator("betas")
+    @classmethod
+    def _decay_rates(cls, value: Optional[tuple[float, float]]) -> Optional[tuple[float, float]]:
+        if value is not None and not all(0.0 <= b < 1.0 for b in value):
+            raise ValueError(f"each of β1, β2 must lie in [0, 1), got {list(value)}")
+        return value
+
+
+# --------------------------------------------------------------------------- the sites' side
+
+
+@dataclass(frozen=True)
+class ProxTask(TrainTask):
+    """FedProx's share of the task envelope: the ``train`` settings plus μ."""
+
+    kind: ClassVar[str] = "train_prox task"
+
+    prox_mu: float = 0.0  # μ of the proximal term μ/2·‖w − w^t‖² (w^t: the received weights)
+
+
+def train_prox(runner, params: StateDict, config: ProxTask) -> Reply:
+    """FedProx's local training: the site's one training path with the proximal term (Li et al. 2020, Eq. 2)."""
+    return runner.train(params, config, prox_mu=config.prox_mu)
+
+
+#: ``train_scaffold`` payload: the server's control variate c under ``scaffold_c.<key>`` beside the model.
+SERVER_CONTROL_PREFIX = "scaffold_c."
+#: ``train_scaffold`` reply: the site's control-variate update Δc_i under ``scaffold_dc.<key>`` (extra tensors).
+CONTROL_DELTA_PREFIX = "scaffold_dc."
+
+
+def pack_control(theta: StateDict, control: StateDict) -> StateDict:
+    """The model plus SCAFFOLD's c under ``scaffold_c.`` (the ``train_scaffold`` payload)."""
+    payload = dict(theta)
+    payload.update({SERVER_CONTROL_PREFIX + k: v for k, v in control.items()})
+    return payload
+
+
+def unpack_control(payload: StateDict) -> tuple[StateDict, StateDict]:
+    """Inverse of :func:`pack_control`: ``(model, c)``."""
+    n = len(SERVER_CONTROL_PREFIX)
+    theta = {k: v for k, v in payload.items() if not k.startswith(SERVER_CONTROL_PREFIX)}
+    control = {k[n:]: v for k, v in payload.items() if k.startswith(SERVER_CONTROL_PREFIX)}
+    return theta, control
+
+
+def pack_control_delta(delta: StateDict) -> dict[str, torch.Tensor]:
+    """Δc_i as reply extra tensors under ``scaffold_dc.``."""
+    return {CONTROL_DELTA_PREFIX + k: v for k, v in delta.items()}
+
+
+def unpack_control_delta(extra: dict[str, torch.Tensor]) -> StateDict:
+    """Inverse of :func:`pack_control_delta` (other extra tensors are left out)."""
+    n = len(CONTROL_DELTA_PREFIX)
+    return {k[n:]: v for k, v in extra.items() if k.startswith(CONTROL_DELTA_PREFIX)}
+
+
+def train_scaffold(runner, params: StateDict, config: TrainTask) -> Reply:
+    """SCAFFOLD's client round (Karimireddy et al. 2020, Algorithm 1, lines 7-13).
+
+    ``params`` = the model x plus the server's control variate c (:func:`pack_control`). The site
+    trains from x with every plain-SGD step corrected by ``c − c_i`` (the runner's ``train``
+    ``drift_correction``), then sets ``c_i⁺ = c_i − c + (x − y_i)/(K·η_l)`` (option II,
+    :func:`fedcxr.pipeline.aggregate.scaffold_client_control`), keeps c_i⁺ in its local state (c_i = 0
+    before its first round; :data:`~fedcxr.pipeline.keys.CONTROL_PREFIX`, never sent) and answers with
+    y_i and Δc_i = c_i⁺ − c_i. A site without training rows answers as ``train`` does and keeps its c_i.
+    """
+    theta, control = unpack_control(params)
+    if not control:
+        raise ValueError(f"site {runner.name}: a train_scaffold task without the server's control variate")
+    kept = runner.kept_state(CONTROL_PREFIX)
+    local = {k: kept.get(k, torch.zeros_like(v)) for k, v in control.items()}
+    correction = {k: control[k].to(local[k].dtype) - local[k] for k in control}
+    reply = runner.train(theta, config, drift_correction=correction)  # the one training path of the site
+    if reply.params is None or reply.n_samples == 0:
+        return reply
+    new_local, delta = agg.scaffold_client_control(local, control, theta, reply.params,
+                                                   steps=int(reply.metrics.get("scaffold_steps", 0)),
+                                                   lr=config.lr)
+    runner.keep_state(CONTROL_PREFIX, new_local)
+    reply.extra = {**reply.extra, **pack_control_delta(delta)}
+    return reply
+
+
+# --------------------------------------------------------------------------- the server's side
 
 
 def parameter_keys(ctx: Context) -> list[str]:
@@ -97,12 +211,18 @@ def _refuse_fedbn(name: str, cfg) -> None:
 class FedProxProtocol(FedAvgProtocol):
     """FedProx(_Finetune): FedAvg with the proximal term μ/2·‖w − w^t‖² in every source's loss."""
 
+    options_key = "fedprox"
+    Options = FedProxOptions
+    source_task = "train_prox"
+    site_tasks = {"train_prox": SiteTask(train_prox, changes_state=True, config=ProxTask, streams="train",
+                                         filtered=True)}
+
     def __init__(self, name: str, *, finetune: bool):
         super().__init__(name, finetune=finetune, aux_info=False)
         self.needs_target = finetune
 
     def mu(self, ctx: Context) -> float:
-        value = ctx.cfg.fedprox_mu
+        value = self.options(ctx.cfg).mu
         return DEFAULT_FEDPROX_MU if value is None else float(value)
 
     def validate(self, cfg, meta, classes):
@@ -113,13 +233,18 @@ class FedProxProtocol(FedAvgProtocol):
                             "per-sample term), so the sites would train plain FedAvg; use FedAvg with privacy.dp")
 
     def source_config(self, ctx, r):
-        return super().source_config(ctx, r).replace(prox_mu=self.mu(ctx))
+        return ProxTask.extend(super().source_config(ctx, r), prox_mu=self.mu(ctx))
 
 
 class SCAFFOLDProtocol(FedAvgProtocol):
     """SCAFFOLD(_Finetune): control variates c (server) and c_i (each source), Algorithm 1, option II."""
 
     reads_each_update = "also sums each site's control-variate update Δc_i, which travels beside its model, not sealed"
+
+    options_key = "scaffold"
+    Options = ScaffoldOptions
+    #: not ``filtered``: SCAFFOLD refuses privacy.filters (Δc_i would carry the unfiltered update past them)
+    site_tasks = {"train_scaffold": SiteTask(train_scaffold, changes_state=True, config=TrainTask, streams="train")}
 
     def __init__(self, name: str, *, finetune: bool):
         super().__init__(name, finetune=finetune, aux_info=False)
@@ -144,7 +269,7 @@ class SCAFFOLDProtocol(FedAvgProtocol):
                             "filters")
 
     def server_lr(self, ctx: Context) -> float:
-        value = ctx.cfg.server_lr
+        value = self.options(ctx.cfg).server_lr
         return DEFAULT_SCAFFOLD_SERVER_LR if value is None else float(value)
 
     def init_state(self, ctx, theta):
@@ -159,7 +284,7 @@ class SCAFFOLDProtocol(FedAvgProtocol):
         theta0, control = state["global"], state["control"]
         replies = ask(ctx, "train_scaffold", round_sources(ctx, r), pack_control(theta0, control),
                       self.source_config(ctx, r), r=r)
-        replies = _with_control_updates(ctx, valid_replies(ctx, replies, theta0, r), control, r)
+        replies = _with_control_updates(ctx, valid_replies(ctx, replies, theta0, r, task="train_scaffold"), control, r)
         uniform = self.uniform_backbone(ctx)
         average = aggregate_backbone(ctx, replies, theta0, uniform=uniform)
         weights = [1.0 if uniform else float(max(rep.n_samples, 1)) for rep in replies.values()]
@@ -195,6 +320,9 @@ class FedOptProtocol(FedAvgProtocol):
 
     reads_each_update = "feeds the averaged update to a server optimiser that squares it coordinate by coordinate"
 
+    options_key = "fedopt"
+    Options = FedOptOptions
+
     def __init__(self, name: str, *, rule: str, finetune: bool):
         super().__init__(name, finetune=finetune, aux_info=False)
         self.rule = rule
@@ -207,10 +335,10 @@ class FedOptProtocol(FedAvgProtocol):
     def hyper(self, ctx: Context) -> dict:
         """η, (β1, β2), τ: the config's values, else the rule's defaults (:data:`FEDOPT_DEFAULTS`)."""
         lr, betas, tau = FEDOPT_DEFAULTS[self.rule]
-        cfg = ctx.cfg
-        return {"server_lr": lr if cfg.server_lr is None else float(cfg.server_lr),
-                "betas": betas if cfg.server_betas is None else tuple(float(b) for b in cfg.server_betas),
-                "tau": tau if cfg.server_tau is None else float(cfg.server_tau)}
+        options = self.options(ctx.cfg)
+        return {"server_lr": lr if options.server_lr is None else float(options.server_lr),
+                "betas": betas if options.betas is None else tuple(float(b) for b in options.betas),
+                "tau": tau if options.tau is None else float(options.tau)}
 
     def init_state(self, ctx, theta):
         state = super().init_state(ctx, theta)
@@ -229,3 +357,18 @@ class FedOptProtocol(FedAvgProtocol):
             theta, more = self.finetune_target(ctx, r, theta)
             metrics.update(more)
         return {**state, "global": theta, "server_opt": moments}, metrics
+
+
+#: The reviewers' baselines; ``_Finetune``: the target fine-tunes as FedAvg_Finetune
+METHODS = {
+    "FedProx": method(FedProxProtocol, finetune=False),
+    "FedProx_Finetune": method(FedProxProtocol, finetune=True),
+    "SCAFFOLD": method(SCAFFOLDProtocol, finetune=False),
+    "SCAFFOLD_Finetune": method(SCAFFOLDProtocol, finetune=True),
+    "FedAdagrad": method(FedOptProtocol, rule="adagrad", finetune=False),
+    "FedAdagrad_Finetune": method(FedOptProtocol, rule="adagrad", finetune=True),
+    "FedAdam": method(FedOptProtocol, rule="adam", finetune=False),
+    "FedAdam_Finetune": method(FedOptProtocol, rule="adam", finetune=True),
+    "FedYogi": method(FedOptProtocol, rule="yogi", finetune=False),
+    "FedYogi_Finetune": method(FedOptProtocol, rule="yogi", finetune=True),
+}

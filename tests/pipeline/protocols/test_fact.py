@@ -11,7 +11,7 @@ import torch
 
 from fedcxr.errors import UserError
 from fedcxr.pipeline.config import ExperimentConfig, load_config
-from fedcxr.pipeline.messages import FACT_HEAD_A, FACT_HEAD_B
+from fedcxr.pipeline.protocols.fact import FACT_HEAD_A, FACT_HEAD_B
 from fedcxr.pipeline.protocols import Context, get_protocol
 from fedcxr.pipeline.protocols.fact import lr_schedule
 from fedcxr.pipeline.run_driver import run_experiment
@@ -60,9 +60,9 @@ def test_a_fact_round_averages_the_pairs_g_and_heads_and_takes_the_targets_g():
     assert pair == protocol.pair(ctx, 0) and [s for s, _, _ in ctx.transport.sent("train")][:2] == pair
     g_prime = (BODY[pair[0]] + BODY[pair[1]]) / 2  # unweighted: the pair's sample counts do not matter
     tuned = {s: HEAD[s] + 10 for s in pair}
-    heads = [(params, config) for _, params, config in ctx.transport.sent("train") if config["trainable"] == "head"]
+    heads = [(params, config) for _, params, config in ctx.transport.sent("fact_head")]  # FACT's own task
     assert len(heads) == 2 and all(params["g.w"].tolist() == [g_prime] * 2 for params, _ in heads)
-    assert all(config["frozen_bn_trains"] for _, config in heads), "heads tune with G on batch statistics"
+    assert all(config["trainable"] == "head" for _, config in heads)
     (_, payload, target_config), = ctx.transport.sent("fact_target")
     assert payload["g.w"].tolist() == [g_prime] * 2
     assert payload[FACT_HEAD_A + "w"].tolist() == [tuned[pair[0]]] * 2
@@ -74,7 +74,7 @@ def test_a_fact_round_averages_the_pairs_g_and_heads_and_takes_the_targets_g():
 
 def test_fact_nf_skips_the_heads_fine_tuning():
     ctx, _, state, rows = _fact("FACT_NF", idd=[5.0], rounds=1)
-    assert not [c for _, _, c in ctx.transport.sent("train") if c["trainable"] == "head"]
+    assert not ctx.transport.sent("fact_head")
     pair = rows[0]["pair"]
     assert state["global"]["head.w"].tolist() == [(HEAD[pair[0]] + HEAD[pair[1]]) / 2] * 2
 
@@ -126,3 +126,19 @@ def test_fact_uses_no_target_label_and_keeps_the_lowest_idd_round(tiny_manifests
     idd = [r["target"]["idd_train_sum"] for r in rows]  # the FACT code selects on the summed training IDD
     assert rows[-1]["best_round"] == int(min(range(len(idd)), key=idd.__getitem__))
     assert [sorted(r["pair"]) for r in rows] == [["chexpert_style", "nih_style"]] * 3
+
+
+def test_the_heads_tune_on_batch_statistics_of_the_frozen_g():
+    """FACT's client.py fine-tunes its head with G in train mode: the fact_head handler trains through the
+    runner's one training path with the frozen BatchNorm layers still on batch statistics."""
+    from fedcxr.pipeline.protocols.fact import FACTProtocol, fact_head
+
+    seen = {}
+
+    class Runner:
+        def train(self, params, config, **hooks):
+            seen.update(hooks)
+            return "reply"
+
+    assert fact_head(Runner(), {}, None) == "reply" and seen == {"frozen_bn_trains": True}
+    assert FACTProtocol.site_tasks["fact_head"].handler is fact_head

@@ -145,21 +145,21 @@ def _recorded_run(tiny_manifests, tmp_path, **overrides):
 
 def test_fedgp_auto_warms_up_two_fedavg_rounds_then_runs_at_a_tenth_of_the_lr(tiny_manifests, tmp_path):
     """AutoFedGP code: 2 FedAvg rounds, then hparams['lr'] *= 0.1 for sources and target
-    (the target fine-tunes with a plain ``train`` task: the server combines by default)."""
+    (the target fine-tunes in the sources' ``train_gp`` request: the server combines by default)."""
     calls = _recorded_run(tiny_manifests, tmp_path, strategy="FedGP_Auto", rounds=3)
     by_round = {r: [(task, site, lr) for rr, task, site, lr in calls if rr == r] for r in range(3)}
     for r in (0, 1):  # plain FedAvg: sources only, full lr
         assert {t for t, _, _ in by_round[r]} == {"train"}
         assert {s for _, s, _ in by_round[r]} == {"nih_style", "chexpert_style"}
         assert all(lr == pytest.approx(2e-3) for _, _, lr in by_round[r])
-    assert ("train", "dicom_style", pytest.approx(1e-4)) in by_round[2]
+    assert ("train_gp", "dicom_style", pytest.approx(1e-4)) in by_round[2]
     assert all(lr == pytest.approx(2e-4) for t, s, lr in by_round[2] if s != "dicom_style")
 
 
 def test_gp_warms_up_five_rounds_projecting_from_the_sources_average(tiny_manifests, tmp_path):
     """AuxInfo+GP code: for i < 5 the global is the FedAvg of the sources, then GP on top; no lr change."""
     calls = _recorded_run(tiny_manifests, tmp_path, strategy="FedAvg_Finetune_GP", rounds=1)
-    assert ("train", "dicom_style", 1e-3) in [(t, s, lr) for _, t, s, lr in calls]
+    assert ("train_gp", "dicom_style", 1e-3) in [(t, s, lr) for _, t, s, lr in calls]
     rows = _metrics(tmp_path / "run")
     assert rows[0]["warmup"] is True and set(rows[0]["betas"]) == {"nih_style", "chexpert_style"}
 
@@ -167,20 +167,20 @@ def test_gp_warms_up_five_rounds_projecting_from_the_sources_average(tiny_manife
 def test_warmup_and_lr_scale_defaults_can_be_overridden(tiny_manifests, tmp_path):
     calls = _recorded_run(tiny_manifests, tmp_path, strategy="FedDA", rounds=1, warmup_rounds=0,
                           post_warmup_lr_scale=0.5)
-    assert ("train", "dicom_style", pytest.approx(5e-4)) in [(t, s, lr) for _, t, s, lr in calls]
+    assert ("train_gp", "dicom_style", pytest.approx(5e-4)) in [(t, s, lr) for _, t, s, lr in calls]
 
 
 def test_finetune_offline_fine_tunes_the_configured_number_of_passes_after_the_last_round(tiny_manifests, tmp_path):
     calls = _recorded_run(tiny_manifests, tmp_path, strategy="Finetune_Offline", rounds=2, finetune_offline_epochs=3)
     target = [(r, t) for r, t, s, _ in calls if s == "dicom_style"]
-    assert target == [(1, "train")] * 3
+    assert target == [(1, "finetune_pass")] * 3
     assert _metrics(tmp_path / "run")[-1]["target"]["passes"] == 3
 
 
 def test_finetune_offline_defaults_to_fifty_passes_as_the_fedgp_paper():
     from fedcxr.pipeline.config import ExperimentConfig
 
-    assert ExperimentConfig(sites=["a"]).finetune_offline_epochs == 50
+    assert ExperimentConfig(sites=["a"]).options("finetune_offline").epochs == 50
 
 
 # --------------------------------------------------------------------------- FACT
@@ -204,10 +204,10 @@ def test_fact_fine_tunes_heads_with_g_in_train_mode_and_keeps_sgd_state(tiny_man
             return self.inner.run(task, targets, params, config, per_site=per_site)
 
     run_experiment(cfg, tmp_path / "run", progress=False, transport=Spy(inner))
-    trains = [c for t, c in calls if t in ("train", "fact_target")]
+    trains = [c for t, c in calls if t in ("train", "fact_head", "fact_target")]
     assert all(c["optimizer"] == "sgd" and c["weight_decay"] == 5e-4 and c["keep_optimizer"] for c in trains)
-    heads = [c for t, c in calls if t == "train" and c.get("trainable") == "head"]
-    assert heads and all(c["frozen_bn_trains"] for c in heads)
+    heads = [c for t, c in calls if t == "fact_head"]  # its handler trains with frozen BN on batch statistics
+    assert heads and all(c["trainable"] == "head" for c in heads)
     for site in ("nih_style", "chexpert_style", "midrc_style"):
         state = inner.runners[site].local_state
         assert any(k.startswith("optimizer.") and k.endswith("momentum_buffer") for k in state), site
@@ -277,7 +277,7 @@ def test_head_warmup_keeps_the_best_validation_head_and_round_zero_starts_from_i
         def run(self, task, targets, params, config, *, per_site=None):
             for site in targets:
                 calls.append((task, site, (per_site or {}).get(site, (params, config))[1]))
-            if task == "train":  # what each site holds when round 0 starts
+            if task == "train_from_warm":  # what each site holds when round 0 starts
                 calls.append(("warm", {s: dict(inner.runners[s].local_state) for s in targets}, None))
             return self.inner.run(task, targets, params, config, per_site=per_site)
 
@@ -287,7 +287,7 @@ def test_head_warmup_keeps_the_best_validation_head_and_round_zero_starts_from_i
     assert all(c["trainable"] == "head" and c["epochs"] == 4 and c["lr"] == 1e-2 for _, c in warm)
     held = next(s for t, s, _ in calls if t == "warm")
     assert all(WARM_PREFIX + "head.weight" in held[s] for s in ("nih_style", "chexpert_style"))
-    assert all(c["from_warm"] for t, _, c in calls if t == "train")
+    assert {t for t, _, _ in calls if t.startswith("train")} == {"train_from_warm"}  # round 0: from the warm head
     row = _metrics(tmp_path / "run")[0]["head_warmup"]
     measured = 0
     for site, m in row.items():
@@ -306,7 +306,7 @@ def test_warmed_head_is_the_best_epochs_head(tiny_manifests, tmp_path):
     """The site keeps the head of the epoch with the lowest validation loss, not the last one."""
 
     from fedcxr.pipeline.keys import WARM_PREFIX
-    from fedcxr.pipeline.site_tasks import _val_loss
+    from fedcxr.pipeline.protocols.surgical import _val_loss
 
     cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", strategy="FL_Surgical", target=None,
                                        class_source="union", rounds=0))

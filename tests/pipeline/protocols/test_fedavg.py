@@ -66,8 +66,9 @@ def test_source_only_needs_no_target_labels_and_finetune_offline_needs_a_target(
 
 @pytest.mark.parametrize("r, passes", [(0, 0), (1, 3)])
 def test_finetune_offline_fine_tunes_after_the_last_round_each_pass_from_the_previous(r, passes):
-    ctx, state, metrics = _round("Finetune_Offline", r=r, rounds=2, finetune_offline_epochs=3)
-    target = [(params, config) for site, params, config in ctx.transport.sent("train") if site == "t"]
+    ctx, state, metrics = _round("Finetune_Offline", r=r, rounds=2, finetune_offline={"epochs": 3})
+    target = [(params, config) for site, params, config in ctx.transport.sent("finetune_pass") if site == "t"]
+    assert not [site for site, _, _ in ctx.transport.sent("train") if site == "t"]  # its passes are its own task
     assert [config["repeat"] for _, config in target] == list(range(passes))
     assert [params["w"].tolist() for params, _ in target] == [[1.0 + k, 1.0 + k] for k in range(passes)]
     assert state["global"]["w"].tolist() == [1.0 + passes] * 2

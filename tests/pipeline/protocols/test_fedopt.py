@@ -14,7 +14,7 @@ from fedcxr.pipeline import aggregate as A
 from fedcxr.pipeline.checkpoints import load_checkpoint, save_checkpoint
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.run_driver import run_experiment
-from fedcxr.pipeline.messages import unpack_control_delta
+from fedcxr.pipeline.protocols.fedopt import unpack_control_delta
 from fedcxr.pipeline.keys import CONTROL_PREFIX
 
 from ...conftest import tiny_config
@@ -175,13 +175,19 @@ def test_combinations_without_a_published_update_exit_2_saying_why(tiny_manifest
 
 
 def test_server_optimiser_settings_are_validated(tiny_manifests, cache):
-    with pytest.raises(UserError, match=r"server_betas.*\[0, 1\)"):
+    """Each option is checked in its method's block, named there; a former top-level key is named too."""
+    with pytest.raises(UserError, match=r"fedopt.betas: each of β1, β2 must lie in \[0, 1\)"):
+        _cfg(tiny_manifests, cache, strategy="FedAdam", fedopt={"betas": [0.9, 1.0]})
+    with pytest.raises(UserError, match=r"fedopt.betas: .*\[0, 1\).*written as `server_betas`"):
         _cfg(tiny_manifests, cache, strategy="FedAdam", server_betas=[0.9, 1.0])
-    for key in ("server_lr", "server_tau"):
-        with pytest.raises(UserError, match=key):
+    for key, where in (("server_lr", "scaffold.server_lr"), ("server_lr", "fedopt.server_lr"),
+                       ("server_tau", "fedopt.tau")):
+        with pytest.raises(UserError, match=rf"{where}: .*written as `{key}`"):
             _cfg(tiny_manifests, cache, strategy="FedAdam", **{key: 0})
-    with pytest.raises(UserError, match="fedprox_mu"):
+    with pytest.raises(UserError, match="fedprox.mu: .*written as `fedprox_mu`"):
         _cfg(tiny_manifests, cache, strategy="FedProx", fedprox_mu=-1)
+    with pytest.raises(UserError, match="fedprox.mu: Input should be greater than or equal to 0$"):
+        _cfg(tiny_manifests, cache, strategy="FedProx", fedprox={"mu": -1})
 
 
 # --------------------------------------------------------------------------- resume
@@ -209,3 +215,15 @@ def test_a_killed_run_resumes_bit_identical_with_its_server_and_site_state(tiny_
         (tmp_path / "lost" / "metrics.jsonl").write_text((tmp_path / "killed" / "metrics.jsonl").read_text())
         run_experiment(cfg, tmp_path / "lost", resume=True, progress=False, transport=_transport(cfg))
         assert not _same(_final(tmp_path / "straight")["global"], _final(tmp_path / "lost")["global"])
+
+
+def test_the_scaffold_payload_and_reply_pack_and_unpack_exactly():
+    """The train_scaffold task carries c beside the model; the reply carries Δc_i as extra tensors."""
+    from fedcxr.pipeline.protocols.fedopt import pack_control, pack_control_delta, unpack_control
+
+    theta = {"w": torch.tensor([1.0]), "b": torch.tensor([2.0])}
+    control = {"w": torch.tensor([5.0])}
+    model, c = unpack_control(pack_control(theta, control))
+    assert model == theta and c == control
+    extra = {**pack_control_delta({"w": torch.tensor([0.5])}), "other": torch.tensor([9.0])}
+    assert list(extra)[0] == "scaffold_dc.w" and unpack_control_delta(extra) == {"w": extra["scaffold_dc.w"]}

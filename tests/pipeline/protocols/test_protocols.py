@@ -30,10 +30,11 @@ FULL_EVALUATION = {"FedAvg_Finetune", "FL_Surgical", "PFL", "Central"}
 
 def test_capabilities_are_declared_by_the_protocols():
     """What the driver, the in-process transport and the FLARE job need to know about a method is a
-    property of its protocol: a pooled site (Central only) and per-site heads (FL_Surgical, PFL)."""
+    property of its protocol: a pooled site (Central only) and per-site heads (FL_Surgical, PFL, and
+    the personalised methods that keep their heads: FedPer, FedRep)."""
     assert {m: get_protocol(m).pooled_site for m in REGISTRY if get_protocol(m).pooled_site} == {
         "Central": CENTRAL_SITE}
-    assert sorted(m for m in REGISTRY if get_protocol(m).per_site_heads) == ["FL_Surgical", "PFL"]
+    assert sorted(m for m in REGISTRY if get_protocol(m).per_site_heads) == ["FL_Surgical", "FedPer", "FedRep", "PFL"]
 
 
 def test_no_module_outside_protocols_tests_a_method_name():

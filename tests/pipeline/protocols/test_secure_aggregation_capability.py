@@ -13,8 +13,8 @@ from fedcxr.pipeline.protocols import REGISTRY, get_protocol
 
 BLIND = {"norm_factor": None, "norm_limit": None, "bn_factor": None, "check_variance": False}
 #: the methods whose server needs only a weighted sum of the sites' models
-WEIGHTED_SUM = ["FL", "FL_PartialLoss", "FedAvg", "FedAvg_Finetune", "FedAvg_Finetune_AuxInfo", "FedProx",
-                "FedProx_Finetune", "Finetune_Offline", "Source_Only"]
+WEIGHTED_SUM = ["APFL", "Ditto", "FL", "FL_PartialLoss", "FedAvg", "FedAvg_Finetune", "FedAvg_Finetune_AuxInfo",
+                "FedBABU", "FedProx", "FedProx_Finetune", "Finetune_Offline", "Source_Only"]
 
 
 def _cfg(method: str, **extra):

@@ -39,7 +39,7 @@ def train_own_rows(task, site, params, config):
 
 def _round(method, **config):
     ctx = context(method, train_own_rows, sites=list(OWN), classes=CLASSES, meta=META, head_keys=HEAD,
-                  head_warmup={"epochs": 0}, **config)
+                  surgical={"head_warmup": {"epochs": 0}}, **config)
     protocol = get_protocol(method)
     state, metrics = protocol.run_round(ctx, 0, protocol.init_state(ctx, theta0()))
     return ctx, protocol, state, metrics
@@ -59,7 +59,7 @@ def test_fl_surgical_sends_each_site_its_own_classes_and_averages_each_row_by_cl
 
 def test_a_class_no_site_has_keeps_its_row():
     ctx = context("FL_Surgical", train_own_rows, sites=list(OWN), classes=[*CLASSES, "covid19"], meta=META,
-                  head_keys=HEAD, head_warmup={"epochs": 0})
+                  head_keys=HEAD, surgical={"head_warmup": {"epochs": 0}})
     start = {**theta0(), "head.weight": torch.full((4, 1), 0.5, dtype=torch.float64),
              "head.bias": torch.full((4,), 0.5, dtype=torch.float64)}
     state, _ = get_protocol("FL_Surgical").run_round(ctx, 0, {"global": start, "initial_bn": {}})
@@ -86,17 +86,17 @@ def test_pfl_keeps_each_head_at_its_site_and_averages_the_rest():
 
 def test_the_head_warm_up_comes_before_round_0_and_the_sites_start_from_it():
     ctx = context("FL_Surgical", train_own_rows, sites=list(OWN), classes=CLASSES, meta=META, head_keys=HEAD,
-                  head_warmup={"epochs": 2, "lr": 0.01})
+                  surgical={"head_warmup": {"epochs": 2, "lr": 0.01}})
     protocol = get_protocol("FL_Surgical")
     state, metrics = protocol.run_round(ctx, 0, protocol.init_state(ctx, theta0()))
-    assert [task for task, *_ in ctx.transport.calls] == ["warmup_head", "warmup_head", "train", "train"]
+    # round 0 starts from each site's warmed head: the surgical family's own task, train_from_warm
+    assert [task for task, *_ in ctx.transport.calls] == ["warmup_head", "warmup_head", "train_from_warm",
+                                                           "train_from_warm"]
     warm = [config for _, _, config in ctx.transport.sent("warmup_head")]
     assert all((c["trainable"], c["epochs"], c["lr"], c["keep_optimizer"]) == ("head", 2, 0.01, False) for c in warm)
-    assert all(config["from_warm"] for _, _, config in ctx.transport.sent("train"))
     assert set(metrics["head_warmup"]) == {"a", "b"}
-    protocol.run_round(ctx, 1, state)  # later rounds: no warm-up
+    protocol.run_round(ctx, 1, state)  # later rounds: no warm-up, plain train
     assert [task for task, *_ in ctx.transport.calls[4:]] == ["train", "train"]
-    assert not any(config["from_warm"] for _, _, config in ctx.transport.sent("train")[2:])
 
 
 # --------------------------------------------------------------------------- on the tiny federation

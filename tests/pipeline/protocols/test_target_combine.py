@@ -16,7 +16,7 @@ from fedcxr.flare.wire import decode_reply, decode_task, encode_reply, encode_ta
 from fedcxr.pipeline.config import load_config
 from fedcxr.pipeline.run_driver import run_experiment
 from fedcxr.pipeline.inprocess import InProcessTransport, build_runners
-from fedcxr.pipeline.messages import SOURCE_PREFIX
+from fedcxr.pipeline.protocols.target_combine import SOURCE_PREFIX
 
 from ...conftest import tiny_config
 
@@ -96,7 +96,7 @@ def test_server_side_combine_gives_the_target_side_weights(strategy, tiny_manife
     assert _betas(m_server) == _betas(m_target)
     # server mode: every site receives θ0 only; target mode: the target receives the sources' updates
     assert not any(k.startswith(SOURCE_PREFIX) for _, _, keys in seen for k in keys)
-    assert {task for _, task, _ in seen} == {"metadata", "train"}
+    assert {task for _, task, _ in seen} <= {"metadata", "train", "train_gp"}  # no train_combine
     assert any(task == "train_combine" and any(k.startswith(SOURCE_PREFIX) for k in keys)
                for _, task, keys in seen_target)
 
@@ -131,7 +131,7 @@ def test_a_missing_target_fails_the_round_in_server_mode(tiny_manifests, root, t
 
     def without_target(task, targets, params, config, *, per_site=None):
         replies = inner(task, targets, params, config, per_site=per_site)
-        if task == "train":
+        if task == "train_gp":
             replies.pop("dicom_style", None)
         return replies
 
@@ -150,7 +150,7 @@ def test_target_side_combination_fine_tunes_once_beside_the_sources(tiny_manifes
     trained, handle = [], target.handle
 
     def counting(task, params, config):
-        if task == "train":
+        if task in ("train", "train_gp"):
             trained.append(bool(config.get("hold_for_combine")))
         return handle(task, params, config)
 
@@ -158,7 +158,7 @@ def test_target_side_combination_fine_tunes_once_beside_the_sources(tiny_manifes
     run_experiment(cfg, tmp_path / "run", progress=False, transport=transport)
     assert trained == [True]  # held in the sources' request, never trained again by train_combine
     assert [(s, t) for s, t, _ in transport.received if t != "metadata"] == [
-        ("nih_style", "train"), ("chexpert_style", "train"), ("dicom_style", "train"),
+        ("nih_style", "train_gp"), ("chexpert_style", "train_gp"), ("dicom_style", "train_gp"),
         ("dicom_style", "train_combine")]
     final = torch.load(tmp_path / "run" / "final_model.pt", map_location="cpu", weights_only=True)["global"]
     assert _max_diff(final, _run(tiny_manifests, root, "FedGP", where="server")[0]) <= 1e-6
@@ -167,7 +167,7 @@ def test_target_side_combination_fine_tunes_once_beside_the_sources(tiny_manifes
 def test_held_fine_tuning_equals_the_sequential_one(tiny_manifests, root):
     """train_combine without a held model (a restarted site, the old sequential order) trains itself: same result."""
     from fedcxr.pipeline.run_driver import build_context, initial_model
-    from fedcxr.pipeline.messages import pack_combine
+    from fedcxr.pipeline.protocols.target_combine import HELD, CombineTask, GPTask, pack_combine
     from fedcxr.pipeline.protocols import get_protocol, task_config
 
     cfg = load_config(data=tiny_config(tiny_manifests, root / "cache", strategy="FedGP_Auto", rounds=1,
@@ -180,14 +180,14 @@ def test_held_fine_tuning_equals_the_sequential_one(tiny_manifests, root):
     source = runners["nih_style"].handle("train", theta0, task_config(ctx, 0, "source"))
     spec = protocol.combine_spec(ctx, {"nih_style": source})
     payload = pack_combine(theta0, [{k: source.params[k] - theta0[k] for k in theta0}])
-    combine_cfg = task_config(ctx, 0, "target", combine=spec)
+    combine_cfg = CombineTask.extend(task_config(ctx, 0, "target"), combine=spec)
     target = runners["dicom_style"]
     sequential = target.handle("train_combine", payload, combine_cfg)
-    held = target.handle("train", theta0, task_config(ctx, 0, "target", record_batch_updates=True,
-                                                      hold_for_combine=True))
+    held = target.handle("train_gp", theta0, GPTask.extend(task_config(ctx, 0, "target"), record_batch_updates=True,
+                                                           hold_for_combine=True))
     assert held.params is None and held.n_batches == 3  # only counts and metrics leave the site now
     parallel = target.handle("train_combine", payload, combine_cfg)
-    assert target.held is None  # used once
+    assert HELD not in target.memory  # used once
     assert _max_diff(sequential.params, parallel.params) == 0.0
     assert sequential.metrics["betas"] == parallel.metrics["betas"]
 
@@ -214,3 +214,49 @@ def test_the_round_records_the_numbers_behind_the_rule_in_both_modes(strategy, a
             assert value == pytest.approx(other, rel=1e-5), key
     tags = dict(round_scalars(server[0]))
     assert "combine/scales/nih_style" in tags and ("combine/sigma2" in tags) == auto
+
+
+# --------------------------------------------------------------------------- the GP family's share of the envelope
+
+
+def _combine_task(**spec_changes):
+    from fedcxr.pipeline.messages import TrainTask
+    from fedcxr.pipeline.protocols.target_combine import CombineSpec, CombineTask
+
+    values = dict(rule="fedgp", auto=True, beta=0.5, n_sources=[30, 50], n_batches=[4, 7], bs_source=8,
+                  bs_target=4, lr_source=1e-3, lr_target=2e-4, epochs_source=1, epochs_target=1)
+    base = TrainTask.build(round=2, seed=7, role="target", head_classes=["edema"], param_classes=["edema"], lr=0.01,
+                           batch_size=8, labeled=0.5)
+    return CombineTask.extend(base, combine=CombineSpec.build(**{**values, **spec_changes}))
+
+
+def test_the_combine_task_survives_the_wire_with_its_types():
+    from fedcxr.pipeline.messages import parse_task_config
+    from fedcxr.pipeline.protocols.target_combine import CombineTask
+
+    task = _combine_task()
+    wire = json.loads(json.dumps(task.to_dict()))
+    assert wire["combine"]["n_sources"] == [30, 50] and wire["labeled"] == 0.5
+    back = parse_task_config("train_combine", wire, {"train_combine": CombineTask})
+    assert back == task and back["combine"]["n_batches"] == (4, 7) and back.combine.n_sources == (30, 50)
+
+
+def test_a_bad_combine_config_is_refused_naming_the_key():
+    from fedcxr.pipeline.messages import TaskConfigError, parse_task_config
+    from fedcxr.pipeline.protocols.target_combine import CombineTask
+
+    wire = {**_combine_task().to_dict(), "combine": {"rule": "gp"}}
+    with pytest.raises(TaskConfigError, match=r"task 'train_combine': .*combine config: missing key\(s\)"):
+        parse_task_config("train_combine", wire, {"train_combine": CombineTask})
+
+
+def test_the_combine_payload_packs_and_unpacks_exactly():
+    from fedcxr.pipeline.protocols.target_combine import pack_combine, unpack_combine
+
+    theta = {"w": torch.tensor([1.0]), "b": torch.tensor([2.0])}
+    deltas = [{"w": torch.tensor([0.1]), "b": torch.tensor([0.2])}, {"w": torch.tensor([0.3]), "b": torch.tensor([0.4])}]
+    payload = pack_combine(theta, deltas)
+    assert sorted(payload) == ["b", f"{SOURCE_PREFIX}0.b", f"{SOURCE_PREFIX}0.w", f"{SOURCE_PREFIX}1.b",
+                               f"{SOURCE_PREFIX}1.w", "w"]
+    back, back_deltas = unpack_combine(payload, 2)
+    assert back == theta and back_deltas == deltas
