@@ -117,6 +117,14 @@ def variant_config(work: Path, manifests: Path, setting: str, variant: str, over
     return path
 
 
+def _job(config: Path, method: str, seed: int) -> tuple:
+    """:func:`bench_regime.run_one`'s job: (config, ``--set`` strings, run_dir, evaluate on test). The
+    target's labeled rows are the one fixed draw in every seed (no ``label_draw``), as in the
+    preliminary grid."""
+    settings = [f"strategy={method}", f"seed={seed}", *bench_regime.METHOD_OVERRIDES.get(method, [])]
+    return (str(config), settings, str(config.parent / "runs" / f"{method}-seed{seed}"), True)
+
+
 def plan_jobs(work: Path, manifests: Path, args: argparse.Namespace) -> list[tuple]:
     """Every (config, method, seed, run_dir) job of the chosen settings × variants × seeds, seeds outermost
     (a part that stops early leaves whole seeds); ``--part K/N`` keeps every N-th from the K-th."""
@@ -128,10 +136,9 @@ def plan_jobs(work: Path, manifests: Path, args: argparse.Namespace) -> list[tup
         base = variant_config(work, manifests, setting, BASE, args.overrides) if base_methods else None
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             if base is not None:
-                jobs += [(str(base), m, seed, str(base.parent / "runs" / f"{m}-seed{seed}")) for m in base_methods]
+                jobs += [_job(base, m, seed) for m in base_methods]
             for variant in args.variants:
-                jobs += [(str(configs[variant]), m, seed, str(configs[variant].parent / "runs" / f"{m}-seed{seed}"))
-                         for m in aux_methods]
+                jobs += [_job(configs[variant], m, seed) for m in aux_methods]
     k, n = args.part
     return jobs[k - 1::n]
 
@@ -255,11 +262,11 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
             for config, method, seed, run_dir in jobs:
                 done = "✓" if (Path(run_dir) / "report.json").is_file() else " "
                 print(f"{done} {Path(run_dir).relative_to(args.work)}")
-            print(f"{len(jobs)} jobs, {sum((Path(j[3]) / 'report.json').is_file() for j in jobs)} finished")
+            print(f"{len(jobs)} jobs, {sum((Path(j[2]) / 'report.json').is_file() for j in jobs)} finished")
             return collect(args.work)
         if jobs:
             bench_shift.warm_caches(Path(jobs[0][0]))
-        bench_regime.run_jobs([j for j in jobs if not (Path(j[3]) / "report.json").is_file()], args.workers)
+        bench_regime.run_jobs([j for j in jobs if not (Path(j[2]) / "report.json").is_file()], args.workers)
     runs = collect(args.work)
     runs = runs.loc[runs["setting"].isin(args.settings)]
     cells, pairs = tables(runs)

@@ -145,7 +145,8 @@ def run_one(cfg: dict, run_dir: Path) -> dict:
         except RunFailed as exc:
             log.warning("%s stopped: %s", run_dir.name, str(exc)[:200])
     info = json.loads(info_path.read_text())
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = run_dir / "metrics.jsonl"  # absent when the run stopped in its first round
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
     auroc = math.nan
     if info["status"] == "finished":
         if not (run_dir / "report.json").is_file():

@@ -58,11 +58,12 @@ def test_variants_parts_and_plan(tmp_path):
     args = bench.parse(["--variants", "a1-sum-view", "a0.5-mean-view", "--seeds", "2", "--work", str(tmp_path)])
     jobs = bench.plan_jobs(tmp_path, manifests, args)
     # per seed: FedAvg_Finetune and GP once (noaux), AuxInfo and AuxInfo+GP per variant; seeds outermost
-    assert len(jobs) == 2 * (2 + 2 * 2) and [j[2] for j in jobs] == [0] * 6 + [1] * 6
-    assert [j[3].split("sweep/demo/")[1] for j in jobs[:3]] == [
+    assert len(jobs) == 2 * (2 + 2 * 2) and [j[1][1] for j in jobs] == ["seed=0"] * 6 + ["seed=1"] * 6
+    assert not any("label_draw" in setting for j in jobs for setting in j[1]), "one fixed draw, as measured"
+    assert [j[2].split("sweep/demo/")[1] for j in jobs[:3]] == [
         "noaux/runs/FedAvg_Finetune-seed0", "noaux/runs/FedAvg_Finetune_GP-seed0",
         "a1-sum-view/runs/FedAvg_Finetune_AuxInfo-seed0"]
     parts = [bench.plan_jobs(tmp_path, manifests, bench.parse([*map(str, ["--variants", "a1-sum-view", "a0.5-mean-view",
                                                                           "--seeds", 2, "--part", f"{k}/3"])]))
              for k in (1, 2, 3)]
-    assert sorted(j[3] for p in parts for j in p) == sorted(j[3] for j in jobs)  # the parts cover the jobs once
+    assert sorted(j[2] for p in parts for j in p) == sorted(j[2] for j in jobs)  # the parts cover the jobs once

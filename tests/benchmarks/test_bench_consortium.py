@@ -14,15 +14,20 @@ def test_the_planner_table_and_figure_on_four_sites(small_npz, tmp_path, one_tor
     bench = load_bench("bench_consortium")
     out = tmp_path / "results"
     frame = bench.main(["--npz", str(small_npz), "--work", str(tmp_path / "work"), "--out", str(out),
-                        "--sites", "4", "--fractions", "0.5", "--deadlines", "p50", "none", "--seeds", "1",
+                        "--sites", "4", "--fractions", "0.5", "--deadlines", "p50", "p90", "none", "--seeds", "1",
                         "--rounds", "1", "--step-s", "0.05"])
-    assert list(frame["deadline"]) == ["p50", "none"] and set(frame["status"]) == {"finished"}
-    assert (frame["replies_per_round"] <= 2).all() and frame["auroc"].between(0, 1).all()
-    p50 = frame.set_index("deadline").loc["p50"]
-    assert p50["deadline_s"] == bench.deadline_for("p50", 0.05)
-    assert p50["sim_minutes"] <= p50["deadline_s"] / 60 + 1e-9, "one round, closed at its deadline at the latest"
+    assert list(frame["deadline"]) == ["p50", "p90", "none"]
+    by = frame.set_index("deadline")
+    # p50: both asked sites of this seed's draw reply after the median: the round fails, the run stops
+    # in round 1 and is counted as stopped, not lost
+    assert by.loc["p50", "status"] == "stopped" and by.loc["p50", "rounds_done"] == 0
+    done = by.loc[["p90", "none"]]
+    assert set(done["status"]) == {"finished"} and done["auroc"].between(0, 1).all()
+    assert (done["replies_per_round"] <= 2).all()
+    assert by.loc["p90", "deadline_s"] == bench.deadline_for("p90", 0.05)
+    assert by.loc["p90", "sim_minutes"] <= by.loc["p90", "deadline_s"] / 60 + 1e-9, "closed at its deadline at the latest"
     table = pd.read_csv(out / "consortium.csv")
-    assert list(table["deadline"]) == ["p50", "none"] and table["n"].tolist() == [1, 1]
+    assert list(table["deadline"]) == ["p50", "p90", "none"] and table["n"].tolist() == [1, 1, 1]
     text = (out / "consortium.md").read_text()
-    assert "| 0.5 | p50 (" in text and "| 0.5 | none |" in text and '"step_s_measured": false' in text
+    assert "| 0.5 | p90 (" in text and "| 0.5 | none |" in text and '"step_s_measured": false' in text
     assert (out / "consortium.png").stat().st_size > 1000

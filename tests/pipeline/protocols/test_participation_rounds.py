@@ -13,7 +13,8 @@ import torch
 
 from fedcxr.errors import UserError
 from fedcxr.pipeline.config_consortium import SimulateConfig
-from fedcxr.pipeline.messages import Reply, pack_control_delta, unpack_control
+from fedcxr.pipeline.messages import Reply
+from fedcxr.pipeline.protocols.fedopt import pack_control_delta, unpack_control
 from fedcxr.pipeline.participation import sample_sites
 from fedcxr.pipeline.protocols import RoundFailed, get_protocol
 from fedcxr.pipeline.protocols import fedopt as fedopt_module
@@ -74,7 +75,7 @@ def test_a_sampled_fedavg_round_asks_only_the_draw_and_averages_those_who_replie
 def test_the_target_is_asked_every_round_and_combines_the_sources_that_replied(method):
     ctx, state, rows = _run(method, 3, target="t", participation=HALF)
     draws = [sample_sites(SOURCES, 0.5, 1, 0, r) for r in range(3)]
-    asked = _asked(ctx)
+    asked = _asked(ctx, "train" if method == "FedAvg_Finetune" else "train_gp")  # the GP family's own task
     assert all(asked[r] == [*draws[r], "t"] or asked[r] == draws[r] + ["t"] for r in range(3))
     for r, row in enumerate(rows):
         assert list(row["train"]) == draws[r]
