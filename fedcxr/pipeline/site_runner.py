@@ -32,6 +32,7 @@ protocols that send the tasks.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,7 @@ from fedcxr.pipeline.messages import (
     TrainTask,
     parse_task_config,
 )
+from fedcxr.pipeline.model_pool import ModelPool, covers, load_state
 from fedcxr.pipeline.state import cpu_state
 from fedcxr.site_adapters.manifest import content_hash, patient_bucket
 from fedcxr.vocab import AUX_VOCAB, CLASSES, label_column
@@ -95,6 +97,7 @@ class SiteRunner:
         task: Optional[dict] = None,
         engine: Optional[Engine] = None,
         tasks: Optional[Mapping[str, SiteTask]] = None,
+        pool: Optional[ModelPool] = None,
     ):
         from fedcxr.pipeline.data import load_site
         from fedcxr.pipeline.shared_task import apply_shared_task, site_task
@@ -123,6 +126,8 @@ class SiteRunner:
         #: (round, θ0, reply) of a target fine-tuning held for the round's ``train_combine``
         self.held: Optional[tuple[object, StateDict, Reply]] = None
         self._models: dict[tuple, torch.nn.Module] = {}
+        #: the networks this process's runners share (:mod:`fedcxr.pipeline.model_pool`); None: own ones only
+        self.pool = pool
         self._datasets: dict[tuple, Dataset] = {}
         self._labeled: dict[tuple, list[int]] = {}
         self._loaders: dict[tuple, SeededLoader] = {}  # kept training loaders (persistent workers)
@@ -194,7 +199,7 @@ class SiteRunner:
             return entry.handler(self, params, config)
         finally:
             if self.engine.offload_idle:
-                offload(self._models, "cpu")  # this site now waits: its model holds no GPU memory
+                offload(self._models, "cpu")  # this site now waits: its model holds no GPU memory (a shared one stays)
 
     def loader_options(self, *, train: bool = True) -> dict:
         """``make_loader`` keyword arguments for this site's engine (workers, pinning, prefetch)."""
@@ -249,15 +254,31 @@ class SiteRunner:
 
     # ------------------------------------------------------------------ model + data plumbing
     def model(self, head_classes: list[str], aux_tasks: list[str]) -> torch.nn.Module:
-        """The site's network for this head/aux layout (built once, re-loaded every task)."""
-        from fedcxr.models.network import network_from_config
-
+        """The site's own network for this head/aux layout (built once, re-loaded every task)."""
         key = (tuple(head_classes), tuple(aux_tasks))
         if key not in self._models:
-            cfg = self.model_cfg
-            self._models[key] = network_from_config(
-                head_classes, cfg, {t: len(AUX_VOCAB[t]) for t in aux_tasks}).to(self.device)
+            self._models[key] = self._build(head_classes, aux_tasks)
         return self._models[key]
+
+    def _build(self, head_classes: list[str], aux_tasks: list[str]) -> torch.nn.Module:
+        from fedcxr.models.network import network_from_config
+
+        return network_from_config(head_classes, self.model_cfg,
+                                   {t: len(AUX_VOCAB[t]) for t in aux_tasks}).to(self.device)
+
+    def network_for(self, head_classes: list[str], aux_tasks: list[str], params: Optional[StateDict],
+                    param_classes: list[str], local_keys: list[str], *, private: bool = False) -> torch.nn.Module:
+        """The network a task loads ``params`` into: the process's shared one (:attr:`pool`) when the
+        load sets every entry of it, else the site's own (:meth:`model`), which keeps what a partial
+        load leaves. ``private``: always the site's own (DP-SGD attaches per-sample state to it)."""
+        if self.pool is None or params is None or private:
+            return self.model(head_classes, aux_tasks)
+        key = (json.dumps(self.model_cfg, sort_keys=True, default=str), tuple(head_classes), tuple(aux_tasks))
+        shared = self.pool.get(key, lambda: self._build(head_classes, aux_tasks))
+        given = list(params) + [k for k in local_keys if k in self.local_state]
+        if covers(shared, given, head_classes, param_classes):
+            return shared
+        return self.model(head_classes, aux_tasks)
 
     def load_params(self, model: torch.nn.Module, params: StateDict, param_classes: list[str],
                     local_keys: list[str]) -> None:
@@ -277,7 +298,7 @@ class SiteRunner:
         for key in local_keys:
             if key in self.local_state:
                 state[key] = self.local_state[key]
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing, unexpected = load_state(model, state)
         missing = [k for k in missing if k not in local_keys]
         if missing or unexpected:
             raise ValueError(f"site {self.name}: model mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
@@ -285,9 +306,11 @@ class SiteRunner:
     def prepared_model(self, params: Optional[StateDict], config: TrainTask | EvaluateTask):
         """The network a task config asks for, loaded with the received params."""
         head_classes, aux_tasks, local_keys = list(config.head_classes), list(config.aux_tasks), list(config.local_keys)
-        model = self.model(head_classes, aux_tasks)
+        param_classes = list(config.param_classes or head_classes)
+        model = self.network_for(head_classes, aux_tasks, params, param_classes, local_keys,
+                                 private=bool(getattr(config, "dp", None)))
         if params is not None:
-            self.load_params(model, params, list(config.param_classes or head_classes), local_keys)
+            self.load_params(model, params, param_classes, local_keys)
         return model, head_classes, aux_tasks, local_keys
 
     def dataset(self, split: str, classes: list[str], aux_tasks: list[str], *, augment: bool,
