@@ -255,6 +255,10 @@ def _round_record(ctx: Context, r: int) -> dict:
     refused = [e for e in ctx.refused if e["round"] == r]
     if refused:
         out["refused"] = refused
+    taken = {(e["task"], e["site"]) for e in refused}  # a refused reply is in ctx.missed too
+    missed = [e for e in ctx.missed if e["round"] == r and (e["task"], e["site"]) not in taken]
+    if missed:
+        out["missed"] = missed  # the sites that did not answer (the round line counts them)
     pattern = refusal_pattern(ctx.refused, ctx.sources, range(r + 1))
     if pattern:
         out["refusal_pattern"] = pattern
@@ -367,7 +371,7 @@ def _validate(ctx: Context, protocol: RoundProtocol, state: dict, r: int) -> dic
     replies = ctx.transport.run("evaluate", sites, models["global"], config, per_site=per_site or None)
     return {
         site: {"mean_auroc": rep.metrics.get("mean_auroc"), "auroc": rep.metrics.get("auroc", {}),
-               "n": rep.metrics.get("n")}
+               "n": rep.metrics.get("n"), **({"cases": rep.metrics["cases"]} if "cases" in rep.metrics else {})}
         for site, rep in replies.items()
     }
 

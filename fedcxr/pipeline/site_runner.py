@@ -130,6 +130,7 @@ class SiteRunner:
         self.pool = pool
         self._datasets: dict[tuple, Dataset] = {}
         self._labeled: dict[tuple, list[int]] = {}
+        self._cases: dict[tuple, dict[str, list[int]]] = {}  # split_cases, counted once
         self._loaders: dict[tuple, SeededLoader] = {}  # kept training loaders (persistent workers)
 
     # ------------------------------------------------------------------ facts about the site
@@ -457,8 +458,32 @@ class SiteRunner:
         return Reply(
             site=self.name, n_samples=len(data), class_set=head_classes,
             metrics={"split": split, "n": len(data), "auroc": aurocs,
-                     "mean_auroc": float(np.mean(defined)) if defined else float("nan")},
+                     "mean_auroc": float(np.mean(defined)) if defined else float("nan"),
+                     "cases": self.split_cases(split, head_classes, out["labels"], out["label_mask"])},
         )
+
+    def split_cases(self, split: str, classes: list[str], labels, mask) -> dict[str, list[int]]:
+        """Class → ``[positive, negative]`` patients of ``split`` (counts only: they may leave the site).
+
+        Why: the round line prints a site's validation AUROC only where the split supports one
+        (``run_log.val_supported``, the small-sample rule of :mod:`fedcxr.evaluation.small_sample`,
+        which counts patients). The labels are the same every round, so they are counted once.
+        """
+        from fedcxr.evaluation.small_sample import count_cases
+
+        key = (split, tuple(classes))
+        if key not in self._cases:
+            patients = np.concatenate([s.manifest.loc[s.manifest["split"] == split, "patient_id"].to_numpy(dtype=object)
+                                       for s in self.sites])
+            if len(patients) != len(labels):  # not the manifest's rows (never expected): count images
+                patients = None
+            labels, mask = np.asarray(labels, dtype=float), np.asarray(mask)
+            counts = {}
+            for i, cls in enumerate(classes):
+                cases = count_cases(np.where(mask[:, i] > 0, labels[:, i], np.nan), patients)
+                counts[cls] = [cases.pos_patients, cases.neg_patients]
+            self._cases[key] = counts
+        return self._cases[key]
 
 
 #: Every task a :class:`SiteRunner` answers, by name (a transport may add its own: ``SiteRunner(tasks=...)``).
