@@ -126,16 +126,16 @@ def _summarised(name: str, values: Mapping[str, Any], *, worst) -> str:
     defined = {site: v for site, v in numbers.items() if v is not None}
     few = sum(v == TOO_FEW for v in values.values())
     undefined = len(numbers) - len(defined)
-    if defined:
-        named = WORST_SITES if worst is max else 1
-        ordered = sorted(defined, key=lambda s: defined[s], reverse=worst is max)[:named]
-        spread = f" ({min(defined.values()):.3f}–{max(defined.values()):.3f})" if worst is max else ""
-        text = (f"{name} median {statistics.median(defined.values()):.3f}{spread} of {len(defined)}, "
-                f"{'worst' if worst is max else 'lowest'} " + ", ".join(f"{s} {defined[s]:.3f}" for s in ordered))
-    else:
-        text = f"{name} n/a"
-    text += f", {undefined} n/a" if undefined and defined else ""
-    return text + (f", {few} {TOO_FEW}" if few else "")
+    pieces = [f"{undefined} n/a"] if undefined else []
+    pieces += [f"{few} {TOO_FEW}"] if few else []
+    if not defined:  # ``val AUROC none: 30 n/a, 70 too few cases``
+        return f"{name} none: " + ", ".join(pieces)
+    named = WORST_SITES if worst is max else 1
+    ordered = sorted(defined, key=lambda s: defined[s], reverse=worst is max)[:named]
+    spread = f" ({min(defined.values()):.3f}–{max(defined.values()):.3f})" if worst is max else ""
+    return ", ".join([f"{name} median {statistics.median(defined.values()):.3f}{spread} of {len(defined)}, "
+                      f"{'worst' if worst is max else 'lowest'} " + ", ".join(f"{s} {defined[s]:.3f}" for s in ordered),
+                      *pieces])
 
 
 def _absent(metrics: Mapping[str, Any], *, named: bool) -> list[str]:

@@ -52,3 +52,14 @@ def test_a_validation_auroc_the_split_cannot_support_is_not_printed():
 def test_a_row_written_before_sites_counted_cases_prints_its_auroc():
     assert round_line({"round": 0, "val": {"s": {"mean_auroc": 0.8, "auroc": {"A": 0.8}}}}, 1) == \
         "round 1/1: val AUROC s 0.800"
+
+
+def test_a_summarised_line_says_when_no_site_can_report_a_validation_auroc():
+    """100 sites of ~5 validation images: none supports an AUROC, some have one class only (n/a)."""
+    metrics = _hundred_sites()
+    for i, entry in enumerate(metrics["val"].values()):
+        entry["cases"] = {"Pneumonia": [2, 3]}
+        if i % 10 < 3:
+            entry["mean_auroc"], entry["auroc"], entry["cases"] = float("nan"), {"Pneumonia": float("nan")}, \
+                {"Pneumonia": [0, 5]}
+    assert round_line(metrics, 10).endswith("; val AUROC none: 30 n/a, 70 too few cases")
