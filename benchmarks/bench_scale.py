@@ -1,7 +1,7 @@
 """A hundred sites cost no more than five: the same images dealt to N sites, timed and measured side by side.
 
 PneumoniaMNIST (``pneumoniamnist_merged.npz``) is ingested with ``--site-by iid:N`` for every N
-of ``--sites`` (5, 50, 100 by default: the same 5,856 images in every case) and trained with
+of ``--sites`` (5, 50, 100 by default: the same 5,835 images in every case) and trained with
 FedAvg, ``resnet_tiny`` at 28 px, one epoch of batches of 64 per site and round, every site
 validated every round — the setting issue 31 measured. Each run is a fresh process (``--child``)
 that reports, from inside:
