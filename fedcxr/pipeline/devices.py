@@ -38,3 +38,16 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
 def memory_format(channels_last: bool) -> torch.memory_format:
     """NHWC (channels-last) or the model's own layout (``preserve_format`` leaves it as it is)."""
     return torch.channels_last if channels_last else torch.preserve_format
+
+
+def place(model: torch.nn.Module, device: torch.device, layout: torch.memory_format) -> None:
+    """``model.to(device, memory_format=layout)``, skipped when it would change nothing.
+
+    Why: ``Module.to`` walks every module and re-assigns every tensor even when all of them are
+    already where they should be — about a millisecond for a small network, paid by every task of
+    every simulated site. With ``preserve_format`` and every parameter and buffer on ``device``
+    the call is a no-op, so it is not made."""
+    if layout == torch.preserve_format and all(t.device == device for t in model.parameters()) \
+            and all(t.device == device for t in model.buffers()):
+        return
+    model.to(device, memory_format=layout)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedcxr.pipeline.devices import memory_format, resolve_device
+from fedcxr.pipeline.devices import memory_format, place, resolve_device
 
 
 @torch.no_grad()
@@ -30,7 +30,7 @@ def predict(model: nn.Module, loader: Any, *, device: torch.device | str, amp: b
     device = resolve_device(device)
     use_cuda = device.type == "cuda"
     layout = memory_format(channels_last)
-    model.to(device, memory_format=layout)
+    place(model, device, layout)
     modes = {m: m.training for m in model.modules()}
     model.eval()
     probs, index, labels, masks = [], [], [], []
@@ -66,8 +66,6 @@ def quick_auroc(labels: np.ndarray, mask: np.ndarray, probs: np.ndarray,
 
     For per-round validation metrics; the evaluation package reports CIs and reasons.
     """
-    from sklearn.metrics import roc_auc_score
-
     labels, mask, probs = np.asarray(labels), np.asarray(mask), np.asarray(probs)
     out: dict[str, float] = {}
     for i, cls in enumerate(classes):
@@ -76,5 +74,32 @@ def quick_auroc(labels: np.ndarray, mask: np.ndarray, probs: np.ndarray,
         if y.size == 0 or np.unique(y).size < 2:
             out[cls] = float("nan")
         else:
-            out[cls] = float(roc_auc_score(y, probs[rows, i]))
+            out[cls] = binary_auroc(y, probs[rows, i])
     return out
+
+
+def binary_auroc(y: np.ndarray, scores: np.ndarray) -> float:
+    """The AUROC of ``scores`` for the 0/1 labels ``y`` (both present): scikit-learn's
+    ``roc_auc_score`` to the last bit, without its input checks.
+
+    Why its own: every site validates every round, and ``roc_auc_score`` spends ~3 ms checking its
+    inputs — 0.3 s a round at 100 sites, as long as their forward passes. The arithmetic is
+    scikit-learn's (1.9): scores sorted descending, the true/false positive counts at each distinct
+    score (float64 cumulative sums), collinear points dropped, rates by the last counts, the area
+    by the trapezoidal rule — so the rounds' AUROCs in ``metrics.jsonl`` are unchanged
+    (``tests/pipeline/test_forward.py`` compares the two on random and tied scores).
+    """
+    from scipy.integrate import trapezoid
+
+    scores = np.asarray(scores)
+    order = np.argsort(scores, kind="stable")[::-1]
+    scores = scores[order]
+    positive = (np.asarray(y)[order] == 1).astype(np.float64)
+    last = np.r_[np.flatnonzero(np.diff(scores)), positive.size - 1]
+    tps = np.cumsum(positive, dtype=np.float64)[last]
+    fps = 1 + last.astype(np.float64) - tps
+    if fps.shape[0] > 2:
+        keep = np.flatnonzero(np.r_[True, np.logical_or(np.diff(fps, 2), np.diff(tps, 2)), True])
+        fps, tps = fps[keep], tps[keep]
+    tps, fps = np.r_[0.0, tps], np.r_[0.0, fps]
+    return float(trapezoid(tps / tps[-1], fps / fps[-1]))

@@ -19,6 +19,7 @@ from fedcxr.errors import UserError
 from fedcxr.pipeline.config import ExperimentConfig
 from fedcxr.pipeline.data import default_cache_dir
 from fedcxr.pipeline.engine import Engine, resolve_engine
+from fedcxr.pipeline.model_pool import ModelPool
 from fedcxr.pipeline.protocols import get_protocol
 from fedcxr.pipeline.protocols.methods import site_tasks
 from fedcxr.pipeline.site_runner import SiteRunner, SiteTask
@@ -55,15 +56,16 @@ def build_runners(cfg: ExperimentConfig, device: torch.device, progress: bool, *
     """One SiteRunner per site of the config, plus the pooled site when the method has one
     (:func:`runner_dirs`).
 
-    They share one :class:`~fedcxr.pipeline.engine.Engine`; on CUDA each runner's model leaves
-    the GPU after its turn (``engine.offload_idle``), so N simulated sites need one model's
-    worth of GPU memory, not N. Each answers the methods' tasks (:func:`~fedcxr.pipeline.protocols.
-    methods.site_tasks`: every built-in method's and the config's own) and ``tasks``, e.g. FLARE's
-    cross-site ``validate`` simulated in-process.
+    They share one :class:`~fedcxr.pipeline.engine.Engine` and one network per layout
+    (:class:`~fedcxr.pipeline.model_pool.ModelPool`: each task loads the received model into it),
+    so N simulated sites build and hold one network, not N, on the CPU or the GPU. Each answers the
+    methods' tasks (:func:`~fedcxr.pipeline.protocols.methods.site_tasks`: every built-in method's
+    and the config's own) and ``tasks``, e.g. FLARE's cross-site ``validate`` simulated in-process.
     """
     _warn_filters(cfg)
     common = runner_kwargs(cfg, device, progress, tasks={**site_tasks(cfg.method), **(tasks or {})})
-    return {name: SiteRunner(name, dirs, **common) for name, dirs in runner_dirs(cfg).items()}
+    pool = ModelPool()
+    return {name: SiteRunner(name, dirs, **common, pool=pool) for name, dirs in runner_dirs(cfg).items()}
 
 
 def _warn_filters(cfg: ExperimentConfig) -> None:

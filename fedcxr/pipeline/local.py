@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fedcxr.pipeline.devices import memory_format, resolve_device
+from fedcxr.pipeline.devices import memory_format, place, resolve_device
 from fedcxr.pipeline.losses import aux_ce, masked_bce, proximal_term
 from fedcxr.pipeline.optimizers import load_optimizer_state, make_optimizer, optimizer_state_dict
 from fedcxr.pipeline.state import flatten_state, update_keys
@@ -217,7 +217,7 @@ def train_local(
     """
     device = resolve_device(device)
     use_cuda = device.type == "cuda"
-    model.to(device, memory_format=memory_format(cfg.channels_last))
+    place(model, device, memory_format(cfg.channels_last))
     modes = {m: m.training for m in model.modules()}
     flags = _set_trainable(model, trainable)
     if freeze_bn:

@@ -392,7 +392,7 @@ def _validate(ctx: Context, protocol: RoundProtocol, state: dict, r: int) -> dic
     replies = ctx.transport.run("evaluate", sites, models["global"], config, per_site=per_site or None)
     return {
         site: {"mean_auroc": rep.metrics.get("mean_auroc"), "auroc": rep.metrics.get("auroc", {}),
-               "n": rep.metrics.get("n")}
+               "n": rep.metrics.get("n"), **({"cases": rep.metrics["cases"]} if "cases" in rep.metrics else {})}
         for site, rep in replies.items()
     }
 

@@ -166,6 +166,74 @@ def norm_outliers(stats: Mapping[str, float], factor: float,
     return out
 
 
+class UpdateNorms:
+    """Replies' update norms against one reference, each entry's ``‖Δ_k‖²`` computed once per reply.
+
+    Why: every reply is screened twice by norm — the absolute bound (``‖Δ‖`` over the floating
+    entries that are not the site's own, against ``‖θ0‖``) and the relative one (per step and unit of
+    lr, without BatchNorm's running statistics) — and each pass converted both models to float64
+    entry by entry, ``θ0`` again for every reply: at a hundred sites that cost as much as their
+    training. Here ``θ0``'s float64 entries and norms are kept while the reference is the same
+    object, a reply's squared entry norms while it is, and each norm is the sum of the squares of its
+    keys in state-dict order — the same floats as :func:`~fedcxr.pipeline.aggregate.update_norms` and
+    :func:`state_norm` give. One instance serves a process; it holds one reference and one reply.
+    """
+
+    def __init__(self) -> None:
+        self._reference: Optional[Mapping[str, torch.Tensor]] = None
+        self._ref64: dict[str, torch.Tensor] = {}
+        self._ref_norms: dict[frozenset, float] = {}
+        self._ref_finite: Optional[bool] = None
+        self._params: Optional[Mapping[str, torch.Tensor]] = None
+        self._squares: dict[str, float] = {}
+
+    def _use(self, reference: Mapping[str, torch.Tensor]) -> None:
+        if reference is not self._reference:
+            self._reference = reference
+            self._ref64 = {k: v.detach().to(torch.float64) for k, v in reference.items() if v.is_floating_point()}
+            self._ref_norms, self._ref_finite = {}, None
+            self._params, self._squares = None, {}
+
+    def squares(self, reference: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        """``{k: ‖params[k] − reference[k]‖²}`` over the reference's floating entries (float64).
+        ``params`` must hold those entries (its structure checked)."""
+        self._use(reference)
+        if params is not self._params:
+            self._params = params
+            self._squares = {k: float(torch.sub(params[k].detach().to(torch.float64), ref).square().sum())
+                             for k, ref in self._ref64.items()}
+        return self._squares
+
+    def norm(self, reference: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor],
+             keys: Iterable[str]) -> float:
+        """``‖params − reference‖`` over ``keys`` (floating entries of the reference), summed in their order."""
+        squares = self.squares(reference, params)
+        total = 0.0
+        for key in keys:
+            total += squares[key]
+        return math.sqrt(total)
+
+    def finite(self, reference: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor]) -> bool:
+        """True when every floating entry of ``params`` is certainly finite: each squared difference
+        from a finite reference is (a NaN or ±Inf makes it so; ``False`` only says: look closer)."""
+        squares = self.squares(reference, params)
+        return (all(math.isfinite(v) for v in squares.values()) and self.reference_finite()
+                and not any(v.is_complex() for v in params.values()))
+
+    def reference_finite(self) -> bool:
+        if self._ref_finite is None:
+            self._ref_finite = all(bool(torch.isfinite(v).all()) for v in self._ref64.values())
+        return self._ref_finite
+
+    def reference_norm(self, reference: Mapping[str, torch.Tensor], exclude: Iterable[str] = ()) -> float:
+        """:func:`state_norm` of the reference, kept per ``exclude``."""
+        self._use(reference)
+        key = frozenset(exclude)
+        if key not in self._ref_norms:
+            self._ref_norms[key] = state_norm(reference, exclude=key)
+        return self._ref_norms[key]
+
+
 # --------------------------------------------------------------------------- BatchNorm running statistics
 
 

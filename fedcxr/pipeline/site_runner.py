@@ -31,6 +31,7 @@ local-training path, with its hooks), :meth:`SiteRunner.prepared_model`,
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,7 @@ from fedcxr.pipeline.messages import (
     TaskConfigError,
     TrainTask,
 )
+from fedcxr.pipeline.model_pool import ModelPool, covers, load_state
 from fedcxr.pipeline.state import cpu_state
 from fedcxr.site_adapters.manifest import content_hash
 from fedcxr.vocab import AUX_VOCAB, CLASSES, label_column
@@ -113,6 +115,7 @@ class SiteRunner:
         task: Optional[dict] = None,
         engine: Optional[Engine] = None,
         tasks: Optional[Mapping[str, SiteTask]] = None,
+        pool: Optional[ModelPool] = None,
     ):
         from fedcxr.pipeline.data import load_site
         from fedcxr.pipeline.shared_task import apply_shared_task, site_task
@@ -144,8 +147,11 @@ class SiteRunner:
         #: combination holds its fine-tuned model here); never saved, lost with the process
         self.memory: dict[str, object] = {}
         self._models: dict[tuple, torch.nn.Module] = {}
+        #: the networks this process's runners share (:mod:`fedcxr.pipeline.model_pool`); None: own ones only
+        self.pool = pool
         self._datasets: dict[tuple, Dataset] = {}
         self._labeled: dict[tuple, list[int]] = {}
+        self._cases: dict[tuple, dict[str, list[int]]] = {}  # split_cases, counted once
         self._loaders: dict[tuple, SeededLoader] = {}  # kept training loaders (persistent workers)
 
     # ------------------------------------------------------------------ facts about the site
@@ -232,7 +238,7 @@ class SiteRunner:
             return entry.handler(self, params, config)
         finally:
             if self.engine.offload_idle:
-                offload(self._models, "cpu")  # this site now waits: its model holds no GPU memory
+                offload(self._models, "cpu")  # this site now waits: its model holds no GPU memory (a shared one stays)
 
     def loader_options(self, *, train: bool = True) -> dict:
         """``make_loader`` keyword arguments for this site's engine (workers, pinning, prefetch)."""
@@ -287,15 +293,31 @@ class SiteRunner:
 
     # ------------------------------------------------------------------ model + data plumbing
     def model(self, head_classes: list[str], aux_tasks: list[str]) -> torch.nn.Module:
-        """The site's network for this head/aux layout (built once, re-loaded every task)."""
-        from fedcxr.models.network import network_from_config
-
+        """The site's own network for this head/aux layout (built once, re-loaded every task)."""
         key = (tuple(head_classes), tuple(aux_tasks))
         if key not in self._models:
-            cfg = self.model_cfg
-            self._models[key] = network_from_config(
-                head_classes, cfg, {t: len(AUX_VOCAB[t]) for t in aux_tasks}).to(self.device)
+            self._models[key] = self._build(head_classes, aux_tasks)
         return self._models[key]
+
+    def _build(self, head_classes: list[str], aux_tasks: list[str]) -> torch.nn.Module:
+        from fedcxr.models.network import network_from_config
+
+        return network_from_config(head_classes, self.model_cfg,
+                                   {t: len(AUX_VOCAB[t]) for t in aux_tasks}).to(self.device)
+
+    def network_for(self, head_classes: list[str], aux_tasks: list[str], params: Optional[StateDict],
+                    param_classes: list[str], local_keys: list[str], *, private: bool = False) -> torch.nn.Module:
+        """The network a task loads ``params`` into: the process's shared one (:attr:`pool`) when the
+        load sets every entry of it, else the site's own (:meth:`model`), which keeps what a partial
+        load leaves. ``private``: always the site's own (DP-SGD attaches per-sample state to it)."""
+        if self.pool is None or params is None or private:
+            return self.model(head_classes, aux_tasks)
+        key = (json.dumps(self.model_cfg, sort_keys=True, default=str), tuple(head_classes), tuple(aux_tasks))
+        shared = self.pool.get(key, lambda: self._build(head_classes, aux_tasks))
+        given = list(params) + [k for k in local_keys if k in self.local_state]
+        if covers(shared, given, head_classes, param_classes):
+            return shared
+        return self.model(head_classes, aux_tasks)
 
     def load_params(self, model: torch.nn.Module, params: StateDict, param_classes: list[str],
                     local_keys: list[str]) -> None:
@@ -315,7 +337,7 @@ class SiteRunner:
         for key in local_keys:
             if key in self.local_state:
                 state[key] = self.local_state[key]
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing, unexpected = load_state(model, state)
         missing = [k for k in missing if k not in local_keys]
         if missing or unexpected:
             raise ValueError(f"site {self.name}: model mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
@@ -323,9 +345,11 @@ class SiteRunner:
     def prepared_model(self, params: Optional[StateDict], config: TrainTask | EvaluateTask):
         """The network a task config asks for, loaded with the received params."""
         head_classes, aux_tasks, local_keys = list(config.head_classes), list(config.aux_tasks), list(config.local_keys)
-        model = self.model(head_classes, aux_tasks)
+        param_classes = list(config.param_classes or head_classes)
+        model = self.network_for(head_classes, aux_tasks, params, param_classes, local_keys,
+                                 private=bool(getattr(config, "dp", None)))
         if params is not None:
-            self.load_params(model, params, list(config.param_classes or head_classes), local_keys)
+            self.load_params(model, params, param_classes, local_keys)
         return model, head_classes, aux_tasks, local_keys
 
     def dataset(self, split: str, classes: list[str], aux_tasks: list[str], *, augment: bool,
@@ -485,8 +509,32 @@ class SiteRunner:
         return Reply(
             site=self.name, n_samples=len(data), class_set=head_classes,
             metrics={"split": split, "n": len(data), "auroc": aurocs,
-                     "mean_auroc": float(np.mean(defined)) if defined else float("nan")},
+                     "mean_auroc": float(np.mean(defined)) if defined else float("nan"),
+                     "cases": self.split_cases(split, head_classes, out["labels"], out["label_mask"])},
         )
+
+    def split_cases(self, split: str, classes: list[str], labels, mask) -> dict[str, list[int]]:
+        """Class → ``[positive, negative]`` patients of ``split`` (counts only: they may leave the site).
+
+        Why: the round line prints a site's validation AUROC only where the split supports one
+        (``run_log.val_supported``, the small-sample rule of :mod:`fedcxr.evaluation.small_sample`,
+        which counts patients). The labels are the same every round, so they are counted once.
+        """
+        from fedcxr.evaluation.small_sample import count_cases
+
+        key = (split, tuple(classes))
+        if key not in self._cases:
+            patients = np.concatenate([s.manifest.loc[s.manifest["split"] == split, "patient_id"].to_numpy(dtype=object)
+                                       for s in self.sites])
+            if len(patients) != len(labels):  # not the manifest's rows (never expected): count images
+                patients = None
+            labels, mask = np.asarray(labels, dtype=float), np.asarray(mask)
+            counts = {}
+            for i, cls in enumerate(classes):
+                cases = count_cases(np.where(mask[:, i] > 0, labels[:, i], np.nan), patients)
+                counts[cls] = [cases.pos_patients, cases.neg_patients]
+            self._cases[key] = counts
+        return self._cases[key]
 
 
 #: The tasks every :class:`SiteRunner` answers by itself (a method's own are passed in: ``SiteRunner(tasks=...)``).

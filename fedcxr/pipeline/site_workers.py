@@ -299,8 +299,10 @@ def _worker_main(conn: Connection, spec: _WorkerSpec) -> None:
 
 
 def _build(spec: _WorkerSpec) -> dict:
-    """This worker's runners, with the run's engine (its threads set here, once: the process is ours)."""
+    """This worker's runners, with the run's engine (its threads set here, once: the process is ours),
+    sharing one network per layout as the main process's do (:class:`~fedcxr.pipeline.model_pool.ModelPool`)."""
     from fedcxr.pipeline.engine import apply_backend
+    from fedcxr.pipeline.model_pool import ModelPool
     from fedcxr.pipeline.site_runner import SiteRunner
 
     apply_backend(spec.common["engine"])
@@ -309,7 +311,8 @@ def _build(spec: _WorkerSpec) -> dict:
         from fedcxr.pipeline.protocols.methods import site_tasks
 
         common["tasks"] = {**site_tasks(spec.method), **(common.get("tasks") or {})}
-    return {name: SiteRunner(name, dirs, **common) for name, dirs in spec.runners.items()}
+    pool = ModelPool()
+    return {name: SiteRunner(name, dirs, **common, pool=pool) for name, dirs in spec.runners.items()}
 
 
 def _answer(runners: dict, message: tuple) -> Any:

@@ -221,3 +221,23 @@ def test_a_finished_run_reloads_with_its_own_architecture(tiny_manifests, tmp_pa
     assert loaded.backbone.conv1.kernel_size == (3, 3)
     assert any(isinstance(m, torch.nn.GroupNorm) for m in loaded.modules())
     assert _same(loaded.state_dict(), _weights(tmp_path / "run"))
+
+
+def test_a_round_record_counts_the_sites_that_did_not_answer_apart_from_the_refused():
+    """metrics.jsonl's ``missed`` maps this round's absent sites to why; the round line counts a refused
+    reply, which ``missed`` also holds, under ``refused`` only."""
+    from types import SimpleNamespace
+
+    from fedcxr.pipeline.run_driver import _round_record
+    from fedcxr.pipeline.run_log import round_line
+
+    refused = {"round": 1, "task": "train", "site": "b", "check": "norm", "reason": "too long"}
+    ctx = SimpleNamespace(refused=[refused], sources=["a", "b", "c"], notes={}, once=lambda key: True, missed=[
+        {"round": 0, "task": "train", "site": "c"}, {"round": 1, "task": "train", "site": "c"},
+        {"round": 1, "task": "train", "site": "b", "reason": "rejected: too long"}])
+    record = _round_record(ctx, 1)
+    assert record["missed"] == {"c": {"why": "no reply", "task": "train", "reason": "no reply"},
+                                "b": {"why": "refused", "task": "train", "reason": "rejected: too long"}}
+    assert record["refused"] == [refused]
+    assert round_line({"round": 1, "train": {"a": {"loss": 0.5}}, **record}, 2) == \
+        "round 2/2: loss a 0.500; missed c; refused b"

@@ -114,6 +114,23 @@ def test_evaluate_returns_per_class_auroc_of_the_split(runners):
     assert set(reply.metrics["auroc"]) == set(runner.class_set)
 
 
+
+def test_evaluate_counts_each_class_s_positive_and_negative_patients_of_the_split(runners):
+    """The counts the round line's small-sample rule reads (run_log.val_supported): patients, not images."""
+    from fedcxr.vocab import label_column
+
+    _, sites = runners
+    runner = sites["dicom_style"]  # the site with a validation split
+    classes = runner.class_set
+    theta0 = {k: v.detach().clone() for k, v in runner.model(classes, []).state_dict().items()}
+    reply = runner.handle("evaluate", theta0, EvaluateTask.build(head_classes=classes, param_classes=classes,
+                                                                 split="val"))
+    val = runner.sites[0].manifest.loc[runner.sites[0].manifest["split"] == "val"]
+    expected = {c: [int(val.loc[val[label_column(c)] == 1, "patient_id"].nunique()),
+                    int(val.loc[val[label_column(c)] == 0, "patient_id"].nunique())] for c in classes}
+    assert reply.metrics["cases"] == expected
+    assert any(pos + neg for pos, neg in expected.values())
+
 def test_unknown_tasks_are_refused_and_the_registry_is_explicit(runners):
     """Every task a runner answers is in its module's registry (no import registers one); a transport
     adds its own when it builds the runner, and only tasks whose config is typed."""

@@ -42,6 +42,27 @@ Conventions shared by all rules:
   every entry: integer ones as a weighted mean rounded back to their dtype. The robust rules
   treat integer, 0-dim and BatchNorm entries like the rest (see :mod:`.robust`).
 
+Cost in the number of sites N (issue 31 item 4):
+
+* **Mean** (FedAvg, FedBN, the surgical backbone, FedProx): streams. :class:`StreamingAverage`
+  holds one running sum and no reply, so the rule's memory is one model plus the reply being added
+  at any N (``tests/pipeline/aggregate/test_mean.py``: the same buffers at 5 and 100 sites;
+  ``benchmarks/bench_aggregate.py``: 2.3 models above the process for 2, 8 and 32 sites); time
+  is one pass per reply, linear in N.
+* **GP, FedGP, FedDA**: every source's cosine needs the whole entry before any source is added,
+  so the rule reads the N source states it is given (N+2 inputs) and adds one model of its own
+  (measured N+3.05 models, ``bench_aggregate.py``); time two passes per source.
+* **Robust rules**: the median and trimmed mean stack the N values of one entry at a time (N
+  models of inputs plus N copies of the largest entry) and sort them, O(N log N) per coordinate;
+  Krum and multi-Krum compute the N² pairwise distances entry by entry (N models of inputs plus
+  N float64 copies of one entry; time O(N²·model)); the clipped mean is one pass per reply plus the N norms.
+* **A round**, whatever the rule: the protocols screen each reply against the median of the
+  *other* replies' norms (:mod:`fedcxr.pipeline.screening`) before any reply reaches a rule, and
+  the transport returns a round's replies together, so a round holds its N replies (one model
+  each) until it aggregates. What that costs at 100 sites of a small model is measured in
+  BENCHMARKS.md "Scale: 100 sites against 5"; streaming past the screening would need a
+  two-pass protocol (norms first, then the states), which no transport offers yet.
+
 Papers (``../shared/papers``): GP = weakly-supervised-fda-auxinfo-gp (Eq. 4-9, App. A.2);
 FedDA/FedGP and auto-weighting = fedgp-auto-weighting-iclr (Def. 4.1, 4.3; Eq. 1-3; App. A.5,
 C.4, C.9); surgical aggregation (Eq. 1-3, Alg. 1); FACT (Eq. 1). The robust rules and the

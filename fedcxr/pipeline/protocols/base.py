@@ -400,7 +400,7 @@ def screen(ctx: Context, reply: Reply, reference: Optional[StateDict], r: int, *
     reason = _structure_problem(reply.params, reference)
     if reason:
         return "structure", reason
-    reason = nonfinite_problem(reply.params)
+    reason = None if _NORMS.finite(reference, reply.params) else nonfinite_problem(reply.params)
     if reason is None and ctx.cfg.defences.check_variance:
         reason = screening.negative_variance(reply.params)
     if reason:
@@ -408,8 +408,8 @@ def screen(ctx: Context, reply: Reply, reference: Optional[StateDict], r: int, *
     limit = ctx.cfg.defences.norm_limit
     if limit:
         local = set(ctx.sent.get(reply.site, {}).get("local_keys") or ())
-        norm = agg.update_norms(reference, [reply.params], exclude=local)[0]
-        size = max(screening.state_norm(reference, exclude=local), 1.0)
+        norm = _NORMS.norm(reference, reply.params, [k for k in _float_keys(reference) if k not in local])
+        size = max(_NORMS.reference_norm(reference, exclude=local), 1.0)
         if norm > limit * size:
             return "norm", (f"update norm {norm:.3g} is above {limit:g} × the norm of the model it started from "
                             f"({size:.3g}) (defences.norm_limit)")
@@ -434,6 +434,14 @@ def _count_problem(ctx: Context, reply: Reply, task: str) -> Optional[tuple[str,
     return ("counts", reason) if reason else None
 
 
+#: each reply's squared entry norms, computed once for both norm checks (:class:`~fedcxr.pipeline.screening.UpdateNorms`)
+_NORMS = screening.UpdateNorms()
+
+
+def _float_keys(reference: StateDict) -> list[str]:
+    return [k for k, v in reference.items() if v.is_floating_point()]
+
+
 def _update_keys(ctx: Context, site: str, reference: StateDict) -> list[str]:
     """Entries whose change follows the learning rate: floating, aggregated (not the site's
     local keys), not BatchNorm running statistics (their change does not scale with lr)."""
@@ -449,7 +457,7 @@ def _step_norm(ctx: Context, reply: Reply, reference: StateDict) -> float:
     size it credits the site with (:func:`credited_rows`): a site cannot shrink its statistic —
     and so pass a larger update — by claiming more rows or more steps."""
     keys = _update_keys(ctx, reply.site, reference)
-    norm = agg.update_norms({k: reference[k] for k in keys}, [reply.params])[0]
+    norm = _NORMS.norm(reference, reply.params, keys)
     sent = ctx.sent.get(reply.site, {})
     lr = float(sent.get("lr") or 1.0)
     steps = int(reply.n_batches)

@@ -105,6 +105,46 @@ def test_streaming_average_matches_fedavg_and_keeps_no_reply_alive():
     assert_close(A.fedavg_streaming((clone(s), w) for s, w in zip(states, weights)), A.fedavg(states, weights))
 
 
+
+def _held(avg: A.StreamingAverage) -> tuple[int, int]:
+    """(tensors, bytes) the accumulator holds: its running sums (the meta references have no storage)."""
+    sums = list(avg._sum.values())
+    return len(sums), sum(v.numel() * v.element_size() for v in sums)
+
+
+@pytest.mark.parametrize("local_keys", [(), ("1.running_mean", "1.running_var")])
+def test_streaming_memory_does_not_grow_with_the_number_of_sites(local_keys):
+    """FedAvg/FedBN over 5 and over 100 sites hold the same buffers, and at most one reply at a time.
+
+    The mean rule's side of issue 31 item 4: replies fed as they come are added and dropped, so the
+    rule's memory is one model (+ the reply being added) at any N."""
+    held, alive_at_yield = {}, {}
+    seeds = [tiny_state(i) for i in range(7)]
+    for n in (5, 100):
+        refs, alive = [], []
+
+        def replies():
+            for i in range(n):
+                alive.append(sum(r() is not None for r in refs))  # earlier replies still referenced
+                reply = clone(seeds[i % 7])
+                refs.append(weakref.ref(reply["0.weight"]))
+                yield reply, 1 + i % 3
+                del reply  # this generator's own reference (a transport's receive loop drops it too)
+
+        avg = A.StreamingAverage(exclude=local_keys)
+        for state, weight in replies():
+            avg.add(state, weight)
+            del state
+        held[n], alive_at_yield[n] = _held(avg), max(alive)
+        assert avg.count == n
+        gc.collect()
+        assert all(r() is None for r in refs)
+        states = [seeds[i % 7] for i in range(n)]
+        assert_close(A.fedavg_streaming(((clone(s), 1 + i % 3) for i, s in enumerate(states)), local_keys),
+                     A.fedbn(states, [1 + i % 3 for i in range(n)], local_keys))
+    assert held[5] == held[100] and held[5][0] == len(tiny_state(0)) - len(local_keys)
+    assert alive_at_yield == {5: 0, 100: 0}
+
 def test_streaming_average_exclude_result_and_errors():
     avg = A.StreamingAverage(exclude=["b"])
     with pytest.raises(ValueError, match="no state was added"):
