@@ -26,6 +26,7 @@ from typing import Callable, Iterator, Optional
 
 import yaml
 
+from fedcxr.errors import RunFailed
 from fedcxr.flare.he_keys import KEPT_BUILDER_PATH
 from fedcxr.flare.job import CONTROLLER_PATH
 from fedcxr.flare.persistor import LOCATOR_PATH, PERSISTOR_PATH
@@ -44,6 +45,8 @@ from fedcxr.flare.poc_watch import MAX_REJOINS, JobWatch, ServerLost, abort_and_
 from fedcxr.flare.run import finish_runs, holding_run_dirs, prepare_runs, rehearsal_he_keys, wait_with_progress
 
 log = logging.getLogger(__name__)
+#: seconds ``nvflare poc start`` may take to start the server's and clients' processes
+POC_START_TIMEOUT_S = 180
 
 ADMIN = "admin@fedcxr.local"
 PROJECT = "fedcxr"
@@ -229,8 +232,13 @@ def poc_system(project: Path, workspace: Path, env: dict, out, log_path: Path,
         started = subprocess.Popen(nvflare_command("poc", "start", "--timeout", "120"), env=env, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         tree = ProcessTree(started.pid)
-        if started.wait(timeout=180):
-            raise RuntimeError(f"`nvflare poc start` failed (see {log_path})")
+        try:
+            failed = started.wait(timeout=POC_START_TIMEOUT_S)
+        except subprocess.TimeoutExpired:  # a machine too busy to start FLARE's processes: say so, no traceback
+            raise RunFailed(f"the FLARE POC system did not start within {POC_START_TIMEOUT_S:g} s (`nvflare poc "
+                            f"start`; see {log_path}): is the machine busy? Nothing was trained") from None
+        if failed:
+            raise RunFailed(f"`nvflare poc start` failed (exit {failed}; see {log_path}); nothing was trained")
         tree.snapshot()
         yield tree
     finally:

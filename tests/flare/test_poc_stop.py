@@ -41,3 +41,30 @@ def test_a_stop_that_keeps_failing_is_logged_and_cleanup_goes_on(monkeypatch):
 def test_a_clean_stop_is_asked_once(monkeypatch):
     calls = _answers(monkeypatch, [0])
     assert poc._request_stop({}, io.StringIO()) is True and len(calls) == 1
+
+
+def test_a_system_that_does_not_start_in_time_stops_the_command_with_a_message_not_a_traceback(monkeypatch, tmp_path):
+    """Seen under load (issue 31): ``nvflare poc start`` outlived its wait and the command died with
+    ``subprocess.TimeoutExpired``; now a RunFailed that says what did not start, and the system is cleaned up."""
+    import sys
+
+    import pytest
+
+    from fedcxr.errors import RunFailed
+
+    _answers(monkeypatch, [0])  # nvflare poc prepare
+    stopped = []
+    monkeypatch.setattr(poc, "allow_controller", lambda *a, **k: None)
+    monkeypatch.setattr(poc, "set_heartbeat_timeout", lambda *a, **k: None)
+    monkeypatch.setattr(poc, "nvflare_command", lambda *args: [sys.executable, "-c", "import time; time.sleep(30)"])
+    monkeypatch.setattr(poc, "stop_poc", lambda env, out, tree, workspace, logs: stopped.append(tree))
+    monkeypatch.setattr(poc, "POC_START_TIMEOUT_S", 0.5)
+    with pytest.raises(RunFailed, match=r"did not start within 0.5 s .*is the machine busy\? Nothing was trained"):
+        with open(tmp_path / "poc.log", "w") as out, \
+                poc.poc_system(tmp_path / "project.yml", tmp_path / "ws", {}, out, tmp_path / "poc.log", {}):
+            pass
+    assert len(stopped) == 1 and stopped[0] is not None, "the started processes are ended"
+    import os
+    import signal
+
+    os.killpg(stopped[0].pgid, signal.SIGKILL)  # the stand-in for FLARE's start, still sleeping
