@@ -331,6 +331,7 @@ def test_only_parameters_counts_class_names_and_metrics_leave_a_site(flare_runs)
                                                   "manifest_hash", "model_owner", "SRV_server", "test",
                                               "RuntimeError", "best_epoch", "val_loss",
                                               "scaffold_steps",  # SCAFFOLD's K, a count of local steps
+                                              "cases",  # a validation split's positive/negative patients per class
                                               "summary", *WEIGHT_TYPES, *ALL}
     summaries = 0
     for entry in entries:
