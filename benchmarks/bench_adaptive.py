@@ -19,8 +19,8 @@ Scored as ``bench_robust.py``: mean AUROC on the target's test rows; a run that 
 "Before" is the same script run on the code before issue 27 (the parent commit, exported to a
 folder put first on ``PYTHONPATH``); ``--label`` names the column::
 
-    git archive ff6db77 | tar -x -C /tmp/before
-    PYTHONPATH=/tmp/before nice -n 15 python benchmarks/bench_adaptive.py --label before --attacks none bn_shift liar
+    git archive ff6db77 | tar -x -C ../before-issue27
+    PYTHONPATH=../before-issue27 nice -n 15 python benchmarks/bench_adaptive.py --label before --attacks none bn_shift liar
     nice -n 15 python benchmarks/bench_adaptive.py --label after
     python benchmarks/bench_adaptive.py --table           # prints the Markdown table of both
 """

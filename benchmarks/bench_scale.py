@@ -18,7 +18,7 @@ The Ns run back to back in every repeat (alternating order), ``--repeats`` times
 medians and each ratio to the first N, with the load average before and after.
 
     python benchmarks/bench_scale.py                                  # 5, 50, 100 sites, 4 rounds, 3 repeats
-    python benchmarks/bench_scale.py --sites 5 100 --rounds 3 --repeats 2 --work /tmp/scale   # quicker
+    python benchmarks/bench_scale.py --sites 5 100 --rounds 3 --repeats 2 --work runs/scale   # quicker
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ def test_allow_methods_in_a_site_config_is_a_list_of_module_names(tmp_path):
     path = tmp_path / "fedcxr_site.json"
     path.write_text(json.dumps({"manifest_dir": "m", "allow_methods": ["lab.methods.feddyn"]}))
     assert load_site_config(path, "a").allow_methods == ("lab.methods.feddyn",)
-    path.write_text(json.dumps({"manifest_dir": "m", "allow_methods": ["/tmp/x.py"]}))
+    path.write_text(json.dumps({"manifest_dir": "m", "allow_methods": ["/opt/methods/x.py"]}))
     with pytest.raises(ValueError, match="allow_methods"):
         load_site_config(path, "a")
 
