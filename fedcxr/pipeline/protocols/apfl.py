@@ -195,9 +195,7 @@ class APFLProtocol(PersonalProtocol, FedAvgProtocol):
     def eval_local_keys(self, ctx):
         return model_keys(ctx)  # the personalised mixture is the site's whole model
 
-    def run_round(self, ctx, r, state):
-        theta, metrics = self.fedavg_round(ctx, r, state["global"])
-        return {**state, "global": theta}, metrics
+    # run_round: FedAvgProtocol's (finetune off): the sampled sources' FedAvg round
 
 
 METHODS = {"APFL": method(APFLProtocol)}

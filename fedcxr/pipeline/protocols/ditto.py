@@ -112,9 +112,7 @@ class DittoProtocol(PersonalProtocol, FedAvgProtocol):
     def eval_local_keys(self, ctx):
         return model_keys(ctx)  # the whole model is personal
 
-    def run_round(self, ctx, r, state):
-        theta, metrics = self.fedavg_round(ctx, r, state["global"])
-        return {**state, "global": theta}, metrics
+    # run_round: FedAvgProtocol's (finetune off): the sampled sources' FedAvg round
 
 
 METHODS = {"Ditto": method(DittoProtocol)}
