@@ -4,6 +4,8 @@ Markdown; a second call resumes (nothing is run again) and the plan lists the jo
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import yaml
@@ -41,7 +43,7 @@ def test_one_variant_two_methods_one_seed_then_resume(tiny_manifests, tmp_path, 
     pd.testing.assert_frame_equal(again.reset_index(drop=True), runs.reset_index(drop=True))
 
 
-def test_variants_parts_and_plan(tmp_path):
+def test_variants_parts_and_plan(tmp_path, capsys):
     bench = load_bench("bench_auxinfo")
     assert len(bench.VARIANTS) == 12 and bench.VARIANTS["a1-sum-view"] == [
         "alpha=1", "aux_reduction=sum", "aux_tasks=[sex, age_bin, race, view]"]
@@ -67,3 +69,11 @@ def test_variants_parts_and_plan(tmp_path):
                                                                           "--seeds", 2, "--part", f"{k}/3"])]))
              for k in (1, 2, 3)]
     assert sorted(j[2] for p in parts for j in p) == sorted(j[2] for j in jobs)  # the parts cover the jobs once
+    (Path(jobs[1][2]) / "report.json").parent.mkdir(parents=True)
+    (Path(jobs[1][2]) / "report.json").write_text('{"sites": {}}')
+    capsys.readouterr()
+    bench.main(["--variants", "a1-sum-view", "a0.5-mean-view", "--seeds", "2", "--work", str(tmp_path),
+                "--manifests", str(manifests), "--plan"])  # lists the jobs, runs none
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == ["  sweep/demo/noaux/runs/FedAvg_Finetune-seed0", "✓ sweep/demo/noaux/runs/FedAvg_Finetune_GP-seed0"]
+    assert "12 jobs, 1 finished" in lines
