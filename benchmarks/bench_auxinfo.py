@@ -125,11 +125,6 @@ def _job(config: Path, method: str, seed: int) -> tuple:
     return (str(config), settings, str(config.parent / "runs" / f"{method}-seed{seed}"), True)
 
 
-def _finished(run_dir: str) -> bool:
-    """A job's run is finished once its test report exists (:func:`bench_regime.run_one` writes it last)."""
-    return (Path(run_dir) / "report.json").is_file()
-
-
 def plan_jobs(work: Path, manifests: Path, args: argparse.Namespace) -> list[tuple]:
     """Every (config, method, seed, run_dir) job of the chosen settings × variants × seeds, seeds outermost
     (a part that stops early leaves whole seeds); ``--part K/N`` keeps every N-th from the K-th."""
@@ -264,14 +259,14 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
         manifests = args.manifests or prepare(args.work, args.images_per_site, args.image_size, args.demographics)
         jobs = plan_jobs(args.work, manifests, args)
         if args.plan:
-            for _config, _settings, run_dir, _evaluate in jobs:
-                done = "✓" if _finished(run_dir) else " "
-                print(f"{done} {Path(run_dir).relative_to(args.work)}")
-            print(f"{len(jobs)} jobs, {sum(_finished(j[2]) for j in jobs)} finished")
+            for job in jobs:
+                done = "✓" if bench_regime.finished(job) else " "
+                print(f"{done} {Path(job[2]).relative_to(args.work)}")
+            print(f"{len(jobs)} jobs, {sum(map(bench_regime.finished, jobs))} finished")
             return collect(args.work)
         if jobs:
             bench_shift.warm_caches(Path(jobs[0][0]))
-        bench_regime.run_jobs([j for j in jobs if not _finished(j[2])], args.workers)
+        bench_regime.run_jobs([j for j in jobs if not bench_regime.finished(j)], args.workers)
     runs = collect(args.work)
     runs = runs.loc[runs["setting"].isin(args.settings)]
     cells, pairs = tables(runs)

@@ -180,6 +180,16 @@ def run_one(job: tuple) -> float:
     return time.time() - t0
 
 
+def finished(job: tuple) -> bool:
+    """Whether :func:`run_one` has nothing left to do for ``job``: its test report written (an evaluated
+    job) or its final model (a fold run, never evaluated on test)."""
+    from fedcxr.rundir import RunDir
+
+    _config, _settings, run_dir, evaluate = job
+    run = RunDir(Path(run_dir))
+    return (run.report_json if evaluate else run.final_model).is_file()
+
+
 def cell_jobs(configs: dict, methods: Sequence[str], seeds, label_draw: str = "seed") -> list[tuple]:
     """The jobs of some cells' runs; a label-free method's run is shared by every label count of its
     (shift, rounds) — one job, linked into each cell's ``runs/``."""
