@@ -25,8 +25,9 @@ from typing import Optional
 
 log = logging.getLogger(__name__)
 
-#: what building a network imports (fedcxr.models.network: MONAI's ResNet and DenseNet)
-MODULES = ("monai.networks.nets",)
+#: what building a network imports (fedcxr.models.network: MONAI's ResNet and DenseNet), and a site's
+#: evaluation (fedcxr.flare.site_evaluation: SciPy, scikit-learn), which its first task does not need
+MODULES = ("monai.networks.nets", "fedcxr.evaluation.report", "fedcxr.evaluation.calibration")
 
 _thread: Optional[threading.Thread] = None
 _lock = threading.Lock()
