@@ -107,11 +107,14 @@ class ProcessTree:
                 continue
         return out
 
-    def stop(self, grace: float = 10.0) -> None:
+    def stop(self, grace: float = 10.0, *, wait_first: bool = True) -> None:
+        """End the processes still running: wait ``grace`` s for them to end by themselves, then SIGTERM
+        and ``grace`` s, then SIGKILL. ``wait_first=False``: no first wait, where nothing will end them
+        (a POC system whose server died: its clients keep trying to reach it)."""
         import psutil
 
         self.snapshot()
-        for action in (None, "terminate", "kill"):
+        for action in (None, "terminate", "kill") if wait_first else ("terminate", "kill"):
             procs = self.alive()
             if not procs:
                 return
