@@ -108,3 +108,32 @@ def test_a_poc_system_whose_server_died_is_stopped_without_the_first_wait(monkey
         monkeypatch.setattr(poc, name, lambda *a, **k: None)
     poc.stop_poc({}, io.StringIO(), Tree(), tmp_path / "ws", tmp_path / "logs")
     assert stops == [(5, False)]
+
+
+def test_a_stopped_systems_start_script_shells_are_ended_not_waited_for(tmp_path):
+    """After ``nvflare poc stop`` FLARE's processes are gone but each participant's ``sub_start.sh`` loop
+    only notices at its next 5 s tick: the command waited for those shells. A FLARE process (here a
+    Python one that needs 1.5 s) is still given its time to end by itself."""
+    import os
+    import sys
+    import time
+
+    import psutil
+
+    from fedcxr.flare.processes import ProcessTree
+
+    shell = subprocess.Popen(["bash", "-c", "while true; do sleep 5; done"], start_new_session=True)
+    python = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"], start_new_session=True)
+    try:
+        tree = ProcessTree(shell.pid)
+        tree.snapshot()
+        tree.seen[python.pid] = psutil.Process(python.pid).create_time()
+        start = time.time()
+        tree.stop(grace=30)
+        took = time.time() - start
+        assert shell.poll() is not None and python.poll() is not None
+        assert 1.0 < took < 10, took  # waited for the Python process, not for the shell's loop
+    finally:
+        for proc in (shell, python):
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
