@@ -47,7 +47,6 @@ from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import optimize, stats
 
 #: fewer positive or fewer negative cases than this make an AUROC (or a proportion) small-sample
 MIN_CASES = 10
@@ -160,6 +159,8 @@ def newcombe_interval(auc: float, m: int, n: int, alpha: float = 0.05) -> tuple[
     """
     if not (np.isfinite(auc) and m >= 1 and n >= 1):
         return float("nan"), float("nan")
+    from scipy import stats  # SciPy (~1 s) imported where used: every round line imports this module
+
     z2 = float(stats.norm.ppf(1 - alpha / 2)) ** 2
     n_star = (m + n) / 2.0 - 1.0
 
@@ -182,6 +183,8 @@ def _edge(outside, start: float, end: float) -> float:
         return end
     i = int(crossing[0])
     inner = start if i == 0 else float(steps[i - 1])
+    from scipy import optimize
+
     return float(optimize.brentq(outside, inner, float(steps[i]), xtol=1e-12))
 
 
@@ -194,6 +197,8 @@ def wilson_interval(p_hat: float, n: float, alpha: float = 0.05) -> tuple[float,
     """
     if not (np.isfinite(p_hat) and n >= 1):
         return float("nan"), float("nan")
+    from scipy import stats
+
     z = float(stats.norm.ppf(1 - alpha / 2))
     denom = 1 + z * z / n
     center = (p_hat + z * z / (2 * n)) / denom

@@ -10,6 +10,7 @@ module              what it holds
                     (a start-up allowance up to a site's first round), why a site is absent
 ``client``          the hospital: :class:`FlareSite` around a :class:`SiteRunner`, the Client API loop
 ``fedcxr_client``   the two-line client script FLARE copies into each site's app
+``warm_up``         MONAI imported in the background while a FLARE process only waits (first round sooner)
 ``site_evaluation`` the ``validate`` task: a site scores a model on its own split, replies with summaries
 ``cross_site``      the server's cross-site evaluation after the last round: report from site summaries
 ``persistor``       FLARE's persistor and model locator: the global model where FLARE's tools look

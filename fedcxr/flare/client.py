@@ -328,12 +328,14 @@ def changes_state(runner: SiteRunner, task: str) -> bool:
 
 def serve(flare_api: Any, site: FlareSite) -> int:
     """``receive → handle → send`` until the job ends; returns the number of tasks answered."""
+    from fedcxr.flare import warm_up
     from fedcxr.flare.wire import decode_task, encode_error, encode_reply
 
     answered = 0
     writer = _site_writer()
     while flare_api.is_running():
         incoming = flare_api.receive()
+        warm_up.finish()  # MONAI imported while this site waited (fedcxr.flare.warm_up)
         if incoming is None:
             break
         task_name = flare_api.get_task_name()
@@ -353,6 +355,7 @@ def serve(flare_api: Any, site: FlareSite) -> int:
             params, meta, diff = *encode_error(exc), False
         flare_api.send(reply_model(params, meta, diff=diff, steps=reply.n_batches if diff else 0))
         answered += 1
+        warm_up.start()  # from here this thread only waits for the next task
     return answered
 
 

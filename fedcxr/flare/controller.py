@@ -51,6 +51,7 @@ from fedcxr.pipeline.run_driver import run_experiment
 from fedcxr.flare.liveness import DISCONNECTED, SiteLiveness
 from fedcxr.flare.secure_aggregation import HE
 from fedcxr.flare.wire import WireError, decode_reply, encode_task
+from fedcxr.flare import warm_up
 from fedcxr.pipeline.messages import DELTAS, WEIGHTS, NoConfig, Reply
 from fedcxr.pipeline.run_log import round_number
 from fedcxr.pipeline.transport import Transport
@@ -118,7 +119,11 @@ class FlareTransport(Transport):
         if round_ is None and per_site:
             round_ = getattr(next(iter(per_site.values()))[1], "round", None)
         timeout = self.task_wait(round_)
-        raw = self.controller.dispatch(task, groups, round_=round_, timeout=timeout)
+        warm_up.start()  # MONAI imported while the server waits for its first task's replies
+        try:
+            raw = self.controller.dispatch(task, groups, round_=round_, timeout=timeout)
+        finally:
+            warm_up.finish()
         # the wait FLARE was given: the start-up allowance added for a site's first round (liveness)
         return self._decode(task, targets, raw, round_, sent, getattr(self.controller, "last_wait", timeout))
 

@@ -325,7 +325,7 @@ def stop_poc(env: dict, out, tree: Optional[ProcessTree], workspace: Path, logs:
                 _request_stop(env, out)
             tree.adopt(str(workspace))  # a client restarted by hand belongs to this system too
             # a stopped server cannot stop its clients: they are ended here without waiting for them
-            tree.stop(grace=30 if alive else 5)
+            tree.stop(grace=30) if alive else tree.stop(grace=5, wait_first=False)
     finally:
         copy_logs(workspace, logs)
         copy_tensorboard(workspace, logs.parent.parent / "tensorboard")

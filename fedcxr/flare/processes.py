@@ -107,11 +107,16 @@ class ProcessTree:
                 continue
         return out
 
-    def stop(self, grace: float = 10.0) -> None:
+    def stop(self, grace: float = 10.0, *, wait_first: bool = True) -> None:
+        """End the processes still running: wait ``grace`` s for FLARE's own processes to end by themselves,
+        then SIGTERM and ``grace`` s, then SIGKILL. The first wait is not for the shells of FLARE's start
+        scripts: a POC participant's ``sub_start.sh`` loop only notices its process ended at its next
+        5 s tick (it has nothing left to do: the workspace goes next). ``wait_first=False``: no first wait,
+        where nothing will end them (a POC system whose server died: its clients keep trying to reach it)."""
         import psutil
 
         self.snapshot()
-        for action in (None, "terminate", "kill"):
+        for action in (None, "terminate", "kill") if wait_first else ("terminate", "kill"):
             procs = self.alive()
             if not procs:
                 return
@@ -122,7 +127,20 @@ class ProcessTree:
                         getattr(proc, action)()
                     except psutil.Error:
                         pass
-            psutil.wait_procs(procs, timeout=grace)
+            psutil.wait_procs([p for p in procs if action or not _is_shell(p)], timeout=grace)
+
+
+#: the shells FLARE's start scripts run in (``start.sh``, ``sub_start.sh``)
+SHELLS = ("bash", "sh", "dash")
+
+
+def _is_shell(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.name() in SHELLS
+    except psutil.Error:
+        return False
 
 
 @contextmanager

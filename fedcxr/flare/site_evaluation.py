@@ -27,8 +27,6 @@ from typing import Optional
 
 import pandas as pd
 
-from fedcxr.evaluation import calibration
-from fedcxr.evaluation.report import evaluate_rows, is_binary_task, subgroup_analysis
 from fedcxr.flare.wire import check_summary
 from fedcxr.pipeline.predictions import site_prediction_frame
 from fedcxr.pipeline.messages import Reply, StateDict, ValidateTask
@@ -49,6 +47,11 @@ def site_predictions(runner: SiteRunner, params: StateDict, classes: list[str], 
 
 def summarize(frame: pd.DataFrame, classes: list[str], *, split: str, n_boot: int, seed: int) -> dict:
     """The ``report.json`` site entry of a prediction table (no keys, no rows)."""
+    # imported here, not with the module: SciPy and scikit-learn cost a site's process 1-2 s before its
+    # first task (the client imports this module); fedcxr.flare.warm_up imports them while the site waits
+    from fedcxr.evaluation import calibration
+    from fedcxr.evaluation.report import evaluate_rows, is_binary_task, subgroup_analysis
+
     binary = is_binary_task(classes)
     entry = evaluate_rows(frame, classes, n_boot=n_boot, seed=seed, split=split, binary=binary)
     entry["subgroups"] = subgroup_analysis(frame, classes, n_boot=n_boot, seed=seed, split=split, binary=binary)

@@ -68,3 +68,72 @@ def test_a_system_that_does_not_start_in_time_stops_the_command_with_a_message_n
     import signal
 
     os.killpg(stopped[0].pgid, signal.SIGKILL)  # the stand-in for FLARE's start, still sleeping
+
+
+def test_the_clients_of_a_server_that_died_are_ended_without_waiting_for_them_to_end_by_themselves(tmp_path):
+    """They never would (they keep trying to reach their server): the command that lost its server
+    waited 5 s for nothing before it ended them."""
+    import os
+    import sys
+    import time
+
+    from fedcxr.flare.processes import ProcessTree
+
+    client = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        tree = ProcessTree(client.pid)
+        tree.snapshot()
+        start = time.time()
+        tree.stop(grace=5, wait_first=False)
+        client.wait(timeout=5)  # ended (psutil reaped it: no exit status left for Popen)
+        assert time.time() - start < 3
+    finally:
+        if client.poll() is None:
+            os.kill(client.pid, 9)
+
+
+def test_a_poc_system_whose_server_died_is_stopped_without_the_first_wait(monkeypatch, tmp_path):
+    stops = []
+
+    class Tree:
+        def adopt(self, text):
+            pass
+
+        def stop(self, grace=10.0, *, wait_first=True):
+            stops.append((grace, wait_first))
+
+    monkeypatch.setattr(poc, "server_alive", lambda workspace: False)
+    monkeypatch.setattr(poc, "run_nvflare", lambda *a, **k: subprocess.CompletedProcess([], 0))
+    for name in ("copy_logs", "copy_tensorboard", "copy_global_model"):
+        monkeypatch.setattr(poc, name, lambda *a, **k: None)
+    poc.stop_poc({}, io.StringIO(), Tree(), tmp_path / "ws", tmp_path / "logs")
+    assert stops == [(5, False)]
+
+
+def test_a_stopped_systems_start_script_shells_are_ended_not_waited_for(tmp_path):
+    """After ``nvflare poc stop`` FLARE's processes are gone but each participant's ``sub_start.sh`` loop
+    only notices at its next 5 s tick: the command waited for those shells. A FLARE process (here a
+    Python one that needs 1.5 s) is still given its time to end by itself."""
+    import os
+    import sys
+    import time
+
+    import psutil
+
+    from fedcxr.flare.processes import ProcessTree
+
+    shell = subprocess.Popen(["bash", "-c", "while true; do sleep 5; done"], start_new_session=True)
+    python = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"], start_new_session=True)
+    try:
+        tree = ProcessTree(shell.pid)
+        tree.snapshot()
+        tree.seen[python.pid] = psutil.Process(python.pid).create_time()
+        start = time.time()
+        tree.stop(grace=30)
+        took = time.time() - start
+        assert shell.poll() is not None and python.poll() is not None
+        assert 1.0 < took < 10, took  # waited for the Python process, not for the shell's loop
+    finally:
+        for proc in (shell, python):
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)

@@ -62,12 +62,22 @@ def prepare_demo(out: Path) -> None:
     (out / "demo.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
 
 
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory) -> Path:
+    """One folder after `fedcxr demo` (:func:`prepare_demo`) for both README blocks: they write different
+    run directories (``runs/demo-flare``, ``runs/demo-poc``, ``runs/demo-he``) from the same demo."""
+    root = tmp_path_factory.mktemp("readme_demo")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        prepare_demo(Path("fedcxr-demo"))
+    return root
+
+
 @pytest.mark.slow
-def test_the_readme_flare_commands_run_as_written(tmp_path, monkeypatch, capsys):
+def test_the_readme_flare_commands_run_as_written(demo_dir, monkeypatch, capsys):
     commands = readme_commands()
     assert [c.split()[1] for c in commands] == ["flare", "flare", "report", "--logdir"], commands
-    monkeypatch.chdir(tmp_path)
-    prepare_demo(Path("fedcxr-demo"))
+    monkeypatch.chdir(demo_dir)
     home_conf = Path.home() / ".nvflare" / "config.conf"
     conf_before = None
     for command in commands:
@@ -123,14 +133,13 @@ def readme_secure_aggregation_commands() -> list[str]:
 
 
 @pytest.mark.slow
-def test_the_readme_secure_aggregation_commands_run_as_written(tmp_path, monkeypatch, capsys):
+def test_the_readme_secure_aggregation_commands_run_as_written(demo_dir, monkeypatch, capsys):
     pytest.importorskip("tenseal", reason="TenSEAL (fedcxr[he]) cannot be imported on this platform")
     import torch
 
     commands = readme_secure_aggregation_commands()
     assert [shlex.split(c, comments=True)[1:3] for c in commands] == [["flare", "simulate"], ["evaluate", "runs/demo-he"]]
-    monkeypatch.chdir(tmp_path)
-    prepare_demo(Path("fedcxr-demo"))
+    monkeypatch.chdir(demo_dir)
     for command in commands:
         assert main(shlex.split(command, comments=True)[1:]) == 0, command
     final = torch.load(Path("runs/demo-he/final_model.pt"), weights_only=True)
