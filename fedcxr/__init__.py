@@ -42,8 +42,8 @@ The Python API — the functions the commands call, returning typed results inst
     fedcxr.report(run_dirs, out, *, baseline=None)                             -> ComparisonResult
     fedcxr.sweep(config, methods, *, out, seeds=3, ...)                        -> SweepResult
 
-(``fedcxr stats`` the command is ``fedcxr.statistics`` the function: ``fedcxr.stats`` is the
-package.) They are imported on first use (:func:`__getattr__`), so ``import fedcxr`` stays as
+(``fedcxr stats`` the command is ``fedcxr.statistics`` the function; ``fedcxr.stats`` is the
+package, callable as the same function.) They are imported on first use (:func:`__getattr__`), so ``import fedcxr`` stays as
 cheap as it was: no torch, no pandas until a function runs.
 """
 

@@ -21,3 +21,25 @@ An L3 package beside :mod:`fedcxr.pipeline`, whose data loading and round protoc
 :mod:`fedcxr.stats.release`, and ``fedcxr stats`` (:mod:`fedcxr.workflows.stats`, the API's ``fedcxr.statistics``) drives both.
 Nothing in :mod:`fedcxr.pipeline` imports this package.
 """
+
+from __future__ import annotations
+
+import sys
+import types
+
+
+class _CallableStatsPackage(types.ModuleType):
+    """This package, callable: ``fedcxr.stats(config, out, ...)`` is the API's ``fedcxr.statistics``.
+
+    Users write ``fedcxr.stats(...)`` after the command's name (issue 28 asked for it); the package
+    keeps its name for its modules, and a call goes to the one function ``fedcxr stats`` calls, imported
+    on first use so that this package stays below the workflow layer at import time.
+    """
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        import fedcxr
+
+        return fedcxr.statistics(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableStatsPackage

@@ -74,6 +74,20 @@ def test_errors_are_exceptions_naming_the_problem_never_an_exit(tmp_path):
         fedcxr.train(42)
 
 
+def test_fedcxr_stats_called_is_the_statistics_function_and_still_the_package(tmp_path):
+    """``fedcxr.stats(...)`` (the command's name, as users write it) runs ``fedcxr.statistics``."""
+    import types
+
+    import fedcxr.stats.release  # the package's modules import as before
+
+    with pytest.raises(UserError) as by_api:
+        fedcxr.statistics(tmp_path / "missing.yaml", tmp_path / "a")
+    with pytest.raises(UserError) as by_package:
+        fedcxr.stats(tmp_path / "missing.yaml", tmp_path / "b")
+    assert str(by_package.value) == str(by_api.value) and "missing.yaml" in str(by_api.value)
+    assert isinstance(fedcxr.stats, types.ModuleType) and fedcxr.stats.release.__name__ == "fedcxr.stats.release"
+
+
 def readme_block() -> str:
     """The python block under '## Use fedcxr from Python'."""
     section = (REPO / "README.md").read_text().split("## Use fedcxr from Python", 1)[1]
