@@ -50,6 +50,7 @@ from fedcxr.evaluation.report_files import write_json, write_text
 from fedcxr.evaluation.report_markdown import fmt, fmt_ci
 from fedcxr.evaluation.report_table import load_summary_results
 from fedcxr.evaluation.runs import ID_COLUMNS, load_predictions, load_run_info, predictions_path
+from fedcxr.wording import count
 
 #: 2: DeLong clustered by patient_key; per-class q_value (BH), significant, n_patients.
 #: 3: the small-sample rule: cells' auroc_small_sample_classes, auroc_classes, auroc_ci_method, acc_small_sample;
@@ -519,10 +520,11 @@ def _tests_markdown(result: dict) -> list[str]:
     lines += _md_table(["Method", "Class"] + labels, rows) + [""]
     for t in tests:
         if t["n_rows_only_method"] or t["n_rows_only_baseline"] or any(d["n_label_mismatch"] for d in t["delong"]):
-            lines.append(f"- {md(t['method'])} vs {md(baseline)} on {md(t['column'])}: {t['n_rows_joined']} images "
-                         f"in both, {t['n_rows_only_method']} only in {md(t['method'])}, {t['n_rows_only_baseline']} "
-                         f"only in {md(baseline)}; {sum(d['n_label_mismatch'] for d in t['delong'])} label disagreements "
-                         "left out of DeLong")
+            mismatched = sum(int(d["n_label_mismatch"]) for d in t["delong"])
+            lines.append(f"- {md(t['method'])} vs {md(baseline)} on {md(t['column'])}: "
+                         f"{count(int(t['n_rows_joined']), 'image')} in both, {t['n_rows_only_method']} only in "
+                         f"{md(t['method'])}, {t['n_rows_only_baseline']} only in {md(baseline)}; "
+                         f"{count(mismatched, 'label disagreement')} left out of DeLong")
     return lines
 
 

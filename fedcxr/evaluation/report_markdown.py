@@ -211,7 +211,7 @@ def _subgroup_section(report, task, sub) -> list[str]:
         lines += ["No subgroup large enough to report.", ""]
     for item in sub["skipped"]:
         value = item["value"] if item["value"] is not None else "all"
-        lines.append(f"- not reported: {md(value)} ({md(item['n_rows'])} images): {md(item['reason'])}")
+        lines.append(f"- not reported: {md(value)} ({count(int(item['n_rows']), 'image')}): {md(item['reason'])}")
     if sub["skipped"]:
         lines.append("")
     return lines

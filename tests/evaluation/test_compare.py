@@ -247,3 +247,15 @@ def test_comparison_marks_means_and_tests_resting_on_too_few_cases(tmp_path, mak
     # runs with enough cases carry no mark
     assert all(c["auroc_small_sample_classes"] == 0 for row in result["table"] for c in row["cells"].values())
     assert "†" not in render_markdown(result)
+
+
+def test_the_rows_note_counts_one_image_as_one_image():
+    """Issue 28 item 9 ("1 images"): the note under the tests agrees with its numbers."""
+    rows = [{"class": "edema", "auroc": 0.8, "auroc_baseline": 0.75, "z": 2.0, "p_value": 0.04, "q_value": 0.04,
+             "significant": True, "n": 1, "n_pos": 1, "n_patients": 1, "n_label_mismatch": 1, "reason": None}]
+    result = _tiny_result(rows)
+    result["tests"][0].update(n_rows_joined=1, n_rows_only_method=1, n_rows_only_baseline=2)
+    md = render_markdown(result)
+    assert "- New vs Old on site-a: 1 image in both, 1 only in New, 2 only in Old; 1 label disagreement left " \
+           "out of DeLong" in md
+    assert "1 images" not in md and "1 label disagreements" not in md

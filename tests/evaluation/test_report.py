@@ -248,3 +248,17 @@ def test_a_site_of_one_patient_is_one_patient_in_report_md(predictions, tmp_path
     text = render_markdown(build_report(one, INFO, split="test", n_boot=0, seed=0))
     n_rows = int((one["site"] == "site-a").sum())
     assert f"{n_rows} images of 1 patient." in text and "1 patients" not in text
+
+
+def test_a_subgroup_of_one_image_is_one_image_in_report_md(report):
+    """Issue 28 item 9 ("1 images"): the own-data flow's report.md listed
+    "- not reported: 20-39 (1 images): fewer than 20 rows"."""
+    from fedcxr.evaluation.report_markdown import render_markdown
+
+    skipped = report["sites"]["site-a"]["subgroups"]["age_bin"]["skipped"]
+    skipped[:] = [{"value": "80+", "n_rows": 1, "reason": "fewer than 20 rows"},
+                  {"value": "20-39", "n_rows": 2, "reason": "fewer than 20 rows"}]
+    text = render_markdown(report)
+    assert "- not reported: 80+ (1 image): fewer than 20 rows" in text
+    assert "- not reported: 20-39 (2 images): fewer than 20 rows" in text
+    assert "1 images" not in text
