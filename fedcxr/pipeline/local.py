@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
@@ -29,7 +30,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedcxr.pipeline.devices import memory_format, place, resolve_device
 from fedcxr.pipeline.losses import aux_ce, masked_bce, proximal_term
-from fedcxr.pipeline.optimizers import load_optimizer_state, make_optimizer, optimizer_state_dict
+from fedcxr.pipeline.optimizers import fresh_optimizer, load_optimizer_state, make_optimizer, optimizer_state_dict
 from fedcxr.pipeline.state import flatten_state, update_keys
 
 log = logging.getLogger(__name__)
@@ -260,8 +261,9 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     _check_client_terms(cfg, named, drift_correction, loss_term)
     params = [p for _, p in named]
-    optimizer = make_optimizer(params, optimizer=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                               momentum=cfg.momentum)
+    build = make_optimizer if cfg.dp else partial(fresh_optimizer, model)  # DP-SGD wraps its own (Opacus)
+    optimizer = build(params, optimizer=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                      momentum=cfg.momentum)
     if optimizer_state:
         load_optimizer_state(optimizer, named, optimizer_state)
     forward, close = model, None
