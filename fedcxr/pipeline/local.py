@@ -266,6 +266,7 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
                       momentum=cfg.momentum)
     if optimizer_state:
         load_optimizer_state(optimizer, named, optimizer_state)
+    kept = None if cfg.dp else optimizer
     forward, close = model, None
     if cfg.dp:
         from fedcxr.pipeline.dp import private
@@ -279,6 +280,10 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
     finally:
         if close is not None:
             close()
+        # the kept optimiser (fresh_optimizer) holds no moments between calls: a site's own network
+        # (FedBN, PFL heads) would otherwise keep twice its parameters until its next round
+        if kept is not None:
+            kept.state.clear()
 
 
 def _steps(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimizer, loader: Any, cfg: LocalConfig,

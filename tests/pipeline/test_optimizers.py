@@ -57,3 +57,12 @@ def test_the_kept_optimizer_is_reused_only_for_the_same_parameters_and_settings(
     other = fresh_optimizer(model, params[:3], optimizer="adam", lr=1e-3)
     assert fresh_optimizer(model, params[:3], optimizer="adam", lr=1e-3, weight_decay=0.1) is not other
     assert isinstance(fresh_optimizer(model, params, optimizer="sgd", lr=1e-3), torch.optim.SGD)
+
+
+def test_the_kept_optimizer_holds_no_moments_between_calls():
+    """A site's own network (FedBN, PFL heads) keeps its optimiser object, not twice its parameters."""
+    model = toy_model()
+    result = train_local(model, loader(toy_dataset(n=16)), LocalConfig(lr=1e-3, batch_size=8, epochs=1),
+                         device="cpu", seed=0, optimizer_state={})
+    assert result.optimizer_state, "the state was read before it was cleared"
+    assert not model.__dict__["_fedcxr_optimizer"][1].state
