@@ -27,28 +27,45 @@ def predict(model: nn.Module, loader: Any, *, device: torch.device | str, amp: b
     ``{task: (N, K)}`` (softmax), ``index`` (N,) int64 positions in the loader's dataset,
     and ``labels``/``label_mask`` (N, C) as the batches carried them.
     """
+    return predict_each(model, [loader], device=device, amp=amp, channels_last=channels_last)[0]
+
+
+@torch.no_grad()
+def predict_each(model: nn.Module, loaders: Sequence[Any], *, device: torch.device | str, amp: bool = True,
+                 channels_last: bool = False) -> list[dict[str, Any]]:
+    """:func:`predict` of each of ``loaders`` in turn, the model placed and put in eval mode once.
+
+    Why: a process's simulated sites validate the same model (:func:`~fedcxr.pipeline.site_runner.
+    evaluate_sites`); each loader's batches go through it exactly as :func:`predict` alone would send
+    them — the same batch shapes, so the same floats (a CPU convolution's or linear layer's result
+    for a row can depend on how many rows share its batch, so rows of different sites are not mixed).
+    """
     device = resolve_device(device)
-    use_cuda = device.type == "cuda"
     layout = memory_format(channels_last)
     place(model, device, layout)
     modes = {m: m.training for m in model.modules()}
     model.eval()
-    probs, index, labels, masks = [], [], [], []
-    aux_probs: dict[str, list[np.ndarray]] = {t: [] for t in getattr(model, "aux_tasks", {}) or {}}
     try:
-        for batch in loader:
-            x = batch["image"].to(device, non_blocking=use_cuda, memory_format=layout)
-            with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=use_cuda and amp):
-                out = model(x)
-            probs.append(torch.sigmoid(out["main"].float()).cpu().numpy())
-            for task, logits in out["aux"].items():
-                aux_probs[task].append(torch.softmax(logits.float(), dim=1).cpu().numpy())
-            index.append(np.asarray(batch["index"], dtype=np.int64))
-            labels.append(np.asarray(batch["label"], dtype=np.float32))
-            masks.append(np.asarray(batch["label_mask"], dtype=np.float32))
+        return [_predict_batches(model, loader, device, layout, amp) for loader in loaders]
     finally:
         for module, mode in modes.items():
             module.training = mode
+
+
+def _predict_batches(model: nn.Module, loader: Any, device: torch.device, layout, amp: bool) -> dict[str, Any]:
+    use_cuda = device.type == "cuda"
+    probs, index, labels, masks = [], [], [], []
+    aux_probs: dict[str, list[np.ndarray]] = {t: [] for t in getattr(model, "aux_tasks", {}) or {}}
+    for batch in loader:
+        x = batch["image"].to(device, non_blocking=use_cuda, memory_format=layout)
+        with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=use_cuda and amp):
+            out = model(x)
+        probs.append(torch.sigmoid(out["main"].float()).cpu().numpy())
+        for task, logits in out["aux"].items():
+            aux_probs[task].append(torch.softmax(logits.float(), dim=1).cpu().numpy())
+        index.append(np.asarray(batch["index"], dtype=np.int64))
+        labels.append(np.asarray(batch["label"], dtype=np.float32))
+        masks.append(np.asarray(batch["label_mask"], dtype=np.float32))
     n_classes = len(getattr(model, "classes", [])) if not probs else probs[0].shape[1]
     cat = lambda parts, width: np.concatenate(parts) if parts else np.zeros((0, width), np.float32)  # noqa: E731
     return {

@@ -22,7 +22,7 @@ from fedcxr.pipeline.engine import Engine, resolve_engine
 from fedcxr.pipeline.model_pool import ModelPool
 from fedcxr.pipeline.protocols import get_protocol
 from fedcxr.pipeline.protocols.methods import site_tasks
-from fedcxr.pipeline.site_runner import SiteRunner, SiteTask
+from fedcxr.pipeline.site_runner import SiteRunner, SiteTask, handle_together
 from fedcxr.pipeline.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -36,9 +36,14 @@ class InProcessTransport(Transport):
         self.site_names = list(self.runners)
 
     def run(self, task, targets, params, config, *, per_site=None):
+        """Each site's reply, site after site; when every site is sent the same model and config they
+        answer together (:func:`~fedcxr.pipeline.site_runner.handle_together`: validation in one
+        pass), with the same replies."""
+        if not per_site:
+            return handle_together([self.runners[s] for s in targets], task, params, config)
         replies = {}
         for site in targets:
-            site_params, site_config = (per_site or {}).get(site, (params, config))
+            site_params, site_config = per_site.get(site, (params, config))
             replies[site] = self.runners[site].handle(task, site_params, site_config)
         return replies
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
@@ -29,7 +30,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedcxr.pipeline.devices import memory_format, place, resolve_device
 from fedcxr.pipeline.losses import aux_ce, masked_bce, proximal_term
-from fedcxr.pipeline.optimizers import load_optimizer_state, make_optimizer, optimizer_state_dict
+from fedcxr.pipeline.optimizers import fresh_optimizer, load_optimizer_state, make_optimizer, optimizer_state_dict
 from fedcxr.pipeline.state import flatten_state, update_keys
 
 log = logging.getLogger(__name__)
@@ -226,7 +227,7 @@ def train_local(
     try:
         gpus = [device.index if device.index is not None else torch.cuda.current_device()] if use_cuda else []
         with torch.random.fork_rng(devices=gpus, device_type="cuda"):
-            torch.manual_seed(int(seed))
+            seed_step_rng(int(seed), use_cuda)
             return _loop(model, loader, cfg, device, loss_classes_mask, record_batch_updates, started,
                          optimizer_state, frozen_bn_trains, drift_correction, prox_anchor, loss_term)
     finally:
@@ -234,6 +235,19 @@ def train_local(
             p.requires_grad_(flags[name])
         for module, mode in modes.items():
             module.training = mode
+
+
+def seed_step_rng(seed: int, use_cuda: bool) -> None:
+    """Seed the generator the training step draws from (dropout): ``torch.manual_seed`` on a GPU.
+
+    Why not ``torch.manual_seed`` on the CPU: besides the CPU generator it queues the seed for
+    CUDA, XPU and MTIA, each queueing formatting a stack trace — ~0.6 ms a call, paid by every
+    simulated site every round, for generators a CPU run never draws from. The CPU generator ends
+    in the same state either way (``tests/pipeline/test_local.py``)."""
+    if use_cuda:
+        torch.manual_seed(seed)
+    else:
+        torch.default_generator.manual_seed(seed)
 
 
 def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
@@ -247,10 +261,12 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     _check_client_terms(cfg, named, drift_correction, loss_term)
     params = [p for _, p in named]
-    optimizer = make_optimizer(params, optimizer=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                               momentum=cfg.momentum)
+    build = make_optimizer if cfg.dp else partial(fresh_optimizer, model)  # DP-SGD wraps its own (Opacus)
+    optimizer = build(params, optimizer=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                      momentum=cfg.momentum)
     if optimizer_state:
         load_optimizer_state(optimizer, named, optimizer_state)
+    kept = None if cfg.dp else optimizer
     forward, close = model, None
     if cfg.dp:
         from fedcxr.pipeline.dp import private
@@ -264,6 +280,10 @@ def _loop(model: nn.Module, loader: Any, cfg: LocalConfig, device: torch.device,
     finally:
         if close is not None:
             close()
+        # the kept optimiser (fresh_optimizer) holds no moments between calls: a site's own network
+        # (FedBN, PFL heads) would otherwise keep twice its parameters until its next round
+        if kept is not None:
+            kept.state.clear()
 
 
 def _steps(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimizer, loader: Any, cfg: LocalConfig,

@@ -33,6 +33,33 @@ def make_optimizer(params: list[torch.nn.Parameter], *, optimizer: str, lr: floa
     raise UserError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
 
 
+def fresh_optimizer(model: nn.Module, params: list[torch.nn.Parameter], *, optimizer: str, lr: float,
+                    weight_decay: float = 0.0, momentum: float = 0.9) -> torch.optim.Optimizer:
+    """What :func:`make_optimizer` builds, starting from no state — the one ``model`` kept from its
+    last call with the same parameters and settings, its state cleared and its lr set, where there is one.
+
+    Why: building a torch optimizer costs milliseconds (its param group checks, hooks, step
+    wrappers), paid by every simulated site every round; a hundred sites share one network
+    (:mod:`fedcxr.pipeline.model_pool`), so they can share its optimizer too. Cleared, it is the
+    fresh one: Adam and SGD create their per-parameter state at their first step from nothing, as
+    a new optimizer does (``tests/pipeline/test_optimizers.py``: the same weights bit for bit).
+    One optimizer is kept per model (its state: the moments of its last call, as big as the
+    trained parameters twice over for Adam); a call with other parameters or settings replaces it.
+    """
+    name = optimizer.lower()
+    key = (tuple(id(p) for p in params), name, float(weight_decay), float(momentum) if name == "sgd" else None)
+    kept = model.__dict__.get("_fedcxr_optimizer")
+    if kept is not None and kept[0] == key:
+        made = kept[1]
+        made.state.clear()
+        for group in made.param_groups:
+            group["lr"] = lr
+        return made
+    made = make_optimizer(params, optimizer=optimizer, lr=lr, weight_decay=weight_decay, momentum=momentum)
+    model.__dict__["_fedcxr_optimizer"] = (key, made)
+    return made
+
+
 def optimizer_state_dict(optimizer: torch.optim.Optimizer,
                          named: Sequence[tuple[str, nn.Parameter]]) -> dict[str, torch.Tensor]:
     """The optimizer's per-parameter state as ``{"<name>.<field>": tensor}`` on CPU.

@@ -79,7 +79,10 @@ class SiteTask:
       ``None``: the runner's own tasks, typed in :data:`~fedcxr.pipeline.messages.TASK_CONFIGS`;
     * ``streams``: the part of its reply's metrics a FLARE site streams to the server's tracking
       (``train`` or ``val``; ``None``: none — :func:`fedcxr.tracking.site_scalars`);
-    * ``filtered``: its reply carries a model update that FLARE's ``privacy.filters`` act on.
+    * ``filtered``: its reply carries a model update that FLARE's ``privacy.filters`` act on;
+    * ``together``: the same task at several sites of one process at once (``(runners, params, config)
+      -> {site: Reply}``, each reply what ``handler`` gives that site): the in-process transport's way
+      to answer many simulated sites (:func:`handle_together`); ``handler`` must be it for one site.
     """
 
     handler: TaskHandler
@@ -87,6 +90,7 @@ class SiteTask:
     config: Optional[type] = None
     streams: Optional[str] = None
     filtered: bool = False
+    together: Optional[Callable[[list["SiteRunner"], Optional[StateDict], TaskConfig], dict[str, Reply]]] = None
 
     def config_type(self, task: str) -> type:
         """The config type of ``task`` (declared, or the runner's own from ``TASK_CONFIGS``)."""
@@ -493,22 +497,19 @@ class SiteRunner:
 
     # ------------------------------------------------------------------ evaluate
     def _evaluate(self, params: Optional[StateDict], config: EvaluateTask) -> Reply:
-        from fedcxr.pipeline.data import make_loader
-        from fedcxr.pipeline.forward import predict, quick_auroc
+        """The ``evaluate`` task: :func:`evaluate_sites` of this site alone (the FLARE client's path)."""
+        return evaluate_sites([self], params, config)[self.name]
 
-        model, head_classes, aux_tasks, _ = self.prepared_model(params, config)
-        split = config.split
-        data = self.dataset(split, head_classes, aux_tasks, augment=False)
-        if len(data) == 0:
-            return Reply(site=self.name, class_set=head_classes, metrics={"split": split, "n": 0})
-        loader = make_loader(data, batch_size=config.batch_size, shuffle=False, seed=0,
-                             augment=False, **self.loader_options(train=False))
-        out = predict(model, loader, device=self.device, amp=self.engine.amp, channels_last=self.engine.channels_last)
+    def scores(self, out: dict, split: str, head_classes: list[str], n: int) -> Reply:
+        """The ``evaluate`` reply of this site from its ``n`` rows' forward pass (``probs``, ``labels``,
+        ``label_mask`` of :func:`~fedcxr.pipeline.forward.predict`)."""
+        from fedcxr.pipeline.forward import quick_auroc
+
         aurocs = quick_auroc(out["labels"], out["label_mask"], out["probs"], head_classes)
         defined = [v for v in aurocs.values() if np.isfinite(v)]
         return Reply(
-            site=self.name, n_samples=len(data), class_set=head_classes,
-            metrics={"split": split, "n": len(data), "auroc": aurocs,
+            site=self.name, n_samples=n, class_set=head_classes,
+            metrics={"split": split, "n": n, "auroc": aurocs,
                      "mean_auroc": float(np.mean(defined)) if defined else float("nan"),
                      "cases": self.split_cases(split, head_classes, out["labels"], out["label_mask"])},
         )
@@ -537,9 +538,67 @@ class SiteRunner:
         return self._cases[key]
 
 
+def evaluate_sites(runners: list[SiteRunner], params: Optional[StateDict], config: EvaluateTask) -> dict[str, Reply]:
+    """The ``evaluate`` task at each of ``runners`` (one site's on FLARE; a process's simulated sites in-process).
+
+    Why together: at a hundred simulated sites, loading the received model into the shared network,
+    placing it and switching it to eval mode cost each site about as much as its own forward pass
+    over its ~5 validation rows. Where the sites would load the same model into the same shared
+    network (:meth:`SiteRunner.network_for`; none holds local entries of its own, e.g. FedBN
+    statistics) it is loaded once and each site's rows go through it in the batches its own pass
+    uses (:func:`~fedcxr.pipeline.forward.predict_each`): the same floats, so the same AUROCs
+    (``tests/pipeline/test_site_runner.py``). Rows of different sites are not batched together:
+    on a CPU a row's output can change (in the last bits) with the number of rows in its batch.
+    """
+    from fedcxr.pipeline.data import make_loader
+    from fedcxr.pipeline.forward import predict_each
+
+    head_classes, aux_tasks = list(config.head_classes), list(config.aux_tasks)
+    param_classes, local_keys = list(config.param_classes or head_classes), list(config.local_keys)
+    replies: dict[str, Reply] = {}
+    groups: dict[int, list[SiteRunner]] = {}  # the runners that load the same params into the same network
+    for runner in runners:
+        model = runner.network_for(head_classes, aux_tasks, params, param_classes, local_keys)
+        alone = params is None or any(k in runner.local_state for k in local_keys)  # its own entries: alone
+        groups.setdefault(id(runner) if alone else id(model), []).append(runner)
+    for members in groups.values():
+        first = members[0]
+        model, head_classes, aux_tasks, _ = first.prepared_model(params, config)
+        data = {r.name: r.dataset(config.split, head_classes, aux_tasks, augment=False) for r in members}
+        rows = [r for r in members if len(data[r.name])]
+        loaders = [make_loader(data[r.name], batch_size=config.batch_size, shuffle=False, seed=0, augment=False,
+                               **r.loader_options(train=False)) for r in rows]
+        outs = predict_each(model, loaders, device=first.device, amp=first.engine.amp,
+                            channels_last=first.engine.channels_last)
+        for r, out in zip(rows, outs):
+            replies[r.name] = r.scores(out, config.split, head_classes, len(data[r.name]))
+        for r in members:
+            if r.name not in replies:
+                replies[r.name] = Reply(site=r.name, class_set=head_classes, metrics={"split": config.split, "n": 0})
+    return {r.name: replies[r.name] for r in runners}
+
+
+def handle_together(runners: list[SiteRunner], task: str, params: Optional[StateDict],
+                    config: TaskConfig | dict | None) -> dict[str, Reply]:
+    """``task`` with the same ``params`` and ``config`` at each of ``runners`` (a process's simulated
+    sites): at once where the task says how (:attr:`SiteTask.together`), else site by site
+    (:meth:`SiteRunner.handle`). Replies in the runners' order, each what that site's own ``handle`` gives."""
+    entry = runners[0].tasks.get(task) if runners else None
+    if entry is None or entry.together is None or len(runners) < 2 or any(r.tasks.get(task) is not entry
+                                                                          for r in runners):
+        return {r.name: r.handle(task, params, config) for r in runners}
+    config = runners[0].parse(task, config)
+    try:
+        return entry.together(runners, params, config)
+    finally:
+        for runner in runners:
+            if runner.engine.offload_idle:
+                offload(runner._models, "cpu")
+
+
 #: The tasks every :class:`SiteRunner` answers by itself (a method's own are passed in: ``SiteRunner(tasks=...)``).
 TASKS: dict[str, SiteTask] = {
     "metadata": SiteTask(SiteRunner._metadata, changes_state=False),
     "train": SiteTask(SiteRunner._train, changes_state=True, streams="train", filtered=True),
-    "evaluate": SiteTask(SiteRunner._evaluate, changes_state=False, streams="val"),
+    "evaluate": SiteTask(SiteRunner._evaluate, changes_state=False, streams="val", together=evaluate_sites),
 }

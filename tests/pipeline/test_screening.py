@@ -116,3 +116,86 @@ def test_a_refusal_pattern_needs_two_rounds_and_both_kinds_of_site():
     assert S.refusal_pattern(refused, ["a", "evil"], range(1)) is None  # one round says nothing
     assert S.refusal_pattern(refused, ["evil", "odd"], range(2)) is None  # nobody never refused
     assert S.refusal_pattern(refused, ["a", "evil"], range(3)) is None  # evil passed round 2
+
+
+class _CountCalls(torch.overrides.TorchFunctionMode):
+    """Counts the torch functions and tensor methods called inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _network_states(seed: int):
+    from fedcxr.models.network import network_from_config
+    from fedcxr.vocab import CLASSES
+
+    torch.manual_seed(seed)
+    ref = network_from_config(list(CLASSES)[:2], {"backbone": "resnet_tiny", "hidden": 64}, {}).state_dict()
+    g = torch.Generator().manual_seed(seed)
+    moved = {k: (v + torch.randn(v.shape, generator=g) * 10.0 ** -(seed % 6)).to(v.dtype) if v.is_floating_point()
+             else v.clone() for k, v in ref.items()}
+    for k in moved:
+        if k.endswith("running_var") and seed % 3 == 0:
+            moved[k] = moved[k].abs()
+    return ref, moved
+
+
+@pytest.mark.parametrize("seed", [0, 1, 4])
+def test_a_replys_squared_entry_norms_from_one_whole_model_pass_are_the_per_entry_floats(seed):
+    """Issue 31 item 4: :class:`UpdateNorms` computes every entry's ‖Δ_k‖² from one concatenated
+    float64 vector; each is the float the per-entry arithmetic gives, bit for bit."""
+    ref, moved = _network_states(seed)
+    got = S.UpdateNorms().squares(ref, moved)
+    want = {k: float(torch.sub(moved[k].to(torch.float64), v.to(torch.float64)).square().sum())
+            for k, v in ref.items() if v.is_floating_point()}
+    assert got == want and len(got) > 50
+
+
+def test_a_replys_norms_and_bn_shift_take_a_few_whole_model_operations():
+    """The point of the whole-model pass: per entry only views and its slice's sum (~4 torch calls:
+    275 for resnet_tiny's 67 entries) instead of detach, convert, subtract, square, sum and float
+    (402); per BatchNorm layer ~8 (101 for its 12) instead of ~23 (276)."""
+    ref, moved = _network_states(1)
+    norms, shifts, keys = S.UpdateNorms(), S.BnShifts(), S.bn_stat_keys(ref)
+    norms.squares(ref, ref)  # the reference prepared once per round
+    shifts.shift(ref, ref, keys)
+    with _CountCalls() as counter:
+        norms.squares(ref, moved)
+    floating = sum(1 for v in ref.values() if v.is_floating_point())
+    assert counter.calls < 5 * floating
+    with _CountCalls() as counter:
+        shifts.shift(ref, moved, keys)
+    assert counter.calls < 12 * len(keys) / 2
+
+
+def test_a_reply_with_an_entry_of_another_size_is_measured_entry_by_entry():
+    ref = {"a": torch.zeros(3), "b": torch.zeros(2)}
+    odd = {"a": torch.ones(3), "b": torch.ones(1)}  # broadcasts against the reference, as before
+    assert S.UpdateNorms().squares(ref, odd) == {"a": 3.0, "b": 2.0}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_bn_shifts_against_one_reference_are_bn_shifts_floats(seed):
+    """:class:`BnShifts` (the reference's statistics prepared once, every channel at once) gives
+    :func:`bn_shift`'s float for whole networks, a subset of layers, NaN (→ inf) and no layer at all."""
+    ref, moved = _network_states(seed)
+    keys = S.bn_stat_keys(ref)
+    shifts = S.BnShifts()
+    for subset in (keys, keys[3:], keys[:1], []):
+        assert shifts.shift(ref, moved, subset) == S.bn_shift(ref, moved, subset)
+    broken = {**moved, keys[0]: torch.full_like(moved[keys[0]], float("nan"))}
+    assert shifts.shift(ref, broken, keys) == S.bn_shift(ref, broken, keys) == float("inf")
+
+
+def test_a_running_mean_without_its_variance_is_measured_by_bn_shift_itself():
+    ref = {"bn.running_mean": torch.tensor([0.0, 1.0]), "c.running_mean": torch.tensor([1.0]),
+           "c.running_var": torch.tensor([2.0])}
+    moved = {"bn.running_mean": torch.tensor([3.0, 1.0]), "c.running_mean": torch.tensor([2.0]),
+             "c.running_var": torch.tensor([2.0])}
+    keys = S.bn_stat_keys(ref)
+    assert S.BnShifts().shift(ref, moved, keys) == S.bn_shift(ref, moved, keys)

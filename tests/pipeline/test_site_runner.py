@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -183,3 +184,76 @@ def test_in_process_transport_runs_each_site_with_its_own_payload_and_keeps_loca
     states = transport.local_states()
     assert torch.equal(states["nih_style"]["x"], torch.ones(2)) and "unknown_site" not in states
     runner.set_local_state({})
+
+
+def _every_site_evaluated(runners, theta0, task):
+    import math
+
+    """Each site's own ``evaluate`` (its FLARE path) and the in-process one that answers them together."""
+    from fedcxr.pipeline.site_runner import handle_together
+
+    alone = {name: runner.handle("evaluate", theta0, task) for name, runner in runners.items()}
+    together = handle_together(list(runners.values()), "evaluate", theta0, task)
+    assert list(together) == list(runners)
+    for name, reply in alone.items():
+        got = together[name]
+        assert got.n_samples == reply.n_samples and got.class_set == reply.class_set
+        for key in ("split", "n", "cases"):
+            assert got.metrics.get(key) == reply.metrics.get(key), (name, key)
+        for cls, value in reply.metrics.get("auroc", {}).items():
+            other = got.metrics["auroc"][cls]
+            assert (math.isnan(value) and math.isnan(other)) or value == other, (name, cls)
+    return alone, together
+
+
+def test_sites_evaluated_together_score_what_each_site_alone_does(runners):
+    """Issue 31 item 4: a process's simulated sites validate the same model loaded once; every site's
+    AUROCs (bit for bit), counts and cases are those of its own ``evaluate``."""
+    cfg, sites = runners
+    classes = cfg_classes = sorted({c for r in sites.values() for c in r.class_set})
+    model = next(iter(sites.values())).model(cfg_classes, [])
+    theta0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    task = EvaluateTask.build(head_classes=classes, param_classes=classes, split="train", batch_size=8)
+    alone, together = _every_site_evaluated(sites, theta0, task)
+    assert list(together) == list(sites) and sum(1 for r in alone.values() if r.metrics["n"]) >= 2
+    _assert_same_scores(alone, together)
+
+
+def _assert_same_scores(alone, together):
+    import math
+
+    assert list(together) == list(alone)
+    for name, reply in alone.items():
+        got = together[name]
+        assert got.n_samples == reply.n_samples and got.class_set == reply.class_set
+        for key in ("split", "n", "cases"):
+            assert got.metrics.get(key) == reply.metrics.get(key), (name, key)
+        assert set(got.metrics.get("auroc", {})) == set(reply.metrics.get("auroc", {}))
+        for cls, value in reply.metrics.get("auroc", {}).items():
+            other = got.metrics["auroc"][cls]
+            assert (math.isnan(value) and math.isnan(other)) or value == other, (name, cls)
+
+
+def test_a_site_with_its_own_batchnorm_statistics_is_evaluated_with_them_not_in_the_shared_pass(runners):
+    """FedBN: a site that keeps its own BN entries loads them for its validation (alone)."""
+    import dataclasses
+
+    from fedcxr.pipeline.site_runner import handle_together
+
+    _, sites = runners
+    classes = sorted({c for r in sites.values() for c in r.class_set})
+    first = next(iter(sites.values()))
+    model = first.model(classes, [])
+    theta0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    bn = [k for k in theta0 if k.endswith(("running_mean", "running_var"))]
+    first.set_local_state({k: theta0[k] * 3 + 1 for k in bn})
+    try:
+        task = EvaluateTask.build(head_classes=classes, param_classes=classes, split="train", batch_size=8,
+                                  local_keys=bn)
+        alone, together = _every_site_evaluated(sites, theta0, task)
+        _assert_same_scores(alone, together)
+        plain = EvaluateTask.build(head_classes=classes, param_classes=classes, split="train", batch_size=8)
+        shared = handle_together(list(sites.values()), "evaluate", theta0, plain)
+        assert shared[first.name].metrics["auroc"] != alone[first.name].metrics["auroc"]  # its own statistics count
+    finally:
+        first.set_local_state({})

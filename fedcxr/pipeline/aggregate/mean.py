@@ -52,10 +52,25 @@ class StreamingAverage:
             problem = _structure_problem(body, self._reference)
             if problem:
                 raise ValueError(f"StreamingAverage.add: state #{self.count + 1}: {problem}")
-            for key, acc in self._sum.items():
-                acc.add_(body[key].detach().to(acc.dtype), alpha=weight)
+            self._accumulate(body, weight)
         self.total_weight += weight
         self.count += 1
+
+    def _accumulate(self, body: Mapping[str, torch.Tensor], weight: float) -> None:
+        """``acc += weight · value`` for every entry: those already in the sum's dtype and device in
+        one ``torch._foreach_add_`` (on a CPU it runs ``add_`` tensor by tensor — the same floats,
+        without a Python round trip per entry: at a hundred replies a round those were ~70 calls
+        each), the others (integer entries summed in float64) converted one by one as before."""
+        same, values = [], []
+        for key, acc in self._sum.items():
+            value = body[key].detach()
+            if value.dtype == acc.dtype and value.device == acc.device and value.shape == acc.shape:
+                same.append(acc)
+                values.append(value)
+            else:
+                acc.add_(value.to(acc.dtype), alpha=weight)
+        if same:
+            torch._foreach_add_(same, values, alpha=weight)
 
     def _start(self, state: Mapping[str, torch.Tensor], weight: float) -> None:
         unknown = sorted(self._exclude.difference(state))

@@ -436,6 +436,8 @@ def _count_problem(ctx: Context, reply: Reply, task: str) -> Optional[tuple[str,
 
 #: each reply's squared entry norms, computed once for both norm checks (:class:`~fedcxr.pipeline.screening.UpdateNorms`)
 _NORMS = screening.UpdateNorms()
+#: the BatchNorm shifts against one reference, its statistics prepared once (:class:`~fedcxr.pipeline.screening.BnShifts`)
+_SHIFTS = screening.BnShifts()
 
 
 def _float_keys(reference: StateDict) -> list[str]:
@@ -468,7 +470,7 @@ def _step_norm(ctx: Context, reply: Reply, reference: StateDict) -> float:
 def _bn_shift(ctx: Context, reply: Reply, reference: StateDict) -> Optional[float]:
     """How far the reply moves the aggregated BatchNorm running statistics (:func:`~fedcxr.pipeline.screening.bn_shift`)."""
     local = ctx.sent.get(reply.site, {}).get("local_keys") or ()
-    return screening.bn_shift(reference, reply.params, screening.bn_stat_keys(reference, exclude=local))
+    return _SHIFTS.shift(reference, reply.params, screening.bn_stat_keys(reference, exclude=local))
 
 
 def _site_sizes(ctx: Context) -> dict[str, int]:
