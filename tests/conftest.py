@@ -9,12 +9,32 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+#: The suite's time budget counts on Python's bytecode caches (``__pycache__``, git-ignored). Where the
+#: environment forbids writing them (``PYTHONDONTWRITEBYTECODE``, set on some machines and images) and
+#: a checkout has none, every pytest-xdist worker rewrote the asserts of all ~200 test modules again at
+#: collection (~7 s of CPU a worker, half of what collecting costs) and every worker and every
+#: ``fedcxr`` subprocess compiled fedcxr from source. Caches are only ever a copy of the source (Python
+#: and pytest check them against the source's mtime and size), so the test processes write them here;
+#: processes the tests start keep the environment's setting and read what is there.
+sys.dont_write_bytecode = False
+
+
+def pytest_configure(config):
+    """Compile fedcxr's modules once, in the controlling process (the only one under ``-n 0``), so that
+    the workers and the subprocesses the tests start (``fedcxr`` commands, import checks) read bytecode
+    instead of each compiling the same sources. Up to date files are skipped (a stat each)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        import compileall
+
+        compileall.compile_dir(str(REPO / "fedcxr"), quiet=2, workers=1)
 
 
 def _shared_root() -> Path:
