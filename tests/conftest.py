@@ -161,6 +161,21 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread_per_test_process():
+    """Each test process computes on one torch thread, the count fedcxr's own runs and evaluations use
+    (``engine.threads``, auto 1: README "Thread policy and speed"). torch's default is one thread per
+    core: under ``pytest -n 2`` on 2 cores that is four threads on two cores, and every test running
+    torch outside a run's thread policy (a ``SiteRunner`` or a model called directly, a bundle, a
+    checkpoint check) waited on OpenMP threads spinning for a core: tests/pipeline/test_site_runner.py
+    took 42 s of CPU at two threads and 13 s at one on a busy 2-core machine. Runs set their own count
+    (``backend_settings``), tests that need another one set it, and :func:`_torch_threads_restored` puts
+    this one back after each test. Processes the tests start keep torch's default."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _torch_threads_restored():
     """Every test leaves torch's thread count as it found it. A benchmark's ``main`` sets it (its
