@@ -9,11 +9,32 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+#: The suite's time budget counts on Python's bytecode caches (``__pycache__``, git-ignored). Where the
+#: environment forbids writing them (``PYTHONDONTWRITEBYTECODE``, set on some machines and images) and
+#: a checkout has none, every pytest-xdist worker rewrote the asserts of all ~200 test modules again at
+#: collection (~7 s of CPU a worker, half of what collecting costs) and every worker and every
+#: ``fedcxr`` subprocess compiled fedcxr from source. Caches are only ever a copy of the source (Python
+#: and pytest check them against the source's mtime and size), so the test processes write them here;
+#: processes the tests start keep the environment's setting and read what is there.
+sys.dont_write_bytecode = False
+
+
+def pytest_configure(config):
+    """Compile fedcxr's modules once, in the controlling process (the only one under ``-n 0``), so that
+    the workers and the subprocesses the tests start (``fedcxr`` commands, import checks) read bytecode
+    instead of each compiling the same sources. Up to date files are skipped (a stat each)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        import compileall
+
+        compileall.compile_dir(str(REPO / "fedcxr"), quiet=2, workers=1)
 
 
 def _shared_root() -> Path:
@@ -104,6 +125,20 @@ LONGEST_FIRST = (
     "tests/pipeline/test_site_workers.py",
     "tests/commands/test_bundle.py",
     "tests/flare/test_cross_site.py",
+    # the fast tier's longest files (worker-seconds under `-m "not slow"`): started first, so that a
+    # worker does not end the fast tier alone with one of them
+    "tests/pipeline/protocols/test_protocols.py",  # every method trains (~50 s)
+    "tests/hostile/test_ingest_hostile.py",
+    "tests/pipeline/test_authors_loop.py",
+    "tests/pipeline/protocols/test_target_combine.py",
+    "tests/commands/test_sweep.py",
+    "tests/hostile/test_run_directories.py",
+    "tests/evaluation/test_cli.py",
+    "tests/evaluation/test_report.py",
+    "tests/commands/test_stats.py",
+    "tests/pipeline/protocols/test_faithfulness.py",
+    "tests/commands/test_demo.py",
+    "tests/pipeline/protocols/test_fedopt.py",
 )
 
 
@@ -124,6 +159,21 @@ def pytest_collection_modifyitems(config, items):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread_per_test_process():
+    """Each test process computes on one torch thread, the count fedcxr's own runs and evaluations use
+    (``engine.threads``, auto 1: README "Thread policy and speed"). torch's default is one thread per
+    core: under ``pytest -n 2`` on 2 cores that is four threads on two cores, and every test running
+    torch outside a run's thread policy (a ``SiteRunner`` or a model called directly, a bundle, a
+    checkpoint check) waited on OpenMP threads spinning for a core: tests/pipeline/test_site_runner.py
+    took 42 s of CPU at two threads and 13 s at one on a busy 2-core machine. Runs set their own count
+    (``backend_settings``), tests that need another one set it, and :func:`_torch_threads_restored` puts
+    this one back after each test. Processes the tests start keep torch's default."""
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
@@ -150,6 +200,37 @@ def one_torch_thread():
     torch.set_num_threads(previous)
 
 
+# --------------------------------------------------------------------------- built once per run
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """A folder that ``build(folder)`` fills once per test run, shared by every xdist worker.
+
+    A session fixture runs once per *worker*: under ``pytest -n 2`` each worker would build the same
+    tiny federation (or demo) again, seconds of CPU for nothing. This is pytest-xdist's documented
+    way to run a session fixture once ("Making session-scoped fixtures execute only once"): the
+    first worker builds under a file lock in the run's shared temporary folder (the workers'
+    ``basetemp`` parent), the others wait for it and reuse the folder. Without xdist (``-n 0``)
+    the folder is the session's own, as before. Such a folder is read-only for tests (each copies
+    what it changes), as it already was for the tests sharing it in one worker; a build that
+    failed part way is started again from an empty folder."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        root = tmp_path_factory.mktemp(name)
+        build(root)
+        return root
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent
+    root, done = shared / name, shared / f"{name}.done"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not done.is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            build(root)
+            done.touch()
+    return root
+
+
 # --------------------------------------------------------------------------- a tiny federation
 
 
@@ -163,17 +244,19 @@ def tiny_manifests(tmp_path_factory) -> Path:
 
     Their images are also decoded once, at :data:`TINY_IMAGE_SIZE`, into ``<tmp>/cache`` (the
     session's image cache): :func:`tiny_config` seeds each test's own cache folder from it, so
-    some 80 tests no longer decode the same 192 images again."""
+    some 80 tests no longer decode the same 192 images again. Built once per test run, whatever
+    the number of xdist workers (:func:`built_once`)."""
     from fedcxr.pipeline.data import cache_images, load_site
     from fedcxr.synth import ingest_synthetic, write_synthetic_export
 
-    root = tmp_path_factory.mktemp("federation")
-    write_synthetic_export(root / "export", images_per_site=48, image_size=32, seed=1)
-    ingest_synthetic(root / "export", root / "manifests", progress=False)
-    for site in sorted((root / "manifests").iterdir()):
-        if (site / "manifest.parquet").is_file():
-            cache_images(load_site(site), TINY_IMAGE_SIZE, _session_cache(root / "manifests"), progress=False)
-    return root / "manifests"
+    def build(root: Path) -> None:
+        write_synthetic_export(root / "export", images_per_site=48, image_size=32, seed=1)
+        ingest_synthetic(root / "export", root / "manifests", progress=False)
+        for site in sorted((root / "manifests").iterdir()):
+            if (site / "manifest.parquet").is_file():
+                cache_images(load_site(site), TINY_IMAGE_SIZE, _session_cache(root / "manifests"), progress=False)
+
+    return built_once(tmp_path_factory, "federation", build) / "manifests"
 
 
 def _session_cache(manifests: Path) -> Path:

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import tiny_config
+from ..conftest import built_once, tiny_config
 
 
 @pytest.fixture(scope="session")
 def evaluated_run(tiny_manifests, tmp_path_factory) -> Path:
-    """FedAvg_Finetune, one round, then ``fedcxr evaluate`` (operating points on val).
+    """FedAvg_Finetune, one round, then ``fedcxr evaluate`` (operating points on val); built once per
+    test run (:func:`tests.conftest.built_once`).
 
     The tiny run's validation split is too small to define every threshold, so known ones are
     written for two classes on top of what evaluate stored (youden 0.5, sens90 0.0), and the
@@ -25,18 +26,19 @@ def evaluated_run(tiny_manifests, tmp_path_factory) -> Path:
     from fedcxr.pipeline.config import load_config
     from fedcxr.pipeline.run_driver import run_experiment
 
-    root = tmp_path_factory.mktemp("usemodel")
-    run = root / "run"
-    run_experiment(load_config(data=tiny_config(tiny_manifests, root / "cache", rounds=1)), run, progress=False)
-    assert main(["evaluate", str(run), "--bootstrap", "0", "-q", "--device", "cpu"]) == 0
-    points = json.loads((run / "operating_points.json").read_text())
-    classes = json.loads((run / "run.json").read_text())["classes"]
-    for cls in classes[:2]:
-        points["dicom_style"][cls].update({"youden": 0.5, "sens90": 0.0, "reason": None})
-    rules = [r for r in points["dicom_style"][classes[-1]] if r != "reason"]
-    points["dicom_style"][classes[-1]] = {**dict.fromkeys(rules), "reason": "no positive rows in val split"}
-    (run / "operating_points.json").write_text(json.dumps(points))
-    return run
+    def build(root: Path) -> None:
+        run = root / "run"
+        run_experiment(load_config(data=tiny_config(tiny_manifests, root / "cache", rounds=1)), run, progress=False)
+        assert main(["evaluate", str(run), "--bootstrap", "0", "-q", "--device", "cpu"]) == 0
+        points = json.loads((run / "operating_points.json").read_text())
+        classes = json.loads((run / "run.json").read_text())["classes"]
+        for cls in classes[:2]:
+            points["dicom_style"][cls].update({"youden": 0.5, "sens90": 0.0, "reason": None})
+        rules = [r for r in points["dicom_style"][classes[-1]] if r != "reason"]
+        points["dicom_style"][classes[-1]] = {**dict.fromkeys(rules), "reason": "no positive rows in val split"}
+        (run / "operating_points.json").write_text(json.dumps(points))
+
+    return built_once(tmp_path_factory, "usemodel", build) / "run"
 
 
 @pytest.fixture
@@ -57,13 +59,19 @@ DEMO_TEST_ARGS = ["--quick", "--device", "cpu"]
 @pytest.fixture(scope="session")
 def quick_demo(tmp_path_factory) -> tuple[Path, str, str]:
     """``fedcxr demo --out DIR --quick --device cpu`` once per session: (DIR, what it printed on stdout,
-    on stderr — the console's log lines).
+    on stderr — the console's log lines). Built once per test run, whatever the number of xdist
+    workers (:func:`tests.conftest.built_once`).
 
     Tests that change a run copy DIR first."""
     from fedcxr.cli import main
 
-    out = tmp_path_factory.mktemp("demo") / "fedcxr-demo"
-    printed, logged = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(logged):
-        assert main(["demo", "--out", str(out), *DEMO_TEST_ARGS]) == 0
-    return out, printed.getvalue(), logged.getvalue()
+    def build(root: Path) -> None:
+        printed, logged = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(logged):
+            assert main(["demo", "--out", str(root / "fedcxr-demo"), *DEMO_TEST_ARGS]) == 0
+        (root / "stdout.txt").write_text(printed.getvalue(), encoding="utf-8")
+        (root / "stderr.txt").write_text(logged.getvalue(), encoding="utf-8")
+
+    root = built_once(tmp_path_factory, "demo", build)
+    return (root / "fedcxr-demo", (root / "stdout.txt").read_text(encoding="utf-8"),
+            (root / "stderr.txt").read_text(encoding="utf-8"))

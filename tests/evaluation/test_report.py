@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -13,6 +14,8 @@ from fedcxr.evaluation import metrics
 from fedcxr.evaluation.report import build_report
 from fedcxr.evaluation.report_files import write_report
 from fedcxr.evaluation.report_markdown import render_markdown
+
+from .conftest import synthetic_predictions
 
 INFO = {"method": "FedAvg", "seed": 3, "target": None, "classes": ["atelectasis", "cardiomegaly", "edema",
                                                                       "pleural_effusion", "hernia"],
@@ -30,9 +33,18 @@ def predictions(make_predictions):
     return make_predictions(patients_per_site=60)
 
 
+@pytest.fixture(scope="module")
+def _built_report():
+    """The 200-resample report of :func:`predictions`' rows, built once for the module: the synthetic
+    rows and the bootstrap (seed 0) are deterministic, so every build is the same report (six tests
+    built it again, ~0.4 s each)."""
+    return build_report(synthetic_predictions(patients_per_site=60), INFO, split="test", n_boot=200, seed=0)
+
+
 @pytest.fixture
-def report(predictions):
-    return build_report(predictions, INFO, split="test", n_boot=200, seed=0)
+def report(_built_report):
+    """A test's own copy of the report (a test may edit it)."""
+    return copy.deepcopy(_built_report)
 
 
 def test_report_per_site_per_class_and_mean(report, predictions):
