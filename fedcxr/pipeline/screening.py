@@ -307,9 +307,7 @@ def bn_shift(reference: Mapping[str, torch.Tensor], params: Mapping[str, torch.T
         mean1 = params[key].detach().to(torch.float64)
         var_key = prefix + "running_var"
         if var_key in reference and var_key in params:
-            var0 = reference[var_key].detach().to(torch.float64).clamp(min=0) + BN_EPS
-            var1 = params[var_key].detach().to(torch.float64).clamp(min=0) + BN_EPS
-            z2 = (mean1 - mean0).square() / torch.maximum(var0, var1) + torch.log(var1 / var0).square()
+            z2 = _bn_z2(mean0, mean1, _bn_variance(reference[var_key]), _bn_variance(params[var_key]))
         else:  # a running mean without its variance (no fedcxr network has one): raw units
             z2 = (mean1 - mean0).square()
         total += float(z2.sum())
@@ -318,6 +316,17 @@ def bn_shift(reference: Mapping[str, torch.Tensor], params: Mapping[str, torch.T
         return None
     value = math.sqrt(total / channels)
     return value if math.isfinite(value) else math.inf
+
+
+def _bn_variance(variance: torch.Tensor) -> torch.Tensor:
+    """A running variance in float64, a negative one counted as ε (:func:`bn_shift`)."""
+    return variance.detach().to(torch.float64).clamp(min=0) + BN_EPS
+
+
+def _bn_z2(mean0: torch.Tensor, mean1: torch.Tensor, var0: torch.Tensor, var1: torch.Tensor) -> torch.Tensor:
+    """Each channel's squared change in σ units plus its variance's log-ratio squared: the one
+    formula of :func:`bn_shift` and :class:`BnShifts` (element by element, so the same floats)."""
+    return (mean1 - mean0).square() / torch.maximum(var0, var1) + torch.log(var1 / var0).square()
 
 
 class BnShifts:
@@ -353,8 +362,8 @@ class BnShifts:
                 or any(params[m].numel() != n or params[v].numel() != n for m, v, n in zip(means, variances, sizes)):
             return bn_shift(reference, params, keys)
         mean1 = torch.cat([params[k].detach().reshape(-1) for k in means]).to(torch.float64)
-        var1 = torch.cat([params[k].detach().reshape(-1) for k in variances]).to(torch.float64).clamp(min=0) + BN_EPS
-        z2 = (mean1 - mean0).square() / torch.maximum(var0, var1) + torch.log(var1 / var0).square()
+        var1 = _bn_variance(torch.cat([params[k].detach().reshape(-1) for k in variances]))
+        z2 = _bn_z2(mean0, mean1, var0, var1)
         total = 0.0
         for value in torch.stack([piece.sum() for piece in z2.split(sizes)]).tolist():
             total += value
@@ -373,7 +382,7 @@ class BnShifts:
         if not means:
             return [], [], [], None, None
         mean0 = torch.cat([reference[k].detach().reshape(-1) for k in means]).to(torch.float64)
-        var0 = torch.cat([reference[k].detach().reshape(-1) for k in variances]).to(torch.float64).clamp(min=0) + BN_EPS
+        var0 = _bn_variance(torch.cat([reference[k].detach().reshape(-1) for k in variances]))
         return means, variances, sizes, mean0, var0
 
 
