@@ -12,7 +12,13 @@ that reports, from inside:
   records them, and the process's CPU seconds over the same spans (less sensitive to the other
   jobs of a shared machine than wall time);
 * ``peak RSS`` (``getrusage(RUSAGE_SELF).ru_maxrss`` at exit: the whole process, imports included);
-* the longest round line of ``train.log`` in characters.
+* the longest round line of ``train.log`` in characters;
+* the **training floor** (``--floor-only`` runs it alone): the same batches in plain PyTorch — for every
+  site its train rows in batches of 64, a fresh Adam (as FedAvg's sites start each round), forward,
+  BCE, backward, step on one thread as fedcxr's runs — with none of fedcxr's code, timed for each N
+  side by side in one child process. Its ratio is what the training itself costs at N sites: the
+  part of a steady round no per-site saving in fedcxr can remove (at 28 px a step's cost is mostly
+  PyTorch's per-operator overhead, so 100 steps of ~47 images cost more than 75 of 64).
 
 The Ns run back to back in every repeat (alternating order), ``--repeats`` times; the table gives
 medians and each ratio to the first N, with the load average before and after.
@@ -33,6 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 START = time.time()
 REPO = Path(__file__).resolve().parents[1]
@@ -105,6 +112,74 @@ def child(config_path: Path, out: Path) -> int:
     return 0
 
 
+def train_sizes(manifests: Path, n: int) -> list[int]:
+    """Each site's train rows in an ``iid:n`` ingest (the batches a site's epoch makes)."""
+    import pandas as pd
+
+    return [int((pd.read_parquet(manifests / f"site-{i}" / "manifest.parquet", columns=["split"])["split"]
+                 == "train").sum()) for i in range(1, n + 1)]
+
+
+def floor_child(sizes_path: Path, repeats: int) -> int:
+    """The training floor (module docstring): prints ``{n: [CPU seconds of one round, ...]}``."""
+    import torch
+
+    from fedcxr.models.network import network_from_config
+    from fedcxr.vocab import CLASSES
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    sizes = {int(n): v for n, v in json.loads(sizes_path.read_text()).items()}
+    net = network_from_config([CLASSES[0]], {"backbone": "resnet_tiny", "hidden": 64}).train()
+    loss = torch.nn.BCEWithLogitsLoss()
+
+    def one_round(site_rows: list[int]) -> float:
+        start = time.process_time()
+        for rows in site_rows:
+            optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+            for first in range(0, rows, 64):
+                batch = min(64, rows - first)
+                x, y = torch.randn(batch, 1, 28, 28), torch.randint(0, 2, (batch, 1)).float()
+                optimizer.zero_grad(set_to_none=True)
+                loss(net(x)["main"][:, :1], y).backward()
+                optimizer.step()
+        return time.process_time() - start
+
+    one_round(sizes[min(sizes)])  # warm-up: allocator and kernels, as a steady round
+    out: dict[int, list[float]] = {n: [] for n in sizes}
+    for repeat in range(repeats):
+        for n in (sorted(sizes) if repeat % 2 == 0 else sorted(sizes, reverse=True)):
+            out[n].append(one_round(sizes[n]))
+    print(json.dumps(out))
+    return 0
+
+
+def training_floor(work: Path, manifests: dict[int, Path], repeats: int) -> dict[int, float]:
+    """Median CPU seconds of the floor's round per N, measured in one fresh process."""
+    sizes = {n: train_sizes(m, n) for n, m in manifests.items()}
+    path = work / "floor_sizes.json"
+    path.write_text(json.dumps(sizes))
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--floor-child", str(path), str(repeats)],
+                          cwd=REPO, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"the training floor failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    return {int(n): statistics.median(v) for n, v in found.items()}
+
+
+def floor_lines(floor: dict[int, float], rows: Optional[dict[int, dict]] = None) -> list[str]:
+    """The floor's table (with fedcxr's steady CPU beside it when ``rows``)."""
+    base = floor[min(floor)]
+    out = [f"{'sites':>5} | {'floor CPU s':>11} | {'ratio':>5}" + (f" | {'fedcxr steady CPU s':>19} | "
+                                                                  f"{'above the floor s':>17}" if rows else "")]
+    for n, value in sorted(floor.items()):
+        line = f"{n:>5} | {value:>11.2f} | {value / base:>5.2f}"
+        if rows and n in rows:
+            line += f" | {rows[n]['steady_cpu']:>19.2f} | {rows[n]['steady_cpu'] - value:>17.2f}"
+        out.append(line)
+    return out
+
+
 def run(work: Path, n: int, manifests: Path, args, cache: Path, tag: str) -> dict:
     import yaml
 
@@ -165,6 +240,9 @@ def main(argv: list[str] | None = None) -> dict | int:
     """Run the comparison; returns the table (:func:`table`), or a child's exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child", nargs=2, type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--floor-child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--floor-only", action="store_true",
+                        help="only the training floor (plain PyTorch over the same batches), no fedcxr run")
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT, help="the PneumoniaMNIST .npz")
     parser.add_argument("--sites", type=int, nargs="+", default=[5, 50, 100])
     parser.add_argument("--rounds", type=int, default=4)
@@ -174,6 +252,8 @@ def main(argv: list[str] | None = None) -> dict | int:
     args = parser.parse_args(argv)
     if args.child:
         return child(*args.child)
+    if args.floor_child:
+        return floor_child(Path(args.floor_child[0]), int(args.floor_child[1]))
     if not args.input.is_file():
         print(f"bench_scale: {args.input} not found (--input)", file=sys.stderr)
         return 2
@@ -182,6 +262,11 @@ def main(argv: list[str] | None = None) -> dict | int:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         manifests = {n: ingest(args.input, work, n) for n in args.sites}
+        if args.floor_only:
+            floor = training_floor(work, manifests, max(3, 2 * args.repeats))
+            print("\nthe training floor (plain PyTorch, the same batches, a fresh Adam per site, one thread):")
+            print("\n".join(floor_lines(floor)))
+            return {n: {"floor_cpu": v} for n, v in floor.items()}
         results: dict[int, list[dict]] = {n: [] for n in args.sites}
         for repeat in range(args.repeats):
             order = args.sites if repeat % 2 == 0 else args.sites[::-1]
@@ -210,6 +295,12 @@ def main(argv: list[str] | None = None) -> dict | int:
               f"{args.repeats} runs (cold start: the first repeat, empty image cache):")
         rows = table(results)
         print("\n".join(summary(rows)))
+        floor = training_floor(work, manifests, max(3, 2 * args.repeats))
+        for n, value in floor.items():
+            rows[n]["floor_cpu"] = value
+        print("\nthe training floor (plain PyTorch, the same batches, a fresh Adam per site, one thread), beside "
+              "fedcxr's steady round:")
+        print("\n".join(floor_lines(floor, rows)))
         print(f"load average at end {os.getloadavg()}")
     return rows
 
