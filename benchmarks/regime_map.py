@@ -41,6 +41,10 @@ Run, from scratch (finished runs are skipped, so parts run in any order, interru
         nice -n 15 python benchmarks/regime_map.py --part "$part" --workers 2
     done
     python benchmarks/regime_map.py --tables                          # CSVs, Markdown, heatmap
+
+The tables (``--tables``, and the ones each part writes when it ends) hold only the cells whose plan
+has fully run — every method, every planned seed (:func:`complete_cells`); a cell with a part still
+to run is named on the console and left out, so no verdict or Holm correction rests on half a plan.
     python benchmarks/build_regime_map.py                             # fedcxr/advice/regime_map.csv
 
 Outputs (``benchmarks/results/``): ``regime_map_runs.csv`` (one row per run), ``_cells.csv``,
@@ -255,10 +259,41 @@ def map_runs(work: Path) -> pd.DataFrame:
                     & runs["labels"].isin(LABELS)]
 
 
-def write_tables(work: Path, out: Path, meta: dict) -> pd.DataFrame:
+CELL = ["shift", "labels", "rounds"]
+
+
+def complete_cells(runs: pd.DataFrame, seeds: int, methods: Sequence[str]) -> tuple[pd.DataFrame, list[str]]:
+    """The runs of the cells whose plan has fully run — every method of ``methods`` for seeds
+    0..``seeds``−1 — and the names of the cells left out (with how many of their runs are in).
+
+    Why: a part writes the tables when it ends, and a cell's first part ends with half its seeds;
+    a verdict (and the Holm correction over the cells) from half a plan would be the optional
+    stopping issue 30 removed. Seeds past the plan are dropped too (``build_regime_map.planned``)."""
+    if runs.empty:
+        return runs, []
+    planned = runs.loc[runs["seed"].between(0, seeds - 1)]
+    keep, left = [], []
+    for cell, rows in planned.groupby(CELL, sort=True):
+        have = set(zip(rows["method"], rows["seed"]))
+        need = {(m, s) for m in methods for s in range(seeds)}
+        if need <= have:
+            keep.append(rows)
+        else:
+            shift, labels, rounds = cell
+            left.append(f"{shift}-n{labels}-r{rounds} ({len(need & have)} of {len(need)} runs)")
+    return (pd.concat(keep, ignore_index=True) if keep else planned.iloc[0:0]), left
+
+
+def write_tables(work: Path, out: Path, meta: dict, *, planned: Optional[tuple[int, Sequence[str]]] = None
+                 ) -> pd.DataFrame:
     """Every finished run of the map → the CSVs, ``regime_map.md``, the summary and the heatmap; the
-    papers' cells and the 8-step variant get their own files."""
+    papers' cells and the 8-step variant get their own files. ``planned`` = (seeds, methods): only
+    the cells whose plan has fully run (:func:`complete_cells`; the others are named on stdout)."""
     runs = map_runs(work)
+    if planned is not None:
+        runs, left = complete_cells(runs, *planned)
+        if left:
+            print(f"left out of the tables until their planned seeds have run: {', '.join(left)}", flush=True)
     bench_regime.write_outputs(runs, out, STEM, METHODS, meta)
     pairs, verdicts = pd.read_csv(out / f"{STEM}_pairs.csv"), pd.read_csv(out / f"{STEM}_verdicts.csv")
     papers = papers_table(runs, pairs)
@@ -325,7 +360,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             "round_matched": bench_regime.ROUND_MATCHED,
             "select": {"candidates": bench_regime.SELECT_CANDIDATES, "folds": bench_regime.SELECT_FOLDS}}
     if args.tables:
-        write_tables(args.work, args.out, meta)
+        write_tables(args.work, args.out, meta, planned=(SEEDS, METHODS))
         return
     known = all_parts()
     unknown = [p for p in args.part if p not in known]
@@ -341,7 +376,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                                     npz=args.npz))
         log_part(args.out / f"{STEM}_parts.csv", name, started, len(bench_regime.collect(work, variant)) - before,
                  part["est_s"])
-    write_tables(args.work, args.out, {**meta, "last_parts": args.part})
+    write_tables(args.work, args.out, {**meta, "last_parts": args.part}, planned=(SEEDS, METHODS))
     print(json.dumps({"parts": args.part}))
 
 

@@ -87,3 +87,18 @@ def test_the_map_counts_only_the_planned_seeds(tmp_path):
     assert sorted(set(kept["seed"])) == [0, 1, 2] and len(kept) == 6
     (row,) = build.map_table(kept, "runs.csv")
     assert row["n_seeds"] == 3 and row["p_adj"] == "1"
+
+
+def test_the_tables_leave_out_a_cell_until_every_planned_seed_of_every_method_has_run():
+    """A part writes the tables when it ends; a cell's first part ends with half its seeds."""
+    maps = load_bench("regime_map")
+    rows = [{"shift": "none", "labels": 10, "rounds": 20, "method": m, "seed": s, "auroc": 0.9}
+            for m in ("A", "B") for s in range(3)]
+    rows += [{"shift": "mix4", "labels": 25, "rounds": 20, "method": m, "seed": s, "auroc": 0.8}
+             for m in ("A", "B") for s in range(2)]  # seed 2 of the plan not run yet
+    rows += [{"shift": "none", "labels": 10, "rounds": 20, "method": "A", "seed": 3, "auroc": 0.99}]  # past the plan
+    kept, left = maps.complete_cells(pd.DataFrame(rows), 3, ["A", "B"])
+    assert set(kept["shift"]) == {"none"} and len(kept) == 6 and kept["seed"].max() == 2
+    assert left == ["mix4-n25-r20 (4 of 6 runs)"]
+    kept, left = maps.complete_cells(pd.DataFrame(rows), 3, ["A", "B", "C"])  # a method never run
+    assert kept.empty and len(left) == 2
