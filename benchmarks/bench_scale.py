@@ -112,6 +112,15 @@ def child(config_path: Path, out: Path) -> int:
     return 0
 
 
+def child_json(args: list[str], what: str) -> dict:
+    """This script run again with ``args`` in a fresh process; the JSON of its last stdout line."""
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], cwd=REPO, capture_output=True,
+                          text=True)
+    if done.returncode:
+        raise RuntimeError(f"{what} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def train_sizes(manifests: Path, n: int) -> list[int]:
     """Each site's train rows in an ``iid:n`` ingest (the batches a site's epoch makes)."""
     import pandas as pd
@@ -159,11 +168,7 @@ def training_floor(work: Path, manifests: dict[int, Path], repeats: int) -> dict
     sizes = {n: train_sizes(m, n) for n, m in manifests.items()}
     path = work / "floor_sizes.json"
     path.write_text(json.dumps(sizes))
-    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--floor-child", str(path), str(repeats)],
-                          cwd=REPO, capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"the training floor failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = child_json(["--floor-child", str(path), str(repeats)], "the training floor")
     return {int(n): statistics.median(v) for n, v in found.items()}
 
 
@@ -180,6 +185,13 @@ def floor_lines(floor: dict[int, float], rows: Optional[dict[int, dict]] = None)
     return out
 
 
+def print_floor(floor: dict[int, float], rows: Optional[dict[int, dict]] = None) -> None:
+    """The floor's title and :func:`floor_lines`."""
+    print("\nthe training floor (plain PyTorch, the same batches, a fresh Adam per site, one thread)"
+          + (", beside fedcxr's steady round:" if rows else ":"))
+    print("\n".join(floor_lines(floor, rows)))
+
+
 def run(work: Path, n: int, manifests: Path, args, cache: Path, tag: str) -> dict:
     import yaml
 
@@ -191,11 +203,7 @@ def run(work: Path, n: int, manifests: Path, args, cache: Path, tag: str) -> dic
 
         shutil.rmtree(out)
     load = os.getloadavg()[0]
-    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(path), str(out)],
-                          cwd=REPO, capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"the {n}-site run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = child_json(["--child", str(path), str(out)], f"the {n}-site run")
     result["load"] = (load, os.getloadavg()[0])
     return result
 
@@ -264,8 +272,7 @@ def main(argv: list[str] | None = None) -> dict | int:
         manifests = {n: ingest(args.input, work, n) for n in args.sites}
         if args.floor_only:
             floor = training_floor(work, manifests, max(3, 2 * args.repeats))
-            print("\nthe training floor (plain PyTorch, the same batches, a fresh Adam per site, one thread):")
-            print("\n".join(floor_lines(floor)))
+            print_floor(floor)
             return {n: {"floor_cpu": v} for n, v in floor.items()}
         results: dict[int, list[dict]] = {n: [] for n in args.sites}
         for repeat in range(args.repeats):
@@ -298,9 +305,7 @@ def main(argv: list[str] | None = None) -> dict | int:
         floor = training_floor(work, manifests, max(3, 2 * args.repeats))
         for n, value in floor.items():
             rows[n]["floor_cpu"] = value
-        print("\nthe training floor (plain PyTorch, the same batches, a fresh Adam per site, one thread), beside "
-              "fedcxr's steady round:")
-        print("\n".join(floor_lines(floor, rows)))
+        print_floor(floor, rows)
         print(f"load average at end {os.getloadavg()}")
     return rows
 

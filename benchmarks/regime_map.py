@@ -41,16 +41,16 @@ Run, from scratch (finished runs are skipped, so parts run in any order, interru
         nice -n 15 python benchmarks/regime_map.py --part "$part" --workers 2
     done
     python benchmarks/regime_map.py --tables                          # CSVs, Markdown, heatmap
-
-The tables (``--tables``, and the ones each part writes when it ends) hold only the cells whose plan
-has fully run — every method, every planned seed (:func:`complete_cells`); a cell with a part still
-to run is named on the console and left out, so no verdict or Holm correction rests on half a plan.
     python benchmarks/build_regime_map.py                             # fedcxr/advice/regime_map.csv
 
 Outputs (``benchmarks/results/``): ``regime_map_runs.csv`` (one row per run), ``_cells.csv``,
 ``_pairs.csv``, ``_verdicts.csv`` (bench_regime's), ``_papers.csv`` (each papers' method per cell),
 ``regime_map.md``, ``regime_map_summary.md``, ``regime_map.png``, ``regime_map_parts.csv`` (each
 part's wall time, runs, commit and load).
+
+The tables (``--tables``, and the ones each part writes when it ends) hold only the cells whose plan
+has fully run — every method, every planned seed (:func:`complete_cells`); a cell with a part still
+to run is named on the console and left out, so no verdict or Holm correction rests on half a plan.
 """
 
 from __future__ import annotations
@@ -272,10 +272,10 @@ def complete_cells(runs: pd.DataFrame, seeds: int, methods: Sequence[str]) -> tu
     if runs.empty:
         return runs, []
     planned = runs.loc[runs["seed"].between(0, seeds - 1)]
+    need = {(m, s) for m in methods for s in range(seeds)}
     keep, left = [], []
     for cell, rows in planned.groupby(CELL, sort=True):
         have = set(zip(rows["method"], rows["seed"]))
-        need = {(m, s) for m in methods for s in range(seeds)}
         if need <= have:
             keep.append(rows)
         else:
