@@ -299,7 +299,7 @@ def tiny_config(manifests: Path, cache: Path, **overrides) -> dict:
         "seed": 0,
         "cache_dir": str(cache),
         "eval_every": 1,
-        "head_warmup": {"epochs": 1},  # FL family: one head-only epoch (the default 15 is the paper's)
+        "surgical": {"head_warmup": {"epochs": 1}},  # FL family: one head-only epoch (the default 15 is the paper's)
     }
     for key, value in overrides.items():
         data[key] = value

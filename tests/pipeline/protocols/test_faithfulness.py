@@ -239,7 +239,7 @@ def _transport(cfg):
 
 
 @pytest.mark.parametrize("strategy, extra", [
-    ("FL_Surgical", {"target": None, "class_source": "union", "head_warmup": {"epochs": 2}}),
+    ("FL_Surgical", {"target": None, "class_source": "union", "surgical": {"head_warmup": {"epochs": 2}}}),
     ("FACT", {"target": "midrc_style", "model": {"backbone": "resnet_tiny", "hidden": 16,
                                                   "classes": ["cardiomegaly"]}}),
 ])
@@ -270,7 +270,7 @@ def test_head_warmup_keeps_the_best_validation_head_and_round_zero_starts_from_i
     calls = []
     cfg = load_config(data=tiny_config(tiny_manifests, tmp_path / "cache", strategy="FL_Surgical", target=None,
                                        class_source="union", rounds=1, eval_every=0,
-                                       head_warmup={"epochs": 4, "lr": 1e-2}))
+                                       surgical={"head_warmup": {"epochs": 4, "lr": 1e-2}}))
     inner = _transport(cfg)
 
     class Spy(_Recorder):

@@ -138,7 +138,7 @@ def test_surgical_keeps_the_head_rows_of_a_class_whose_only_site_was_not_asked()
 
     r = next(r for r in range(50) if "b" not in sample_sites(list(own), 0.5, 1, 0, r))
     ctx = context("FL_Surgical", heads, sites=list(own), classes=classes, meta=meta,
-                  head_keys=["head.weight", "head.bias"], head_warmup={"epochs": 0}, participation=HALF)
+                  head_keys=["head.weight", "head.bias"], surgical={"head_warmup": {"epochs": 0}}, participation=HALF)
     start = {"body": tensors(w=[0.0])["w"], "head.weight": torch.full((3, 1), 0.5, dtype=torch.float64),
              "head.bias": torch.full((3,), 0.5, dtype=torch.float64)}
     state, metrics = get_protocol("FL_Surgical").run_round(ctx, r, {"global": start, "initial_bn": {}})
