@@ -16,11 +16,15 @@ map (the intersection-union test with the winner's selection, Holm over the cell
     python benchmarks/regime_map.py --tables      # benchmarks/results/regime_map_runs.csv
     python benchmarks/build_regime_map.py         # rewrites fedcxr/advice/regime_map.csv
 
-The shipped map was built from the first map's runs (8 source steps a round, one fixed draw of
-labeled rows, seeds 0–2 as planned), pending the map with fresh draws::
+The runs file holds only the cells whose plan has fully run (``regime_map.py`` writes it so), and
+the shipped map is built from them as they complete; on 2026-11-29, 8 of the 14 core cells::
 
-    python benchmarks/build_regime_map.py --seeds 3 --note "first map: 8 source steps a round, one label \\
-        draw, seeds 0-2 as planned (top-ups dropped); pending the map with fresh draws (BENCHMARKS.md)"
+    python benchmarks/build_regime_map.py --note "new map, its complete cells only (each with every \\
+        planned seed 0-9 of its 12 methods; the others pending, BENCHMARKS.md Regime map); one source \\
+        epoch a round, each seed its own draw of labeled rows; Holm over these cells"
+
+(The first map — 8 source steps a round, one label draw — re-analysed the same way with
+``--runs benchmarks/results/regime_map_first_runs.csv --seeds 3`` resolves no cell.)
 """
 
 from __future__ import annotations
