@@ -33,13 +33,16 @@ import argparse
 import csv
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import pandas as pd
 
 from fedcxr.advice.cells import by_method, cell_row, map_rows
 from fedcxr.advice.regime import map_path
 from fedcxr.advice.verdicts import selected_regret
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_regime import SELECT_CANDIDATES  # noqa: E402  (the chooser's candidates in the map's select grid)
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / "benchmarks" / "results" / "regime_map_runs.csv"
@@ -61,8 +64,10 @@ def planned(runs: pd.DataFrame, seeds: int, name: str) -> pd.DataFrame:
     return kept
 
 
-def map_table(runs: pd.DataFrame, runs_name: str, note: str = "") -> list[dict]:
-    """One advice-map row per (shift, labels, rounds) of the runs, in grid order, verdicts adjusted over all."""
+def map_table(runs: pd.DataFrame, runs_name: str, note: str = "",
+              candidates: Sequence[str] = SELECT_CANDIDATES) -> list[dict]:
+    """One advice-map row per (shift, labels, rounds) of the runs, in grid order, verdicts adjusted over all;
+    a cell with ``Selected`` rows gets the chooser's regret and the ``candidates`` it picked among."""
     rows = []
     order = {s: i for i, s in enumerate(SHIFT_TYPE)}
     keys = sorted(runs.groupby(["shift", "labels", "rounds"]).groups, key=lambda k: (order.get(k[0], 99), k[2], k[1]))
@@ -78,7 +83,7 @@ def map_table(runs: pd.DataFrame, runs_name: str, note: str = "") -> list[dict]:
             regret = selected_regret(by_method(cell.to_dict("records")),
                                      dict(zip(chosen["seed"].astype(int), chosen["auroc"].astype(float))), row["winner"])
             row.update(selected_regret=f"{regret['regret']:.4f}", selected_lo=_bound(regret["lo"]),
-                       selected_hi=_bound(regret["hi"]))
+                       selected_hi=_bound(regret["hi"]), selected_among=" ".join(candidates))
         rows.append(row)
     return map_rows(rows)
 
@@ -89,7 +94,8 @@ def _bound(value: float) -> str:
 
 def write_map(rows: list[dict], path: Path) -> None:
     fixed = ["shift", "target_labels", "rounds", "winner", "runner_up", "margin", "ci_low", "ci_high", "p_best",
-             "p_adj", "resolved", "n_seeds", "n_methods", "selected_regret", "selected_lo", "selected_hi"]
+             "p_adj", "resolved", "n_seeds", "n_methods", "selected_regret", "selected_lo", "selected_hi",
+             "selected_among"]
     methods = sorted({k for r in rows for k in r if k.startswith("auroc__")})
     with open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fixed + methods + ["source"], restval="")

@@ -24,6 +24,8 @@ One row per measured cell (``regime_map.csv`` beside this module; regenerate wit
 ``n_methods``          (optional) methods in the contest
 ``selected_regret``    (optional) the chooser's regret (winner − ``Selected``, mean over seeds) and
 ``selected_lo/hi``     its 95 % interval: what ``fedcxr sweep --select`` lost against the winner here
+``selected_among``     (optional) the candidates that chooser picked among, space-separated: its
+                       regret holds for that set, not for the leaders the advice names
 ``auroc__<Method>``    each method's mean AUROC (blank: not run in that cell)
 ``source``             where the numbers come from (file or issue, code version)
 =====================  ============================================================================
@@ -37,6 +39,7 @@ enough".
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -51,6 +54,8 @@ OPTIONAL_NUMBERS = ("selected_regret", "selected_lo", "selected_hi")
 #: the family-wise error rate a resolved cell's ``p_adj`` is below (fedcxr.advice.verdicts.ALPHA)
 ALPHA = 0.05
 METHOD_PREFIX = "auroc__"
+#: a method name in ``selected_among`` (the map may come from a user's ``--regime-map``: text it quotes is checked)
+METHOD_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 #: A cell is close enough when the target's label budget and the planned rounds are each within
 #: this factor of the cell's (|log2 ratio| ≤ 1): 50 labels match cells of 25–100.
 MAX_FACTOR = 2.0
@@ -80,13 +85,14 @@ class Cell:
     auroc: dict[str, float] = field(default_factory=dict)
     selected: dict[str, float] = field(default_factory=dict)
     source: str = ""
+    selected_among: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {"row": self.row, "shift": self.shift, "target_labels": self.target_labels, "rounds": self.rounds,
                 "winner": self.winner, "runner_up": self.runner_up, "margin": self.margin, "ci_low": self.ci_low,
                 "ci_high": self.ci_high, "p_best": self.p_best, "p_adj": self.p_adj, "resolved": self.resolved,
                 "n_seeds": self.n_seeds, "auroc": dict(self.auroc), "selected": dict(self.selected),
-                "source": self.source}
+                "selected_among": list(self.selected_among), "source": self.source}
 
 
 def map_path() -> Path:
@@ -124,6 +130,9 @@ def _cell(path: Path, line: int, row: dict, methods: list[str]) -> Cell:
         if numbers[c] is not None and not 0 <= numbers[c] <= 1:
             raise bad(c, "a p-value in [0, 1] or blank")
     selected = {c: _number(row[c], lambda why, c=c: bad(c, why)) for c in OPTIONAL_NUMBERS if c in row}
+    among = tuple(str(row.get("selected_among", "")).split())
+    if any(not METHOD_NAME.fullmatch(name) for name in among):
+        raise bad("selected_among", "method names (letters, digits, _) separated by spaces")
     counts = {}
     for column in ("target_labels", "rounds", "n_seeds"):
         value = _number(row[column], lambda why, c=column: bad(c, why))
@@ -153,7 +162,7 @@ def _cell(path: Path, line: int, row: dict, methods: list[str]) -> Cell:
     return Cell(row=line, shift=shift, winner=winner, runner_up=row["runner_up"].strip() or None,
                 margin=numbers["margin"], ci_low=lo, ci_high=hi, p_best=numbers["p_best"], p_adj=p_adj,
                 resolved=resolved, auroc=auroc, selected={k: v for k, v in selected.items() if v is not None},
-                source=str(row.get("source", "")).strip(), **counts)
+                selected_among=among, source=str(row.get("source", "")).strip(), **counts)
 
 
 def _number(text: str, error) -> Optional[float]:
@@ -256,7 +265,12 @@ def _regret(cell: Cell) -> str:
         return ""
     lo, hi = cell.selected.get("selected_lo"), cell.selected.get("selected_hi")
     interval = f" [95 % {lo:+.3f}, {hi:+.3f}]" if lo is not None and hi is not None else ""
-    return f"; in this cell the chooser lost {value:+.3f}{interval} AUROC against the winner"
+    among = f", picking among {_names(cell.selected_among)}," if cell.selected_among else ""
+    return f"; in this cell the chooser{among} lost {value:+.3f}{interval} AUROC against the winner"
+
+
+def _names(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _interval(cell: Cell) -> str:

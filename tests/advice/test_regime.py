@@ -134,3 +134,27 @@ def test_a_map_without_the_corrected_verdicts_is_refused_with_how_to_rebuild_it(
                     "pixel,50,20,A,B,0.05,0.01,0.09,true,5,0.9,x\n")
     with pytest.raises(UserError, match="lacks column.*p_best.*build_regime_map.py"):
         regime.load_regime_map(path)
+
+
+CHOOSER_HEADER = HEADER.replace(",source\n", ",selected_regret,selected_lo,selected_hi,selected_among,source\n")
+
+
+def test_the_choosers_regret_is_quoted_with_the_candidates_it_picked_among(tmp_path):
+    """The map's chooser picks among a fixed set; the advice names other leaders. The regret it quotes says
+    which set it holds for, or a hospital would read it as the cost of the sweep it is told to run."""
+    path = tmp_path / "map.csv"
+    path.write_text(CHOOSER_HEADER + "pixel,25,20,A,B,0.01,-0.01,0.03,1,1,false,10,0.9,0.89,"
+                    "0.018,-0.004,0.041,Target_Only A FedAvg_Finetune,x\n")
+    (cell,) = regime.load_regime_map(path)
+    assert cell.selected_among == ("Target_Only", "A", "FedAvg_Finetune")
+    why = regime.verdict(cell)["why"]
+    assert "the chooser, picking among Target_Only, A and FedAvg_Finetune, lost +0.018 [95 % -0.004, +0.041]" in why
+
+
+@pytest.mark.parametrize("among", ["A <b>B</b>", "A;rm", "A B\u202eC"])
+def test_a_chooser_candidate_that_is_not_a_method_name_is_refused(tmp_path, among):
+    """``--regime-map`` takes a user's file, and the advice quotes these names into stats reports."""
+    path = tmp_path / "map.csv"
+    path.write_text(CHOOSER_HEADER + f'pixel,25,20,A,B,0.01,-0.01,0.03,1,1,false,10,0.9,0.89,0.018,-0.004,0.041,"{among}",x\n')
+    with pytest.raises(UserError, match=r"map.csv: row 2, column 'selected_among'"):
+        regime.load_regime_map(path)

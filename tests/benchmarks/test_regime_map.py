@@ -102,3 +102,20 @@ def test_the_tables_leave_out_a_cell_until_every_planned_seed_of_every_method_ha
     assert left == ["mix4-n25-r20 (4 of 6 runs)"]
     kept, left = maps.complete_cells(pd.DataFrame(rows), 3, ["A", "B", "C"])  # a method never run
     assert kept.empty and len(left) == 2
+
+
+def test_a_cell_with_the_choosers_rows_gets_its_regret_and_the_candidates_it_picked_among(tmp_path):
+    """The chooser's regret holds for the candidates it picked among, which the advice names beside it."""
+    build = load_bench("build_regime_map")
+    scores = {"A": (0.90, 0.86, 0.93), "B": (0.85, 0.88, 0.90)}  # A leads, unresolved
+    rows = [{"shift": "mix4", "labels": 25, "rounds": 20, "method": m, "seed": s, "auroc": a}
+            for m, per_seed in scores.items() for s, a in enumerate(per_seed)]
+    rows += [{"shift": "mix4", "labels": 25, "rounds": 20, "method": "Selected", "seed": s, "auroc": scores[m][s]}
+             for s, m in enumerate("BAB")]  # the chooser picked B, A, B
+    (row,) = build.map_table(pd.DataFrame(rows), "runs.csv", candidates=["A", "B"])
+    assert row["winner"] == "A" and row["resolved"] == "false"
+    assert float(row["selected_regret"]) == pytest.approx(0.08 / 3, abs=1e-4)
+    path = tmp_path / "map.csv"
+    build.write_map([row], path)
+    (cell,) = regime.load_regime_map(path)
+    assert cell.selected_among == ("A", "B") and "picking among A and B" in regime.verdict(cell)["why"]
