@@ -54,7 +54,8 @@ OPTIONAL_NUMBERS = ("selected_regret", "selected_lo", "selected_hi")
 #: the family-wise error rate a resolved cell's ``p_adj`` is below (fedcxr.advice.verdicts.ALPHA)
 ALPHA = 0.05
 METHOD_PREFIX = "auroc__"
-#: a method name in ``selected_among`` (the map may come from a user's ``--regime-map``: text it quotes is checked)
+#: a method name in the map (winner, runner-up, ``auroc__<Method>``, ``selected_among``): the map may come
+#: from a user's ``--regime-map``, and the advice quotes these names into reports
 METHOD_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 #: A cell is close enough when the target's label budget and the planned rounds are each within
 #: this factor of the cell's (|log2 ratio| ≤ 1): 50 labels match cells of 25–100.
@@ -115,6 +116,9 @@ def load_regime_map(path: Path | str | None = None) -> list[Cell]:
                         "(a map without p_best/p_adj predates the corrected verdicts: rebuild it with "
                         "benchmarks/build_regime_map.py)")
     methods = [c for c in frame.columns if c.startswith(METHOD_PREFIX)]
+    for column in methods:
+        if not METHOD_NAME.fullmatch(column[len(METHOD_PREFIX):]):
+            raise UserError(f"{path}: column {column!r}: {METHOD_PREFIX} and a method name (letters, digits, _)")
     return [_cell(path, i + 2, row, methods) for i, row in enumerate(frame.to_dict("records"))]
 
 
@@ -156,6 +160,9 @@ def _cell(path: Path, line: int, row: dict, methods: list[str]) -> Cell:
         value = _number(row[column], lambda why, c=column: bad(c, why))
         if value is not None:
             auroc[column[len(METHOD_PREFIX):]] = value
+    for column in ("winner", "runner_up"):
+        if row[column].strip() and not METHOD_NAME.fullmatch(row[column].strip()):
+            raise bad(column, "a method name (letters, digits, _) or blank")
     winner = row["winner"].strip() or None
     if resolved and not winner:
         raise bad("winner", "a resolved cell names its winner")

@@ -43,6 +43,8 @@ def test_the_code_does_not_care_how_many_cells_or_methods_there_are(tmp_path):
     ("pixel,50,20,A,B,0.05,0.01,0.09,0.001,1.5,false,5,0.9,0.85,x", "p_adj"),  # not a p-value
     ("pixel,50,20,A,B,0.05,0.01,0.09,0.001,0.01,maybe,5,0.9,0.85,x", "resolved"),
     ("pixel,50,20,A,B,0.05,0.01,0.09,0.2,0.6,false,5,high,0.85,x", "auroc__A"),
+    ("pixel,50,20,<b>A</b>,B,0.05,0.01,0.09,0.2,0.6,false,5,0.9,0.85,x", "winner"),  # quoted into reports
+    ("pixel,50,20,A,B C,0.05,0.01,0.09,0.2,0.6,false,5,0.9,0.85,x", "runner_up"),
 ])
 def test_a_bad_row_is_named_by_file_row_and_column(tmp_path, row, column):
     path = write(tmp_path, row)
@@ -157,4 +159,11 @@ def test_a_chooser_candidate_that_is_not_a_method_name_is_refused(tmp_path, amon
     path = tmp_path / "map.csv"
     path.write_text(CHOOSER_HEADER + f'pixel,25,20,A,B,0.01,-0.01,0.03,1,1,false,10,0.9,0.89,0.018,-0.004,0.041,"{among}",x\n')
     with pytest.raises(UserError, match=r"map.csv: row 2, column 'selected_among'"):
+        regime.load_regime_map(path)
+
+
+def test_a_method_column_whose_name_is_not_a_method_name_is_refused(tmp_path):
+    path = tmp_path / "map.csv"
+    path.write_text(HEADER.replace("auroc__B", "auroc__B$(x)") + "pixel,50,20,A,B,0.05,0.01,0.09,0.2,0.6,false,5,0.9,0.85,x\n")
+    with pytest.raises(UserError, match=r"map.csv: column 'auroc__B\$\(x\)'"):
         regime.load_regime_map(path)
