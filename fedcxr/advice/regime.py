@@ -117,7 +117,7 @@ def load_regime_map(path: Path | str | None = None) -> list[Cell]:
                         "benchmarks/build_regime_map.py)")
     methods = [c for c in frame.columns if c.startswith(METHOD_PREFIX)]
     for column in methods:
-        if not METHOD_NAME.fullmatch(column[len(METHOD_PREFIX):]):
+        if not _is_method(column[len(METHOD_PREFIX):]):
             raise UserError(f"{path}: column {column!r}: {METHOD_PREFIX} and a method name (letters, digits, _)")
     return [_cell(path, i + 2, row, methods) for i, row in enumerate(frame.to_dict("records"))]
 
@@ -135,7 +135,7 @@ def _cell(path: Path, line: int, row: dict, methods: list[str]) -> Cell:
             raise bad(c, "a p-value in [0, 1] or blank")
     selected = {c: _number(row[c], lambda why, c=c: bad(c, why)) for c in OPTIONAL_NUMBERS if c in row}
     among = tuple(str(row.get("selected_among", "")).split())
-    if any(not METHOD_NAME.fullmatch(name) for name in among):
+    if not all(map(_is_method, among)):
         raise bad("selected_among", "method names (letters, digits, _) separated by spaces")
     counts = {}
     for column in ("target_labels", "rounds", "n_seeds"):
@@ -160,16 +160,21 @@ def _cell(path: Path, line: int, row: dict, methods: list[str]) -> Cell:
         value = _number(row[column], lambda why, c=column: bad(c, why))
         if value is not None:
             auroc[column[len(METHOD_PREFIX):]] = value
-    for column in ("winner", "runner_up"):
-        if row[column].strip() and not METHOD_NAME.fullmatch(row[column].strip()):
+    named = {column: row[column].strip() for column in ("winner", "runner_up")}
+    for column, name in named.items():
+        if name and not _is_method(name):
             raise bad(column, "a method name (letters, digits, _) or blank")
-    winner = row["winner"].strip() or None
+    winner = named["winner"] or None
     if resolved and not winner:
         raise bad("winner", "a resolved cell names its winner")
-    return Cell(row=line, shift=shift, winner=winner, runner_up=row["runner_up"].strip() or None,
+    return Cell(row=line, shift=shift, winner=winner, runner_up=named["runner_up"] or None,
                 margin=numbers["margin"], ci_low=lo, ci_high=hi, p_best=numbers["p_best"], p_adj=p_adj,
                 resolved=resolved, auroc=auroc, selected={k: v for k, v in selected.items() if v is not None},
                 selected_among=among, source=str(row.get("source", "")).strip(), **counts)
+
+
+def _is_method(name: str) -> bool:
+    return METHOD_NAME.fullmatch(name) is not None
 
 
 def _number(text: str, error) -> Optional[float]:
