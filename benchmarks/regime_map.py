@@ -199,18 +199,49 @@ def part_work(work: Path, grid: str) -> Path:
     return work.parent / f"{work.name}_kermany" if grids()[grid].get("dataset") == "kermany" else work
 
 
-def plan_table() -> pd.DataFrame:
-    """Per grid: cells, parts, runs, estimated hours with 2 workers."""
+def plan_table(log: Optional[Path] = None) -> pd.DataFrame:
+    """Per grid: cells, parts, runs, estimated hours with 2 workers; with the parts ``log``, also what is left.
+
+    A part is done once the log has its line (a part logs only when it finishes). ``pace`` is the median
+    measured/estimated wall time of the grid's full parts in the log, so ``left_hours`` is the estimate
+    corrected by what this machine did, not a second guess; a grid with no full part logged has no pace
+    (Kermany's factor is a guess until its first part is timed)."""
+    done, paces = _logged(log)
     rows = []
     for grid, spec in grids().items():
         mine = parts(grid)
         runs_per_seed = (bench_regime.SELECT_FOLDS * len(bench_regime.SELECT_CANDIDATES) if spec["kind"] == "select"
                          else len(spec["methods"]))
-        rows.append({"grid": grid, "cells": len(spec["cells"]), "parts": len(mine),
-                     "runs": len(spec["cells"]) * SEEDS * runs_per_seed,
-                     "est_hours": round(sum(p["est_s"] for p in mine.values()) / 3600, 1),
-                     "longest_part_min": round(max(p["est_s"] for p in mine.values()) / 60)})
+        row = {"grid": grid, "cells": len(spec["cells"]), "parts": len(mine),
+               "runs": len(spec["cells"]) * SEEDS * runs_per_seed,
+               "est_hours": round(sum(p["est_s"] for p in mine.values()) / 3600, 1),
+               "longest_part_min": round(max(p["est_s"] for p in mine.values()) / 60)}
+        if log is not None:
+            left = [p for name, p in mine.items() if name not in done]
+            pace = paces.get(grid)
+            row.update(parts_left=len(left), left_est_hours=round(sum(p["est_s"] for p in left) / 3600, 1),
+                       pace=None if pace is None else round(pace, 2),
+                       left_hours=None if pace is None else round(pace * sum(p["est_s"] for p in left) / 3600, 1))
+        rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _logged(log: Optional[Path]) -> tuple[set[str], dict[str, float]]:
+    """The parts log's finished parts, and per grid the median wall/estimate of the parts that trained all
+    their runs (a part re-run over finished runs is quick and says nothing of the pace)."""
+    if log is None or not log.exists():
+        return set(), {}
+    rows = pd.read_csv(log)
+    known = all_parts()
+    full = rows[[name in known and n >= _runs_of(known[name]) for name, n in zip(rows["part"], rows["new_runs"])]]
+    paces = (full["wall_s"] / full["est_s"]).groupby(full["part"].str.split(":").str[0]).median()
+    return set(rows["part"]), {str(g): float(v) for g, v in paces.items()}
+
+
+def _runs_of(part: dict) -> int:
+    """The runs a part trains when none of them is finished yet (a ``select`` part logs its Selected rows)."""
+    spec = grids()[part["grid"]]
+    return len(part["seeds"]) * (1 if spec["kind"] == "select" else len(spec["methods"]))
 
 
 # --------------------------------------------------------------------------- tables
@@ -336,6 +367,7 @@ def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     what.add_argument("--part", nargs="+", metavar="PART", help="train these parts (names from --list)")
     what.add_argument("--tables", action="store_true", help="write the tables and the heatmap from every finished run")
     p.add_argument("--grid", default="core", choices=sorted(grids()), help="--list: which grid (default core)")
+    p.add_argument("--left", action="store_true", help="--list: only the parts the parts log does not have yet")
     p.add_argument("--work", type=Path, default=REPO / "runs" / "regime_map")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     p.add_argument("--workers", type=int, default=WORKERS)
@@ -346,13 +378,16 @@ def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse(argv)
     if args.list:
-        print("\n".join(parts(args.grid)))
+        done = _logged(args.out / f"{STEM}_parts.csv")[0] if args.left else set()
+        print("\n".join(name for name in parts(args.grid) if name not in done))
         return
+    log = args.out / f"{STEM}_parts.csv"
     if args.plan:
-        print(plan_table().to_string(index=False))
+        print(plan_table(log).to_string(index=False, na_rep="—"))
+        done = _logged(log)[0]
         for grid in grids():
             for name, part in parts(grid).items():
-                print(f"  {name}  ~{part['est_s'] / 60:.0f} min")
+                print(f"  {name}  ~{part['est_s'] / 60:.0f} min{'  (done)' if name in done else ''}")
         return
     meta = {"grid": {"shifts": SHIFTS, "labels": LABELS, "rounds": ROUNDS, "methods": METHODS, "seeds": SEEDS,
                      "target_from": TARGET_FROM, "target_split": TARGET_SPLIT, "core": CORE},
@@ -374,7 +409,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         started, before = time.time(), len(bench_regime.collect(work, variant))
         bench_regime.main(part_argv(part, work=args.work, out=args.work / "part_tables", workers=args.workers,
                                     npz=args.npz))
-        log_part(args.out / f"{STEM}_parts.csv", name, started, len(bench_regime.collect(work, variant)) - before,
+        log_part(log, name, started, len(bench_regime.collect(work, variant)) - before,
                  part["est_s"])
     write_tables(args.work, args.out, {**meta, "last_parts": args.part}, planned=(SEEDS, METHODS))
     print(json.dumps({"parts": args.part}))

@@ -28,6 +28,27 @@ def test_every_grid_is_cut_into_parts_that_fit_the_budget_and_run_each_planned_s
     assert plan.loc["map", "est_hours"] > plan.loc["core", "est_hours"] > 0
 
 
+def test_the_plan_counts_the_parts_left_and_corrects_their_estimate_by_the_measured_pace(tmp_path, capsys):
+    maps = load_bench("regime_map")
+    first, second, third = list(maps.parts("core"))[:3]
+    est = {n: maps.parts("core")[n]["est_s"] for n in (first, second, third)}
+    full = len(maps.METHODS) * len(maps.parts("core")[first]["seeds"])
+    log = tmp_path / f"{maps.STEM}_parts.csv"
+    pd.DataFrame([  # two full parts at half and at a quarter of their estimate; a re-run over finished runs
+        {"part": first, "wall_s": est[first] / 2, "est_s": est[first], "new_runs": full},
+        {"part": second, "wall_s": est[second] / 4, "est_s": est[second], "new_runs": full},
+        {"part": third, "wall_s": 1, "est_s": est[third], "new_runs": 2}]).to_csv(log, index=False)
+    plan = maps.plan_table(log).set_index("grid")
+    left = [p for n, p in maps.parts("core").items() if n not in (first, second, third)]
+    assert plan.loc["core", "parts_left"] == len(maps.parts("core")) - 3
+    assert plan.loc["core", "pace"] == 0.38  # the median of the full parts: the quick re-run says nothing
+    assert plan.loc["core", "left_hours"] == round(0.375 * sum(p["est_s"] for p in left) / 3600, 1)
+    assert pd.isna(plan.loc["kermany", "pace"]) and pd.isna(plan.loc["kermany", "left_hours"])  # not timed yet
+    maps.main(["--list", "--left", "--grid", "core", "--out", str(tmp_path)])
+    listed = capsys.readouterr().out.split()
+    assert listed == [n for n in maps.parts("core") if n not in (first, second, third)]
+
+
 def test_a_part_names_its_cell_seeds_variant_and_settings(tmp_path):
     maps = load_bench("regime_map")
     core = next(p for p in maps.parts("core").values() if p["cell"] == ("mix4", 25, 50))
