@@ -318,13 +318,18 @@ def complete_cells(runs: pd.DataFrame, seeds: int, methods: Sequence[str]) -> tu
 def write_tables(work: Path, out: Path, meta: dict, *, planned: Optional[tuple[int, Sequence[str]]] = None
                  ) -> pd.DataFrame:
     """Every finished run of the map → the CSVs, ``regime_map.md``, the summary and the heatmap; the
-    papers' cells and the 8-step variant get their own files. ``planned`` = (seeds, methods): only
-    the cells whose plan has fully run (:func:`complete_cells`; the others are named on stdout)."""
-    runs = map_runs(work)
-    if planned is not None:
-        runs, left = complete_cells(runs, *planned)
+    papers' cells, the 8-step variant and Kermany get their own files. ``planned`` = (seeds, the map's
+    methods): in every table only the cells whose plan has fully run (:func:`complete_cells`, each
+    grid with its own methods; the others are named on stdout), so no file holds a half cell."""
+    def complete(rows: pd.DataFrame, methods: Sequence[str], what: str) -> pd.DataFrame:
+        if planned is None:
+            return rows
+        kept, left = complete_cells(rows, planned[0], methods)
         if left:
-            print(f"left out of the tables until their planned seeds have run: {', '.join(left)}", flush=True)
+            print(f"{what}: left out of the tables until their planned seeds have run: {', '.join(left)}", flush=True)
+        return kept
+
+    runs = complete(map_runs(work), planned[1] if planned else METHODS, "the map")
     bench_regime.write_outputs(runs, out, STEM, METHODS, meta)
     pairs, verdicts = pd.read_csv(out / f"{STEM}_pairs.csv"), pd.read_csv(out / f"{STEM}_verdicts.csv")
     papers = papers_table(runs, pairs)
@@ -332,14 +337,15 @@ def write_tables(work: Path, out: Path, meta: dict, *, planned: Optional[tuple[i
     regime_figures.heatmap(verdicts, out / f"{STEM}.png", METHODS, SHIFTS, ROUNDS, LABELS, SHIFT_TYPE)
     (out / f"{STEM}_summary.md").write_text(regime_figures.summary_markdown(verdicts, runs, papers, SHIFTS,
                                                                               SHIFT_TYPE, PAPERS))
-    steps8 = bench_regime.collect(work, STEPS8[0])
+    steps8 = complete(bench_regime.collect(work, STEPS8[0]), METHODS, "the 8-step variant")
     if len(steps8):
         regime_tables.versus_table(steps8, runs).to_csv(out / f"{STEM}_versus_steps8.csv", index=False)
     every = bench_regime.collect(work, VARIANT)
     extra = every.loc[~every["shift"].isin(SHIFTS) | ~every["labels"].isin(LABELS)]
+    extra = complete(extra, METHODS, "the papers' cells")
     if len(extra):
         bench_regime.write_outputs(extra, out, f"{STEM}_papers_cells", METHODS, meta)
-    kermany = bench_regime.collect(part_work(work, "kermany"), KERMANY[0])
+    kermany = complete(bench_regime.collect(part_work(work, "kermany"), KERMANY[0]), KERMANY_METHODS, "Kermany")
     if len(kermany):
         bench_regime.write_outputs(kermany, out, f"{STEM}_kermany", KERMANY_METHODS, {**meta, "kermany": KERMANY})
     print(f"{len(runs)} runs in {len(verdicts)} cells → {out}/{STEM}_*.csv, {STEM}.md, {STEM}.png")

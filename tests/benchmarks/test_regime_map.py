@@ -4,6 +4,7 @@ map rows ``build_regime_map.py`` writes from them."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -123,6 +124,35 @@ def test_the_tables_leave_out_a_cell_until_every_planned_seed_of_every_method_ha
     assert left == ["mix4-n25-r20 (4 of 6 runs)"]
     kept, left = maps.complete_cells(pd.DataFrame(rows), 3, ["A", "B", "C"])  # a method never run
     assert kept.empty and len(left) == 2
+
+
+def test_no_grid_writes_a_table_of_half_a_cell(tmp_path, monkeypatch, capsys):
+    """Kermany's, the papers' and the 8-step tables obey the plan as the map's do: a part ends with
+    one seed of a Kermany cell, and a table of one seed reads as a result."""
+    maps = load_bench("regime_map")
+    rng = np.random.default_rng(0)
+
+    def rows(shift, labels, methods, seeds):
+        return [{"shift": shift, "labels": labels, "rounds": 20, "method": m, "seed": s, "label_draw": s,
+                 "auroc": rng.uniform(0.6, 0.9), "val_auroc": 0.8, "target_passes": 20, "wall_s": 1.0,
+                 "chosen": None} for m in methods for s in seeds]
+
+    by_variant = {maps.VARIANT: rows("none", 10, maps.METHODS, range(3)) + rows("hetero", 25, maps.METHODS, range(2)),
+                  maps.STEPS8[0]: rows("none", 50, maps.METHODS, range(1)),
+                  maps.KERMANY[0]: rows("none", 25, maps.KERMANY_METHODS, range(1))}
+    monkeypatch.setattr(maps.bench_regime, "collect",
+                        lambda work, variant="default", **_: pd.DataFrame(by_variant.get(variant, []),
+                                                                          columns=maps.bench_regime.RUN_COLUMNS))
+    out = tmp_path / "out"
+    maps.write_tables(tmp_path / "work", out, {}, planned=(3, maps.METHODS))
+    assert (out / "regime_map_runs.csv").is_file() and len(pd.read_csv(out / "regime_map_runs.csv")) == 36
+    for stem in ("regime_map_kermany_runs.csv", "regime_map_papers_cells_runs.csv", "regime_map_versus_steps8.csv"):
+        assert not (out / stem).exists(), stem
+    said = capsys.readouterr().out
+    assert "Kermany: left out" in said and "none-n25-r20 (5 of 15 runs)" in said
+    by_variant[maps.KERMANY[0]] = rows("none", 25, maps.KERMANY_METHODS, range(3))  # its plan has run
+    maps.write_tables(tmp_path / "work", out, {}, planned=(3, maps.METHODS))
+    assert len(pd.read_csv(out / "regime_map_kermany_runs.csv")) == 15
 
 
 def test_a_cell_with_the_choosers_rows_gets_its_regret_and_the_candidates_it_picked_among(tmp_path):
