@@ -383,11 +383,11 @@ def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse(argv)
+    log = args.out / f"{STEM}_parts.csv"
     if args.list:
-        done = _logged(args.out / f"{STEM}_parts.csv")[0] if args.left else set()
+        done = _logged(log)[0] if args.left else set()
         print("\n".join(name for name in parts(args.grid) if name not in done))
         return
-    log = args.out / f"{STEM}_parts.csv"
     if args.plan:
         print(plan_table(log).to_string(index=False, na_rep="—"))
         done = _logged(log)[0]
