@@ -202,10 +202,12 @@ def part_work(work: Path, grid: str) -> Path:
 def plan_table(log: Optional[Path] = None) -> pd.DataFrame:
     """Per grid: cells, parts, runs, estimated hours with 2 workers; with the parts ``log``, also what is left.
 
-    A part is done once the log has its line (a part logs only when it finishes). ``pace`` is the median
+    A part is done once the log has its line (a part logs only when it finishes), or the line of a part of
+    another grid that trains the same runs (the map's parts in the core's cells). ``pace`` is the median
     measured/estimated wall time of the grid's full parts in the log, so ``left_hours`` is the estimate
-    corrected by what this machine did, not a second guess; a grid with no full part logged has no pace
-    (Kermany's factor is a guess until its first part is timed)."""
+    corrected by what this machine did, not a second guess. A grid with no full part logged borrows the
+    pace of a grid of the same kind of runs (the same variant, kind and dataset: the map and the papers'
+    cells take the core's; ``pace_of`` names it), or has none (Kermany's until its first part is timed)."""
     done, paces = _logged(log)
     rows = []
     for grid, spec in grids().items():
@@ -217,25 +219,39 @@ def plan_table(log: Optional[Path] = None) -> pd.DataFrame:
                "est_hours": round(sum(p["est_s"] for p in mine.values()) / 3600, 1),
                "longest_part_min": round(max(p["est_s"] for p in mine.values()) / 60)}
         if log is not None:
-            left = [p for name, p in mine.items() if name not in done]
-            pace = paces.get(grid)
+            left = [p for p in mine.values() if same_runs(p) not in done]
+            source = grid if grid in paces else next((g for g in paces if _kind(g) == _kind(grid)), None)
+            pace = paces.get(source)
             row.update(parts_left=len(left), left_est_hours=round(sum(p["est_s"] for p in left) / 3600, 1),
-                       pace=None if pace is None else round(pace, 2),
+                       pace=None if pace is None else round(pace, 2), pace_of=source,
                        left_hours=None if pace is None else round(pace * sum(p["est_s"] for p in left) / 3600, 1))
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _logged(log: Optional[Path]) -> tuple[set[str], dict[str, float]]:
-    """The parts log's finished parts, and per grid the median wall/estimate of the parts that trained all
-    their runs (a part re-run over finished runs is quick and says nothing of the pace)."""
+def _logged(log: Optional[Path]) -> tuple[set[tuple], dict[str, float]]:
+    """The runs of the parts log's finished parts (:func:`same_runs`), and per grid the median
+    wall/estimate of the parts that trained all their runs (a part re-run over finished runs is quick
+    and says nothing of the pace)."""
     if log is None or not log.exists():
         return set(), {}
     rows = pd.read_csv(log)
     known = all_parts()
     full = rows[[name in known and n >= _runs_of(known[name]) for name, n in zip(rows["part"], rows["new_runs"])]]
     paces = (full["wall_s"] / full["est_s"]).groupby(full["part"].str.split(":").str[0]).median()
-    return set(rows["part"]), {str(g): float(v) for g, v in paces.items()}
+    done = {same_runs(known[name]) for name in rows["part"] if name in known}
+    return done, {str(g): float(v) for g, v in paces.items()}
+
+
+def _kind(grid: str) -> tuple:
+    spec = grids()[grid]
+    return spec["variant"], spec["kind"], spec.get("dataset"), tuple(spec["set"])
+
+
+def same_runs(part: dict) -> tuple:
+    """What a part trains: two parts with this key train the same runs (the second finds them finished)."""
+    return (*_kind(part["grid"]), tuple(grids()[part["grid"]]["methods"]), part["cell"], part["seeds"].start,
+            part["seeds"].stop)
 
 
 def _runs_of(part: dict) -> int:
@@ -386,14 +402,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     log = args.out / f"{STEM}_parts.csv"
     if args.list:
         done = _logged(log)[0] if args.left else set()
-        print("\n".join(name for name in parts(args.grid) if name not in done))
+        print("\n".join(name for name, part in parts(args.grid).items() if same_runs(part) not in done))
         return
     if args.plan:
         print(plan_table(log).to_string(index=False, na_rep="—"))
         done = _logged(log)[0]
         for grid in grids():
             for name, part in parts(grid).items():
-                print(f"  {name}  ~{part['est_s'] / 60:.0f} min{'  (done)' if name in done else ''}")
+                print(f"  {name}  ~{part['est_s'] / 60:.0f} min{'  (done)' if same_runs(part) in done else ''}")
         return
     meta = {"grid": {"shifts": SHIFTS, "labels": LABELS, "rounds": ROUNDS, "methods": METHODS, "seeds": SEEDS,
                      "target_from": TARGET_FROM, "target_split": TARGET_SPLIT, "core": CORE},

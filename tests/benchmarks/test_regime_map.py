@@ -45,6 +45,9 @@ def test_the_plan_counts_the_parts_left_and_corrects_their_estimate_by_the_measu
     assert plan.loc["core", "pace"] == 0.38  # the median of the full parts: the quick re-run says nothing
     assert plan.loc["core", "left_hours"] == round(0.375 * sum(p["est_s"] for p in left) / 3600, 1)
     assert pd.isna(plan.loc["kermany", "pace"]) and pd.isna(plan.loc["kermany", "left_hours"])  # not timed yet
+    # the map trains the core's runs in the core's cells, and runs like them elsewhere: done there, and its pace
+    assert plan.loc["map", "parts_left"] == len(maps.parts("map")) - 3
+    assert plan.loc["map", "pace"] == 0.38 and plan.loc["map", "pace_of"] == "core"
     maps.main(["--list", "--left", "--grid", "core", "--out", str(tmp_path)])
     listed = capsys.readouterr().out.split()
     assert listed == [n for n in maps.parts("core") if n not in (first, second, third)]
