@@ -315,7 +315,8 @@ def complete_cells(runs: pd.DataFrame, seeds: int, methods: Sequence[str]) -> tu
 
     Why: a part writes the tables when it ends, and a cell's first part ends with half its seeds;
     a verdict (and the Holm correction over the cells) from half a plan would be the optional
-    stopping issue 30 removed. Seeds past the plan are dropped too (``build_regime_map.planned``)."""
+    stopping issue 30 removed. Seeds past the plan are dropped too (``build_regime_map.planned``), and so
+    are a cell's ``Selected`` rows until the chooser has chosen for every planned seed."""
     if runs.empty:
         return runs, []
     planned = runs.loc[runs["seed"].between(0, seeds - 1)]
@@ -323,11 +324,15 @@ def complete_cells(runs: pd.DataFrame, seeds: int, methods: Sequence[str]) -> tu
     keep, left = [], []
     for cell, rows in planned.groupby(CELL, sort=True):
         have = set(zip(rows["method"], rows["seed"]))
-        if need <= have:
-            keep.append(rows)
-        else:
-            shift, labels, rounds = cell
-            left.append(f"{shift}-n{labels}-r{rounds} ({len(need & have)} of {len(need)} runs)")
+        name = "{}-n{}-r{}".format(*cell)
+        if not need <= have:
+            left.append(f"{name} ({len(need & have)} of {len(need)} runs)")
+            continue
+        chosen = rows["method"] == regime_tables.SELECTED  # the chooser's plan: every seed chose, or none counts
+        if chosen.any() and rows.loc[chosen, "seed"].nunique() < seeds:
+            left.append(f"{name}'s {regime_tables.SELECTED} rows ({rows.loc[chosen, 'seed'].nunique()} of {seeds})")
+            rows = rows.loc[~chosen]
+        keep.append(rows)
     return (pd.concat(keep, ignore_index=True) if keep else planned.iloc[0:0]), left
 
 

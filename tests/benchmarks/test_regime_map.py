@@ -127,6 +127,15 @@ def test_the_tables_leave_out_a_cell_until_every_planned_seed_of_every_method_ha
     assert left == ["mix4-n25-r20 (4 of 6 runs)"]
     kept, left = maps.complete_cells(pd.DataFrame(rows), 3, ["A", "B", "C"])  # a method never run
     assert kept.empty and len(left) == 2
+    # the chooser's rows are a plan of their own: half of them would be a regret from half the seeds
+    chosen = [{"shift": "none", "labels": 10, "rounds": 20, "method": "Selected", "seed": s, "auroc": 0.9}
+              for s in range(2)]
+    kept, left = maps.complete_cells(pd.DataFrame(rows + chosen), 3, ["A", "B"])
+    assert "Selected" not in set(kept["method"]) and len(kept) == 6
+    assert "none-n10-r20's Selected rows (2 of 3)" in left
+    chosen.append({**chosen[0], "seed": 2})
+    kept, _ = maps.complete_cells(pd.DataFrame(rows + chosen), 3, ["A", "B"])
+    assert (kept["method"] == "Selected").sum() == 3
 
 
 def test_no_grid_writes_a_table_of_half_a_cell(tmp_path, monkeypatch, capsys):
