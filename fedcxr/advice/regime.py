@@ -63,6 +63,9 @@ MAX_FACTOR = 2.0
 UNRESOLVED = "unresolved: run a sweep"
 #: the advice where the map cannot tell: choose on the hospital's own labels, within its budget
 SELECT_HINT = "choose on your own labels: fedcxr sweep --select (cross-fit within your label budget)"
+#: where the map cannot tell and the chooser measured in the cell lost resolved ground to the
+#: winner (its regret's interval above 0): too few labels to choose on, so the leader is named
+TAKE_LEADER = "unresolved: train the leader"
 NO_CELL = "no cell close enough"
 
 
@@ -262,8 +265,26 @@ def verdict(cell: Optional[Cell]) -> dict[str, Any]:
         because = "but the interval includes 0" if interval else "but no paired interval was reported"
     reason = f"{cell.winner} led {cell.runner_up}{margin}{interval} over {cell.n_seeds} seeds, {because}"
     regret = _regret(cell)
+    if chooser_lost(cell):
+        top = _top(cell)
+        spread = cell.auroc[top[0]] - min(cell.auroc[m] for m in top)
+        hint = (f"resolved (paired by seed, unadjusted): with this few labels choosing on them cost more than the "
+                f"leaders differ ({_names(top)} within {spread:.3f} AUROC), so train the leader, {cell.winner}, "
+                "rather than sweep")
+        return {"recommendation": None, "verdict": TAKE_LEADER, "why": f"{reason}{regret}, {hint}",
+                "candidates": top, "leader": cell.winner}
     return {"recommendation": None, "verdict": UNRESOLVED, "why": f"{reason}{regret}; {SELECT_HINT}",
             "candidates": _top(cell)}
+
+
+def chooser_lost(cell: Cell) -> bool:
+    """Whether the chooser measured in this cell lost to its winner beyond doubt (the regret's 95 %
+    interval above 0): then its label budget is too small to choose on, whatever the candidates.
+
+    Unadjusted over cells on purpose: it only swaps one unresolved piece of advice (sweep) for
+    another (the leader, whose own cost is at most the leaders' spread), never makes a recommendation."""
+    lo = cell.selected.get("selected_lo")
+    return lo is not None and lo > 0
 
 
 def cell_methods(cell: Cell) -> int:

@@ -13,8 +13,9 @@ The map's verdict there is the advice: a method only where the cell is resolved 
 beat every other method, corrected for picking the winner and for the number of cells:
 :mod:`fedcxr.advice.verdicts`); "unresolved: run a sweep" where it is not, with the
 ``fedcxr sweep --select`` that chooses among the cell's candidates on the hospital's own labeled
-rows, within its budget (:mod:`fedcxr.workflows.choose`); "no cell close enough" where the map
-has nothing near. The pilot's σ², τ²d² and β_i are reported beside
+rows, within its budget (:mod:`fedcxr.workflows.choose`) — or, where the chooser measured in that
+cell lost to the winner beyond doubt (too few labels to choose on), "unresolved: train the leader"
+with the ``fedcxr train`` of the cell's leader; "no cell close enough" where the map has nothing near. The pilot's σ², τ²d² and β_i are reported beside
 it as the FedGP theory's reading of this very federation; they never pick the method alone.
 """
 
@@ -110,7 +111,9 @@ def advise(cfg: ExperimentConfig, payloads: dict[str, dict], shift: dict[str, An
     out = {"target": target, **decision, "inputs": inputs, "cell": cell.as_dict() if cell else None,
            "placement": placed, "map": about_map}
     out["why"] = _why(out, placed)
-    if decision["verdict"] == regime.UNRESOLVED and decision.get("candidates"):
+    if decision["verdict"] == regime.TAKE_LEADER:
+        out["next"] = f"fedcxr train CONFIG.yaml --set method={decision['leader']}"
+    elif decision["verdict"] == regime.UNRESOLVED and decision.get("candidates"):
         out["next"] = sweep_command(decision["candidates"])
     elif decision["verdict"] == regime.NO_CELL:
         # the map measured nothing near: the config's own method against the nearest cell's leaders
@@ -137,7 +140,7 @@ def _why(out: dict, placed: dict) -> str:
     if verdict == regime.NO_CELL:
         return placed["why"]
     where = placed["why"]
-    if verdict == "resolved":
+    if verdict in ("resolved", regime.TAKE_LEADER):
         return f"{where}: {out['why']}"
     return f"{where}: {out.get('why', '')}; unresolved — run a sweep"
 

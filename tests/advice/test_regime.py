@@ -153,6 +153,23 @@ def test_the_choosers_regret_is_quoted_with_the_candidates_it_picked_among(tmp_p
     assert "the chooser, picking among Target_Only, A and FedAvg_Finetune, lost +0.018 [95 % -0.004, +0.041]" in why
 
 
+def test_where_the_chooser_lost_beyond_doubt_the_leader_is_named_instead_of_a_sweep(tmp_path):
+    """With 10 labels the measured chooser lost +0.050 [+0.020, +0.079] to the winner on the pixel shift:
+    sending that hospital to ``sweep --select`` would advise what the map measured to fail. Where the
+    regret's interval touches 0 (25 labels there), the sweep stays the advice."""
+    path = tmp_path / "map.csv"
+    path.write_text(CHOOSER_HEADER
+                    + "pixel,10,20,A,B,0.001,-0.01,0.01,1,1,false,10,0.918,0.897,0.050,0.020,0.079,A B,x\n"
+                    + "pixel,25,20,A,B,0.001,-0.01,0.01,1,1,false,10,0.920,0.897,0.018,-0.004,0.041,A B,x\n")
+    few, enough = regime.load_regime_map(path)
+    lost = regime.verdict(few)
+    assert (lost["verdict"], lost["leader"], lost["recommendation"]) == (regime.TAKE_LEADER, "A", None)
+    assert "lost +0.050 [95 % +0.020, +0.079] AUROC against the winner, resolved" in lost["why"]
+    assert "A and B within 0.021 AUROC), so train the leader, A" in lost["why"]
+    kept = regime.verdict(enough)
+    assert kept["verdict"] == regime.UNRESOLVED and "leader" not in kept and regime.SELECT_HINT in kept["why"]
+
+
 @pytest.mark.parametrize("among", ["A <b>B</b>", "A;rm", "A B\u202eC"])
 def test_a_chooser_candidate_that_is_not_a_method_name_is_refused(tmp_path, among):
     """``--regime-map`` takes a user's file, and the advice quotes these names into stats reports."""

@@ -44,3 +44,16 @@ def test_where_the_map_cannot_tell_the_advice_is_to_choose_on_your_own_labels(tm
     assert advice["verdict"] == regime.UNRESOLVED and advice["recommendation"] is None
     assert advice["next"] == "fedcxr sweep CONFIG.yaml --select --methods B C A --out select"
     assert "adjusted p = 1" in advice["why"] and "fedcxr sweep --select" in advice["why"]
+
+
+def test_where_the_chooser_lost_beyond_doubt_the_next_step_trains_the_leader(tmp_path):
+    """10 labels on the pixel shift: the measured chooser lost resolved ground, so the step is one run
+    of the cell's leader, not a sweep that costs 3 runs per candidate and chose worse."""
+    path = tmp_path / "map.csv"
+    path.write_text(HEADER.replace(",source\n", ",selected_regret,selected_lo,selected_hi,selected_among,source\n")
+                    + "pixel,10,20,B,C,0.01,-0.01,0.03,0.9,1,false,10,0.80,0.90,0.89,0.05,0.02,0.08,A B,x\n")
+    payloads = {"t": {"groups": {"train_labels": {"counts": [12]}, "split": {"counts": [900, 100, 100]}}}}
+    advice = advise(_cfg(), payloads, {"type": {"value": "pixel"}}, map_path=path)
+    assert advice["verdict"] == regime.TAKE_LEADER and advice["recommendation"] is None
+    assert advice["next"] == "fedcxr train CONFIG.yaml --set method=B"
+    assert "train the leader, B, rather than sweep" in advice["why"] and "run a sweep" not in advice["why"]
