@@ -50,5 +50,7 @@ def test_sweep_select_chooses_on_the_labeled_rows_and_trains_only_the_choice(tin
     printed = capsys.readouterr().out
     choice = json.loads((out / "select" / "choice.json").read_text())
     assert printed.count("held out: training") == 4 and f"chose {choice['chosen']}" in printed
+    # how sure the choice is, on the 12 rows it was made on: a user reads this before trusting it
+    assert f"ahead of the runner-up, {choice['margin']['runner_up']}" in printed and "12 rows" in printed
     assert [p.name for p in (out / "runs").iterdir()] == [f"{choice['chosen']}-seed0"]  # only the choice, on all 12
     assert (out / "comparison.json").is_file()

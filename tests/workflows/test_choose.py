@@ -10,7 +10,8 @@ import pytest
 
 from fedcxr.errors import UserError
 from fedcxr.pipeline.config import load_config
-from fedcxr.workflows.choose import HeldOut, choose_method, heldout_predictions, pick, pooled_auroc
+from fedcxr.workflows.choose import (HeldOut, choice_margin, choose_method, heldout_predictions, margin_text, pick,
+                                     pooled_auroc)
 
 from ..conftest import tiny_config
 
@@ -36,6 +37,41 @@ def test_the_highest_score_is_chosen_ties_and_undefined_scores_go_to_the_earlier
         pick({"A": math.nan, "B": math.nan}, ["A", "B"])
 
 
+def _scored(parts):
+    return {m: pooled_auroc(p) for m, p in parts.items()}
+
+
+def test_a_choice_on_many_rows_is_told_apart_and_one_on_ten_is_not():
+    """The margin is what a user needs to read a choice: on 200 rows a perfect ranker is told apart from a
+    coin; on 10 rows a one-pair difference is not, and the text says so and names the map's leader."""
+    rng = np.random.default_rng(0)
+    y = np.tile([0, 1], 100)
+    parts = {"A": [_part(y, y * 0.8 + 0.1)], "B": [_part(y, rng.random(200))]}
+    scores = _scored(parts)
+    margin = choice_margin(parts, scores, "A")
+    assert margin.runner_up == "B" and margin.diff == pytest.approx(scores["A"] - scores["B"])
+    assert margin.told_apart and margin.low > 0.3 and margin.ahead == 1.0 and margin.resamples == 2000
+    assert "told apart on these 200 rows" in margin_text(margin, "A", 200)
+
+    y10 = [0, 1] * 5
+    few = {"A": [_part(y10, [0.1, 0.9] * 5)], "B": [_part(y10, [0.1, 0.9] * 4 + [0.9, 0.1])]}
+    margin = choice_margin(few, _scored(few), "A")
+    assert margin.diff == pytest.approx(1.0 - 0.8) and not margin.told_apart and margin.low <= 0 < margin.high
+    text = margin_text(margin, "A", 10)
+    assert "these 10 rows cannot tell the two apart" in text and "training the map's leader" in text
+    assert "map's leader" not in margin_text(margin, "A", 50)
+
+
+def test_a_tie_is_named_as_a_tie():
+    """Ten rows often rank two candidates identically: the choice is then the candidates' order, and says so."""
+    y10 = [0, 1] * 5
+    same = {"A": [_part(y10, [0.2, 0.7] * 5)], "B": [_part(y10, [0.3, 0.6] * 5)]}
+    margin = choice_margin(same, _scored(same), "A")
+    assert (margin.diff, margin.low, margin.high, margin.ahead) == (0.0, 0.0, 0.0, 0.5)
+    assert "a tie goes to the earlier candidate" in margin_text(margin, "A", 10)
+    assert choice_margin({"A": same["A"]}, {"A": 1.0}, "A") is None
+
+
 @pytest.mark.slow  # 4 fold runs of the tiny federation: ~10 s on 2 cores
 def test_the_chooser_trains_each_candidate_without_each_fold_and_scores_only_that_fold(tiny_manifests, tmp_path):
     data = tiny_config(tiny_manifests, tmp_path / "cache", rounds=1)
@@ -48,6 +84,8 @@ def test_the_chooser_trains_each_candidate_without_each_fold_and_scores_only_tha
     saved = json.loads((tmp_path / "out" / "select" / "choice.json").read_text())
     assert saved["chosen"] == choice.chosen and saved["n_labeled"] == 12
     assert "no validation or test label" in saved["procedure"]
+    assert saved["margin"]["runner_up"] == ({"Target_Only", "FedAvg_Finetune"} - {choice.chosen}).pop()
+    assert "out-of-fold AUROC" in (tmp_path / "out" / "select" / "choice.md").read_text()
     # the two folds of a method hold out disjoint rows that together are the 12 the budget allows
     cfg = load_config(data=data)
     from fedcxr.pipeline.devices import resolve_device
