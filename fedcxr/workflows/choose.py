@@ -304,11 +304,11 @@ def margin_text(margin: Margin, chosen: str, n_labeled: int) -> str:
     if margin.told_apart:
         return f"{head}: told apart on these {n_labeled} rows."
     tie = "; a tie goes to the earlier candidate" if margin.diff == 0 else ""
-    few = (" With this few labels, training the map's leader (`fedcxr stats` names it) did better than choosing."
+    few = (" With 10 labels, training the map's leader (`fedcxr stats` names it) did better than choosing there."
            if n_labeled < FEW_LABELS else "")
-    return (f"{head}: these {n_labeled} rows cannot tell the two apart{tie}. In the regime map the chooser lost "
-            "about 0.02 AUROC to the best method in hindsight with 25 or 50 labels and 0.05 with 10 (BENCHMARKS.md, "
-            f"the chooser's cells).{few}")
+    return (f"{head}: these {n_labeled} rows cannot tell the two apart{tie}. In the regime map's first three chooser "
+            "cells the choice lost about 0.02 AUROC to the best method in hindsight with 25 or 50 labels and 0.05 "
+            f"with 10 (BENCHMARKS.md, the chooser's cells).{few}")
 
 
 def _json_number(value: float) -> Optional[float]:
