@@ -127,10 +127,13 @@ def pooled_auroc(parts: Sequence[HeldOut]) -> float:
 
     if not parts:
         return math.nan
-    labels = np.concatenate([p.labels for p in parts])
-    mask = np.concatenate([p.mask for p in parts])
-    probs = np.concatenate([p.probs for p in parts])
+    labels, mask, probs = pooled(parts)
     return float(mean_auroc(class_aurocs(labels, mask, probs, parts[0].classes)))
+
+
+def pooled(parts: Sequence[HeldOut]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The folds' held-out labels, label mask and probabilities stacked into one (N, C) set each."""
+    return tuple(np.concatenate([getattr(p, k) for p in parts]) for k in ("labels", "mask", "probs"))
 
 
 @dataclass(frozen=True)
@@ -176,14 +179,12 @@ def choice_margin(parts: Mapping[str, Sequence[HeldOut]], scores: Mapping[str, f
     if not others:
         return None
     runner_up = max(others, key=lambda m: scores[m])
-    boots = []
-    for method in (chosen, runner_up):
-        labels = np.concatenate([p.labels for p in parts[method]]).astype(float)
-        labels[np.concatenate([p.mask for p in parts[method]]) == 0] = np.nan
-        probs = np.concatenate([p.probs for p in parts[method]])
-        defined = [c for c in range(labels.shape[1]) if len(np.unique(labels[~np.isnan(labels[:, c]), c])) == 2]
-        rows = np.arange(len(labels))  # rows resampled one by one: a patient with several labeled rows narrows it
-        boots.append(bootstrap_aurocs(labels[:, defined], probs[:, defined], rows, n_boot=n_boot, seed=seed))
+    labels, mask, _ = pooled(parts[chosen])  # the same rows, in the same order, for every candidate
+    labels = np.where(mask == 0, np.nan, labels.astype(float))
+    defined = [c for c in range(labels.shape[1]) if len(np.unique(labels[~np.isnan(labels[:, c]), c])) == 2]
+    rows = np.arange(len(labels))  # rows resampled one by one: a patient with several labeled rows narrows it
+    boots = [bootstrap_aurocs(labels[:, defined], pooled(parts[m])[2][:, defined], rows, n_boot=n_boot, seed=seed)
+             for m in (chosen, runner_up)]
     both = np.isfinite(boots[0]).all(axis=1) & np.isfinite(boots[1]).all(axis=1)
     diffs = boots[0][both].mean(axis=1) - boots[1][both].mean(axis=1)
     if diffs.size == 0:
