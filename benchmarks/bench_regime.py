@@ -61,6 +61,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # a real module: its functions must pickle into the worker processes
 import bench_shift  # noqa: E402
+import regime_ledger  # noqa: E402
 import regime_sites  # noqa: E402
 import regime_tables  # noqa: E402
 
@@ -190,14 +191,18 @@ def finished(job: tuple) -> bool:
     return (run.report_json if evaluate else run.final_model).is_file()
 
 
-def cell_jobs(configs: dict, methods: Sequence[str], seeds, label_draw: str = "seed") -> list[tuple]:
+def cell_jobs(configs: dict, methods: Sequence[str], seeds, label_draw: str = "seed", skip: set = frozenset()
+              ) -> list[tuple]:
     """The jobs of some cells' runs; a label-free method's run is shared by every label count of its
-    (shift, rounds) — one job, linked into each cell's ``runs/``."""
+    (shift, rounds) — one job, linked into each cell's ``runs/``. A run whose (shift, labels, rounds,
+    method, seed) is in ``skip`` (the ledger's: finished in another checkout) is not trained again."""
     jobs: dict[str, tuple] = {}
-    for (shift, _, rounds), config in configs.items():
+    for (shift, labels, rounds), config in configs.items():
         runs = Path(config).parent / "runs"
         for method in methods:
             for seed in seeds:
+                if (shift, labels, rounds, method, seed) in skip:
+                    continue
                 run_dir = runs / f"{method}-seed{seed}"
                 if method in LABEL_FREE:
                     shared = Path(config).parents[1] / "_shared" / f"{shift}-r{rounds}" / "runs" / run_dir.name
@@ -210,14 +215,18 @@ def cell_jobs(configs: dict, methods: Sequence[str], seeds, label_draw: str = "s
     return list(jobs.values())
 
 
-def select_jobs(configs: dict, candidates: Sequence[str], seeds, folds: int, label_draw: str = "seed") -> list[tuple]:
-    """The chooser's fold runs (``<cell>/select/<method>-seed<k>-fold<i>``): never evaluated on test."""
+def select_jobs(configs: dict, candidates: Sequence[str], seeds, folds: int, label_draw: str = "seed",
+                skip: set = frozenset()) -> list[tuple]:
+    """The chooser's fold runs (``<cell>/select/<method>-seed<k>-fold<i>``): never evaluated on test;
+    none for a seed whose ``Selected`` row is in ``skip`` (the ledger's: it has chosen already)."""
     from fedcxr.workflows.choose import holdout_settings
 
     jobs = []
-    for (_, _, rounds), config in configs.items():
+    for (shift, labels, rounds), config in configs.items():
         for method in candidates:
             for seed in seeds:
+                if (shift, labels, rounds, regime_tables.SELECTED, seed) in skip:
+                    continue
                 for fold in range(folds):
                     run_dir = Path(config).parent / "select" / f"{method}-seed{seed}-fold{fold}"
                     jobs.append((str(config), [*run_settings(method, seed, rounds, label_draw, cell_keys(config)),
@@ -249,22 +258,33 @@ RUN_COLUMNS = ["shift", "labels", "rounds", "method", "seed", "label_draw", "aur
 
 
 def collect(work: Path, variant: str = "default", *, candidates: Sequence[str] = SELECT_CANDIDATES,
-            folds: int = SELECT_FOLDS) -> pd.DataFrame:
+            folds: int = SELECT_FOLDS, known: Optional[pd.DataFrame] = None) -> pd.DataFrame:
     """Every finished run of a variant (all its cells ever run, not only this call's), and a
-    ``Selected`` row per cell and seed whose fold runs are all finished."""
+    ``Selected`` row per cell and seed whose fold runs are all finished; with ``known`` (the
+    ledger's runs of the variant, :mod:`regime_ledger`), those too, the ledger's row where both have a run."""
     rows = []
     for report in sorted((work / "sweep" / variant).glob("*/runs/*/report.json")):
         run_dir = report.parent
-        shift, labels, rounds = run_dir.parent.parent.name.rsplit("-", 2)
+        shift, labels, rounds = _cell_of(run_dir.parent.parent.name)
         method, seed = run_dir.name.rsplit("-seed", 1)
-        rows.append({"shift": shift, "labels": int(labels[1:]), "rounds": int(rounds[1:]), "method": method,
+        rows.append({"shift": shift, "labels": labels, "rounds": rounds, "method": method,
                      "seed": int(seed), **run_facts(run_dir)})
     runs = pd.DataFrame(rows, columns=RUN_COLUMNS)
+    if known is not None:
+        runs = regime_ledger.merge(known[RUN_COLUMNS], runs, variant)
+    chosen = regime_ledger.keys(runs.loc[runs["method"] == regime_tables.SELECTED])
     selected = [choice_row(cell, runs, seed, candidates, folds)
                 for cell in sorted((work / "sweep" / variant).glob("*/select"))
-                for seed in sorted({int(p.name.split("-seed")[1].split("-")[0]) for p in cell.glob("*-fold*")})]
+                for seed in sorted({int(p.name.split("-seed")[1].split("-")[0]) for p in cell.glob("*-fold*")})
+                if (*_cell_of(cell.parent.name), regime_tables.SELECTED, seed) not in chosen]
     selected = [r for r in selected if r is not None]
     return pd.concat([runs, pd.DataFrame(selected, columns=RUN_COLUMNS)], ignore_index=True) if selected else runs
+
+
+def _cell_of(name: str) -> tuple[str, int, int]:
+    """``mix4-n25-r20`` → ("mix4", 25, 20)."""
+    shift, labels, rounds = name.rsplit("-", 2)
+    return shift, int(labels[1:]), int(rounds[1:])
 
 
 def run_facts(run_dir: Path) -> dict:
@@ -299,8 +319,8 @@ def choice_row(select_dir: Path, runs: pd.DataFrame, seed: int, candidates: Sequ
         scores = {m: pooled_auroc([heldout_predictions(r, "cpu") for r in rs]) for m, rs in fold_runs.items()}
         choice = {"chosen": pick(scores, candidates), "scores": scores, "candidates": list(candidates), "folds": folds}
         cache.write_text(json.dumps(choice, indent=1))
-    shift, labels, rounds = select_dir.parent.name.rsplit("-", 2)
-    mine = runs.loc[(runs["shift"] == shift) & (runs["labels"] == int(labels[1:])) & (runs["rounds"] == int(rounds[1:]))
+    shift, labels, rounds = _cell_of(select_dir.parent.name)
+    mine = runs.loc[(runs["shift"] == shift) & (runs["labels"] == labels) & (runs["rounds"] == rounds)
                     & (runs["method"] == choice["chosen"]) & (runs["seed"] == seed)]
     if mine.empty:
         return None
@@ -365,6 +385,9 @@ def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="name of this grid's configuration (runs in WORK/sweep/<variant>/<cell>); the tables "
                         "cover every finished run of the variant")
     p.add_argument("--workers", type=int, default=1, help="runs trained at once (processes, one thread each)")
+    p.add_argument("--ledger", type=Path, default=None,
+                   help="the regime ledger (regime_ledger.py): its runs of --variant are not trained again and join the "
+                        "tables")
     p.add_argument("--versus", nargs="+", default=[], metavar="VARIANT",
                    help="also compare with these variants' finished runs, paired by seed: <stem>_versus_<variant>.csv")
     return p.parse_args(argv)
@@ -390,13 +413,18 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
                 configs[(shift, labels, rounds)] = cell_config(args.work, manifests, shift, labels, rounds,
                                                                args.overrides, args.variant)
     seeds = range(args.from_seed, args.seeds)
-    jobs = cell_jobs(configs, args.methods, seeds, args.label_draw)
+    known = regime_ledger.rows_of(regime_ledger.load(args.ledger, RUN_COLUMNS), args.variant) if args.ledger else None
+    done = regime_ledger.keys(known) if known is not None else set()
+    jobs = cell_jobs(configs, args.methods, seeds, args.label_draw, skip=done)
     if args.select:
         candidates = args.select_candidates
-        jobs += cell_jobs(configs, [m for m in candidates if m not in args.methods], seeds, args.label_draw)
-        jobs += select_jobs(configs, candidates, seeds, args.select_folds, args.label_draw)
+        jobs += cell_jobs(configs, [m for m in candidates if m not in args.methods], seeds, args.label_draw, skip=done)
+        jobs += select_jobs(configs, candidates, seeds, args.select_folds, args.label_draw, skip=done)
+    if done:
+        print(f"the ledger {args.ledger} holds {len(known)} finished run(s) of {args.variant}: "
+              f"{len(jobs)} job(s) left to train", flush=True)
     run_jobs(jobs, args.workers)
-    runs = collect(args.work, args.variant, candidates=args.select_candidates, folds=args.select_folds)
+    runs = collect(args.work, args.variant, candidates=args.select_candidates, folds=args.select_folds, known=known)
     meta = {"config": REGIME_CONFIG, "dataset": args.dataset, "variant": args.variant, "overrides": args.overrides,
             "shortcut_rates": regime_sites.SHORTCUT_RATES, "hetero_sources": regime_sites.HETERO_SOURCES,
             "method_overrides": {m: METHOD_OVERRIDES[m] for m in args.methods if m in METHOD_OVERRIDES},

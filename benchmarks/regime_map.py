@@ -33,7 +33,8 @@ Grids (``--grid``; every part is one cell × a block of seeds, sized to ~30 minu
 * ``kermany`` — the resolution check: the 224 px originals of PneumoniaMNIST at 64 px with ResNet-18,
   in its own work folder (its estimates are not measured: see :data:`KERMANY_FACTOR`).
 
-Run, from scratch (finished runs are skipped, so parts run in any order, interrupted and re-run)::
+Run, from scratch (finished runs are skipped — those in the runs folder and those in the committed ledger,
+:mod:`regime_ledger`, so parts run in any order, interrupted and re-run, in this checkout or a new one)::
 
     python benchmarks/regime_map.py --plan                            # every grid: parts, runs, hours
     python benchmarks/regime_map.py --list --grid core                # the core's parts, one per line
@@ -46,7 +47,8 @@ Run, from scratch (finished runs are skipped, so parts run in any order, interru
 Outputs (``benchmarks/results/``): ``regime_map_runs.csv`` (one row per run), ``_cells.csv``,
 ``_pairs.csv``, ``_verdicts.csv`` (bench_regime's), ``_papers.csv`` (each papers' method per cell),
 ``regime_map.md``, ``regime_map_summary.md``, ``regime_map.png``, ``regime_map_parts.csv`` (each
-part's wall time, runs, commit and load).
+part's wall time, runs, commit and load), ``regime_map_ledger.csv`` (every finished run of every grid,
+complete cell or not: what a new checkout resumes from).
 
 The tables (``--tables``, and the ones each part writes when it ends) hold only the cells whose plan
 has fully run — every method, every planned seed (:func:`complete_cells`); a cell with a part still
@@ -69,6 +71,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bench_regime  # noqa: E402
 import regime_figures  # noqa: E402
+import regime_ledger  # noqa: E402
 import regime_tables  # noqa: E402
 
 REPO = HERE.parent
@@ -85,6 +88,8 @@ PAPERS = ["FedDA", "FedDA_Auto", "FedGP", "FedGP_Auto", "FedAvg_Finetune_GP"]
 SEEDS = 10
 TARGET_FROM, TARGET_SPLIT = ["val", "test"], [0.5, 0.1, 0.4]
 VARIANT, STEM = "epoch1", "regime_map"
+#: every finished run of every grid, complete cell or not (:mod:`regime_ledger`), in ``--out``
+LEDGER = f"{STEM}_ledger.csv"
 #: the map's shift names (fedcxr/advice/regime.py SHIFT_TYPES) for the grid's
 SHIFT_TYPE = {"none": "none", "mix4": "pixel", "shortcut": "shortcut", "labelnoise40": "label_noise"}
 
@@ -199,16 +204,16 @@ def part_work(work: Path, grid: str) -> Path:
     return work.parent / f"{work.name}_kermany" if grids()[grid].get("dataset") == "kermany" else work
 
 
-def plan_table(log: Optional[Path] = None) -> pd.DataFrame:
+def plan_table(log: Optional[Path] = None, ledger: Optional[Path] = None) -> pd.DataFrame:
     """Per grid: cells, parts, runs, estimated hours with 2 workers; with the parts ``log``, also what is left.
 
-    A part is done once the log has its line (a part logs only when it finishes), or the line of a part of
-    another grid that trains the same runs (the map's parts in the core's cells). ``pace`` is the median
+    A part is done (:func:`done_parts`) once the ledger holds its runs, or once every part of its cell is in
+    the log (a cell's tables were written then). ``pace`` is the median
     measured/estimated wall time of the grid's full parts in the log, so ``left_hours`` is the estimate
     corrected by what this machine did, not a second guess. A grid with no full part logged borrows the
     pace of a grid of the same kind of runs (the same variant, kind and dataset: the map and the papers'
     cells take the core's; ``pace_of`` names it), or has none (Kermany's until its first part is timed)."""
-    done, paces = _logged(log)
+    done, paces = done_parts(log, ledger), _logged(log)[1]
     rows = []
     for grid, spec in grids().items():
         mine = parts(grid)
@@ -219,7 +224,7 @@ def plan_table(log: Optional[Path] = None) -> pd.DataFrame:
                "est_hours": round(sum(p["est_s"] for p in mine.values()) / 3600, 1),
                "longest_part_min": round(max(p["est_s"] for p in mine.values()) / 60)}
         if log is not None:
-            left = [p for p in mine.values() if same_runs(p) not in done]
+            left = [p for name, p in mine.items() if name not in done]
             source = grid if grid in paces else next((g for g in paces if _kind(g) == _kind(grid)), None)
             pace = paces.get(source)
             row.update(parts_left=len(left), left_est_hours=round(sum(p["est_s"] for p in left) / 3600, 1),
@@ -241,6 +246,35 @@ def _logged(log: Optional[Path]) -> tuple[set[tuple], dict[str, float]]:
     paces = (full["wall_s"] / full["est_s"]).groupby(full["part"].str.split(":").str[0]).median()
     done = {same_runs(known[name]) for name in rows["part"] if name in known}
     return done, {str(g): float(v) for g, v in paces.items()}
+
+
+def done_parts(log: Optional[Path], ledger: Optional[Path]) -> set[str]:
+    """The parts (of every grid) with nothing left to train: the ledger holds every run they train, or
+    every part of their cell is in the parts log (logged parts of the same runs count, as the map's
+    parts in the core's cells).
+
+    Why both: the ledger came after the first cells were run (the 8-step variant's runs, in no
+    ledger, gave a table when its cells completed), while a part logged in another checkout whose
+    cell is still open lost its runs with that checkout's runs folder — the log says done, no run
+    says so, and only the ledger can tell."""
+    logged = _logged(log)[0]
+    table = regime_ledger.load(ledger, bench_regime.RUN_COLUMNS) if ledger is not None else None
+    done = set()
+    for grid, spec in grids().items():
+        known = regime_ledger.keys(regime_ledger.rows_of(table, spec["variant"])) if table is not None else set()
+        mine = parts(grid)
+        for name, part in mine.items():
+            if {*part_keys(part)} <= known or all(same_runs(p) in logged for p in mine.values()
+                                                  if p["cell"] == part["cell"]):
+                done.add(name)
+    return done
+
+
+def part_keys(part: dict) -> list[tuple]:
+    """The ledger keys of the runs a part trains (a ``select`` part: its ``Selected`` rows)."""
+    spec = grids()[part["grid"]]
+    methods = [regime_tables.SELECTED] if spec["kind"] == "select" else spec["methods"]
+    return [(*part["cell"], m, s) for m in methods for s in part["seeds"]]
 
 
 def _kind(grid: str) -> tuple:
@@ -299,9 +333,8 @@ def papers_table(runs: pd.DataFrame, pairs: pd.DataFrame, papers: Sequence[str] 
     return pd.DataFrame(rows, columns=columns)
 
 
-def map_runs(work: Path) -> pd.DataFrame:
-    """The map's runs: its variant, its shifts, labels and methods (and the chooser's Selected rows)."""
-    runs = bench_regime.collect(work, VARIANT)
+def map_only(runs: pd.DataFrame) -> pd.DataFrame:
+    """The map's runs among its variant's: its shifts, labels and methods (and the chooser's Selected rows)."""
     return runs.loc[runs["method"].isin([*METHODS, regime_tables.SELECTED]) & runs["shift"].isin(SHIFTS)
                     & runs["labels"].isin(LABELS)]
 
@@ -350,7 +383,20 @@ def write_tables(work: Path, out: Path, meta: dict, *, planned: Optional[tuple[i
             print(f"{what}: left out of the tables until their planned seeds have run: {', '.join(left)}", flush=True)
         return kept
 
-    runs = complete(map_runs(work), planned[1] if planned else METHODS, "the map")
+    ledger = regime_ledger.load(out / LEDGER, bench_regime.RUN_COLUMNS)
+
+    def finished(folder: Path, variant: str) -> pd.DataFrame:
+        """The variant's runs in the ledger and the runs folder; the ledger then holds them all."""
+        nonlocal ledger
+        rows = bench_regime.collect(folder, variant, known=regime_ledger.rows_of(ledger, variant))
+        ledger = regime_ledger.add(ledger, rows, variant)
+        return rows
+
+    every = finished(work, VARIANT)
+    steps8 = finished(work, STEPS8[0])
+    kermany = finished(part_work(work, "kermany"), KERMANY[0])
+    regime_ledger.save(ledger, out / LEDGER)
+    runs = complete(map_only(every), planned[1] if planned else METHODS, "the map")
     bench_regime.write_outputs(runs, out, STEM, METHODS, meta)
     pairs, verdicts = pd.read_csv(out / f"{STEM}_pairs.csv"), pd.read_csv(out / f"{STEM}_verdicts.csv")
     papers = papers_table(runs, pairs)
@@ -358,15 +404,14 @@ def write_tables(work: Path, out: Path, meta: dict, *, planned: Optional[tuple[i
     regime_figures.heatmap(verdicts, out / f"{STEM}.png", METHODS, SHIFTS, ROUNDS, LABELS, SHIFT_TYPE)
     (out / f"{STEM}_summary.md").write_text(regime_figures.summary_markdown(verdicts, runs, papers, SHIFTS,
                                                                               SHIFT_TYPE, PAPERS))
-    steps8 = complete(bench_regime.collect(work, STEPS8[0]), METHODS, "the 8-step variant")
+    steps8 = complete(steps8, METHODS, "the 8-step variant")
     if len(steps8):
         regime_tables.versus_table(steps8, runs).to_csv(out / f"{STEM}_versus_steps8.csv", index=False)
-    every = bench_regime.collect(work, VARIANT)
     extra = every.loc[~every["shift"].isin(SHIFTS) | ~every["labels"].isin(LABELS)]
     extra = complete(extra, METHODS, "the papers' cells")
     if len(extra):
         bench_regime.write_outputs(extra, out, f"{STEM}_papers_cells", METHODS, meta)
-    kermany = complete(bench_regime.collect(part_work(work, "kermany"), KERMANY[0]), KERMANY_METHODS, "Kermany")
+    kermany = complete(kermany, KERMANY_METHODS, "Kermany")
     if len(kermany):
         bench_regime.write_outputs(kermany, out, f"{STEM}_kermany", KERMANY_METHODS, {**meta, "kermany": KERMANY})
     print(f"{len(runs)} runs in {len(verdicts)} cells → {out}/{STEM}_*.csv, {STEM}.md, {STEM}.png")
@@ -404,17 +449,17 @@ def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse(argv)
-    log = args.out / f"{STEM}_parts.csv"
+    log, ledger = args.out / f"{STEM}_parts.csv", args.out / LEDGER
     if args.list:
-        done = _logged(log)[0] if args.left else set()
-        print("\n".join(name for name, part in parts(args.grid).items() if same_runs(part) not in done))
+        done = done_parts(log, ledger) if args.left else set()
+        print("\n".join(name for name in parts(args.grid) if name not in done))
         return
     if args.plan:
-        print(plan_table(log).to_string(index=False, na_rep="—"))
-        done = _logged(log)[0]
+        print(plan_table(log, ledger).to_string(index=False, na_rep="—"))
+        done = done_parts(log, ledger)
         for grid in grids():
             for name, part in parts(grid).items():
-                print(f"  {name}  ~{part['est_s'] / 60:.0f} min{'  (done)' if same_runs(part) in done else ''}")
+                print(f"  {name}  ~{part['est_s'] / 60:.0f} min{'  (done)' if name in done else ''}")
         return
     meta = {"grid": {"shifts": SHIFTS, "labels": LABELS, "rounds": ROUNDS, "methods": METHODS, "seeds": SEEDS,
                      "target_from": TARGET_FROM, "target_split": TARGET_SPLIT, "core": CORE},
@@ -435,7 +480,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         work = part_work(args.work, part["grid"])
         started, before = time.time(), len(bench_regime.collect(work, variant))
         bench_regime.main(part_argv(part, work=args.work, out=args.work / "part_tables", workers=args.workers,
-                                    npz=args.npz))
+                                    npz=args.npz, extra=["--ledger", str(ledger)]))
         log_part(log, name, started, len(bench_regime.collect(work, variant)) - before,
                  part["est_s"])
     write_tables(args.work, args.out, {**meta, "last_parts": args.part}, planned=(SEEDS, METHODS))

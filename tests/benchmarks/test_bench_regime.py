@@ -87,6 +87,20 @@ def test_the_chooser_gets_a_selected_row_per_seed_from_its_fold_runs(small_npz, 
     # the two seeds drew different labeled rows
     draws = runs.loc[runs["method"] != "Selected", "label_draw"]
     assert set(draws) == {0, 1}
+    # a new checkout (an empty runs folder) with the ledger of these runs trains nothing, fold runs included
+    ledger = tmp_path / "ledger.csv"
+    bench.regime_ledger.save(runs.assign(variant="default")[["variant", *bench.RUN_COLUMNS]], ledger)
+    fresh = tmp_path / "fresh"
+    again = bench.main(["--npz", str(small_npz), "--work", str(fresh), "--out", str(out), "--shifts", "none",
+                        "--labels", "12", "--rounds", "2", "--methods", "Target_Only", "FedAvg_Finetune",
+                        "--seeds", "2", "--set", "source.steps=1", "--select", "--select-candidates", "Target_Only",
+                        "FedAvg_Finetune", "--select-folds", "2", "--ledger", str(ledger)])
+    cell = fresh / "sweep" / "default" / "none-n12-r2"
+    assert not list(cell.glob("runs/*/final_model.pt")) and not list(cell.glob("select/*-fold*"))
+    def facts(frame: pd.DataFrame) -> list[tuple]:
+        return sorted(zip(frame["method"], frame["seed"], frame["auroc"], frame["chosen"].fillna("")))
+
+    assert facts(again) == facts(runs)  # every run and each seed's choice, from the ledger alone
 
 
 def test_label_noise_flips_the_sources_training_labels_only(small_npz, tmp_path):

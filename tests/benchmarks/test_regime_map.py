@@ -39,18 +39,74 @@ def test_the_plan_counts_the_parts_left_and_corrects_their_estimate_by_the_measu
         {"part": first, "wall_s": est[first] / 2, "est_s": est[first], "new_runs": full},
         {"part": second, "wall_s": est[second] / 4, "est_s": est[second], "new_runs": full},
         {"part": third, "wall_s": 1, "est_s": est[third], "new_runs": 2}]).to_csv(log, index=False)
+    assert maps.parts("core")[first]["cell"] == maps.parts("core")[second]["cell"] != maps.parts("core")[third]["cell"]
     plan = maps.plan_table(log).set_index("grid")
-    left = [p for n, p in maps.parts("core").items() if n not in (first, second, third)]
-    assert plan.loc["core", "parts_left"] == len(maps.parts("core")) - 3
+    # the first cell's two parts are logged: done; the third's cell is open and no ledger holds its runs
+    left = [p for n, p in maps.parts("core").items() if n not in (first, second)]
+    assert plan.loc["core", "parts_left"] == len(maps.parts("core")) - 2
     assert plan.loc["core", "pace"] == 0.38  # the median of the full parts: the quick re-run says nothing
     assert plan.loc["core", "left_hours"] == round(0.375 * sum(p["est_s"] for p in left) / 3600, 1)
     assert pd.isna(plan.loc["kermany", "pace"]) and pd.isna(plan.loc["kermany", "left_hours"])  # not timed yet
     # the map trains the core's runs in the core's cells, and runs like them elsewhere: done there, and its pace
-    assert plan.loc["map", "parts_left"] == len(maps.parts("map")) - 3
+    assert plan.loc["map", "parts_left"] == len(maps.parts("map")) - 2
     assert plan.loc["map", "pace"] == 0.38 and plan.loc["map", "pace_of"] == "core"
     maps.main(["--list", "--left", "--grid", "core", "--out", str(tmp_path)])
     listed = capsys.readouterr().out.split()
-    assert listed == [n for n in maps.parts("core") if n not in (first, second, third)]
+    assert listed == [n for n in maps.parts("core") if n not in (first, second)]
+
+
+def test_a_part_logged_in_another_checkout_is_trained_again_unless_the_ledger_holds_its_runs(tmp_path, capsys):
+    """The runs folder is a cache a new checkout lacks: a part of an open cell that the log calls done
+    but whose runs no ledger holds must be listed again, and one whose runs the ledger holds must not."""
+    maps = load_bench("regime_map")
+    part_names = [n for n, p in maps.parts("core").items() if p["cell"] == ("mix4", 50, 50)]
+    first, rest = part_names[0], part_names[1:]
+    log = tmp_path / f"{maps.STEM}_parts.csv"
+    pd.DataFrame([{"part": first, "wall_s": 60, "est_s": 100, "new_runs": 24}]).to_csv(log, index=False)
+    maps.main(["--list", "--left", "--grid", "core", "--out", str(tmp_path)])
+    assert set(part_names) <= set(capsys.readouterr().out.split())  # logged, cell open, no ledger: again
+    runs = [{"shift": "mix4", "labels": 50, "rounds": 50, "method": m, "seed": s, "label_draw": s, "auroc": 0.9,
+             "val_auroc": 0.9, "target_passes": 50, "wall_s": 1.0, "chosen": None}
+            for m in maps.METHODS for s in maps.parts("core")[first]["seeds"]]
+    ledger = maps.regime_ledger.add(maps.regime_ledger.load(tmp_path / "none.csv", maps.bench_regime.RUN_COLUMNS),
+                                    pd.DataFrame(runs[:-1]), maps.VARIANT)  # one run short
+    maps.regime_ledger.save(ledger, tmp_path / maps.LEDGER)
+    maps.main(["--list", "--left", "--grid", "core", "--out", str(tmp_path)])
+    assert first in capsys.readouterr().out.split()
+    maps.regime_ledger.save(maps.regime_ledger.add(ledger, pd.DataFrame(runs), maps.VARIANT), tmp_path / maps.LEDGER)
+    maps.main(["--list", "--left", "--grid", "core", "--out", str(tmp_path)])
+    listed = capsys.readouterr().out.split()
+    assert first not in listed and set(rest) <= set(listed)
+    # the chooser's part is done by its Selected rows, not by the candidates' runs
+    select = next(n for n, p in maps.parts("select").items() if p["cell"] == ("mix4", 50, 50))
+    maps.main(["--list", "--left", "--grid", "select", "--out", str(tmp_path)])
+    assert select in capsys.readouterr().out.split()
+
+
+def test_the_tables_keep_the_ledgers_cells_when_the_runs_folder_is_new(tmp_path, monkeypatch):
+    """A new checkout has an empty runs folder: the tables it writes after one part must still hold every
+    cell the ledger holds, and the ledger must gain that part's runs."""
+    maps = load_bench("regime_map")
+
+    def rows(shift, seeds, auroc):
+        return [{"shift": shift, "labels": 10, "rounds": 20, "method": m, "seed": s, "label_draw": s,
+                 "auroc": auroc, "val_auroc": 0.8, "target_passes": 20, "wall_s": 1.0, "chosen": None}
+                for m in maps.METHODS for s in seeds]
+
+    out = tmp_path / "out"
+    cols = maps.bench_regime.RUN_COLUMNS
+    ledger = maps.regime_ledger.add(maps.regime_ledger.load(out / maps.LEDGER, cols),
+                                    pd.DataFrame(rows("none", range(2), 0.9)), maps.VARIANT)
+    maps.regime_ledger.save(ledger, out / maps.LEDGER)
+    folder = {maps.VARIANT: pd.DataFrame(rows("mix4", range(1), 0.7), columns=cols)}  # this checkout's one part
+    real = maps.bench_regime.collect
+    monkeypatch.setattr(maps.bench_regime, "collect", lambda work, variant="default", **kw: real(
+        work, variant, **kw) if variant not in folder else maps.regime_ledger.merge(kw["known"], folder[variant]))
+    runs = maps.write_tables(tmp_path / "work", out, {}, planned=(2, maps.METHODS))
+    assert set(runs["shift"]) == {"none"} and len(runs) == 2 * len(maps.METHODS)  # mix4 is half a cell: out
+    after = pd.read_csv(out / maps.LEDGER)
+    assert len(after) == 3 * len(maps.METHODS) and set(after["shift"]) == {"none", "mix4"}
+    assert set(pd.read_csv(out / "regime_map_runs.csv")["shift"]) == {"none"}
 
 
 def test_a_part_names_its_cell_seeds_variant_and_settings(tmp_path):
