@@ -31,7 +31,7 @@ Grids (``--grid``; every part is one cell × a block of seeds, sized to ~30 minu
 * ``papers`` — closer to the papers (item 5): sources that differ from each other (``hetero``, each
   source its own shift), 133 target labels (25 % of the target's 533, the AuxInfo+GP paper's setting);
 * ``kermany`` — the resolution check: the 224 px originals of PneumoniaMNIST at 64 px with ResNet-18,
-  in its own work folder (its estimates are not measured: see :data:`KERMANY_FACTOR`).
+  in its own work folder (its estimate from one timed part: see :data:`KERMANY_FACTOR`).
 
 Run, from scratch (finished runs are skipped — those in the runs folder and those in the committed ledger,
 :mod:`regime_ledger`, so parts run in any order, interrupted and re-run, in this checkout or a new one)::
@@ -112,9 +112,10 @@ KERMANY_CELLS = [("none", 25, 20), ("none", 100, 20), ("mix4", 25, 20), ("mix4",
 KERMANY_METHODS = ["Target_Only", "Finetune_Offline", "FedAvg_Finetune", "FedAvg_Finetune_GP", "FedGP"]
 KERMANY = ("kermany64", ["image_size=64", "model.backbone=resnet18", "model.hidden=128"])
 #: Kermany's sites: 1,081 train images in 3 sources (~330 rows each, a quarter of the 28 px map's) at
-#: 64 px with ResNet-18 (~8× resnet_tiny's work per pixel, 5.2× the pixels): × 10 per run is a guess,
-#: NOT measured here — time the first part before planning the rest.
-KERMANY_FACTOR = 10.0
+#: 64 px with ResNet-18 (~8× resnet_tiny's work per pixel, 5.2× the pixels). Measured: the first part
+#: (none, 25 labels, seed 0: its 5 runs and the building of the 64 px sites) took 768 s with 2 workers
+#: against 1,309 s estimated at the first guess of × 10, so × 5.9 (2026-11-29; 2 seeds a part, not 1).
+KERMANY_FACTOR = 5.9
 
 #: Seconds of one 20-round run of a federated method, one torch thread, measured: FedAvg_Finetune_GP,
 #: no shift, 50 labels, seed 0, this config: 54.1 s of training + ~8 s to start, validate and evaluate
