@@ -308,16 +308,20 @@ def choice_row(select_dir: Path, runs: pd.DataFrame, seed: int, candidates: Sequ
     """The ``Selected`` row of one cell and seed: the chooser's pick from its fold runs (cached in
     ``select/choice-seed<k>.json``) and that method's own run of the seed (all N labels) — or None
     while a fold run or the chosen run is unfinished."""
-    from fedcxr.workflows.choose import heldout_predictions, pick, pooled_auroc
+    from fedcxr.workflows.choose import choice_margin, heldout_predictions, pick, pooled_auroc
 
     cache = select_dir / f"choice-seed{seed}.json"
     choice = json.loads(cache.read_text()) if cache.is_file() else {}
-    if choice.get("candidates") != list(candidates) or choice.get("folds") != folds:
+    if choice.get("candidates") != list(candidates) or choice.get("folds") != folds or "margin" not in choice:
         fold_runs = {m: [select_dir / f"{m}-seed{seed}-fold{f}" for f in range(folds)] for m in candidates}
         if not all((r / "final_model.pt").is_file() for rs in fold_runs.values() for r in rs):
             return None
-        scores = {m: pooled_auroc([heldout_predictions(r, "cpu") for r in rs]) for m, rs in fold_runs.items()}
-        choice = {"chosen": pick(scores, candidates), "scores": scores, "candidates": list(candidates), "folds": folds}
+        heldout = {m: [heldout_predictions(r, "cpu") for r in rs] for m, rs in fold_runs.items()}
+        scores = {m: pooled_auroc(parts) for m, parts in heldout.items()}
+        chosen = pick(scores, candidates)
+        margin = choice_margin(heldout, scores, chosen)
+        choice = {"chosen": chosen, "scores": scores, "candidates": list(candidates), "folds": folds,
+                  "margin": margin.as_dict() if margin else None}
         cache.write_text(json.dumps(choice, indent=1))
     shift, labels, rounds = _cell_of(select_dir.parent.name)
     mine = runs.loc[(runs["shift"] == shift) & (runs["labels"] == labels) & (runs["rounds"] == rounds)
@@ -325,6 +329,30 @@ def choice_row(select_dir: Path, runs: pd.DataFrame, seed: int, candidates: Sequ
     if mine.empty:
         return None
     return {**mine.iloc[0].to_dict(), "method": regime_tables.SELECTED, "chosen": choice["chosen"]}
+
+
+#: one row per cell and seed the chooser chose in: every candidate's out-of-fold AUROC (``oof_<method>``)
+#: and the margin of the choice over the runner-up (:func:`fedcxr.workflows.choose.choice_margin`)
+CHOICE_KEY = ["shift", "labels", "rounds", "seed"]
+CHOICE_COLUMNS = [*CHOICE_KEY, "chosen", "runner_up", "margin", "margin_lo", "margin_hi", "ahead", "resamples"]
+
+
+def choices(work: Path, variant: str = "default") -> pd.DataFrame:
+    """The chooser's choices cached in the runs folder (``<cell>/select/choice-seed<k>.json``), one row
+    per cell and seed: what a selection analysis needs (which candidate scored what on the N labeled
+    rows, and how far apart), kept beside the runs because the fold runs themselves are not."""
+    rows = []
+    for cache in sorted((work / "sweep" / variant).glob("*/select/choice-seed*.json")):
+        choice = json.loads(cache.read_text())
+        margin = choice.get("margin") or {}
+        shift, labels, rounds = _cell_of(cache.parents[1].name)
+        rows.append({"shift": shift, "labels": labels, "rounds": rounds,
+                     "seed": int(cache.stem.split("-seed")[1]), "chosen": choice["chosen"],
+                     "runner_up": margin.get("runner_up"), "margin": margin.get("diff"), "margin_lo": margin.get("low"),
+                     "margin_hi": margin.get("high"), "ahead": margin.get("ahead"), "resamples": margin.get("resamples"),
+                     **{f"oof_{m}": v for m, v in choice["scores"].items()}})
+    frame = pd.DataFrame(rows)
+    return frame if len(frame) else pd.DataFrame(columns=CHOICE_COLUMNS)
 
 
 # --------------------------------------------------------------------------- outputs

@@ -31,14 +31,15 @@ RUN_KEY = KEY[1:]
 
 
 def load(path: Path, columns: Sequence[str]) -> pd.DataFrame:
-    """The ledger at ``path`` (``variant`` + ``columns``), or an empty one where there is none yet."""
+    """The ledger at ``path`` (``variant`` + ``columns``, and any further columns it has), or an empty
+    one where there is none yet."""
     if not Path(path).is_file():
         return pd.DataFrame(columns=["variant", *columns])
     ledger = pd.read_csv(path)
     missing = [c for c in ["variant", *columns] if c not in ledger.columns]
     if missing:
         raise SystemExit(f"{path}: the regime ledger lacks the column(s) {missing}")
-    return ledger[["variant", *columns]]
+    return ledger[["variant", *columns, *[c for c in ledger.columns if c not in ("variant", *columns)]]]
 
 
 def rows_of(ledger: pd.DataFrame, variant: str) -> pd.DataFrame:
@@ -48,40 +49,48 @@ def rows_of(ledger: pd.DataFrame, variant: str) -> pd.DataFrame:
 
 def keys(runs: pd.DataFrame) -> set[tuple]:
     """The (shift, labels, rounds, method, seed) of every run: what a part need not train again."""
-    return set(_row_keys(runs))
+    return set(_row_keys(runs, RUN_KEY))
 
 
-def merge(known: pd.DataFrame, found: pd.DataFrame, what: str = "runs") -> pd.DataFrame:
-    """``known`` (the ledger's runs of a variant) and ``found`` (the runs folder's): every run once,
-    the ledger's row where both have it; runs whose AUROCs differ by more than rounding are named."""
+def merge(known: pd.DataFrame, found: pd.DataFrame, what: str = "runs", key: Sequence[str] = RUN_KEY,
+          value: str = "auroc") -> pd.DataFrame:
+    """``known`` (the ledger's rows of a variant) and ``found`` (the runs folder's): every ``key`` once,
+    the ledger's row where both have it; rows whose ``value`` differs by more than rounding are named."""
     if known.empty:
         return found.reset_index(drop=True)
     if found.empty:
         return known.reset_index(drop=True)
-    both = known.merge(found, on=RUN_KEY, suffixes=("", "_found"))
-    moved = both.loc[~np.isclose(both["auroc"].astype(float), both["auroc_found"].astype(float),
+    key = list(key)
+    both = known.merge(found, on=key, suffixes=("", "_found"))
+    moved = both.loc[~np.isclose(both[value].astype(float), both[f"{value}_found"].astype(float),
                                  rtol=0, atol=1e-9, equal_nan=True)]
     if len(moved):
-        names = ", ".join("{}-n{}-r{} {} seed {}".format(*row) for row in moved[RUN_KEY].itertuples(index=False))
-        print(f"{what}: {len(moved)} run(s) in the runs folder score otherwise than the ledger's, which is kept: "
+        names = ", ".join(" ".join(f"{k}={v}" for k, v in zip(key, row)) for row in moved[key].itertuples(index=False))
+        print(f"{what}: {len(moved)} row(s) in the runs folder differ in {value} from the ledger's, which is kept: "
               f"{names}", flush=True)
-    have = keys(known)
-    new = found.loc[[k not in have for k in _row_keys(found)]]
+    have = set(_row_keys(known, key))
+    new = found.loc[[k not in have for k in _row_keys(found, key)]]
     return pd.concat([known, new], ignore_index=True)
 
 
 def add(ledger: pd.DataFrame, runs: pd.DataFrame, variant: str) -> pd.DataFrame:
-    """The ledger with ``runs`` (one variant's, every one of them known or new) in place of that variant's rows."""
+    """The ledger with ``runs`` (one variant's, every one of them known or new) in place of that variant's rows;
+    a column ``runs`` have and the ledger lacks (a new candidate's ``oof_<method>``) joins it."""
     others = ledger.loc[ledger["variant"] != variant]
-    mine = runs.assign(variant=variant)[list(ledger.columns)]
+    mine = runs.assign(variant=variant)
+    columns = [*ledger.columns, *[c for c in mine.columns if c not in ledger.columns]]
+    mine = mine.reindex(columns=columns)
     return pd.concat([others, mine], ignore_index=True) if len(others) else mine.reset_index(drop=True)
 
 
-def save(ledger: pd.DataFrame, path: Path) -> None:
-    """Sorted by key, so a part's commit shows its new runs as added lines and nothing else."""
+def save(ledger: pd.DataFrame, path: Path, key: Sequence[str] = KEY) -> None:
+    """Sorted by key, so a part's commit shows its new rows as added lines and nothing else."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    ledger.sort_values(KEY).to_csv(path, index=False)
+    ledger.sort_values(list(key)).to_csv(path, index=False)
 
 
-def _row_keys(runs: pd.DataFrame) -> Iterable[tuple]:
-    return ((str(s), int(n), int(r), str(m), int(k)) for s, n, r, m, k in runs[RUN_KEY].itertuples(index=False, name=None))
+def _row_keys(runs: pd.DataFrame, key: Sequence[str] = RUN_KEY) -> Iterable[tuple]:
+    """Each row's key, typed alike whether it came from a CSV or from the runs folder (labels, rounds, seed: int)."""
+    ints = {"labels", "rounds", "seed"}
+    return (tuple(int(v) if k in ints else str(v) for k, v in zip(key, row))
+            for row in runs[list(key)].itertuples(index=False, name=None))

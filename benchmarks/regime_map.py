@@ -48,7 +48,8 @@ Outputs (``benchmarks/results/``): ``regime_map_runs.csv`` (one row per run), ``
 ``_pairs.csv``, ``_verdicts.csv`` (bench_regime's), ``_papers.csv`` (each papers' method per cell),
 ``regime_map.md``, ``regime_map_summary.md``, ``regime_map.png``, ``regime_map_parts.csv`` (each
 part's wall time, runs, commit and load), ``regime_map_ledger.csv`` (every finished run of every grid,
-complete cell or not: what a new checkout resumes from).
+complete cell or not: what a new checkout resumes from), ``regime_map_choices.csv`` (per cell and seed
+the chooser chose in: each candidate's out-of-fold AUROC on the N labeled rows, and the choice's margin).
 
 The tables (``--tables``, and the ones each part writes when it ends) hold only the cells whose plan
 has fully run — every method, every planned seed (:func:`complete_cells`); a cell with a part still
@@ -90,6 +91,8 @@ TARGET_FROM, TARGET_SPLIT = ["val", "test"], [0.5, 0.1, 0.4]
 VARIANT, STEM = "epoch1", "regime_map"
 #: every finished run of every grid, complete cell or not (:mod:`regime_ledger`), in ``--out``
 LEDGER = f"{STEM}_ledger.csv"
+#: the chooser's choices, one row per cell and seed: each candidate's out-of-fold AUROC and the margin
+CHOICES = f"{STEM}_choices.csv"
 #: the map's shift names (fedcxr/advice/regime.py SHIFT_TYPES) for the grid's
 SHIFT_TYPE = {"none": "none", "mix4": "pixel", "shortcut": "shortcut", "labelnoise40": "label_noise"}
 
@@ -397,6 +400,7 @@ def write_tables(work: Path, out: Path, meta: dict, *, planned: Optional[tuple[i
     steps8 = finished(work, STEPS8[0])
     kermany = finished(part_work(work, "kermany"), KERMANY[0])
     regime_ledger.save(ledger, out / LEDGER)
+    keep_choices(work, out / CHOICES)
     runs = complete(map_only(every), planned[1] if planned else METHODS, "the map")
     bench_regime.write_outputs(runs, out, STEM, METHODS, meta)
     pairs, verdicts = pd.read_csv(out / f"{STEM}_pairs.csv"), pd.read_csv(out / f"{STEM}_verdicts.csv")
@@ -417,6 +421,21 @@ def write_tables(work: Path, out: Path, meta: dict, *, planned: Optional[tuple[i
         bench_regime.write_outputs(kermany, out, f"{STEM}_kermany", KERMANY_METHODS, {**meta, "kermany": KERMANY})
     print(f"{len(runs)} runs in {len(verdicts)} cells → {out}/{STEM}_*.csv, {STEM}.md, {STEM}.png")
     return runs
+
+
+def keep_choices(work: Path, path: Path) -> pd.DataFrame:
+    """The chooser's choices of the map's variant in the runs folder, added to those kept at ``path`` (the
+    ledger's rule: a kept row stays). Why: the fold runs behind a choice stay in the runs folder, which a
+    new checkout lacks; without their scores no selection analysis (issue 30) outlives the session."""
+    kept = regime_ledger.load(path, bench_regime.CHOICE_COLUMNS)
+    found = bench_regime.choices(work, VARIANT)
+    if kept.empty and found.empty:
+        return kept
+    merged = regime_ledger.merge(regime_ledger.rows_of(kept, VARIANT), found, "the chooser's choices",
+                                 key=bench_regime.CHOICE_KEY, value="margin")
+    kept = regime_ledger.add(kept, merged, VARIANT)
+    regime_ledger.save(kept, path, key=["variant", *bench_regime.CHOICE_KEY])
+    return kept
 
 
 def log_part(path: Path, name: str, started: float, new_runs: int, est_s: float) -> None:

@@ -87,6 +87,21 @@ def test_the_chooser_gets_a_selected_row_per_seed_from_its_fold_runs(small_npz, 
     # the two seeds drew different labeled rows
     draws = runs.loc[runs["method"] != "Selected", "label_draw"]
     assert set(draws) == {0, 1}
+    # each choice's scores and margin, kept beyond the runs folder (a new checkout has no fold runs)
+    table = bench.choices(work, "default").sort_values("seed")
+    assert list(table["chosen"]) == list(selected["chosen"])
+    for _, row in table.iterrows():
+        assert {row["chosen"], row["runner_up"]} == {"Target_Only", "FedAvg_Finetune"}
+        assert row["margin"] == pytest.approx(row[f"oof_{row['chosen']}"] - row[f"oof_{row['runner_up']}"])
+        assert row["margin"] >= 0 and (np.isnan(row["margin_lo"]) or row["margin_lo"] <= row["margin"] <= row["margin_hi"])
+    maps = load_bench("regime_map")
+    kept = tmp_path / "choices.csv"
+    maps.keep_choices(work.parent / "work_default_as_map", kept)  # nothing there, nothing kept yet
+    assert not kept.exists()
+    (work / "sweep" / maps.VARIANT).symlink_to(work / "sweep" / "default")  # the map's variant name
+    maps.keep_choices(work, kept)
+    maps.keep_choices(tmp_path / "fresh", kept)  # a new checkout's empty runs folder keeps them
+    assert len(pd.read_csv(kept)) == 2 and set(pd.read_csv(kept)["variant"]) == {maps.VARIANT}
     # a new checkout (an empty runs folder) with the ledger of these runs trains nothing, fold runs included
     ledger = tmp_path / "ledger.csv"
     bench.regime_ledger.save(runs.assign(variant="default")[["variant", *bench.RUN_COLUMNS]], ledger)

@@ -22,7 +22,7 @@ def test_the_ledger_keeps_its_published_row_and_names_a_run_that_now_scores_othe
     assert sorted(zip(merged["method"], merged["seed"], merged["auroc"])) == [("A", 0, 0.8), ("A", 1, 0.7),
                                                                                ("B", 0, 0.6)]
     said = capsys.readouterr().out
-    assert "1 run(s)" in said and "none-n10-r20 A seed 1" in said
+    assert "1 row(s)" in said and "method=A seed=1" in said
     ledger.merge(known, runs(("A", 1, 0.70)), "epoch1")  # the same score: nothing to say
     assert capsys.readouterr().out == ""
 
