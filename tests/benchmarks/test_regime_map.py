@@ -81,6 +81,14 @@ def test_a_part_logged_in_another_checkout_is_trained_again_unless_the_ledger_ho
     select = next(n for n, p in maps.parts("select").items() if p["cell"] == ("mix4", 50, 50))
     maps.main(["--list", "--left", "--grid", "select", "--out", str(tmp_path)])
     assert select in capsys.readouterr().out.split()
+    chosen = [{**runs[0], "method": "Selected", "seed": s, "chosen": "Target_Only"}
+              for s in maps.parts("select")[select]["seeds"]]
+    ledger = maps.regime_ledger.load(tmp_path / maps.LEDGER, maps.bench_regime.RUN_COLUMNS)
+    maps.regime_ledger.save(maps.regime_ledger.add(ledger, pd.concat([maps.regime_ledger.rows_of(ledger, maps.VARIANT),
+                                                                      pd.DataFrame(chosen)]), maps.VARIANT),
+                            tmp_path / maps.LEDGER)
+    maps.main(["--list", "--left", "--grid", "select", "--out", str(tmp_path)])
+    assert select not in capsys.readouterr().out.split()
 
 
 def test_the_tables_keep_the_ledgers_cells_when_the_runs_folder_is_new(tmp_path, monkeypatch):
