@@ -17,7 +17,7 @@ map (the intersection-union test with the winner's selection, Holm over the cell
     python benchmarks/build_regime_map.py         # rewrites fedcxr/advice/regime_map.csv
 
 The runs file holds only the cells whose plan has fully run (``regime_map.py`` writes it so), and
-the shipped map is built from them as they complete; on 2026-11-29, 13 of the 14 core cells::
+the shipped map is built from them as they complete; on 2026-11-29, the 14 core cells::
 
     python benchmarks/build_regime_map.py --note "new map, its complete cells only (each with every \\
         planned seed 0-9 of its 12 methods; the others pending, BENCHMARKS.md Regime map); one source \\
