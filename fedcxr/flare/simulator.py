@@ -9,13 +9,17 @@ train``'s (:mod:`fedcxr.flare.run`).
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Optional
+
+from fedcxr.errors import RunFailed
 
 from fedcxr.flare.processes import (
     ProcessTree,
@@ -29,6 +33,8 @@ from fedcxr.flare.processes import (
 )
 from fedcxr.flare.run import finish_runs, holding_run_dirs, prepare_runs, rehearsal_he_keys, wait_with_progress
 
+log = logging.getLogger(__name__)
+
 
 def simulate(cfg, run_dir: Path, **kwargs) -> dict:
     """Run one experiment in FLARE's simulator; returns its run.json payload (see :func:`simulate_many`)."""
@@ -36,12 +42,29 @@ def simulate(cfg, run_dir: Path, **kwargs) -> dict:
 
 
 @holding_run_dirs("fedcxr flare simulate")
-def simulate_many(runs: list, *, resume: bool = False, task_timeout: int = 0, device: Optional[str] = None,
-                  client_script: Optional[Path] = None, progress: bool = True, timeout: Optional[float] = None,
-                  flare_dir: Optional[Path] = None, env: Optional[dict] = None,
-                  on_start: Optional[Callable[[subprocess.Popen], None]] = None,
-                  evaluation: Optional[dict] = None) -> list[dict]:
-    """Run ``[(ExperimentConfig, run_dir)]`` one after the other in one FLARE simulator job.
+def simulate_many(runs: list, *, resume: bool = False, retries: int = 1, **kwargs) -> list[dict]:
+    """Run ``[(ExperimentConfig, run_dir)]`` one after the other in one FLARE simulator job
+    (:func:`simulate_job`, which says what ``kwargs`` are).
+
+    Where NVFLARE's simulator loses a site's worker process (:class:`SimulatorWorkerLost`) the job is
+    run again, resuming — up to ``retries`` times — and a warning says so: a resumed run ends on the
+    model an undisturbed one ends on, so the retry costs time, never a different result."""
+    for attempt in range(retries + 1):
+        try:
+            return simulate_job(runs, resume=resume or attempt > 0, **kwargs)
+        except SimulatorWorkerLost as exc:
+            if attempt == retries:
+                raise
+            log.warning("%s — running the job again, resuming (attempt %d of %d)", exc, attempt + 2, retries + 1)
+    raise AssertionError("unreachable")
+
+
+def simulate_job(runs: list, *, resume: bool = False, task_timeout: int = 0, device: Optional[str] = None,
+                 client_script: Optional[Path] = None, progress: bool = True, timeout: Optional[float] = None,
+                 flare_dir: Optional[Path] = None, env: Optional[dict] = None,
+                 on_start: Optional[Callable[[subprocess.Popen], None]] = None,
+                 evaluation: Optional[dict] = None) -> list[dict]:
+    """One FLARE simulator job over ``[(ExperimentConfig, run_dir)]``, one run after the other.
 
     One client process per site (named as the configs' sites), the server in the simulator
     process. ``flare_dir`` (default ``<first run dir>/flare``) receives the job, the site
@@ -71,14 +94,59 @@ def simulate_many(runs: list, *, resume: bool = False, task_timeout: int = 0, de
             with running_simulator(job_dir, workspace, sites, out, {**nvflare_env(), **(env or {})}) as (proc, tree):
                 if on_start is not None:
                     on_start(proc)
-                wait_with_progress(proc, runs, progress, done=lambda: server_app_ended(workspace), timeout=timeout,
-                                   tick=tree.snapshot, resume=resume)
+                watch = WorkerWatch(log_path)
+                wait_with_progress(proc, runs, progress, done=lambda: server_app_ended(workspace) or watch.check(),
+                                   timeout=timeout, tick=tree.snapshot, resume=resume)
         finally:
             copy_logs(workspace, logs)
             copy_tensorboard(workspace, flare_dir / "tensorboard")
             copy_global_model(workspace, flare_dir)
             shutil.rmtree(workspace, ignore_errors=True)
     return finish_runs(runs, "FLARE simulator", log_path, he_keys=he_keys)
+
+
+#: What NVFLARE's simulator logs when a site's worker process dies under it (its pipe to the simulator
+#: reset, or the process gone) or never answers its start-up connection (60 s) — at start-up as much as
+#: mid-run. It starts no other worker for that site, so the server would wait for the site's replies
+#: until the run's timeout, or forever. (Seen in CI: the simulator hands each worker a free port that
+#: it has just probed; under load, with another simulator job starting beside it, the connection
+#: was reset at start-up.)
+LOST_WORKER = re.compile(r"(?:Communication error with client|Subprocess died for client) ([^\s:,]+)"
+                         r"|Failed to create connection to the child process")
+
+
+class SimulatorWorkerLost(RunFailed):
+    """NVFLARE's simulator lost a site's worker process (:data:`LOST_WORKER`): the run is stopped at
+    once, with the site and the simulator's line, instead of waiting for that site forever."""
+
+
+class WorkerWatch:
+    """Reads the simulator's log as it grows (only the new bytes each time) for :data:`LOST_WORKER`."""
+
+    def __init__(self, log_path: Path):
+        self.log_path = Path(log_path)
+        self.offset = 0
+        self.tail = ""
+
+    def check(self) -> bool:
+        """False while no worker is lost; raises :class:`SimulatorWorkerLost` once one is."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self.offset)
+                new = log.read()
+        except OSError:
+            return False
+        self.offset += len(new)
+        text, _, self.tail = (self.tail + new.decode("utf-8", errors="replace")).rpartition("\n")
+        for line in text.splitlines():
+            found = LOST_WORKER.search(line)
+            if found:
+                site = f"site {found.group(1)}'s" if found.group(1) else "a site's"
+                raise SimulatorWorkerLost(
+                    f"NVFLARE's simulator lost {site} worker process and starts no other, so the "
+                    f"run would wait for that site forever; it was stopped. The simulator said: {line.strip()} "
+                    f"(log: {self.log_path})")
+        return False
 
 
 #: What FLARE's simulator writes in its workspace once the server app has ended: every site done,
@@ -114,4 +182,5 @@ def running_simulator(job_dir: Path, workspace: Path, sites: list[str], out, env
         proc.wait()
 
 
-__all__ = ["SERVER_APP_ENDED", "running_simulator", "server_app_ended", "simulate", "simulate_many"]
+__all__ = ["LOST_WORKER", "SERVER_APP_ENDED", "SimulatorWorkerLost", "WorkerWatch", "running_simulator",
+           "server_app_ended", "simulate", "simulate_job", "simulate_many"]
