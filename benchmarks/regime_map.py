@@ -438,6 +438,14 @@ def keep_choices(work: Path, path: Path) -> pd.DataFrame:
     return kept
 
 
+def finished_runs(work: Path, variant: str, ledger: Path) -> int:
+    """The variant's finished runs, the ledger's among them: a chooser's ``Selected`` row needs the chosen
+    candidate's own run, which a new checkout has in the ledger only (counted without it, a ``select``
+    part logged 0 new runs and its time was left out of the grid's pace)."""
+    known = regime_ledger.rows_of(regime_ledger.load(ledger, bench_regime.RUN_COLUMNS), variant)
+    return len(bench_regime.collect(work, variant, known=known))
+
+
 def log_part(path: Path, name: str, started: float, new_runs: int, est_s: float) -> None:
     """Append one line to the parts log: which part, when, how long (and the estimate), new runs, commit, load."""
     import os
@@ -498,11 +506,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         print(f"== part {name}: ~{part['est_s'] / 60:.0f} min estimated", flush=True)
         variant = grids()[part["grid"]]["variant"]
         work = part_work(args.work, part["grid"])
-        started, before = time.time(), len(bench_regime.collect(work, variant))
+        started, before = time.time(), finished_runs(work, variant, ledger)
         bench_regime.main(part_argv(part, work=args.work, out=args.work / "part_tables", workers=args.workers,
                                     npz=args.npz, extra=["--ledger", str(ledger)]))
-        log_part(log, name, started, len(bench_regime.collect(work, variant)) - before,
-                 part["est_s"])
+        log_part(log, name, started, finished_runs(work, variant, ledger) - before, part["est_s"])
     write_tables(args.work, args.out, {**meta, "last_parts": args.part}, planned=(SEEDS, METHODS))
     print(json.dumps({"parts": args.part}))
 

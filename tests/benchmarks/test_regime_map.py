@@ -4,6 +4,8 @@ map rows ``build_regime_map.py`` writes from them."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -246,3 +248,20 @@ def test_a_cell_with_the_choosers_rows_gets_its_regret_and_the_candidates_it_pic
     build.write_map([row], path)
     (cell,) = regime.load_regime_map(path)
     assert cell.selected_among == ("A", "B") and "picking among A and B" in regime.verdict(cell)["why"]
+
+
+def test_a_choosers_new_rows_are_counted_when_the_chosen_run_is_in_the_ledger_only(tmp_path):
+    """A new checkout's select part finds the candidates' own runs in the ledger, not in its runs folder:
+    its Selected rows must still count as the part's new runs, or its time is left out of the pace."""
+    maps = load_bench("regime_map")
+    select = tmp_path / "work" / "sweep" / maps.VARIANT / "none-n10-r20" / "select"
+    (select / "Target_Only-seed0-fold0").mkdir(parents=True)
+    (select / "choice-seed0.json").write_text(json.dumps(
+        {"chosen": "Target_Only", "scores": {"Target_Only": 0.9}, "candidates": maps.bench_regime.SELECT_CANDIDATES,
+         "folds": maps.bench_regime.SELECT_FOLDS, "margin": None}))
+    run = {"shift": "none", "labels": 10, "rounds": 20, "method": "Target_Only", "seed": 0, "label_draw": 0,
+           "auroc": 0.8, "val_auroc": 0.8, "target_passes": 20, "wall_s": 1.0, "chosen": None}
+    ledger = tmp_path / "ledger.csv"
+    maps.regime_ledger.save(pd.DataFrame([{"variant": maps.VARIANT, **run}]), ledger)
+    assert maps.finished_runs(tmp_path / "work", maps.VARIANT, tmp_path / "absent.csv") == 0
+    assert maps.finished_runs(tmp_path / "work", maps.VARIANT, ledger) == 2  # the run and its Selected row
