@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from fedcxr.errors import RunFailed
-
 from fedcxr.flare.processes import (
     ProcessTree,
     copy_global_model,
@@ -131,9 +130,9 @@ class WorkerWatch:
     def check(self) -> bool:
         """False while no worker is lost; raises :class:`SimulatorWorkerLost` once one is."""
         try:
-            with open(self.log_path, "rb") as log:
-                log.seek(self.offset)
-                new = log.read()
+            with open(self.log_path, "rb") as handle:
+                handle.seek(self.offset)
+                new = handle.read()
         except OSError:
             return False
         self.offset += len(new)
