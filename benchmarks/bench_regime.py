@@ -441,7 +441,7 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
                 configs[(shift, labels, rounds)] = cell_config(args.work, manifests, shift, labels, rounds,
                                                                args.overrides, args.variant)
     seeds = range(args.from_seed, args.seeds)
-    known = regime_ledger.rows_of(regime_ledger.load(args.ledger, RUN_COLUMNS), args.variant) if args.ledger else None
+    known = regime_ledger.known(args.ledger, RUN_COLUMNS, args.variant) if args.ledger else None
     done = regime_ledger.keys(known) if known is not None else set()
     jobs = cell_jobs(configs, args.methods, seeds, args.label_draw, skip=done)
     if args.select:

@@ -47,6 +47,11 @@ def rows_of(ledger: pd.DataFrame, variant: str) -> pd.DataFrame:
     return ledger.loc[ledger["variant"] == variant].drop(columns="variant").reset_index(drop=True)
 
 
+def known(path: Path, columns: Sequence[str], variant: str) -> pd.DataFrame:
+    """The runs of ``variant`` in the ledger at ``path`` (none where there is no ledger yet)."""
+    return rows_of(load(path, columns), variant)
+
+
 def keys(runs: pd.DataFrame) -> set[tuple]:
     """The (shift, labels, rounds, method, seed) of every run: what a part need not train again."""
     return set(_row_keys(runs, RUN_KEY))

@@ -442,7 +442,7 @@ def finished_runs(work: Path, variant: str, ledger: Path) -> int:
     """The variant's finished runs, the ledger's among them: a chooser's ``Selected`` row needs the chosen
     candidate's own run, which a new checkout has in the ledger only (counted without it, a ``select``
     part logged 0 new runs and its time was left out of the grid's pace)."""
-    known = regime_ledger.rows_of(regime_ledger.load(ledger, bench_regime.RUN_COLUMNS), variant)
+    known = regime_ledger.known(ledger, bench_regime.RUN_COLUMNS, variant)
     return len(bench_regime.collect(work, variant, known=known))
 
 

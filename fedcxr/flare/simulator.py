@@ -48,14 +48,15 @@ def simulate_many(runs: list, *, resume: bool = False, retries: int = 1, **kwarg
     Where NVFLARE's simulator loses a site's worker process (:class:`SimulatorWorkerLost`) the job is
     run again, resuming — up to ``retries`` times — and a warning says so: a resumed run ends on the
     model an undisturbed one ends on, so the retry costs time, never a different result."""
-    for attempt in range(retries + 1):
+    attempt = 0
+    while True:
         try:
             return simulate_job(runs, resume=resume or attempt > 0, **kwargs)
         except SimulatorWorkerLost as exc:
-            if attempt == retries:
+            if attempt >= retries:
                 raise
-            log.warning("%s — running the job again, resuming (attempt %d of %d)", exc, attempt + 2, retries + 1)
-    raise AssertionError("unreachable")
+            attempt += 1
+            log.warning("%s — running the job again, resuming (attempt %d of %d)", exc, attempt + 1, retries + 1)
 
 
 def simulate_job(runs: list, *, resume: bool = False, task_timeout: int = 0, device: Optional[str] = None,
