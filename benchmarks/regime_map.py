@@ -376,7 +376,8 @@ def complete_cells(runs: pd.DataFrame, seeds: int, methods: Sequence[str]) -> tu
 def write_tables(work: Path, out: Path, meta: dict, *, planned: Optional[tuple[int, Sequence[str]]] = None
                  ) -> pd.DataFrame:
     """Every finished run of the map → the CSVs, ``regime_map.md``, the summary and the heatmap; the
-    papers' cells, the 8-step variant and Kermany get their own files. ``planned`` = (seeds, the map's
+    papers' cells (with their own ``_papers`` file: each papers' method against FedAvg_Finetune, Holm
+    over the papers' cells' pairs), the 8-step variant and Kermany get their own files. ``planned`` = (seeds, the map's
     methods): in every table only the cells whose plan has fully run (:func:`complete_cells`, each
     grid with its own methods; the others are named on stdout), so no file holds a half cell."""
     def complete(rows: pd.DataFrame, methods: Sequence[str], what: str) -> pd.DataFrame:
@@ -416,6 +417,8 @@ def write_tables(work: Path, out: Path, meta: dict, *, planned: Optional[tuple[i
     extra = complete(extra, METHODS, "the papers' cells")
     if len(extra):
         bench_regime.write_outputs(extra, out, f"{STEM}_papers_cells", METHODS, meta)
+        extra_pairs = pd.read_csv(out / f"{STEM}_papers_cells_pairs.csv")  # the papers' claim vs plain fine-tuning
+        papers_table(extra, extra_pairs).to_csv(out / f"{STEM}_papers_cells_papers.csv", index=False)
     kermany = complete(kermany, KERMANY_METHODS, "Kermany")
     if len(kermany):
         bench_regime.write_outputs(kermany, out, f"{STEM}_kermany", KERMANY_METHODS, {**meta, "kermany": KERMANY})

@@ -265,3 +265,22 @@ def test_a_choosers_new_rows_are_counted_when_the_chosen_run_is_in_the_ledger_on
     maps.regime_ledger.save(pd.DataFrame([{"variant": maps.VARIANT, **run}]), ledger)
     assert maps.finished_runs(tmp_path / "work", maps.VARIANT, tmp_path / "absent.csv") == 0
     assert maps.finished_runs(tmp_path / "work", maps.VARIANT, ledger) == 2  # the run and its Selected row
+
+
+def test_the_papers_cells_say_whether_each_papers_method_beats_plain_fine_tuning(tmp_path, monkeypatch):
+    """The papers' claim (a projected method beats FedAvg_Finetune) is read per papers' cell from its
+    own file, with Holm over the papers' cells only: a consistent lead is ``better``, noise is ``same``."""
+    maps = load_bench("regime_map")
+    rng = np.random.default_rng(1)
+    base = {m: 0.80 for m in maps.METHODS} | {"FedGP": 0.90}
+    rows = [{"shift": "hetero", "labels": 133, "rounds": 20, "method": m, "seed": s, "label_draw": s,
+             "auroc": base[m] + 0.01 * s + rng.normal(0, 0.002), "val_auroc": 0.8, "target_passes": 20,
+             "wall_s": 1.0, "chosen": None} for m in maps.METHODS for s in range(5)]
+    monkeypatch.setattr(maps.bench_regime, "collect", lambda work, variant="default", **_: pd.DataFrame(
+        rows if variant == maps.VARIANT else [], columns=maps.bench_regime.RUN_COLUMNS))
+    out = tmp_path / "out"
+    maps.write_tables(tmp_path / "work", out, {}, planned=(5, maps.METHODS))
+    papers = pd.read_csv(out / "regime_map_papers_cells_papers.csv").set_index("method")
+    assert papers.loc["FedGP", "vs_winner"] == "winner" and papers.loc["FedGP", "vs_baseline"] == "better"
+    assert papers.loc["FedGP", "baseline_diff"] == pytest.approx(0.10, abs=0.005)
+    assert papers.loc["FedDA", "vs_baseline"] == "same" and papers.loc["FedDA", "baseline_p_adj"] > 0.05
