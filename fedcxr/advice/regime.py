@@ -268,18 +268,29 @@ def verdict(cell: Optional[Cell]) -> dict[str, Any]:
     if chooser_lost(cell):
         top = _top(cell)
         spread = cell.auroc[top[0]] - min(cell.auroc[m] for m in top)
-        hint = (f"resolved (paired by seed, unadjusted): with this few labels choosing on them cost more than the "
-                f"leaders differ ({_names(top)} within {spread:.3f} AUROC), so train the leader, {cell.winner}, "
-                "rather than sweep")
+        hint = (f"resolved (paired by seed, unadjusted): {_why_choosing_lost(cell)} cost more than the leaders "
+                f"differ ({_names(top)} within {spread:.3f} AUROC), so train the leader, {cell.winner}, rather than sweep")
         return {"recommendation": None, "verdict": TAKE_LEADER, "why": f"{reason}{regret}, {hint}",
                 "candidates": top, "leader": cell.winner}
     return {"recommendation": None, "verdict": UNRESOLVED, "why": f"{reason}{regret}; {SELECT_HINT}",
             "candidates": _top(cell)}
 
 
+def _why_choosing_lost(cell: Cell) -> str:
+    """What the chooser's loss is blamed on. Where the winner was one of its candidates, the labels
+    were too few to find it; where it was not (40 % noisy source labels at 500 labels: the choices
+    were sharp, the regret against the best candidate +0.002), the loss is the candidate list, and
+    blaming the label budget would tell a hospital with 500 labels something the map did not measure."""
+    if cell.selected_among and cell.winner not in cell.selected_among:
+        return (f"the leader, {cell.winner}, was not among the candidates the map's chooser picked from, and "
+                "choosing among them")
+    return "with this few labels choosing on them"
+
+
 def chooser_lost(cell: Cell) -> bool:
     """Whether the chooser measured in this cell lost to its winner beyond doubt (the regret's 95 %
-    interval above 0): then its label budget is too small to choose on, whatever the candidates.
+    interval above 0): then choosing on the hospital's labels, among the candidates measured, cost
+    more than training the leader would (too few labels, or a candidate list without the leader).
 
     Unadjusted over cells on purpose: it only swaps one unresolved piece of advice (sweep) for
     another (the leader, whose own cost is at most the leaders' spread), never makes a recommendation."""

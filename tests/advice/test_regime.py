@@ -184,3 +184,21 @@ def test_a_method_column_whose_name_is_not_a_method_name_is_refused(tmp_path):
     path.write_text(HEADER.replace("auroc__B", "auroc__B$(x)") + "pixel,50,20,A,B,0.05,0.01,0.09,0.2,0.6,false,5,0.9,0.85,x\n")
     with pytest.raises(UserError, match=r"map.csv: column 'auroc__B\$\(x\)'"):
         regime.load_regime_map(path)
+
+
+def test_where_the_leader_was_not_a_candidate_the_loss_is_not_blamed_on_the_labels(tmp_path):
+    """40 % noisy source labels at 500 labels: the chooser lost +0.009 [+0.004, +0.013] to SCAFFOLD_Finetune,
+    (here A), which it could not pick; its choices were sharp. "With this few labels" would tell a hospital with 500
+    labels that its budget failed, which the map did not measure."""
+    path = tmp_path / "map.csv"
+    path.write_text(CHOOSER_HEADER
+                    + "label_noise,500,20,A,B,0.004,-0.001,0.009,1,1,false,10,0.964,0.957,0.009,0.004,0.013,T B,x\n"
+                    + "label_noise,10,20,A,B,0.003,-0.005,0.011,1,1,false,10,0.878,0.875,0.095,0.022,0.168,T A,x\n")
+    outside, inside = regime.load_regime_map(path)
+    lost = regime.verdict(outside)
+    assert (lost["verdict"], lost["leader"]) == (regime.TAKE_LEADER, "A")
+    assert "the leader, A, was not among the candidates the map's chooser picked from" in lost["why"]
+    assert "few labels" not in lost["why"] and "so train the leader, A, rather than sweep" in lost["why"]
+    few = regime.verdict(inside)
+    assert few["verdict"] == regime.TAKE_LEADER and "with this few labels choosing on them cost more" in few["why"]
+    assert "was not among the candidates" not in few["why"]
