@@ -64,7 +64,8 @@ UNRESOLVED = "unresolved: run a sweep"
 #: the advice where the map cannot tell: choose on the hospital's own labels, within its budget
 SELECT_HINT = "choose on your own labels: fedcxr sweep --select (cross-fit within your label budget)"
 #: where the map cannot tell and the chooser measured in the cell lost resolved ground to the
-#: winner (its regret's interval above 0): too few labels to choose on, so the leader is named
+#: winner (its regret's interval above 0): too few labels to choose on, or a candidate list without
+#: the leader, so the leader is named
 TAKE_LEADER = "unresolved: train the leader"
 NO_CELL = "no cell close enough"
 
@@ -285,6 +286,35 @@ def _why_choosing_lost(cell: Cell) -> str:
         return (f"the leader, {cell.winner}, was not among the candidates the map's chooser picked from, and "
                 "choosing among them")
     return "with this few labels choosing on them"
+
+
+def chooser_cost(n_labeled: int, cells: Optional[Sequence[Cell]] = None) -> Optional[str]:
+    """What the map measured choosing on N labels to cost, at its measured label count nearest N
+    (within :data:`MAX_FACTOR`): the range of the chooser's regrets there and how many were beyond
+    doubt. Read from the map rather than written into the text, so that the sentence a hospital
+    reads under its choice moves with the map as cells are added. ``None`` where nothing is near."""
+    if cells is None:
+        try:
+            cells = load_regime_map()
+        except UserError:
+            return None
+    measured = [c for c in cells if c.selected.get("selected_regret") is not None]
+    if n_labeled <= 0 or not measured:
+        return None
+    near = min({c.target_labels for c in measured}, key=lambda n: abs(math.log2(n / n_labeled)))
+    if abs(math.log2(near / n_labeled)) > math.log2(MAX_FACTOR):
+        return None
+    at = [c for c in measured if c.target_labels == near]
+    regrets = [c.selected["selected_regret"] for c in at]
+    lost = [c for c in at if chooser_lost(c)]
+    shifts = sorted({c.shift for c in at}, key=SHIFT_TYPES.index)
+    text = (f"In the regime map's {len(at)} chooser cell{'s' if len(at) > 1 else ''} with {near} labels "
+            f"({', '.join(shifts)}), the choice lost {min(regrets):+.3f} to {max(regrets):+.3f} AUROC to the best "
+            "method in hindsight (means over seeds; BENCHMARKS.md, the chooser's cells)")
+    if lost:
+        text += (f"; beyond doubt in {len(lost)} ({', '.join(c.shift for c in lost)}), where training the map's "
+                 "leader (`fedcxr stats` names it) was the better bet")
+    return text + "."
 
 
 def chooser_lost(cell: Cell) -> bool:

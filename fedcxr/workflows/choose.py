@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from fedcxr.advice import regime
 from fedcxr.errors import UserError
 from fedcxr.rundir import RunDir
 from fedcxr.workflows.experiment import ConfigLike, experiment_config
@@ -162,9 +163,6 @@ class Margin:
 
 #: bootstrap resamples of the labeled rows for :func:`choice_margin`
 MARGIN_RESAMPLES = 2000
-#: below this many labeled rows the regime map measured the chooser losing beyond doubt (10 labels:
-#: +0.050 [+0.020, +0.079] to the winner) where 25 and 50 lost about 0.02, unresolved
-FEW_LABELS = 25
 
 
 def choice_margin(parts: Mapping[str, Sequence[HeldOut]], scores: Mapping[str, float], chosen: str,
@@ -295,8 +293,9 @@ def write_choice(choice: Choice, root: Path) -> list[Path]:
     return paths
 
 
-def margin_text(margin: Margin, chosen: str, n_labeled: int) -> str:
-    """One sentence on how sure the choice is, and what the regime map measured the chooser to cost."""
+def margin_text(margin: Margin, chosen: str, n_labeled: int, cells: Optional[Sequence[regime.Cell]] = None) -> str:
+    """One sentence on how sure the choice is and, where it is not sure, what the regime map (``cells``;
+    the shipped one by default) measured choosing on about this many labels to cost."""
     interval = ("no interval (every resample left a class with one label value)" if not margin.resamples else
                 f"95 % bootstrap interval over the rows [{margin.low:+.3f}, {margin.high:+.3f}], ahead in "
                 f"{margin.ahead:.0%} of {margin.resamples} resamples")
@@ -305,11 +304,8 @@ def margin_text(margin: Margin, chosen: str, n_labeled: int) -> str:
     if margin.told_apart:
         return f"{head}: told apart on these {n_labeled} rows."
     tie = "; a tie goes to the earlier candidate" if margin.diff == 0 else ""
-    few = (" With 10 labels, training the map's leader (`fedcxr stats` names it) did better than choosing there."
-           if n_labeled < FEW_LABELS else "")
-    return (f"{head}: these {n_labeled} rows cannot tell the two apart{tie}. In the regime map's first three chooser "
-            "cells the choice lost about 0.02 AUROC to the best method in hindsight with 25 or 50 labels and 0.05 "
-            f"with 10 (BENCHMARKS.md, the chooser's cells).{few}")
+    cost = regime.chooser_cost(n_labeled, cells)
+    return f"{head}: these {n_labeled} rows cannot tell the two apart{tie}." + (f" {cost}" if cost else "")
 
 
 def _json_number(value: float) -> Optional[float]:

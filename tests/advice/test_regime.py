@@ -202,3 +202,25 @@ def test_where_the_leader_was_not_a_candidate_the_loss_is_not_blamed_on_the_labe
     few = regime.verdict(inside)
     assert few["verdict"] == regime.TAKE_LEADER and "with this few labels choosing on them cost more" in few["why"]
     assert "was not among the candidates" not in few["why"]
+
+
+def _chooser_cell(shift, labels, regret, lo, hi):
+    return regime.Cell(row=2, shift=shift, target_labels=labels, rounds=20, winner="A", runner_up="B", margin=0.0,
+                       ci_low=-0.01, ci_high=0.01, resolved=False, n_seeds=10, auroc={"A": 0.9, "B": 0.9},
+                       selected={"selected_regret": regret, "selected_lo": lo, "selected_hi": hi},
+                       selected_among=("A", "B"))
+
+
+def test_the_cost_of_choosing_is_read_from_the_map_at_the_nearest_measured_budget():
+    """A hospital's choice.md quotes what choosing cost in the map near its own label count, from the map's
+    cells (so it moves as cells land), and names the leader as the better bet only where the loss was beyond
+    doubt there; far from every measured budget it says nothing rather than borrow another regime's numbers."""
+    cells = [_chooser_cell("pixel", 10, 0.050, 0.020, 0.079), _chooser_cell("shortcut", 10, -0.004, -0.071, 0.064),
+             _chooser_cell("pixel", 50, 0.017, -0.009, 0.043), _chooser_cell("none", 50, 0.000, -0.003, 0.003)]
+    few = regime.chooser_cost(12, cells)
+    assert "2 chooser cells with 10 labels (pixel, shortcut)" in few and "-0.004 to +0.050" in few
+    assert "beyond doubt in 1 (pixel), where training the map's leader" in few
+    many = regime.chooser_cost(80, cells)
+    assert "cells with 50 labels (none, pixel)" in many and "+0.000 to +0.017" in many and "leader" not in many
+    assert regime.chooser_cost(101, cells) is None and regime.chooser_cost(0, cells) is None
+    assert regime.chooser_cost(10, [_chooser_cell("pixel", 10, None, None, None)]) is None
