@@ -307,14 +307,23 @@ def chooser_cost(n_labeled: int, cells: Optional[Sequence[Cell]] = None) -> Opti
     at = [c for c in measured if c.target_labels == near]
     regrets = [c.selected["selected_regret"] for c in at]
     lost = [c for c in at if chooser_lost(c)]
-    shifts = sorted({c.shift for c in at}, key=SHIFT_TYPES.index)
     text = (f"In the regime map's {len(at)} chooser cell{'s' if len(at) > 1 else ''} with {near} labels "
-            f"({', '.join(shifts)}), the choice lost {min(regrets):+.3f} to {max(regrets):+.3f} AUROC to the best "
+            f"({_cells_named(at)}), the choice lost {min(regrets):+.3f} to {max(regrets):+.3f} AUROC to the best "
             "method in hindsight (means over seeds; BENCHMARKS.md, the chooser's cells)")
     if lost:
-        text += (f"; beyond doubt in {len(lost)} ({', '.join(c.shift for c in lost)}), where training the map's "
+        text += (f"; beyond doubt in {len(lost)} ({_cells_named(lost)}), where training the map's "
                  "leader (`fedcxr stats` names it) was the better bet")
     return text + "."
+
+
+def _cells_named(cells: Sequence[Cell]) -> str:
+    """Cells of one label count by shift, grouped by rounds: "none, pixel at 20 rounds" or
+    "pixel, shortcut at 20 rounds; pixel at 50 rounds" (a shift can appear at two round counts)."""
+    groups = []
+    for rounds in sorted({c.rounds for c in cells}):
+        shifts = sorted({c.shift for c in cells if c.rounds == rounds}, key=SHIFT_TYPES.index)
+        groups.append(f"{', '.join(shifts)} at {rounds} rounds")
+    return "; ".join(groups)
 
 
 def chooser_lost(cell: Cell) -> bool:

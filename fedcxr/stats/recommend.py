@@ -15,8 +15,8 @@ beat every other method, corrected for picking the winner and for the number of 
 ``fedcxr sweep --select`` that chooses among the cell's candidates on the hospital's own labeled
 rows, within its budget (:mod:`fedcxr.workflows.choose`) — or, where the chooser measured in that
 cell lost to the winner beyond doubt (too few labels to choose on, or a candidate list without
-the leader), "unresolved: train the leader" with the ``fedcxr train`` of the cell's leader; "no cell close enough" where the map has nothing
-near. The pilot's σ², τ²d² and β_i are reported beside it as the FedGP theory's reading of this
+the leader), "unresolved: train the leader" with the ``fedcxr train`` of the cell's leader;
+"no cell close enough" where the map has nothing near. The pilot's σ², τ²d² and β_i are reported beside it as the FedGP theory's reading of this
 very federation; they never pick the method alone.
 """
 

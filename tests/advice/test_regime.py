@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from fedcxr.advice import regime
@@ -216,11 +218,13 @@ def test_the_cost_of_choosing_is_read_from_the_map_at_the_nearest_measured_budge
     cells (so it moves as cells land), and names the leader as the better bet only where the loss was beyond
     doubt there; far from every measured budget it says nothing rather than borrow another regime's numbers."""
     cells = [_chooser_cell("pixel", 10, 0.050, 0.020, 0.079), _chooser_cell("shortcut", 10, -0.004, -0.071, 0.064),
-             _chooser_cell("pixel", 50, 0.017, -0.009, 0.043), _chooser_cell("none", 50, 0.000, -0.003, 0.003)]
+             _chooser_cell("pixel", 50, 0.017, -0.009, 0.043), _chooser_cell("none", 50, 0.000, -0.003, 0.003),
+             dataclasses.replace(_chooser_cell("pixel", 50, 0.012, 0.002, 0.022), rounds=50)]
     few = regime.chooser_cost(12, cells)
-    assert "2 chooser cells with 10 labels (pixel, shortcut)" in few and "-0.004 to +0.050" in few
-    assert "beyond doubt in 1 (pixel), where training the map's leader" in few
+    assert "2 chooser cells with 10 labels (pixel, shortcut at 20 rounds)" in few and "-0.004 to +0.050" in few
+    assert "beyond doubt in 1 (pixel at 20 rounds), where training the map's leader" in few
     many = regime.chooser_cost(80, cells)
-    assert "cells with 50 labels (none, pixel)" in many and "+0.000 to +0.017" in many and "leader" not in many
+    assert "3 chooser cells with 50 labels (none, pixel at 20 rounds; pixel at 50 rounds)" in many
+    assert "+0.000 to +0.017" in many and "beyond doubt in 1 (pixel at 50 rounds)" in many
     assert regime.chooser_cost(101, cells) is None and regime.chooser_cost(0, cells) is None
     assert regime.chooser_cost(10, [_chooser_cell("pixel", 10, None, None, None)]) is None
