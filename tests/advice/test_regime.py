@@ -14,9 +14,9 @@ HEADER = ("shift,target_labels,rounds,winner,runner_up,margin,ci_low,ci_high,p_b
           "auroc__A,auroc__B,source\n")
 
 
-def write(tmp_path, *rows: str):
+def write(tmp_path, *rows: str, header: str = HEADER):
     path = tmp_path / "map.csv"
-    path.write_text(HEADER + "".join(r + "\n" for r in rows))
+    path.write_text(header + "".join(r + "\n" for r in rows))
     return path
 
 
@@ -159,11 +159,9 @@ def test_where_the_chooser_lost_beyond_doubt_the_leader_is_named_instead_of_a_sw
     """With 10 labels the measured chooser lost +0.050 [+0.020, +0.079] to the winner on the pixel shift:
     sending that hospital to ``sweep --select`` would advise what the map measured to fail. Where the
     regret's interval touches 0 (25 labels there), the sweep stays the advice."""
-    path = tmp_path / "map.csv"
-    path.write_text(CHOOSER_HEADER
-                    + "pixel,10,20,A,B,0.001,-0.01,0.01,1,1,false,10,0.918,0.897,0.050,0.020,0.079,A B,x\n"
-                    + "pixel,25,20,A,B,0.001,-0.01,0.01,1,1,false,10,0.920,0.897,0.018,-0.004,0.041,A B,x\n")
-    few, enough = regime.load_regime_map(path)
+    few, enough = regime.load_regime_map(write(
+        tmp_path, "pixel,10,20,A,B,0.001,-0.01,0.01,1,1,false,10,0.918,0.897,0.050,0.020,0.079,A B,x",
+        "pixel,25,20,A,B,0.001,-0.01,0.01,1,1,false,10,0.920,0.897,0.018,-0.004,0.041,A B,x", header=CHOOSER_HEADER))
     lost = regime.verdict(few)
     assert (lost["verdict"], lost["leader"], lost["recommendation"]) == (regime.TAKE_LEADER, "A", None)
     assert "lost +0.050 [95 % +0.020, +0.079] AUROC against the winner, resolved" in lost["why"]
@@ -189,14 +187,13 @@ def test_a_method_column_whose_name_is_not_a_method_name_is_refused(tmp_path):
 
 
 def test_where_the_leader_was_not_a_candidate_the_loss_is_not_blamed_on_the_labels(tmp_path):
-    """40 % noisy source labels at 500 labels: the chooser lost +0.009 [+0.004, +0.013] to SCAFFOLD_Finetune,
+    """40 % noisy source labels at 500 labels: the chooser lost +0.009 [+0.004, +0.013] to SCAFFOLD_Finetune
     (here A), which it could not pick; its choices were sharp. "With this few labels" would tell a hospital with 500
     labels that its budget failed, which the map did not measure."""
-    path = tmp_path / "map.csv"
-    path.write_text(CHOOSER_HEADER
-                    + "label_noise,500,20,A,B,0.004,-0.001,0.009,1,1,false,10,0.964,0.957,0.009,0.004,0.013,T B,x\n"
-                    + "label_noise,10,20,A,B,0.003,-0.005,0.011,1,1,false,10,0.878,0.875,0.095,0.022,0.168,T A,x\n")
-    outside, inside = regime.load_regime_map(path)
+    outside, inside = regime.load_regime_map(write(
+        tmp_path, "label_noise,500,20,A,B,0.004,-0.001,0.009,1,1,false,10,0.964,0.957,0.009,0.004,0.013,T B,x",
+        "label_noise,10,20,A,B,0.003,-0.005,0.011,1,1,false,10,0.878,0.875,0.095,0.022,0.168,T A,x",
+        header=CHOOSER_HEADER))
     lost = regime.verdict(outside)
     assert (lost["verdict"], lost["leader"]) == (regime.TAKE_LEADER, "A")
     assert "the leader, A, was not among the candidates the map's chooser picked from" in lost["why"]
