@@ -202,6 +202,12 @@ def gap(cell: Cell, labels: int, rounds: int) -> float:
     return abs(math.log2(labels / cell.target_labels)) + abs(math.log2(rounds / cell.rounds))
 
 
+def within_factor(value: float, cell_value: float) -> bool:
+    """Whether a federation's labels or rounds are within :data:`MAX_FACTOR` of a cell's, the
+    boundary included (the epsilon keeps an exact factor 2 inside despite float rounding)."""
+    return abs(math.log2(value / cell_value)) <= math.log2(MAX_FACTOR) + 1e-9
+
+
 def place(cells: Sequence[Cell], shift: str, labels: Optional[int], rounds: Optional[int]) -> dict[str, Any]:
     """The nearest cell of ``shift`` within :data:`MAX_FACTOR` on both axes, or why there is none."""
     rule = (f"same shift type; target labels and rounds each within a factor {MAX_FACTOR:g} of the cell's; "
@@ -213,9 +219,7 @@ def place(cells: Sequence[Cell], shift: str, labels: Optional[int], rounds: Opti
     same = [c for c in cells if c.shift == shift]
     if not same:
         return {"cell": None, "rule": rule, "why": f"the map has no cell with shift {shift!r}"}
-    limit = math.log2(MAX_FACTOR) + 1e-9
-    close = [c for c in same if abs(math.log2(labels / c.target_labels)) <= limit
-             and abs(math.log2(rounds / c.rounds)) <= limit]
+    close = [c for c in same if within_factor(labels, c.target_labels) and within_factor(rounds, c.rounds)]
     if not close:
         nearest = min(same, key=lambda c: gap(c, labels, rounds))
         return {"cell": None, "rule": rule,
@@ -302,7 +306,7 @@ def chooser_cost(n_labeled: int, cells: Optional[Sequence[Cell]] = None) -> Opti
     if n_labeled <= 0 or not measured:
         return None
     near = min({c.target_labels for c in measured}, key=lambda n: abs(math.log2(n / n_labeled)))
-    if abs(math.log2(near / n_labeled)) > math.log2(MAX_FACTOR):
+    if not within_factor(n_labeled, near):
         return None
     at = [c for c in measured if c.target_labels == near]
     regrets = [c.selected["selected_regret"] for c in at]

@@ -223,5 +223,6 @@ def test_the_cost_of_choosing_is_read_from_the_map_at_the_nearest_measured_budge
     many = regime.chooser_cost(80, cells)
     assert "3 chooser cells with 50 labels (none, pixel at 20 rounds; pixel at 50 rounds)" in many
     assert "+0.000 to +0.017" in many and "beyond doubt in 1 (pixel at 50 rounds)" in many
+    assert "cells with 50 labels" in regime.chooser_cost(100, cells)  # a factor 2 exactly is near, as in place()
     assert regime.chooser_cost(101, cells) is None and regime.chooser_cost(0, cells) is None
     assert regime.chooser_cost(10, [_chooser_cell("pixel", 10, None, None, None)]) is None
